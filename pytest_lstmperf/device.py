@@ -1,0 +1,159 @@
+"""Device selection and fingerprint.
+
+``resolve_device`` turns the ``--device`` setting (``auto``, ``cpu``, ``cuda``, ``cuda:N``) into a
+:class:`DeviceInfo`. Asking for a GPU that is not usable is an error naming what was found: a
+misconfigured GPU runner must not pass green on the CPU.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+from dataclasses import dataclass, field
+
+DEVICE_CHOICES = "auto, cpu, cuda, cuda:N"
+_DEVICE_RE = re.compile(r"^(auto|cpu|cuda)(?::(\d+))?$")
+
+
+class DeviceError(ValueError):
+    """The requested device is malformed or not usable here."""
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    kind: str  # "cpu" or "cuda"
+    index: int | None = None
+    fingerprint: dict[str, str] = field(default_factory=dict, hash=False, compare=False)
+
+    @property
+    def name(self) -> str:
+        return self.kind if self.index is None else f"{self.kind}:{self.index}"
+
+    @property
+    def torch_device(self) -> str:
+        return self.name
+
+    def key(self) -> str:
+        """A file-name-safe key of what makes timings on this device comparable."""
+        fp = self.fingerprint
+        if self.kind == "cuda":
+            parts = [fp.get("gpu", "gpu"), f"cc{fp.get('capability', '')}", f"cuda{fp.get('cuda', '')}",
+                     f"cudnn{fp.get('cudnn', '')}", f"torch{fp.get('torch', '')}"]
+        else:
+            parts = ["cpu", fp.get("cpu", platform.machine()), f"{fp.get('threads', '')}t", f"torch{fp.get('torch', '')}"]
+        return re.sub(r"[^A-Za-z0-9.+-]+", "_", "-".join(parts)).strip("_")
+
+    def describe(self) -> str:
+        fp = self.fingerprint
+        if self.kind == "cuda":
+            return (
+                f"{self.name} ({fp.get('gpu', '?')}, compute capability {fp.get('capability', '?')}, "
+                f"driver {fp.get('driver', '?')}, CUDA {fp.get('cuda', '?')}, cuDNN {fp.get('cudnn', '?')}, "
+                f"torch {fp.get('torch', '?')})"
+            )
+        return f"cpu ({fp.get('cpu', '?')}, {fp.get('threads', '?')} threads, oneDNN {fp.get('onednn', '?')}, torch {fp.get('torch', '?')})"
+
+
+def parse_device(value: str) -> tuple[str, int | None]:
+    """Syntax only: ``"cuda:1"`` -> ``("cuda", 1)``. Raises DeviceError naming the valid choices."""
+    match = _DEVICE_RE.match(value.strip().lower()) if isinstance(value, str) else None
+    if not match or (match.group(1) != "cuda" and match.group(2) is not None):
+        raise DeviceError(f"invalid device {value!r} (valid: {DEVICE_CHOICES})")
+    return match.group(1), int(match.group(2)) if match.group(2) is not None else None
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as handle:
+            for line in handle:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _driver_version() -> str:
+    try:
+        import torch
+
+        # torch reports the driver's CUDA version only through NVML / the runtime; try NVML first
+        try:
+            import pynvml  # type: ignore[import-not-found]
+
+            pynvml.nvmlInit()
+            return str(pynvml.nvmlSystemGetDriverVersion())
+        except Exception:  # noqa: BLE001 - NVML is optional
+            pass
+        try:
+            with open("/proc/driver/nvidia/version", encoding="utf-8") as handle:
+                match = re.search(r"Kernel Module\s+([\d.]+)", handle.read())
+                if match:
+                    return match.group(1)
+        except OSError:
+            pass
+        return str(torch._C._cuda_getDriverVersion()) if hasattr(torch._C, "_cuda_getDriverVersion") else "?"
+    except Exception:  # noqa: BLE001
+        return "?"
+
+
+def fingerprint(kind: str, index: int | None) -> dict[str, str]:
+    import torch
+
+    fp = {"torch": torch.__version__.split("+")[0], "python": platform.python_version()}
+    if kind == "cuda":
+        props = torch.cuda.get_device_properties(index or 0)
+        cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+        fp.update(
+            gpu=props.name,
+            capability=f"{props.major}.{props.minor}",
+            sms=str(props.multi_processor_count),
+            memory_gib=f"{props.total_memory / 2**30:.0f}",
+            cuda=str(torch.version.cuda),
+            cudnn=str(cudnn) if cudnn else "none",
+            driver=_driver_version(),
+        )
+    else:
+        onednn = torch.backends.mkldnn.is_available()
+        fp.update(cpu=_cpu_name(), threads=str(torch.get_num_threads()), onednn="yes" if onednn else "no")
+    return fp
+
+
+def resolve_device(value: str, source: str = "--device") -> DeviceInfo:
+    """Resolve a device setting; ``source`` names where it came from for the error message."""
+    try:
+        kind, index = parse_device(value)
+    except DeviceError as exc:
+        raise DeviceError(f"{source}: {exc}") from None
+    if kind == "cpu":
+        return DeviceInfo("cpu", None, fingerprint("cpu", None))
+    try:
+        import torch
+    except ImportError:
+        if kind == "auto":
+            raise DeviceError(f"{source}={value}: torch is not installed (pip install torch)") from None
+        raise DeviceError(f"{source}={value}: torch is not installed, so no CUDA device is usable") from None
+    usable = torch.cuda.is_available()
+    count = torch.cuda.device_count() if usable else 0
+    if kind == "auto":
+        if usable and count:
+            return DeviceInfo("cuda", 0, fingerprint("cuda", 0))
+        return DeviceInfo("cpu", None, fingerprint("cpu", None))
+    if not usable or count == 0:
+        built = torch.version.cuda
+        why = (
+            f"torch {torch.__version__} is a CPU-only build"
+            if not built
+            else f"torch {torch.__version__} (CUDA {built}) finds no usable GPU"
+            f" (CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>')})"
+        )
+        raise DeviceError(f"{source}={value}: no usable CUDA device: {why}. Run on a GPU runner or pass --device=cpu.")
+    index = 0 if index is None else index
+    if index >= count:
+        raise DeviceError(
+            f"{source}={value}: only {count} CUDA device{'s' if count != 1 else ''} present (valid: "
+            + ", ".join(f"cuda:{i}" for i in range(count))
+            + ")"
+        )
+    return DeviceInfo("cuda", index, fingerprint("cuda", index))

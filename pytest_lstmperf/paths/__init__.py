@@ -1,0 +1,154 @@
+"""The registry of execution paths: one entry per (framework, device, kernel family, precision, input form).
+
+Adding a path is one :func:`register` call. Entries name their implementation as ``"module:function"``
+strings so that listing paths (``--help``, the header, option validation) imports no framework.
+
+A path's ``prepare(case, device)`` returns a :class:`PreparedRun`: the layer built and loaded with the
+case's canonical weights, inputs on the device, ready to be run once with tracing (``run()``, used by the
+equivalence suite) or many times without (``forward()`` / ``train_step()``, used by the benchmarks).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from ..case import Case
+    from ..device import DeviceInfo
+    from ..spec import LayerSpec
+    from ..trace import KernelTrace
+
+#: kernel families a trace can observe
+KERNEL_FAMILIES = (
+    "cudnn",  # torch aten::_cudnn_rnn / TF CudnnRNNV3
+    "cuda-generic",  # torch per-step cuBLAS + fused cell kernels
+    "onednn",  # torch CPU aten::mkldnn_rnn_layer
+    "cpu-native",  # torch CPU per-step linear + pointwise ops
+    "tf-generic",  # TensorFlow While loop of MatMul/Sigmoid/Tanh
+    "none",  # nothing recurrent ran (a bug in the path or the trace)
+    "mixed",  # more than one family in one pass
+)
+PRECISIONS = ("fp64", "fp32", "tf32", "fp16", "bf16")
+
+
+@dataclass
+class PathResult:
+    """What one path computed, as float64 numpy arrays in the canonical layouts, and what it ran.
+
+    ``output`` is batch-first ``(B, T, D*S)``; ``h_n``/``c_n`` are ``(L*D, B, S|H)``; ``grads`` maps
+    ``"x"``, ``"h0"``, ``"c0"`` (when the spec has initial states) and every canonical parameter name to
+    its gradient. ``forward_trace``/``backward_trace`` are what the kernel trace observed.
+    """
+
+    output: np.ndarray
+    h_n: np.ndarray
+    c_n: np.ndarray | None
+    grads: dict[str, np.ndarray]
+    forward_trace: KernelTrace
+    backward_trace: KernelTrace | None
+    notes: list[str] = field(default_factory=list)
+
+
+class PreparedRun(Protocol):
+    """A layer and its inputs, ready on a device."""
+
+    def run(self) -> PathResult:
+        """One traced forward and backward pass; results copied to float64 numpy."""
+
+    def forward(self) -> object:
+        """One inference call (no autograd), for timing. Returns without synchronising."""
+
+    def train_step(self) -> object:
+        """One forward + backward call, for timing. Returns without synchronising."""
+
+    def trace_forward(self) -> KernelTrace:
+        """Trace one :meth:`forward` call (what the benchmarks record)."""
+
+    def synchronize(self) -> None:
+        """Wait for the device to finish queued work."""
+
+
+def _resolve(ref: str) -> Callable:
+    module, _, name = ref.partition(":")
+    return getattr(importlib.import_module(module, __name__), name)
+
+
+@dataclass(frozen=True)
+class ExecutionPath:
+    """One way of executing a layer, with what it claims to run.
+
+    ``available``: ``"module:function"`` taking a DeviceInfo, returning ``None`` or the reason it is not.
+    ``supports``: ``"module:function"`` taking a LayerSpec, returning ``None`` or why the spec does not apply.
+    ``prepare``: ``"module:function"`` taking ``(path, case, device)`` and returning a PreparedRun.
+    ``pair_with``: names of paths of the same precision whose results should agree with this one closely.
+    """
+
+    name: str
+    framework: str
+    device: str  # "cpu" or "cuda"
+    kernel: str  # expected family, one of KERNEL_FAMILIES
+    precision: str  # expected compute precision, one of PRECISIONS
+    description: str
+    prepare_ref: str
+    available_ref: str
+    supports_ref: str
+    options: dict[str, object] = field(default_factory=dict, hash=False, compare=False)
+    pair_with: tuple[str, ...] = ()
+    in_gate: bool = True  # part of the quick default selection
+
+    def available(self, device: DeviceInfo) -> str | None:
+        if device.kind != self.device:
+            return f"path runs on {self.device}, selected device is {device.name}"
+        return _resolve(self.available_ref)(self, device)
+
+    def supports(self, spec: LayerSpec) -> str | None:
+        return _resolve(self.supports_ref)(self, spec)
+
+    def prepare(self, case: Case, device: DeviceInfo) -> PreparedRun:
+        return _resolve(self.prepare_ref)(self, case, device)
+
+
+REGISTRY: dict[str, ExecutionPath] = {}
+
+
+def register(path: ExecutionPath) -> ExecutionPath:
+    if path.name in REGISTRY:
+        raise ValueError(f"execution path {path.name!r} registered twice")
+    if path.kernel not in KERNEL_FAMILIES:
+        raise ValueError(f"path {path.name!r}: kernel {path.kernel!r} not in {KERNEL_FAMILIES}")
+    if path.precision not in PRECISIONS:
+        raise ValueError(f"path {path.name!r}: precision {path.precision!r} not in {PRECISIONS}")
+    REGISTRY[path.name] = path
+    return path
+
+
+def _load_builtin() -> None:
+    from . import torch_paths  # noqa: F401  (registers on import; imports no framework)
+
+    try:
+        from . import keras_paths  # noqa: F401
+    except ImportError:  # pragma: no cover - module absent in a partial install
+        pass
+
+
+def all_paths() -> dict[str, ExecutionPath]:
+    if not REGISTRY:
+        _load_builtin()
+    return REGISTRY
+
+
+def get(name: str) -> ExecutionPath:
+    paths = all_paths()
+    if name not in paths:
+        raise KeyError(f"unknown execution path {name!r} (valid: {', '.join(sorted(paths))})")
+    return paths[name]
+
+
+def for_device(kind: str, names: Iterable[str] | None = None) -> list[ExecutionPath]:
+    selected = all_paths().values() if names is None else [get(n) for n in names]
+    return [p for p in selected if p.device == kind]

@@ -1,0 +1,228 @@
+"""Kernel trace: which kernel family actually ran, and in which element type.
+
+For PyTorch two observers run together:
+
+* a ``TorchDispatchMode`` sees every ATen op below the composite ``aten::lstm``/``aten::gru``
+  (``aten._cudnn_rnn``, ``aten.mkldnn_rnn_layer``, ``aten._thnn_fused_lstm_cell``, ...) with the dtypes of
+  its tensor arguments, after autocast has cast them; it works on the CPU and in the backward pass
+  (the mode is propagated to autograd's worker threads);
+* on CUDA, ``torch.profiler`` adds the GPU kernel names (``RNN_blockPersist_fp_LSTM<__half...>``,
+  ``lstm_cell_forward<float...>``), whose template arguments name the element type, and whose GEMM names
+  say whether tensor-core TF32 math ran.
+
+The family is decided from the ops (see ``classify_torch_ops``); the precision from the element type of the
+recurrent op's inputs, refined to ``tf32`` when a TF32 kernel ran.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class KernelTrace:
+    """What one pass (forward or backward) ran."""
+
+    family: str
+    precision: str
+    phase: str = "forward"
+    ops: tuple[str, ...] = ()
+    kernels: tuple[str, ...] = ()
+    dtypes: tuple[str, ...] = ()
+    detail: str = ""
+
+    def describe(self) -> str:
+        kernels = ", ".join(self.kernels[:6]) + (" ..." if len(self.kernels) > 6 else "")
+        ops = ", ".join(self.ops[:8]) + (" ..." if len(self.ops) > 8 else "")
+        text = f"{self.phase}: {self.family}/{self.precision} (ops: {ops or '-'}"
+        if self.kernels:
+            text += f"; kernels: {kernels}"
+        text += ")"
+        if self.detail:
+            text += f" [{self.detail}]"
+        return text
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "family": self.family,
+            "precision": self.precision,
+            "phase": self.phase,
+            "ops": list(self.ops),
+            "kernels": list(self.kernels),
+            "dtypes": list(self.dtypes),
+            "detail": self.detail,
+        }
+
+
+# ----------------------------------------------------------------------------------------- torch ops
+# Op name fragments (after stripping "aten::"/"aten." and overload) that identify each family.
+_CUDNN_OPS = {"_cudnn_rnn", "_cudnn_rnn_backward", "_cudnn_rnn_flatten_weight"}
+_ONEDNN_OPS = {"mkldnn_rnn_layer", "mkldnn_rnn_layer_backward"}
+_GENERIC_CELL_OPS = {
+    "_thnn_fused_lstm_cell",
+    "_thnn_fused_lstm_cell_backward_impl",
+    "_thnn_fused_lstm_cell_backward",
+    "_thnn_fused_gru_cell",
+    "_thnn_fused_gru_cell_backward",
+    "_thnn_differentiable_lstm_cell_backward",
+    "_thnn_differentiable_gru_cell_backward",
+}
+_NATIVE_CELL_OPS = {"sigmoid", "sigmoid_", "tanh", "tanh_", "sigmoid_backward", "tanh_backward"}
+_MATMUL_OPS = {"mm", "addmm", "matmul", "linear", "bmm", "baddbmm"}
+# the recurrent op whose input dtype is the path's precision
+_RECURRENT_OPS = _CUDNN_OPS | _ONEDNN_OPS | _GENERIC_CELL_OPS | {"lstm", "gru", "lstm_cell", "gru_cell"}
+
+_DTYPE_NAMES = {
+    "torch.float32": "fp32",
+    "torch.float64": "fp64",
+    "torch.float16": "fp16",
+    "torch.bfloat16": "bf16",
+}
+
+
+def short_op(name: str) -> str:
+    name = name.split("::")[-1]
+    if name.startswith("aten."):
+        name = name[5:]
+    return name.split(".")[0]
+
+
+def classify_torch_ops(ops: Sequence[str], device: str) -> str:
+    """The kernel family from the ATen ops seen in one pass.
+
+    cuDNN and oneDNN have their own ops. The generic CUDA path runs the fused cell kernels per step;
+    the native CPU path runs per-step matmuls with pointwise sigmoid/tanh (LSTM, GRU) and, for GRU on the
+    CPU, no fused cell op.
+    """
+    names = {short_op(o) for o in ops}
+    found = []
+    if names & _CUDNN_OPS - {"_cudnn_rnn_flatten_weight"}:
+        found.append("cudnn")
+    if names & _ONEDNN_OPS:
+        found.append("onednn")
+    if names & _GENERIC_CELL_OPS:
+        found.append("cuda-generic" if device == "cuda" else "cpu-native")
+    elif not found and names & _MATMUL_OPS and names & _NATIVE_CELL_OPS:
+        found.append("cuda-generic" if device == "cuda" else "cpu-native")
+    if not found:
+        return "none"
+    if len(found) > 1:
+        return "mixed"
+    return found[0]
+
+
+_TF32_KERNEL = re.compile(r"tf32|s1688|s16816|tensorop_s|_tf32", re.IGNORECASE)
+_KERNEL_ELEMENT = [
+    (re.compile(r"__half|\bhalf\b|_fp16|f16f16|h1688|h16816|_hmma", re.IGNORECASE), "fp16"),
+    (re.compile(r"bfloat16|__nv_bfloat16|bf16", re.IGNORECASE), "bf16"),
+    (re.compile(r"\bdouble\b|_fp64|d884|dgemm", re.IGNORECASE), "fp64"),
+]
+
+
+def precision_from(dtypes: Sequence[str], kernels: Sequence[str]) -> str:
+    """Precision of a pass: the recurrent op's input element type, ``tf32`` when a TF32 kernel ran."""
+    counted = [d for d in dtypes if d in ("fp64", "fp32", "fp16", "bf16")]
+    if not counted:
+        return "unknown"
+    # the lowest precision the recurrent op computed in
+    for candidate in ("fp16", "bf16", "fp32", "fp64"):
+        if candidate in counted:
+            base = candidate
+            break
+    if base == "fp32" and any(_TF32_KERNEL.search(k) for k in kernels):
+        return "tf32"
+    return base
+
+
+def kernel_element_types(kernels: Sequence[str]) -> set[str]:
+    seen = set()
+    for kernel in kernels:
+        for pattern, name in _KERNEL_ELEMENT:
+            if pattern.search(kernel):
+                seen.add(name)
+    return seen
+
+
+@dataclass
+class _Recorder:
+    ops: list[str] = field(default_factory=list)
+    dtypes: list[str] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def _dispatch_mode(recorder: _Recorder):  # noqa: ANN202 - torch type created lazily
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_flatten
+
+    class _OpRecorder(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+            name = short_op(str(func))
+            if name in _RECURRENT_OPS:
+                flat, _ = tree_flatten((args, kwargs or {}))
+                # the first floating tensor is the input (or, backward, the incoming gradient)
+                for item in flat:
+                    if isinstance(item, torch.Tensor) and item.is_floating_point():
+                        with recorder.lock:
+                            recorder.dtypes.append(_DTYPE_NAMES.get(str(item.dtype), str(item.dtype)))
+                        break
+            with recorder.lock:
+                recorder.ops.append(name)
+            return func(*args, **(kwargs or {}))
+
+    return _OpRecorder()
+
+
+@contextlib.contextmanager
+def torch_trace(device: str, phase: str, profile_kernels: bool | None = None) -> Iterator[list[KernelTrace]]:
+    """Trace the PyTorch work inside the block; the yielded list receives one :class:`KernelTrace`.
+
+    ``profile_kernels`` (default: on CUDA) also collects GPU kernel names with ``torch.profiler``.
+    """
+    import torch
+
+    recorder = _Recorder()
+    out: list[KernelTrace] = []
+    if profile_kernels is None:
+        profile_kernels = device == "cuda"
+    profiler = None
+    if profile_kernels:
+        from torch.profiler import ProfilerActivity, profile
+
+        profiler = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
+    with contextlib.ExitStack() as stack:
+        if profiler is not None:
+            stack.enter_context(profiler)
+        stack.enter_context(_dispatch_mode(recorder))
+        yield out
+        if device == "cuda":
+            torch.cuda.synchronize()
+    kernels: list[str] = []
+    if profiler is not None:
+        for event in profiler.events():
+            device_type = getattr(event, "device_type", None)
+            if device_type is not None and "CUDA" in str(device_type) and event.name not in kernels:
+                kernels.append(event.name)
+    ops = tuple(dict.fromkeys(recorder.ops))
+    family = classify_torch_ops(ops, device)
+    precision = precision_from(recorder.dtypes, kernels)
+    detail = ""
+    if kernels:
+        elements = kernel_element_types(kernels)
+        if elements - {precision, "fp32"} and precision in ("fp32", "tf32"):
+            detail = f"kernel names show element types {sorted(elements)}"
+    out.append(
+        KernelTrace(
+            family=family,
+            precision=precision,
+            phase=phase,
+            ops=ops,
+            kernels=tuple(kernels),
+            dtypes=tuple(dict.fromkeys(recorder.dtypes)),
+            detail=detail,
+        )
+    )
