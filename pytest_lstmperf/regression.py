@@ -1,0 +1,261 @@
+"""The regression decision: is a benchmark meaningfully slower than its baseline?
+
+asv's rule, on raw samples: a change counts only when it is both *large* (the ratio of medians is past a
+minimum effect, default 1.10) and *real* (a one-sided Mann-Whitney U test on the two sets of samples gives
+p below a level, default 0.002). The rank test needs no normality and shrugs off a few outliers; the
+effect size keeps a tiny but significant drift (which many samples always find) from failing a build.
+When either side has too few samples for the test to ever reach the level, the ratio alone decides and
+the decision says so.
+
+A kernel change (the baseline ran cuDNN, now the generic kernel) is a regression whatever the timings say.
+
+Samples flagged as taken while the GPU was throttled are dropped from both sides before testing.
+Optionally the ratio is divided by a *drift* ratio: the now/baseline ratio of a reference benchmark
+measured in the same run (the same shape on another kernel), so that a machine that is uniformly slower
+today does not look like a regression.
+
+Everything here is a pure function of numbers; nothing reads files or pytest state.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+#: verdicts that fail the session
+FAILING = ("regressed", "kernel-changed", "path-lost")
+VERDICTS = (
+    "regressed",  # slower past the minimum effect and significant
+    "kernel-changed",  # observed kernel family or precision differs from the baseline's
+    "path-lost",  # the baseline measured this path, this run could not (unavailable now)
+    "improved",  # faster past the minimum effect and significant
+    "unchanged",  # neither
+    "inconclusive",  # too few usable samples (throttling, a failed benchmark)
+    "new",  # measured now, absent from the baseline
+    "not-run",  # in the baseline, not measured in this run (deselected)
+)
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """How large and how certain a slowdown must be to count."""
+
+    ratio: float = 1.10  # minimum effect: median(now) / median(baseline)
+    pvalue: float = 0.002  # one-sided Mann-Whitney U level
+    min_samples: int = 3  # fewer usable samples on a side: inconclusive
+
+    def __post_init__(self) -> None:
+        if not self.ratio > 1.0:
+            raise ValueError(f"threshold ratio must be > 1.0, got {self.ratio!r}")
+        if not 0.0 < self.pvalue < 1.0:
+            raise ValueError(f"p-value level must be in (0, 1), got {self.pvalue!r}")
+        if self.min_samples < 1:
+            raise ValueError(f"min_samples must be >= 1, got {self.min_samples!r}")
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The verdict on one benchmark, with the numbers behind it."""
+
+    name: str
+    verdict: str
+    ratio: float | None = None  # median(now) / median(baseline), drift-corrected when drift is given
+    pvalue: float | None = None  # one-sided, in the direction of the change
+    base_median: float | None = None
+    now_median: float | None = None
+    n_base: int = 0
+    n_now: int = 0
+    kernel_then: str = ""
+    kernel_now: str = ""
+    threshold: float | None = None
+    drift: float | None = None
+    notes: tuple[str, ...] = ()
+
+    @property
+    def failed(self) -> bool:
+        return self.verdict in FAILING
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "name": self.name,
+            "verdict": self.verdict,
+            "ratio": self.ratio,
+            "pvalue": self.pvalue,
+            "base_median": self.base_median,
+            "now_median": self.now_median,
+            "n_base": self.n_base,
+            "n_now": self.n_now,
+            "kernel_then": self.kernel_then,
+            "kernel_now": self.kernel_now,
+            "threshold": self.threshold,
+            "drift": self.drift,
+            "notes": list(self.notes),
+        }
+
+
+def min_attainable_pvalue(n: int, m: int) -> float:
+    """The smallest one-sided exact Mann-Whitney p-value two samples of sizes n and m can give."""
+    if n < 1 or m < 1:
+        return 1.0
+    return 1.0 / math.comb(n + m, n)
+
+
+def mannwhitney_greater(now: Sequence[float], base: Sequence[float]) -> float:
+    """One-sided p-value that ``now`` is stochastically greater than ``base`` (slower)."""
+    from scipy.stats import mannwhitneyu
+
+    if len(set(now)) == 1 and set(now) == set(base):
+        return 1.0  # all equal: scipy warns and returns nan on some versions
+    method = "exact" if len(now) <= 50 and len(base) <= 50 and not _has_ties(now, base) else "asymptotic"
+    result = mannwhitneyu(now, base, alternative="greater", method=method)
+    p = float(result.pvalue)
+    return 1.0 if math.isnan(p) else p
+
+
+def _has_ties(a: Sequence[float], b: Sequence[float]) -> bool:
+    joined = list(a) + list(b)
+    return len(set(joined)) != len(joined)
+
+
+def _usable(samples: Sequence[float], throttled: Sequence[bool] | None) -> list[float]:
+    values = [float(s) for s in samples if s is not None and math.isfinite(float(s)) and float(s) > 0]
+    if throttled is None or len(throttled) != len(samples):
+        return values
+    return [float(s) for s, bad in zip(samples, throttled, strict=True) if not bad and s is not None and float(s) > 0]
+
+
+def compare_samples(
+    name: str,
+    base: Sequence[float],
+    now: Sequence[float],
+    thresholds: Thresholds = Thresholds(),
+    *,
+    base_throttled: Sequence[bool] | None = None,
+    now_throttled: Sequence[bool] | None = None,
+    drift: float | None = None,
+    kernel_then: str = "",
+    kernel_now: str = "",
+) -> Decision:
+    """Decide on one benchmark from its raw per-call times (seconds) then and now.
+
+    ``kernel_then``/``kernel_now`` are ``"family/precision"`` strings; when both are given and differ the
+    verdict is ``kernel-changed`` whatever the timings. ``drift`` divides the ratio (see module docstring).
+    """
+    notes: list[str] = []
+    b = _usable(base, base_throttled)
+    n = _usable(now, now_throttled)
+    dropped = (len(base) - len(b), len(now) - len(n))
+    if any(dropped):
+        notes.append(f"dropped {dropped[0]} baseline and {dropped[1]} current samples (throttled or invalid)")
+    common = dict(
+        name=name,
+        n_base=len(b),
+        n_now=len(n),
+        kernel_then=kernel_then,
+        kernel_now=kernel_now,
+        threshold=thresholds.ratio,
+        drift=drift,
+    )
+    base_median = statistics.median(b) if b else None
+    now_median = statistics.median(n) if n else None
+    ratio = now_median / base_median if base_median and now_median else None
+    if ratio is not None and drift:
+        ratio = ratio / drift
+        notes.append(f"ratio divided by drift {drift:.3f} of the same-run reference")
+    if kernel_then and kernel_now and not same_kernel(kernel_then, kernel_now):
+        notes.append(f"kernel changed: {kernel_then} -> {kernel_now}")
+        return Decision(verdict="kernel-changed", ratio=ratio, base_median=base_median, now_median=now_median,
+                        notes=tuple(notes), **common)  # type: ignore[arg-type]
+    if len(b) < thresholds.min_samples or len(n) < thresholds.min_samples or ratio is None:
+        notes.append(
+            f"too few usable samples ({len(b)} baseline, {len(n)} now; need {thresholds.min_samples} each)"
+        )
+        return Decision(verdict="inconclusive", ratio=ratio, base_median=base_median, now_median=now_median,
+                        notes=tuple(notes), **common)  # type: ignore[arg-type]
+    testable = min_attainable_pvalue(len(b), len(n)) < thresholds.pvalue
+    if ratio >= 1.0:
+        p = mannwhitney_greater(n, b)
+        big = ratio >= thresholds.ratio
+        verdict = "regressed" if big and (p < thresholds.pvalue or not testable) else "unchanged"
+    else:
+        p = mannwhitney_greater(b, n)
+        big = 1.0 / ratio >= thresholds.ratio
+        verdict = "improved" if big and (p < thresholds.pvalue or not testable) else "unchanged"
+    if big and not testable:
+        notes.append(
+            f"{len(b)}+{len(n)} samples cannot reach p<{thresholds.pvalue:g}; decided on the ratio alone"
+        )
+    return Decision(verdict=verdict, ratio=ratio, pvalue=p, base_median=base_median, now_median=now_median,
+                    notes=tuple(notes), **common)  # type: ignore[arg-type]
+
+
+def same_kernel(then: str, now: str) -> bool:
+    """``family/precision`` strings agree; fp32 and tf32 count as one precision (see trace.py: TF32 is
+    inferred from GEMM kernel names, which an RNN kernel may or may not show)."""
+
+    def norm(text: str) -> tuple[str, str]:
+        family, _, precision = text.partition("/")
+        return family, "fp32" if precision == "tf32" else precision
+
+    return norm(then) == norm(now)
+
+
+def drift_ratio(base: Sequence[float], now: Sequence[float]) -> float | None:
+    """median(now)/median(base) of a reference benchmark: how much slower the machine is today."""
+    b = [x for x in base if x and x > 0]
+    n = [x for x in now if x and x > 0]
+    if not b or not n:
+        return None
+    return statistics.median(n) / statistics.median(b)
+
+
+@dataclass
+class GateResult:
+    """All decisions of one run against one baseline."""
+
+    decisions: list[Decision] = field(default_factory=list)
+
+    @property
+    def failed(self) -> list[Decision]:
+        return [d for d in self.decisions if d.failed]
+
+    def count(self, verdict: str) -> int:
+        return sum(1 for d in self.decisions if d.verdict == verdict)
+
+    def summary(self) -> str:
+        parts = [f"{self.count(v)} {v}" for v in VERDICTS if self.count(v)]
+        return ", ".join(parts) or "nothing compared"
+
+
+def format_seconds(value: float | None) -> str:
+    if value is None:
+        return "-"
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6), ("ns", 1e-9)):
+        if value >= scale:
+            return f"{value / scale:.3g} {unit}"
+    return f"{value:.3g} s"
+
+
+def format_table(decisions: Sequence[Decision]) -> list[str]:
+    """Rows for the terminal: test, baseline, now, ratio, p-value, kernel then and now, verdict."""
+    header = ("test", "baseline", "now", "ratio", "p-value", "kernel then", "kernel now", "verdict")
+    rows = [header]
+    for d in decisions:
+        rows.append(
+            (
+                d.name,
+                format_seconds(d.base_median),
+                format_seconds(d.now_median),
+                "-" if d.ratio is None else f"{d.ratio:.3f}",
+                "-" if d.pvalue is None else f"{d.pvalue:.2g}",
+                d.kernel_then or "-",
+                d.kernel_now or "-",
+                d.verdict,
+            )
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    lines = ["  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip() for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return lines

@@ -1,0 +1,149 @@
+"""The decision rule on synthetic samples: planted slowdowns caught, clean reruns quiet, edge cases named."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pytest_lstmperf.regression import (
+    Decision,
+    GateResult,
+    Thresholds,
+    compare_samples,
+    drift_ratio,
+    format_table,
+    mannwhitney_greater,
+    min_attainable_pvalue,
+    same_kernel,
+)
+
+
+def noisy(rng: np.random.Generator, median: float, n: int, spread: float = 0.03, outliers: int = 0) -> list[float]:
+    """Log-normal timings with optional slow outliers, like a busy machine."""
+    values = median * np.exp(rng.normal(0.0, spread, n))
+    if outliers:
+        values[rng.choice(n, outliers, replace=False)] *= rng.uniform(1.5, 3.0, outliers)
+    return values.tolist()
+
+
+def test_planted_slowdown_is_caught_every_time() -> None:
+    rng = np.random.default_rng(1)
+    caught = 0
+    for _ in range(200):
+        base = noisy(rng, 1e-3, 20, outliers=2)
+        now = noisy(rng, 1.25e-3, 20, outliers=2)
+        caught += compare_samples("t", base, now).verdict == "regressed"
+    assert caught == 200
+
+
+def test_clean_reruns_raise_no_false_alarm() -> None:
+    rng = np.random.default_rng(2)
+    alarms = 0
+    for _ in range(500):
+        # the machine drifts by up to 5% between runs, with outliers: still no alarm
+        base = noisy(rng, 1e-3, 20, spread=0.05, outliers=3)
+        now = noisy(rng, 1e-3 * rng.uniform(0.95, 1.05), 20, spread=0.05, outliers=3)
+        alarms += compare_samples("t", base, now).failed
+    assert alarms == 0
+
+
+def test_small_but_significant_shift_is_not_a_regression() -> None:
+    rng = np.random.default_rng(3)
+    base = noisy(rng, 1e-3, 200, spread=0.01)
+    now = noisy(rng, 1.05e-3, 200, spread=0.01)
+    d = compare_samples("t", base, now)
+    assert d.pvalue is not None and d.pvalue < 1e-6
+    assert d.verdict == "unchanged"
+
+
+def test_large_but_noisy_shift_is_not_a_regression() -> None:
+    base = [1.0, 2.0, 1.0, 2.0, 1.0, 2.0, 1.0, 2.0]
+    now = [1.3, 2.2, 1.1, 2.4, 1.2, 2.6, 1.0, 2.1]
+    d = compare_samples("t", base, now)
+    assert d.ratio is not None and d.ratio > 1.1
+    assert d.pvalue is not None and d.pvalue > 0.002
+    assert d.verdict == "unchanged"
+
+
+def test_improvement_is_reported_not_failed() -> None:
+    rng = np.random.default_rng(4)
+    d = compare_samples("t", noisy(rng, 2e-3, 20), noisy(rng, 1e-3, 20))
+    assert d.verdict == "improved" and not d.failed
+    assert d.ratio == pytest.approx(0.5, rel=0.05)
+
+
+def test_kernel_change_fails_whatever_the_timing() -> None:
+    same = [1.0] * 10
+    d = compare_samples("t", same, same, kernel_then="cudnn/fp32", kernel_now="cuda-generic/fp32")
+    assert d.verdict == "kernel-changed" and d.failed
+    assert "cudnn/fp32 -> cuda-generic/fp32" in d.notes[0]
+
+
+def test_tf32_and_fp32_are_one_precision() -> None:
+    assert same_kernel("cudnn/tf32", "cudnn/fp32")
+    assert not same_kernel("cudnn/fp16", "cudnn/fp32")
+    assert not same_kernel("onednn/fp32", "cpu-native/fp32")
+
+
+def test_throttled_samples_are_dropped() -> None:
+    base = [1.0] * 10
+    now = [1.0] * 7 + [5.0, 5.0, 5.0]
+    throttled = [False] * 7 + [True] * 3
+    d = compare_samples("t", base, now, now_throttled=throttled)
+    assert d.n_now == 7 and d.verdict == "unchanged"
+    assert "dropped 0 baseline and 3 current" in d.notes[0]
+
+
+def test_everything_throttled_is_inconclusive() -> None:
+    d = compare_samples("t", [1.0] * 10, [2.0] * 10, now_throttled=[True] * 10)
+    assert d.verdict == "inconclusive" and not d.failed
+
+
+def test_few_samples_decide_on_ratio_with_a_note() -> None:
+    assert min_attainable_pvalue(4, 4) > 0.002
+    d = compare_samples("t", [1.0, 1.01, 0.99, 1.0], [1.3, 1.31, 1.29, 1.3])
+    assert d.verdict == "regressed"
+    assert any("ratio alone" in n for n in d.notes)
+
+
+def test_drift_correction_cancels_machine_drift() -> None:
+    rng = np.random.default_rng(5)
+    base = noisy(rng, 1e-3, 20)
+    now = noisy(rng, 1.3e-3, 20)  # everything 30% slower today
+    assert compare_samples("t", base, now).verdict == "regressed"
+    drift = drift_ratio(noisy(rng, 5e-3, 20), noisy(rng, 6.5e-3, 20))
+    d = compare_samples("t", base, now, drift=drift)
+    assert d.verdict == "unchanged" and d.drift == drift
+
+
+def test_per_test_threshold() -> None:
+    rng = np.random.default_rng(6)
+    base, now = noisy(rng, 1e-3, 20, 0.01), noisy(rng, 1.15e-3, 20, 0.01)
+    assert compare_samples("t", base, now, Thresholds(ratio=1.10)).verdict == "regressed"
+    assert compare_samples("t", base, now, Thresholds(ratio=1.20)).verdict == "unchanged"
+
+
+@pytest.mark.parametrize(
+    "kwargs", [{"ratio": 1.0}, {"ratio": 0.9}, {"pvalue": 0.0}, {"pvalue": 1.5}, {"min_samples": 0}]
+)
+def test_bad_thresholds_are_refused(kwargs: dict) -> None:
+    with pytest.raises(ValueError):
+        Thresholds(**kwargs)
+
+
+def test_identical_samples() -> None:
+    assert mannwhitney_greater([1.0] * 5, [1.0] * 5) == 1.0
+    assert compare_samples("t", [1.0] * 8, [1.0] * 8).verdict == "unchanged"
+
+
+def test_table_and_summary() -> None:
+    decisions = [
+        Decision("suites/x::a", "regressed", 1.3, 1e-5, 1e-3, 1.3e-3, 20, 20, "cudnn/fp32", "cudnn/fp32"),
+        Decision("suites/x::b", "unchanged", 1.0, 0.5, 2e-3, 2e-3, 20, 20),
+    ]
+    lines = format_table(decisions)
+    assert lines[0].split()[:5] == ["test", "baseline", "now", "ratio", "p-value"]
+    assert "1 ms" in lines[2] and "1.3 ms" in lines[2] and "1.300" in lines[2] and "regressed" in lines[2]
+    result = GateResult(decisions)
+    assert [d.name for d in result.failed] == ["suites/x::a"]
+    assert result.summary() == "1 regressed, 1 unchanged"
