@@ -55,6 +55,8 @@ class LayerSpec:
     reset_after: bool = True
 
     def __post_init__(self) -> None:
+        if self.lengths is not None and not isinstance(self.lengths, tuple):
+            object.__setattr__(self, "lengths", tuple(self.lengths))  # keep the spec hashable
         problems = list(self._problems())
         if problems:
             raise SpecError(f"invalid LayerSpec: {'; '.join(problems)}")
@@ -70,7 +72,7 @@ class LayerSpec:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 yield f"{name}={value!r} (must be an integer >= 1)"
-        if not isinstance(self.proj_size, int) or self.proj_size < 0:
+        if not isinstance(self.proj_size, int) or isinstance(self.proj_size, bool) or self.proj_size < 0:
             yield f"proj_size={self.proj_size!r} (must be an integer >= 0)"
         elif self.proj_size and isinstance(self.hidden_size, int) and self.proj_size >= self.hidden_size:
             yield f"proj_size={self.proj_size} must be smaller than hidden_size={self.hidden_size}"

@@ -150,7 +150,8 @@ def kernel_element_types(kernels: Sequence[str]) -> set[str]:
 @dataclass
 class _Recorder:
     ops: list[str] = field(default_factory=list)
-    dtypes: list[str] = field(default_factory=list)
+    dtypes: list[str] = field(default_factory=list)  # element types entering the recurrent ops
+    matmul_dtypes: list[str] = field(default_factory=list)  # ... entering matrix products (native paths)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -162,13 +163,16 @@ def _dispatch_mode(recorder: _Recorder):  # noqa: ANN202 - torch type created la
     class _OpRecorder(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
             name = short_op(str(func))
-            if name in _RECURRENT_OPS:
+            target = (
+                recorder.dtypes if name in _RECURRENT_OPS else recorder.matmul_dtypes if name in _MATMUL_OPS else None
+            )
+            if target is not None:
                 flat, _ = tree_flatten((args, kwargs or {}))
                 # the first floating tensor is the input (or, backward, the incoming gradient)
                 for item in flat:
                     if isinstance(item, torch.Tensor) and item.is_floating_point():
                         with recorder.lock:
-                            recorder.dtypes.append(_DTYPE_NAMES.get(str(item.dtype), str(item.dtype)))
+                            target.append(_DTYPE_NAMES.get(str(item.dtype), str(item.dtype)))
                         break
             with recorder.lock:
                 recorder.ops.append(name)
@@ -209,7 +213,7 @@ def torch_trace(device: str, phase: str, profile_kernels: bool | None = None) ->
                 kernels.append(event.name)
     ops = tuple(dict.fromkeys(recorder.ops))
     family = classify_torch_ops(ops, device)
-    precision = precision_from(recorder.dtypes, kernels)
+    precision = precision_from(recorder.dtypes or recorder.matmul_dtypes, kernels)
     detail = ""
     if kernels:
         elements = kernel_element_types(kernels)
@@ -222,7 +226,7 @@ def torch_trace(device: str, phase: str, profile_kernels: bool | None = None) ->
             phase=phase,
             ops=ops,
             kernels=tuple(kernels),
-            dtypes=tuple(dict.fromkeys(recorder.dtypes)),
+            dtypes=tuple(dict.fromkeys(recorder.dtypes or recorder.matmul_dtypes)),
             detail=detail,
         )
     )

@@ -1,0 +1,185 @@
+"""Every setting of the plugin, resolved in one place: CLI > environment > ini > default.
+
+Each :class:`Setting` names its option, environment variable and ini key, and a parser that raises
+``ValueError`` with the valid choices. :func:`resolve` returns the value with where it came from, so that an
+error can say ``PYTEST_LSTMPERF_DEVICE=cuda:3: only 1 CUDA device present``. Parsing errors become
+``pytest.UsageError`` (exit code 4), never a traceback.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+HYPOTHESIS_PROFILES = ("ci", "gpu", "nightly")
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str  # argparse dest
+    option: str  # command-line flag
+    env: str
+    ini: str
+    default: str | None
+    parse: Callable[[str], Any]
+    help: str
+    metavar: str = "VALUE"
+
+
+@dataclass(frozen=True)
+class Resolved:
+    value: Any
+    raw: str | None
+    source: str  # "--device", "PYTEST_LSTMPERF_DEVICE", "ini lstmperf_device", "default"
+
+    def where(self) -> str:
+        return f"{self.source}={self.raw}" if self.raw is not None else self.source
+
+
+def parse_choice(choices: tuple[str, ...]) -> Callable[[str], str]:
+    def parse(raw: str) -> str:
+        value = raw.strip().lower()
+        if value not in choices:
+            raise ValueError(f"invalid value {raw!r} (valid: {', '.join(choices)})")
+        return value
+
+    return parse
+
+
+def parse_float(low: float | None = None, high: float | None = None) -> Callable[[str], float]:
+    def parse(raw: str) -> float:
+        try:
+            value = float(raw)
+        except (TypeError, ValueError):
+            raise ValueError(f"invalid number {raw!r}") from None
+        if (low is not None and value < low) or (high is not None and value > high):
+            raise ValueError(f"{raw!r} out of range [{low}, {high}]")
+        return value
+
+    return parse
+
+
+def parse_int(low: int | None = None) -> Callable[[str], int]:
+    def parse(raw: str) -> int:
+        try:
+            value = int(raw)
+        except (TypeError, ValueError):
+            raise ValueError(f"invalid integer {raw!r}") from None
+        if low is not None and value < low:
+            raise ValueError(f"{raw!r} must be >= {low}")
+        return value
+
+    return parse
+
+
+def parse_bool(raw: str) -> bool:
+    value = raw.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"invalid boolean {raw!r} (valid: true, false, 1, 0, yes, no, on, off)")
+
+
+def _parse_device(raw: str) -> str:
+    from .device import DeviceError, parse_device
+
+    try:
+        kind, index = parse_device(raw)
+    except DeviceError as exc:
+        raise ValueError(str(exc)) from None
+    return kind if index is None else f"{kind}:{index}"
+
+
+def _parse_paths(raw: str) -> tuple[str, ...] | None:
+    """Comma-separated path names, ``all`` or ``gate``; validated against the registry."""
+    from . import paths as registry
+
+    value = raw.strip()
+    if value in ("", "all"):
+        return None
+    known = registry.all_paths()
+    names = tuple(dict.fromkeys(n.strip() for n in value.split(",") if n.strip()))
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ValueError(
+            f"unknown path{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))} "
+            f"(valid: all, {', '.join(sorted(known))})"
+        )
+    return names
+
+
+SETTINGS: dict[str, Setting] = {}
+
+
+def add_setting(setting: Setting) -> Setting:
+    SETTINGS[setting.name] = setting
+    return setting
+
+
+add_setting(
+    Setting(
+        "lstmperf_device", "--device", "PYTEST_LSTMPERF_DEVICE", "lstmperf_device", "auto", _parse_device,
+        "device to run the suites on: auto (GPU if usable, else CPU), cpu, cuda or cuda:N. "
+        "A GPU that is asked for and not usable is an error, not a skip.",
+        "DEVICE",
+    )
+)
+add_setting(
+    Setting(
+        "lstmperf_paths", "--lstmperf-paths", "PYTEST_LSTMPERF_PATHS", "lstmperf_paths", "all", _parse_paths,
+        "comma-separated execution paths to run (default: all available on the device); "
+        "`lstmperf paths` lists them",
+        "NAMES",
+    )
+)
+add_setting(
+    Setting(
+        "lstmperf_profile", "--lstmperf-profile", "PYTEST_LSTMPERF_PROFILE", "lstmperf_profile", "ci",
+        parse_choice(HYPOTHESIS_PROFILES),
+        "hypothesis profile for generated shapes: ci (quick, derandomized), gpu (more and larger examples), "
+        "nightly (thorough, random)",
+        "PROFILE",
+    )
+)
+add_setting(
+    Setting(
+        "lstmperf_seed", "--lstmperf-seed", "PYTEST_LSTMPERF_SEED", "lstmperf_seed", "0", parse_int(0),
+        "seed of the weights and inputs drawn for each generated shape", "N",
+    )
+)
+
+
+def add_options(parser: pytest.Parser, names: list[str] | None = None) -> None:
+    group = parser.getgroup("lstmperf", "LSTM/GRU kernel, equivalence and speed checks (pytest-lstmperf)")
+    for setting in SETTINGS.values():
+        if names is not None and setting.name not in names:
+            continue
+        env = f" [env {setting.env}, ini {setting.ini}, default {setting.default}]"
+        group.addoption(setting.option, dest=setting.name, default=None, metavar=setting.metavar,
+                        help=setting.help + env)
+        # read as a string and validate ourselves: addini(type=...) errors are tracebacks
+        parser.addini(setting.ini, help=setting.help, default=None)
+
+
+def resolve(config: pytest.Config, name: str) -> Resolved:
+    """The value of one setting and where it came from; raises pytest.UsageError on a bad value."""
+    setting = SETTINGS[name]
+    candidates: list[tuple[str, str | None]] = [
+        (setting.option, config.getoption(setting.name, default=None)),
+        (setting.env, os.environ.get(setting.env)),
+        (f"ini {setting.ini}", config.getini(setting.ini) or None),
+    ]
+    for source, raw in candidates:
+        if raw is not None and raw != "":
+            try:
+                return Resolved(setting.parse(str(raw)), str(raw), source)
+            except ValueError as exc:
+                raise pytest.UsageError(f"{source}={raw}: {exc}") from None
+    if setting.default is None:
+        return Resolved(None, None, "default")
+    return Resolved(setting.parse(setting.default), None, "default")

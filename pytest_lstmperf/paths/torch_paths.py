@@ -1,0 +1,290 @@
+"""PyTorch execution paths: one registry entry each; the runner below builds and runs them.
+
+Paths leave the switch that selects their fast kernel as the user has it: the cuDNN and oneDNN paths do not
+force ``cudnn.enabled``/``mkldnn.enabled`` on, so a runner where something disabled them behind the suite's
+back is caught by the kernel trace. Only the fallback paths turn a switch off, as PyTorch's own tests do.
+This module imports no framework at import time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from . import ExecutionPath, PathResult, register
+
+if TYPE_CHECKING:
+    from ..case import Case
+    from ..device import DeviceInfo
+    from ..spec import LayerSpec
+    from ..trace import KernelTrace
+
+_HERE = __name__
+
+
+def _entry(name: str, device: str, kernel: str, precision: str, description: str, **options: Any) -> ExecutionPath:
+    return register(
+        ExecutionPath(
+            name=name,
+            framework="torch",
+            device=device,
+            kernel=kernel,
+            precision=precision,
+            description=description,
+            prepare_ref=f"{_HERE}:prepare",
+            available_ref=f"{_HERE}:available",
+            supports_ref=f"{_HERE}:supports",
+            options=options,
+            pair_with=tuple(options.pop("pair_with", ())),
+        )
+    )
+
+
+# ---------------------------------------------------------------------------------------------- registry
+# options: cudnn (leave as is / False), mkldnn (leave / False), tf32 (cuDNN allow_tf32), autocast dtype,
+# packed (run a PackedSequence), input_dtypes (spec dtypes accepted), needs (capability checks)
+_entry("torch-cudnn-fp32", "cuda", "cudnn", "fp32", "cuDNN RNN, fp32 with TF32 off",
+       tf32=False, pair_with=("torch-cuda-generic",))
+_entry("torch-cudnn-default", "cuda", "cudnn", "tf32",
+       "cuDNN RNN with PyTorch's default math (cudnn.allow_tf32=True: TF32 on Ampere and newer)",
+       tf32=True, min_capability=(8, 0))
+_entry("torch-cuda-generic", "cuda", "cuda-generic", "fp32", "generic CUDA kernels (cuDNN disabled), fp32",
+       cudnn=False)
+_entry("torch-cuda-autocast-fp16", "cuda", "cudnn", "fp16", "cuDNN RNN under torch.autocast(float16)",
+       autocast="float16")
+_entry("torch-cuda-autocast-bf16", "cuda", "cudnn", "bf16", "cuDNN RNN under torch.autocast(bfloat16)",
+       autocast="bfloat16", min_cudnn=91300)
+_entry("torch-cudnn-packed", "cuda", "cudnn", "fp32", "cuDNN RNN on a PackedSequence, TF32 off",
+       tf32=False, packed=True, pair_with=("torch-cuda-generic-packed",))
+_entry("torch-cuda-generic-packed", "cuda", "cuda-generic", "fp32", "generic CUDA kernels on a PackedSequence",
+       cudnn=False, packed=True)
+_entry("torch-cpu-onednn", "cpu", "onednn", "fp32", "CPU oneDNN RNN (PyTorch's CPU default for LSTM)",
+       pair_with=("torch-cpu-native",), onednn_only=True, cells=("lstm",))
+_entry("torch-cpu-native", "cpu", "cpu-native", "fp32", "CPU native kernels (oneDNN disabled)", mkldnn=False)
+_entry("torch-cpu-autocast-bf16", "cpu", "onednn", "bf16", "CPU oneDNN RNN under torch.autocast(bfloat16)",
+       autocast="bfloat16", onednn_only=True, cells=("lstm",))
+_entry("torch-cpu-packed", "cpu", "cpu-native", "fp32",
+       "CPU on a PackedSequence (PyTorch never uses oneDNN for packed input)", packed=True)
+
+
+# ---------------------------------------------------------------------------------------------- checks
+def available(path: ExecutionPath, device: DeviceInfo) -> str | None:
+    try:
+        import torch
+    except ImportError:
+        return "torch is not installed (pip install 'pytest-lstmperf[torch]')"
+    opts = path.options
+    if path.device == "cuda":
+        if not torch.cuda.is_available():
+            return "no usable CUDA device (run on a GPU runner)"
+        if path.kernel == "cudnn" and not torch.backends.cudnn.is_available():
+            return f"torch {torch.__version__} was built without cuDNN"
+        props = torch.cuda.get_device_properties(device.index or 0)
+        need = opts.get("min_capability")
+        if need and (props.major, props.minor) < need:
+            return (
+                f"{props.name} (compute capability {props.major}.{props.minor}) has no TF32; "
+                f"its default math is fp32, which torch-cudnn-fp32 covers"
+            )
+        need_cudnn = opts.get("min_cudnn")
+        if need_cudnn and (torch.backends.cudnn.version() or 0) < need_cudnn:
+            return f"cuDNN {torch.backends.cudnn.version()} has no bfloat16 RNN (needs >= 9.13)"
+        if opts.get("autocast") == "bfloat16" and not torch.cuda.is_bf16_supported():
+            return f"{props.name} does not support bfloat16"
+    else:
+        if opts.get("onednn_only") and not torch.backends.mkldnn.is_available():
+            return f"torch {torch.__version__} was built without oneDNN (mkldnn)"
+        if opts.get("autocast") == "bfloat16" and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+            return "this CPU has no bfloat16 support in oneDNN (needs avx512_bf16, AMX or similar)"
+    return None
+
+
+def supports(path: ExecutionPath, spec: LayerSpec) -> str | None:
+    opts = path.options
+    if opts.get("packed") and spec.length_mode != "packed":
+        return "packed paths run specs with length_mode='packed'"
+    if not opts.get("packed") and spec.length_mode == "packed":
+        return f"{path.name} runs padded tensors; packed specs go to the -packed paths"
+    if spec.cell == "gru" and not spec.reset_after:
+        return "PyTorch's GRU is reset-after only (reset_after=False exists in Keras alone)"
+    if opts.get("autocast") and spec.dtype != "float32":
+        return "autocast paths take float32 layers"
+    if spec.dtype not in ("float32",):
+        return f"dtype {spec.dtype} is not among this path's input dtypes (float32)"
+    if opts.get("onednn_only"):
+        # aten/src/ATen/native/RNN.cpp use_mkldnn: LSTM only, no projections, dense input
+        if spec.cell != "lstm":
+            return "PyTorch has no oneDNN GRU (only LSTM dispatches to oneDNN)"
+        if spec.proj_size:
+            return "PyTorch's oneDNN LSTM has no projections (proj_size > 0 runs the native path)"
+    return None
+
+
+# ---------------------------------------------------------------------------------------------- runner
+_TORCH_DTYPES = {"float32": "float32", "float64": "float64", "float16": "float16", "bfloat16": "bfloat16"}
+
+
+class TorchRun:
+    """An nn.LSTM/nn.GRU loaded with a case's canonical weights, and its inputs, on one device."""
+
+    def __init__(self, path: ExecutionPath, case: Case, device: DeviceInfo) -> None:
+        import torch
+
+        self.torch = torch
+        self.path = path
+        self.case = case
+        self.device = device
+        spec = case.spec
+        self.spec = spec
+        dtype = getattr(torch, _TORCH_DTYPES[spec.dtype])
+        self.dtype = dtype
+        dev = torch.device(device.torch_device)
+        self.dev = dev
+        cls = torch.nn.LSTM if spec.cell == "lstm" else torch.nn.GRU
+        kwargs: dict[str, Any] = dict(
+            input_size=spec.input_size,
+            hidden_size=spec.hidden_size,
+            num_layers=spec.num_layers,
+            bias=spec.bias,
+            batch_first=spec.batch_first,
+            bidirectional=spec.bidirectional,
+        )
+        if spec.cell == "lstm":
+            kwargs["proj_size"] = spec.proj_size
+        self.module = cls(**kwargs).to(device=dev, dtype=dtype)
+        with torch.no_grad():
+            for name, value in case.weights.items():
+                getattr(self.module, name).copy_(_tensor(value).to(dtype))
+        if dev.type == "cuda":
+            self.module.flatten_parameters()
+        self.module.train(spec.training)
+        x = _tensor(case.x).to(device=dev, dtype=dtype)
+        self.x = x if spec.batch_first else x.transpose(0, 1).contiguous()
+        self.h0 = None if case.h0 is None else _tensor(case.h0).to(device=dev, dtype=dtype)
+        self.c0 = None if case.c0 is None else _tensor(case.c0).to(device=dev, dtype=dtype)
+        self.lengths = (
+            torch.tensor(spec.lengths, dtype=torch.int64) if path.options.get("packed") and spec.lengths else None
+        )
+        seeds = [case.grad_output if spec.batch_first else case.grad_output.transpose(1, 0, 2), case.grad_h_n]
+        if case.grad_c_n is not None:
+            seeds.append(case.grad_c_n)
+        self.seeds = [_tensor(s).to(device=dev, dtype=torch.float32) for s in seeds]
+
+    # ---- contexts
+    @contextlib.contextmanager
+    def _switches(self) -> Iterator[None]:
+        """The backend switches this path is defined by (only those; the rest stay as the user has them)."""
+        torch = self.torch
+        opts = self.path.options
+        saved = (torch.backends.cudnn.enabled, torch.backends.cudnn.allow_tf32, torch.backends.mkldnn.enabled)
+        try:
+            if opts.get("cudnn") is False:
+                torch.backends.cudnn.enabled = False
+            if "tf32" in opts:
+                torch.backends.cudnn.allow_tf32 = bool(opts["tf32"])
+            if opts.get("mkldnn") is False:
+                torch.backends.mkldnn.enabled = False
+            yield
+        finally:
+            torch.backends.cudnn.enabled, torch.backends.cudnn.allow_tf32, torch.backends.mkldnn.enabled = saved
+
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        name = self.path.options.get("autocast")
+        if not name:
+            return contextlib.nullcontext()
+        return self.torch.autocast(device_type=self.dev.type, dtype=getattr(self.torch, str(name)))
+
+    def _call(self, x: Any, h0: Any, c0: Any) -> tuple[Any, Any, Any]:
+        hx = None
+        if h0 is not None:
+            hx = (h0, c0) if self.spec.cell == "lstm" else h0
+        if self.lengths is not None:
+            from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+            packed = pack_padded_sequence(x, self.lengths, batch_first=self.spec.batch_first, enforce_sorted=False)
+            out, state = self.module(packed, hx)
+            out, _ = pad_packed_sequence(out, batch_first=self.spec.batch_first, total_length=self.spec.seq_len)
+        else:
+            out, state = self.module(x, hx)
+        if self.spec.cell == "lstm":
+            h_n, c_n = state
+        else:
+            h_n, c_n = state, None
+        return out, h_n, c_n
+
+    # ---- PreparedRun protocol
+    def run(self) -> PathResult:
+        from ..trace import torch_trace
+
+        torch = self.torch
+        spec = self.spec
+        x = self.x.detach().clone().requires_grad_(spec.training)
+        h0 = None if self.h0 is None else self.h0.detach().clone().requires_grad_(spec.training)
+        c0 = None if self.c0 is None else self.c0.detach().clone().requires_grad_(spec.training)
+        self.module.zero_grad(set_to_none=True)
+        with self._switches():
+            with torch_trace(self.device.kind, "forward") as fwd, self._autocast():
+                out, h_n, c_n = self._call(x, h0, c0)
+            bwd_trace = None
+            grads: dict[str, Any] = {}
+            if spec.training:
+                outs = [out.float(), h_n.float()] + ([c_n.float()] if c_n is not None else [])
+                with torch_trace(self.device.kind, "backward") as bwd:
+                    torch.autograd.backward(outs, self.seeds)
+                bwd_trace = bwd[0]
+                grads["x"] = x.grad if spec.batch_first else x.grad.transpose(0, 1)
+                if h0 is not None:
+                    grads["h0"] = h0.grad
+                if c0 is not None:
+                    grads["c0"] = c0.grad
+                for name, param in self.module.named_parameters():
+                    grads[name] = param.grad
+        output = out if spec.batch_first else out.transpose(0, 1)
+        return PathResult(
+            output=_np(output),
+            h_n=_np(h_n),
+            c_n=None if c_n is None else _np(c_n),
+            grads={k: _np(v) for k, v in grads.items() if v is not None},
+            forward_trace=fwd[0],
+            backward_trace=bwd_trace,
+        )
+
+    def forward(self) -> object:
+        with self.torch.no_grad(), self._switches(), self._autocast():
+            return self._call(self.x, self.h0, self.c0)
+
+    def train_step(self) -> object:
+        torch = self.torch
+        with self._switches():
+            with self._autocast():
+                out, h_n, c_n = self._call(self.x, self.h0, self.c0)
+            outs = [out.float(), h_n.float()] + ([c_n.float()] if c_n is not None else [])
+            torch.autograd.backward(outs, self.seeds)
+        return out
+
+    def trace_forward(self) -> KernelTrace:
+        from ..trace import torch_trace
+
+        with torch_trace(self.device.kind, "forward") as trace:
+            self.forward()
+        return trace[0]
+
+    def synchronize(self) -> None:
+        if self.dev.type == "cuda":
+            self.torch.cuda.synchronize(self.dev)
+
+
+def _tensor(array: Any):  # noqa: ANN202 - the case's arrays are read-only; torch wants its own copy
+    import numpy as np
+    import torch
+
+    return torch.from_numpy(np.array(array, copy=True))
+
+
+def _np(tensor: Any):  # noqa: ANN202 - numpy imported lazily
+    return tensor.detach().to("cpu").double().numpy()
+
+
+def prepare(path: ExecutionPath, case: Case, device: DeviceInfo) -> TorchRun:
+    return TorchRun(path, case, device)

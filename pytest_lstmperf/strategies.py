@@ -1,0 +1,128 @@
+"""Hypothesis strategies for layer specs, and the profiles that bound them.
+
+Each profile caps sizes so that no example can exhaust device memory (the largest ``nightly`` example
+holds a few MB of activations) and sets how many examples each path gets.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+
+from .spec import LayerSpec
+
+
+@dataclass(frozen=True)
+class ShapeBounds:
+    max_input: int
+    max_hidden: int
+    max_layers: int
+    max_batch: int
+    max_seq: int
+    max_elements: int  # cap on B * T * G*H * L * D, the gate activations of one pass
+
+    def fits(self, spec: LayerSpec) -> bool:
+        work = spec.batch * spec.seq_len * spec.gates * spec.hidden_size * spec.num_layers * spec.directions
+        return work <= self.max_elements
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    max_examples: int
+    derandomize: bool
+    bounds: ShapeBounds
+    description: str
+
+    def hypothesis_settings(self) -> settings:
+        return settings(
+            max_examples=self.max_examples,
+            derandomize=self.derandomize,
+            deadline=None,
+            database=None if self.derandomize else settings.default.database,
+            suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large],
+            print_blob=True,
+        )
+
+
+PROFILES: dict[str, Profile] = {
+    "ci": Profile(
+        "ci", 6, True, ShapeBounds(24, 40, 2, 6, 16, 40_000),
+        "quick and derandomized: the same 6 small shapes per path on every run",
+    ),
+    "gpu": Profile(
+        "gpu", 15, True, ShapeBounds(96, 256, 3, 32, 48, 3_000_000),
+        "derandomized, 15 shapes per path up to hidden 256, T 48, batch 32",
+    ),
+    "nightly": Profile(
+        "nightly", 150, False, ShapeBounds(256, 512, 4, 64, 128, 40_000_000),
+        "random (saved in hypothesis's database), 150 shapes per path up to hidden 512, T 128, batch 64",
+    ),
+}
+
+
+@st.composite
+def specs(
+    draw: st.DrawFn,
+    bounds: ShapeBounds,
+    cells: tuple[str, ...] = ("lstm", "gru"),
+    length_modes: tuple[str, ...] = ("none", "none", "padded", "packed"),
+    training: tuple[bool, ...] = (True, True, True, False),
+    reset_after: tuple[bool, ...] = (True,),
+) -> LayerSpec:
+    """A valid LayerSpec within ``bounds``."""
+    cell = draw(st.sampled_from(cells))
+    hidden = draw(st.integers(1, bounds.max_hidden))
+    proj = 0
+    if cell == "lstm" and hidden > 1:
+        proj = draw(st.sampled_from([0, 0, 0, draw(st.integers(1, hidden - 1))]))
+    seq_len = draw(st.integers(1, bounds.max_seq))
+    batch = draw(st.integers(1, bounds.max_batch))
+    mode = draw(st.sampled_from(length_modes))
+    lengths = None
+    if mode != "none":
+        lengths = list(draw(st.lists(st.integers(1, seq_len), min_size=batch, max_size=batch)))
+        lengths[draw(st.integers(0, batch - 1))] = seq_len
+        lengths = tuple(lengths)
+    spec = LayerSpec(
+        cell=cell,  # type: ignore[arg-type]
+        input_size=draw(st.integers(1, bounds.max_input)),
+        hidden_size=hidden,
+        num_layers=draw(st.integers(1, bounds.max_layers)),
+        bidirectional=draw(st.booleans()),
+        proj_size=proj,
+        bias=draw(st.sampled_from([True, True, True, False])),
+        batch_first=draw(st.booleans()),
+        batch=batch,
+        seq_len=seq_len,
+        length_mode=mode,  # type: ignore[arg-type]
+        lengths=lengths,
+        training=draw(st.sampled_from(training)),
+        initial_state=draw(st.booleans()),
+        reset_after=draw(st.sampled_from(reset_after)) if cell == "gru" else True,
+    )
+    if not bounds.fits(spec):
+        # shrink the batch and sequence until the example fits, rather than rejecting it
+        while not bounds.fits(spec) and (spec.batch > 1 or spec.seq_len > 1):
+            if spec.seq_len >= spec.batch and spec.seq_len > 1:
+                t = spec.seq_len // 2
+                lens = None if spec.lengths is None else tuple(min(n, t) for n in spec.lengths)
+                spec = spec.replace(seq_len=t, lengths=lens)
+            else:
+                b = spec.batch // 2
+                spec = spec.replace(batch=b, lengths=None if spec.lengths is None else spec.lengths[:b])
+            if spec.lengths is not None and max(spec.lengths) != spec.seq_len:
+                spec = spec.replace(lengths=(spec.seq_len,) + spec.lengths[1:])
+    return spec
+
+
+def specs_for_path(path: object, bounds: ShapeBounds) -> st.SearchStrategy[LayerSpec]:
+    """Specs that ``path`` supports: drawn with its input form in mind, then filtered by ``supports``."""
+    options = getattr(path, "options", {})
+    modes: tuple[str, ...] = ("packed",) if options.get("packed") else ("none", "none", "padded")
+    cells = tuple(options.get("cells", ("lstm", "gru")))  # type: ignore[arg-type]
+    reset = (True, False) if options.get("reset_before_ok") else (True,)
+    base = specs(bounds, cells=cells, length_modes=modes, reset_after=reset)
+    return base.filter(lambda spec: path.supports(spec) is None)  # type: ignore[attr-defined]
