@@ -1,0 +1,420 @@
+"""Baselines keyed by device: one pytest-benchmark JSON file per comparable device, with raw samples.
+
+A baseline file is what ``pytest --benchmark-json`` writes (``machine_info``, ``commit_info``,
+``benchmarks`` with ``stats.data`` holding every sample, ``datetime``, ``version``), so pytest-benchmark's
+``--benchmark-compare=FILE`` and ``--benchmark-compare-fail`` read it as their own, plus a ``lstmperf``
+section: the format version, the fields that make timings comparable (GPU model, compute capability,
+driver, CUDA, cuDNN and torch versions; CPU model, thread count and torch version on the CPU), the full
+device fingerprint and the provenance (commit, machine, date, command) of the run that created and of
+the run that last updated it. Each benchmark entry also carries its own ``recorded`` provenance.
+
+The file name is derived from the comparable fields, so ``--benchmark-compare`` with no argument finds
+this device's file, and a file of another device is refused with the differing fields named.
+
+Writes are explicit, atomic (temporary file in the same folder, fsync, ``os.replace``) and serialised by
+an exclusive lock on ``<dir>/.lstmperf.lock``, so two processes recording at once neither lose nor
+interleave entries and an interrupt leaves the previous file intact.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import tempfile
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+#: version of the ``lstmperf`` section; bump when its meaning changes
+FORMAT = 1
+LOCK_NAME = ".lstmperf.lock"
+LOCK_TIMEOUT_S = 120.0
+
+#: fingerprint fields that must agree for timings to be comparable
+COMPARABLE_FIELDS = {
+    "cuda": ("gpu", "capability", "driver", "cuda", "cudnn", "torch"),
+    "cpu": ("cpu", "threads", "torch"),
+}
+#: other frameworks whose version matters for the benchmarks of their paths (checked per benchmark)
+FRAMEWORK_DISTRIBUTIONS = ("keras", "tensorflow")
+
+
+class BaselineError(Exception):
+    """A baseline that cannot be used or written; the message says why and what to do."""
+
+
+def comparable_fields(kind: str, fingerprint: Mapping[str, str]) -> dict[str, str]:
+    """The fields of a device fingerprint that decide whether two timings can be compared."""
+    names = COMPARABLE_FIELDS.get(kind)
+    if names is None:
+        raise ValueError(f"unknown device kind {kind!r} (valid: {', '.join(COMPARABLE_FIELDS)})")
+    return {"kind": kind, **{name: str(fingerprint.get(name, "?")) for name in names}}
+
+
+def device_key(fields: Mapping[str, str]) -> str:
+    """A readable, file-name-safe key: ``NVIDIA_H100_80GB_HBM3-cc9.0-drv570.86-cuda13.0-cudnn91900-torch2.11.0``."""
+    if fields.get("kind") == "cuda":
+        parts = [
+            fields.get("gpu", "gpu"),
+            f"cc{fields.get('capability', '')}",
+            f"drv{fields.get('driver', '')}",
+            f"cuda{fields.get('cuda', '')}",
+            f"cudnn{fields.get('cudnn', '')}",
+            f"torch{fields.get('torch', '')}",
+        ]
+    else:
+        parts = ["cpu", fields.get("cpu", ""), f"{fields.get('threads', '')}t", f"torch{fields.get('torch', '')}"]
+    key = re.sub(r"[^A-Za-z0-9.+-]+", "_", "-".join(parts)).strip("_.")
+    return key[:200]
+
+
+def differences(baseline: Mapping[str, str], current: Mapping[str, str]) -> list[str]:
+    """Human-readable differing fields: ``driver 570.86 (baseline) vs 575.51 (this device)``."""
+    out = []
+    for name in dict.fromkeys([*baseline, *current]):
+        then, now = baseline.get(name), current.get(name)
+        if then != now:
+            out.append(f"{name} {then if then is not None else '<absent>'} (baseline) vs "
+                       f"{now if now is not None else '<absent>'} (this device)")
+    return out
+
+
+def framework_versions() -> dict[str, str]:
+    """Installed versions of the non-torch frameworks, read without importing them."""
+    from importlib import metadata
+
+    versions = {}
+    for dist in FRAMEWORK_DISTRIBUTIONS:
+        try:
+            versions[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return versions
+
+
+# ------------------------------------------------------------------------------------------- entries
+def bench_entry(record: Mapping[str, Any], recorded: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """One benchmark in pytest-benchmark's JSON layout, its statistics computed from the raw samples.
+
+    ``record`` holds ``fullname``, ``name``, ``group``, ``param``, ``params``, ``extra_info``, ``options``,
+    ``data`` (seconds per call, one per round) and ``iterations``.
+    """
+    from pytest_benchmark.stats import Stats
+
+    data = [float(x) for x in record["data"]]
+    if not data:
+        raise ValueError(f"{record.get('fullname')}: no samples")
+    stats = Stats()
+    for value in data:
+        stats.update(value)
+    stats_dict = stats.as_dict()
+    stats_dict["data"] = data
+    stats_dict["iterations"] = int(record.get("iterations", 1))
+    entry = {
+        "group": record.get("group"),
+        "name": record["name"],
+        "fullname": record["fullname"],
+        "params": record.get("params"),
+        "param": record.get("param"),
+        "extra_info": dict(record.get("extra_info") or {}),
+        "options": dict(record.get("options") or {}),
+        "stats": stats_dict,
+    }
+    if recorded is not None:
+        entry["recorded"] = dict(recorded)
+    return entry
+
+
+# ------------------------------------------------------------------------------------------- files
+@dataclass
+class Baseline:
+    """A loaded, validated baseline file."""
+
+    path: Path
+    data: dict[str, Any]
+
+    @property
+    def section(self) -> dict[str, Any]:
+        return self.data["lstmperf"]
+
+    @property
+    def fields(self) -> dict[str, str]:
+        return dict(self.section.get("comparable", {}))
+
+    @property
+    def entries(self) -> dict[str, dict[str, Any]]:
+        return {bench["fullname"]: bench for bench in self.data["benchmarks"]}
+
+    def samples(self, fullname: str) -> list[float]:
+        return list(self.entries[fullname]["stats"]["data"])
+
+
+def _hint(record_hint: str) -> str:
+    return f" Record one with: {record_hint}" if record_hint else ""
+
+
+def load(path: Path, record_hint: str = "") -> Baseline:
+    """Read and validate one baseline file; :class:`BaselineError` names the problem and the fix."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise BaselineError(f"baseline {path} does not exist.{_hint(record_hint)}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise BaselineError(f"baseline {path} cannot be read: {exc}") from None
+    restore = f" Restore it from version control (git checkout -- {path}) or record it again"
+    restore += f" with: {record_hint}" if record_hint else "."
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        what = "truncated" if exc.pos >= len(text.rstrip()) else "corrupt"
+        raise BaselineError(
+            f"baseline {path} is {what}: not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})."
+            + restore
+        ) from None
+    if not isinstance(data, dict) or not isinstance(data.get("benchmarks"), list):
+        raise BaselineError(f"baseline {path} is not a pytest-benchmark JSON file (no 'benchmarks' list)." + restore)
+    section = data.get("lstmperf")
+    if not isinstance(section, dict):
+        raise BaselineError(
+            f"{path} is a pytest-benchmark file without pytest-lstmperf's device key (written by "
+            f"--benchmark-save or --benchmark-json?), so it cannot be checked against this device."
+            f"{_hint(record_hint)}"
+        )
+    version = section.get("format")
+    if not isinstance(version, int):
+        raise BaselineError(f"baseline {path} has no format version in its 'lstmperf' section." + restore)
+    if version > FORMAT:
+        raise BaselineError(
+            f"baseline {path} was written by a newer pytest-lstmperf (format {version}; this version reads "
+            f"format {FORMAT}). Upgrade pytest-lstmperf."
+        )
+    if version < FORMAT:
+        raise BaselineError(
+            f"baseline {path} has the older format {version} (this version reads format {FORMAT}). Record it "
+            f"again, replacing the old file, with --lstmperf-update-baseline."
+        )
+    if not isinstance(section.get("comparable"), dict):
+        raise BaselineError(f"baseline {path} has no device fields ('lstmperf.comparable')." + restore)
+    for bench in data["benchmarks"]:
+        stats = bench.get("stats") if isinstance(bench, dict) else None
+        if not isinstance(stats, dict) or "fullname" not in bench:
+            raise BaselineError(f"baseline {path} has a malformed benchmark entry." + restore)
+        samples = stats.get("data")
+        if not isinstance(samples, list) or not samples or not all(isinstance(x, (int, float)) for x in samples):
+            raise BaselineError(
+                f"baseline {path}: benchmark {bench['fullname']} has no raw samples (stats.data); the rank test "
+                f"needs them." + restore
+            )
+    return Baseline(path, data)
+
+
+def _atomic_write(path: Path, payload: str) -> None:
+    """Write ``payload`` to ``path`` atomically: readers see the old file or the new one, never half."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(payload)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:  # an interrupt included: the previous file stays as it was
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    with contextlib.suppress(OSError):  # make the rename durable where the platform allows
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+
+
+@contextlib.contextmanager
+def locked(directory: Path, timeout: float = LOCK_TIMEOUT_S) -> Iterator[None]:
+    """Hold an exclusive lock on ``directory/.lstmperf.lock`` (POSIX ``flock``; a no-op elsewhere)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - Windows: single-writer assumption
+        yield
+        return
+    lock_path = directory / LOCK_NAME
+    with open(lock_path, "a+") as handle:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    raise BaselineError(
+                        f"another process has held {lock_path} for over {timeout:.0f} s; is a recording still "
+                        f"running? If not, delete the lock file."
+                    ) from None
+                time.sleep(0.05)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+@dataclass
+class SaveReport:
+    path: Path
+    created: list[str] = field(default_factory=list)  # entries new to the file
+    updated: list[str] = field(default_factory=list)  # entries replaced (update mode)
+    kept: list[str] = field(default_factory=list)  # entries present and left alone (save mode)
+    untouched: int = 0  # entries of the file this run did not measure
+    new_file: bool = False
+    replaced_format: int | None = None
+
+    def describe(self) -> str:
+        parts = []
+        if self.created:
+            parts.append(f"{len(self.created)} recorded")
+        if self.updated:
+            parts.append(f"{len(self.updated)} updated")
+        if self.kept:
+            parts.append(f"{len(self.kept)} kept (already in the baseline; --lstmperf-update-baseline replaces them)")
+        if self.untouched:
+            parts.append(f"{self.untouched} not measured in this run, left as they were")
+        what = "created" if self.new_file else "written"
+        if not self.created and not self.updated:
+            what = "unchanged"
+        text = f"baseline {self.path} {what}: " + (", ".join(parts) or "nothing to record")
+        if self.replaced_format is not None:
+            text += f" (replaced a format-{self.replaced_format} file)"
+        return text
+
+
+class BaselineStore:
+    """The baselines folder: one file per comparable device."""
+
+    def __init__(self, directory: Path | str, record_hint: str = "") -> None:
+        self.directory = Path(directory)
+        self.record_hint = record_hint
+
+    def path_for(self, fields: Mapping[str, str]) -> Path:
+        return self.directory / f"{device_key(fields)}.json"
+
+    def find(self, fields: Mapping[str, str]) -> Baseline | None:
+        """This device's baseline, or None when there is none; a broken file raises BaselineError."""
+        path = self.path_for(fields)
+        if not path.exists():
+            return None
+        baseline = load(path, self.record_hint)
+        diff = differences(baseline.fields, dict(fields))
+        if diff:  # a renamed or hand-copied file
+            raise BaselineError(f"baseline {path} is for another device: {'; '.join(diff)}")
+        return baseline
+
+    def others(self, fields: Mapping[str, str]) -> list[tuple[Path, list[str]]]:
+        """The other devices' baselines of the same kind, each with what differs (closest first)."""
+        found = []
+        if not self.directory.is_dir():
+            return found
+        for path in sorted(self.directory.glob("*.json")):
+            if path == self.path_for(fields):
+                continue
+            try:
+                other = load(path)
+            except BaselineError:
+                continue
+            if other.fields.get("kind") != fields.get("kind"):
+                continue
+            found.append((path, differences(other.fields, dict(fields))))
+        return sorted(found, key=lambda item: len(item[1]))
+
+    def missing_message(self, fields: Mapping[str, str]) -> str:
+        path = self.path_for(fields)
+        where = "" if self.directory.is_dir() else f" (the folder {self.directory} does not exist)"
+        text = f"no baseline for this device: {path} is missing{where}."
+        closest = self.others(fields)
+        if closest:
+            other, diff = closest[0]
+            text += f" The closest, {other.name}, differs in: {'; '.join(diff)}; it is not comparable."
+        return text + _hint(self.record_hint)
+
+    def save(
+        self,
+        records: Iterable[Mapping[str, Any]],
+        *,
+        fields: Mapping[str, str],
+        fingerprint: Mapping[str, str],
+        provenance: Mapping[str, Any],
+        header: Mapping[str, Any],
+        update: bool,
+    ) -> SaveReport:
+        """Merge ``records`` into this device's file under the lock and write it atomically.
+
+        Without ``update`` entries already in the file are kept (never overwritten); with it they are
+        replaced. Entries not measured in this run stay. ``header`` gives pytest-benchmark's top-level keys
+        (``machine_info``, ``commit_info``, ``version``).
+        """
+        records = list(records)
+        path = self.path_for(fields)
+        report = SaveReport(path)
+        recorded = {k: provenance.get(k) for k in ("commit", "dirty", "date", "machine")}
+        with locked(self.directory):
+            existing: dict[str, Any] | None = None
+            if path.exists():
+                try:
+                    existing = load(path, self.record_hint).data
+                except BaselineError as exc:
+                    old = _old_format(path)
+                    if not (update and old is not None):
+                        raise BaselineError(f"not recording: {exc}") from None
+                    report.replaced_format = old  # an explicit update replaces an older-format file
+                if existing is not None:
+                    diff = differences(existing["lstmperf"]["comparable"], dict(fields))
+                    if diff:
+                        raise BaselineError(f"not recording: {path} is for another device: {'; '.join(diff)}")
+            report.new_file = existing is None
+            entries = {} if existing is None else {b["fullname"]: b for b in existing["benchmarks"]}
+            measured = set()
+            for record in records:
+                name = record["fullname"]
+                measured.add(name)
+                if name in entries and not update:
+                    report.kept.append(name)
+                    continue
+                (report.updated if name in entries else report.created).append(name)
+                entries[name] = bench_entry(record, recorded)
+            report.untouched = len(set(entries) - measured)
+            if not report.created and not report.updated:
+                return report
+            section = {
+                "format": FORMAT,
+                "device_key": device_key(fields),
+                "comparable": dict(fields),
+                "fingerprint": dict(fingerprint),
+                "frameworks": framework_versions(),
+                "created": (existing or {}).get("lstmperf", {}).get("created", dict(provenance)),
+                "updated": dict(provenance),
+            }
+            data = {
+                "machine_info": header.get("machine_info", {}),
+                "commit_info": header.get("commit_info", {}),
+                "benchmarks": [entries[name] for name in sorted(entries)],
+                "datetime": provenance.get("date"),
+                "version": header.get("version"),
+                "lstmperf": section,
+            }
+            _atomic_write(path, json.dumps(data, indent=1, sort_keys=False, default=str) + "\n")
+        return report
+
+
+def _old_format(path: Path) -> int | None:
+    """The format number of a parseable file of an older format, else None."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        version = data["lstmperf"]["format"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return version if isinstance(version, int) and version < FORMAT else None

@@ -1,0 +1,190 @@
+"""The device-keyed baseline store: keys, validation of bad files, explicit and atomic recording, locking."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+from pathlib import Path
+
+import pytest
+
+from pytest_lstmperf import baseline as bl
+
+H100 = {"gpu": "NVIDIA H100 80GB HBM3", "capability": "9.0", "driver": "570.86", "cuda": "13.0",
+        "cudnn": "91900", "torch": "2.11.0", "sms": "132"}
+CPU = {"cpu": "AMD EPYC 7B13", "threads": "2", "torch": "2.13.0", "onednn": "yes"}
+PROV = {"commit": "abc123", "dirty": False, "date": "2026-11-22T10:00:00+00:00", "machine": "runner-1",
+        "command": "pytest suites/ --lstmperf-save-baseline"}
+HEADER = {"machine_info": {"node": "runner-1"}, "commit_info": {"id": "abc123"}, "version": "5.3.1"}
+
+
+def record(name: str, median: float = 1e-3, n: int = 10, kernel: str = "cudnn") -> dict:
+    return {
+        "fullname": f"suites/test_benchmarks.py::test_inference[{name}]",
+        "name": f"test_inference[{name}]",
+        "group": "forward",
+        "param": name,
+        "params": {"case": name},
+        "extra_info": {"kernel": kernel, "precision": "fp32"},
+        "options": {"rounds": n},
+        "data": [median * (1 + 0.01 * i) for i in range(n)],
+        "iterations": 1,
+    }
+
+
+def save(store: bl.BaselineStore, records: list[dict], update: bool = False, fp: dict = H100) -> bl.SaveReport:
+    kind = "cuda" if "gpu" in fp else "cpu"
+    return store.save(records, fields=bl.comparable_fields(kind, fp), fingerprint=fp, provenance=PROV,
+                      header=HEADER, update=update)
+
+
+def fields(fp: dict = H100) -> dict:
+    return bl.comparable_fields("cuda" if "gpu" in fp else "cpu", fp)
+
+
+def test_key_covers_what_makes_numbers_comparable() -> None:
+    key = bl.device_key(fields())
+    assert key == "NVIDIA_H100_80GB_HBM3-cc9.0-drv570.86-cuda13.0-cudnn91900-torch2.11.0"
+    for name in ("gpu", "driver", "cuda", "cudnn", "torch", "capability"):
+        assert bl.device_key(fields({**H100, name: "other"})) != key, name
+    assert bl.device_key(fields({**H100, "sms": "114"})) == key  # not a comparability field by itself
+    cpu_key = bl.device_key(fields(CPU))
+    assert cpu_key == "cpu-AMD_EPYC_7B13-2t-torch2.13.0"
+    assert bl.device_key(fields({**CPU, "threads": "16"})) != cpu_key
+
+
+def test_differences_are_named() -> None:
+    diff = bl.differences(fields(), fields({**H100, "driver": "575.51"}))
+    assert diff == ["driver 570.86 (baseline) vs 575.51 (this device)"]
+
+
+def test_record_then_load_is_pytest_benchmark_json(tmp_path: Path) -> None:
+    store = bl.BaselineStore(tmp_path / "baselines")  # folder created on first save
+    report = save(store, [record("a"), record("b")])
+    assert report.new_file and sorted(report.created) == sorted(r["fullname"] for r in [record("a"), record("b")])
+    assert "created" in report.describe()
+    data = json.loads(report.path.read_text())
+    assert set(data) >= {"machine_info", "commit_info", "benchmarks", "datetime", "version", "lstmperf"}
+    bench = data["benchmarks"][0]
+    assert bench["stats"]["data"] == record("a")["data"]
+    assert bench["stats"]["median"] == pytest.approx(1.045e-3)
+    assert bench["recorded"]["commit"] == "abc123"
+    assert data["lstmperf"]["format"] == bl.FORMAT and data["lstmperf"]["created"]["machine"] == "runner-1"
+    # pytest-benchmark's own loader reads it
+    from pytest_benchmark.logger import Logger
+    from pytest_benchmark.storage.file import FileStorage
+
+    storage = FileStorage(tmp_path / "baselines", logger=Logger(Logger.QUIET))
+    loaded = list(storage.load(str(report.path)))
+    assert len(loaded) == 1 and len(loaded[0][1]["benchmarks"]) == 2
+    found = store.find(fields())
+    assert found is not None and found.samples(record("a")["fullname"]) == record("a")["data"]
+
+
+def test_save_never_overwrites_update_does(tmp_path: Path) -> None:
+    store = bl.BaselineStore(tmp_path)
+    save(store, [record("a", 1e-3)])
+    before = store.path_for(fields()).read_bytes()
+    report = save(store, [record("a", 2e-3)])
+    assert report.kept and not report.created and not report.updated
+    assert "kept" in report.describe() and "unchanged" in report.describe()
+    assert store.path_for(fields()).read_bytes() == before
+    report = save(store, [record("a", 2e-3), record("b")])  # new entries are added, old ones kept
+    assert len(report.created) == 1 and len(report.kept) == 1
+    report = save(store, [record("a", 2e-3)], update=True)
+    assert len(report.updated) == 1 and report.untouched == 1
+    assert store.find(fields()).samples(record("a")["fullname"])[0] == pytest.approx(2e-3)
+
+
+def test_missing_baseline_message(tmp_path: Path) -> None:
+    store = bl.BaselineStore(tmp_path / "nope", record_hint="pytest suites/ --lstmperf-save-baseline")
+    assert store.find(fields()) is None
+    text = store.missing_message(fields())
+    assert "does not exist" in text and "pytest suites/ --lstmperf-save-baseline" in text
+    save(store, [record("a")], fp={**H100, "driver": "560.1"})
+    text = store.missing_message(fields())
+    assert "differs in: driver 560.1 (baseline) vs 570.86 (this device)" in text
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        ('{"benchmarks": [', "truncated"),
+        ("{]", "corrupt"),
+        ("[1, 2]", "not a pytest-benchmark JSON file"),
+        ('{"benchmarks": []}', "without pytest-lstmperf's device key"),
+        ('{"benchmarks": [], "lstmperf": {"format": 99, "comparable": {}}}', "newer pytest-lstmperf"),
+        ('{"benchmarks": [], "lstmperf": {"format": 0, "comparable": {}}}', "older format 0"),
+        ('{"benchmarks": [{"fullname": "x", "stats": {"mean": 1}}], "lstmperf": {"format": 1, "comparable": {}}}',
+         "no raw samples"),
+    ],
+)
+def test_bad_files_are_named(tmp_path: Path, content: str, expected: str) -> None:
+    path = tmp_path / "b.json"
+    path.write_text(content)
+    with pytest.raises(bl.BaselineError, match=expected):
+        bl.load(path, "pytest --lstmperf-save-baseline")
+
+
+def test_bad_existing_file_is_not_overwritten(tmp_path: Path) -> None:
+    store = bl.BaselineStore(tmp_path)
+    path = store.path_for(fields())
+    path.write_text('{"benchmarks": [')
+    for update in (False, True):
+        with pytest.raises(bl.BaselineError, match="not recording: .* truncated"):
+            save(store, [record("a")], update=update)
+    assert path.read_text() == '{"benchmarks": ['
+
+
+def test_update_replaces_an_older_format_file(tmp_path: Path) -> None:
+    store = bl.BaselineStore(tmp_path)
+    path = store.path_for(fields())
+    path.write_text(json.dumps({"benchmarks": [], "lstmperf": {"format": 0}}))
+    with pytest.raises(bl.BaselineError, match="older format"):
+        save(store, [record("a")])
+    report = save(store, [record("a")], update=True)
+    assert report.replaced_format == 0 and "format-0" in report.describe()
+    assert store.find(fields()) is not None
+
+
+def test_renamed_file_of_another_device_is_refused(tmp_path: Path) -> None:
+    store = bl.BaselineStore(tmp_path)
+    other = save(store, [record("a")], fp={**H100, "gpu": "NVIDIA A100-SXM4-40GB"}).path
+    other.rename(store.path_for(fields()))
+    with pytest.raises(bl.BaselineError, match="another device: gpu NVIDIA A100-SXM4-40GB"):
+        store.find(fields())
+
+
+def test_interrupt_while_writing_leaves_previous_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = bl.BaselineStore(tmp_path)
+    save(store, [record("a")])
+    before = store.path_for(fields()).read_bytes()
+
+    def interrupted(*args: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(bl.os, "replace", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        save(store, [record("b")])
+    assert store.path_for(fields()).read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
+
+
+def _save_in_process(directory: str, names: list[str]) -> None:
+    store = bl.BaselineStore(directory)
+    for name in names:
+        save(store, [record(name)])
+
+
+def test_concurrent_savers_lose_nothing(tmp_path: Path) -> None:
+    ctx = multiprocessing.get_context("spawn" if os.name != "posix" else "fork")
+    procs = [ctx.Process(target=_save_in_process, args=(str(tmp_path), [f"w{w}-{i}" for i in range(15)]))
+             for w in range(3)]
+    for proc in procs:
+        proc.start()
+    for proc in procs:
+        proc.join(60)
+        assert proc.exitcode == 0
+    found = bl.BaselineStore(tmp_path).find(fields())
+    assert found is not None and len(found.entries) == 45
