@@ -100,6 +100,7 @@ class ExecutionPath:
     options: dict[str, object] = field(default_factory=dict, hash=False, compare=False)
     pair_with: tuple[str, ...] = ()
     in_gate: bool = True  # part of the quick default selection
+    expect_ref: str = ""  # "module:function" (path, spec) -> (family, precision) where the claim depends on the spec
 
     def available(self, device: DeviceInfo) -> str | None:
         if device.kind != self.device:
@@ -108,6 +109,12 @@ class ExecutionPath:
 
     def supports(self, spec: LayerSpec) -> str | None:
         return _resolve(self.supports_ref)(self, spec)
+
+    def expected(self, spec: LayerSpec) -> tuple[str, str]:
+        """The kernel family and precision this path must run for ``spec``."""
+        if self.expect_ref:
+            return _resolve(self.expect_ref)(self, spec)
+        return self.kernel, self.precision
 
     def prepare(self, case: Case, device: DeviceInfo) -> PreparedRun:
         return _resolve(self.prepare_ref)(self, case, device)

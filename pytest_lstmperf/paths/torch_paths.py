@@ -24,6 +24,7 @@ _HERE = __name__
 
 
 def _entry(name: str, device: str, kernel: str, precision: str, description: str, **options: Any) -> ExecutionPath:
+    expect = options.pop("expect", "")
     return register(
         ExecutionPath(
             name=name,
@@ -37,6 +38,7 @@ def _entry(name: str, device: str, kernel: str, precision: str, description: str
             supports_ref=f"{_HERE}:supports",
             options=options,
             pair_with=tuple(options.pop("pair_with", ())),
+            expect_ref=f"{_HERE}:{expect}" if expect else "",
         )
     )
 
@@ -65,7 +67,18 @@ _entry("torch-cpu-native", "cpu", "cpu-native", "fp32", "CPU native kernels (one
 _entry("torch-cpu-autocast-bf16", "cpu", "onednn", "bf16", "CPU oneDNN RNN under torch.autocast(bfloat16)",
        autocast="bfloat16", onednn_only=True, cells=("lstm",))
 _entry("torch-cpu-packed", "cpu", "cpu-native", "fp32",
-       "CPU on a PackedSequence (PyTorch never uses oneDNN for packed input)", packed=True)
+       "CPU on a PackedSequence (native kernels; oneDNN when every sequence has the same length)", packed=True,
+       expect="expect_cpu_packed")
+
+
+def expect_cpu_packed(path: ExecutionPath, spec: LayerSpec) -> tuple[str, str]:
+    """Packed input on the CPU runs the native kernels, except that PyTorch hands a packed LSTM whose
+    sequences all have one length (uniform batch sizes, i.e. a dense batch) to oneDNN like a padded one
+    (seen with torch 2.13; oneDNN has no projections)."""
+    uniform = spec.lengths is not None and len(set(spec.lengths)) == 1
+    if spec.cell == "lstm" and not spec.proj_size and uniform and spec.dtype == "float32":
+        return "onednn", "fp32"
+    return path.kernel, path.precision
 
 
 # ---------------------------------------------------------------------------------------------- checks

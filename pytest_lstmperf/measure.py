@@ -1,0 +1,196 @@
+"""Measure the error distributions that set the tolerance model's constants.
+
+    python -m pytest_lstmperf.measure --device cpu --examples 60 --out DIR [--write]
+
+Runs every available path of the device over generated shapes, compares each tensor with the float64
+reference and records ``err / (u * growth)`` (see :mod:`pytest_lstmperf.tolerance`). Only runs whose kernel
+trace matched the path's claim are counted, under the precision that was observed; the others are listed as
+findings. ``--write`` merges this device's figures into ``tolerances.json`` (the constant of a precision is
+the largest normalised error over all devices measured). Writes ``samples-<device>.json`` and a histogram
+PNG to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+import warnings
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+from . import paths as registry
+from .case import make_case
+from .checks import check_trace, relative_error
+from .device import DeviceInfo, resolve_device
+from .reference import run_reference
+from .strategies import PROFILES, specs_for_path
+from .tolerance import DATA_FILE, UNIT_ROUNDOFF, growth
+
+
+def _samples_for(path: registry.ExecutionPath, device: DeviceInfo, examples: int, profile: str) -> tuple[list, list]:
+    from hypothesis import HealthCheck, given, settings
+
+    samples: list[dict] = []
+    findings: list[str] = []
+
+    @settings(max_examples=examples, derandomize=True, deadline=None, database=None,
+              suppress_health_check=list(HealthCheck))
+    @given(spec=specs_for_path(path, PROFILES[profile].bounds))
+    def one(spec):  # noqa: ANN001, ANN202
+        case = make_case(spec, 0)
+        result = path.prepare(case, device).run()
+        expected = path.expected(spec)
+        mismatches = check_trace(expected, result.forward_trace, "forward")
+        if spec.training:
+            mismatches += check_trace(expected, result.backward_trace, "backward")
+        if mismatches:
+            findings.append(f"{path.name} {spec.short()}: " + "; ".join(m.message[:200] for m in mismatches))
+            return
+        ref = run_reference(case)
+        g = growth(spec)
+        u = UNIT_ROUNDOFF[expected[1]]
+        pairs = [("forward", "output", result.output, ref.output), ("forward", "h_n", result.h_n, ref.h_n)]
+        if spec.cell == "lstm":
+            pairs.append(("forward", "c_n", result.c_n, ref.c_n))
+        for name, grad in result.grads.items():
+            pairs.append(("backward", f"grad {name}", grad, ref.grads[name]))
+        for pass_, quantity, value, truth in pairs:
+            err = relative_error(value, truth)
+            samples.append(
+                dict(path=path.name, precision=expected[1], pass_=pass_, quantity=quantity, spec=spec.short(),
+                     err=err, normalised=err / (u * g), growth=g)
+            )
+
+    one()
+    return samples, findings
+
+
+def summarise(samples: list[dict]) -> dict[str, dict[str, dict[str, float]]]:
+    grouped: dict[tuple[str, str], list[float]] = defaultdict(list)
+    for s in samples:
+        grouped[(s["precision"], s["pass_"])].append(s["normalised"])
+    out: dict[str, dict[str, dict[str, float]]] = defaultdict(dict)
+    for (precision, pass_), values in sorted(grouped.items()):
+        arr = np.asarray(values)
+        out[precision][pass_] = {
+            "n": int(arr.size),
+            "median": float(np.median(arr)),
+            "p99": float(np.quantile(arr, 0.99)),
+            "max": float(arr.max()),
+        }
+    return dict(out)
+
+
+def merge_into_file(device: DeviceInfo, summary: dict, data_file: Path = DATA_FILE) -> dict:
+    """Merge one device's summary into tolerances.json atomically; constants = max over devices."""
+    data = {"constants": {}, "measurements": {}}
+    if data_file.exists():
+        with open(data_file, encoding="utf-8") as handle:
+            data = json.load(handle)
+    data["measurements"][device.key()] = {"device": device.describe(), "date": time.strftime("%Y-%m-%d"),
+                                          "summary": summary}
+    constants: dict[str, dict[str, dict]] = {}
+    for key, measured in data["measurements"].items():
+        for precision, passes in measured["summary"].items():
+            for pass_, stats in passes.items():
+                slot = constants.setdefault(precision, {}).get(pass_)
+                if slot is None or stats["max"] > slot["max_normalised"]:
+                    total = sum(
+                        m["summary"].get(precision, {}).get(pass_, {}).get("n", 0)
+                        for m in data["measurements"].values()
+                    )
+                    constants[precision][pass_] = {"max_normalised": stats["max"], "samples": total,
+                                                   "source": f"largest on {key}"}
+                else:
+                    slot["samples"] = sum(
+                        m["summary"].get(precision, {}).get(pass_, {}).get("n", 0)
+                        for m in data["measurements"].values()
+                    )
+    data["constants"] = constants
+    fd, tmp = tempfile.mkstemp(dir=data_file.parent, prefix=".tolerances-", suffix=".json")
+    with os.fdopen(fd, "w", encoding="utf-8") as handle:
+        json.dump(data, handle, indent=1, sort_keys=True)
+        handle.write("\n")
+    os.replace(tmp, data_file)
+    return data
+
+
+def plot(samples: list[dict], target: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups = sorted({(s["precision"], s["pass_"]) for s in samples})
+    fig, axes = plt.subplots(1, len(groups), figsize=(3.2 * len(groups), 3), squeeze=False)
+    for ax, (precision, pass_) in zip(axes[0], groups, strict=True):
+        values = [s["normalised"] for s in samples if s["precision"] == precision and s["pass_"] == pass_]
+        values = np.maximum(values, 1e-3)
+        ax.hist(values, bins=np.logspace(-3, 3, 40), color="tab:blue")
+        ax.set_xscale("log")
+        ax.set_title(f"{precision} {pass_} (n={len(values)})", fontsize=9)
+        ax.set_xlabel("err / (u x growth)", fontsize=8)
+        ax.axvline(max(values), color="tab:red", lw=1)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(target, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pytest_lstmperf.measure", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--examples", type=int, default=40, help="generated shapes per path")
+    parser.add_argument("--profile", default="gpu", choices=sorted(PROFILES), help="shape bounds")
+    parser.add_argument("--paths", default="", help="comma-separated paths (default: all available)")
+    parser.add_argument("--out", default=".", help="directory for samples JSON and the histogram")
+    parser.add_argument("--write", action="store_true", help="merge the figures into tolerances.json")
+    args = parser.parse_args(argv)
+    warnings.filterwarnings("ignore", category=UserWarning)
+    device = resolve_device(args.device)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    names = [n for n in args.paths.split(",") if n] or None
+    samples: list[dict] = []
+    findings: list[str] = []
+    print(f"measuring on {device.describe()}", flush=True)
+    for path in registry.for_device(device.kind, names):
+        reason = path.available(device)
+        if reason:
+            print(f"  {path.name:28s} unavailable: {reason}", flush=True)
+            continue
+        start = time.perf_counter()
+        got, bad = _samples_for(path, device, args.examples, args.profile)
+        samples += got
+        findings += bad
+        worst = max((s["normalised"] for s in got), default=float("nan"))
+        print(f"  {path.name:28s} {len(got):4d} tensors, worst normalised error {worst:8.3f}, "
+              f"{len(bad)} trace mismatches, {time.perf_counter() - start:5.1f}s", flush=True)
+    summary = summarise(samples)
+    key = device.key()
+    with open(out / f"samples-{key}.json", "w", encoding="utf-8") as handle:
+        json.dump({"device": device.describe(), "summary": summary, "findings": findings, "samples": samples},
+                  handle, indent=0)
+    if samples:
+        plot(samples, out / f"errors-{key}.png", f"normalised errors vs float64 reference, {device.describe()}")
+    print("\nprecision pass       n   median      p99      max   (err / (u x growth))")
+    for precision, passes in summary.items():
+        for pass_, stats in passes.items():
+            print(f"{precision:9s} {pass_:8s} {stats['n']:5d} {stats['median']:8.3f} {stats['p99']:8.3f} "
+                  f"{stats['max']:8.3f}")
+    for finding in findings:
+        print("FINDING (not counted):", finding)
+    if args.write:
+        merge_into_file(device, summary)
+        print(f"merged into {DATA_FILE.name}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
