@@ -1,0 +1,373 @@
+"""Timing that is right on GPUs: what a user waits for, what the GPU spends, and whether the clock held.
+
+* **Time per call** (what users feel): host wall clock around ``call(); synchronize()``, one call per round,
+  after warm-up. The synchronisation makes queued CUDA work count; the host overhead (Python, dispatch,
+  kernel launches) is included. pytest-benchmark takes these samples when it runs enabled; under
+  pytest-xdist it disables itself and :func:`time_rounds` takes them the same way.
+* **Device time**: a CUDA graph of one call is captured and replayed; CUDA events around the replays time the
+  kernels without the host (the graph launches them back to back). When capture fails (an op that
+  synchronises, a CPU fallback inside the call) the call itself is timed with CUDA events, a note says so:
+  that figure also holds the gaps where the GPU waited for launches, so it is an upper bound.
+* **Host overhead share**: ``1 - device / per call``.
+* **Achieved FLOP/s** against the device's *measured* peak: a large matmul in the same precision, timed
+  once per session (:func:`measured_peak_flops`).
+* **SM clock**: :class:`ClockSampler` polls the SM clock in a background thread through NVML
+  (``pynvml``, from the nvidia-ml-py package) or, without it, a streaming
+  ``nvidia-smi --query-gpu=clocks.sm,clocks.max.sm --format=csv,noheader,nounits -lms N``; a round is flagged
+  as throttled when the clock sampled during it fell below 75% of the maximum SM clock (nvbench's rule).
+  Neither available, or a CPU run: no flags, and the reason is recorded.
+
+torch is imported only inside the functions that need it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import shutil
+import statistics
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+#: a round whose SM clock fell below this share of the maximum is throttled (nvbench: 75%)
+THROTTLE_FRACTION = 0.75
+
+
+# -------------------------------------------------------------------------------------------- rounds
+@dataclass(frozen=True)
+class RoundPlan:
+    """How many rounds a benchmark gets: enough for a stable median, bounded for CI."""
+
+    warmup: int = 3  # calls before anything is timed (cuDNN plans, allocator, lazy init)
+    min_rounds: int = 15
+    max_rounds: int = 60
+    target_s: float = 0.5  # timed work per benchmark when calls are fast
+    device_samples: int = 15  # device-time samples (each of several graph replays)
+
+    def rounds_for(self, call_s: float) -> int:
+        if not call_s or call_s <= 0 or not math.isfinite(call_s):
+            return self.min_rounds
+        return max(self.min_rounds, min(self.max_rounds, math.ceil(self.target_s / call_s)))
+
+
+def estimate_call(call: Callable[[], object], warmup: int) -> float:
+    """Warm up, then the median of three timed calls (``call`` must synchronise)."""
+    for _ in range(max(warmup, 1)):
+        call()
+    times = []
+    for _ in range(3):
+        start = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def time_rounds(call: Callable[[], object], rounds: int) -> tuple[list[float], list[tuple[float, float]]]:
+    """Per-round seconds of ``call`` (which must synchronise) and each round's (start, end) window."""
+    data, windows = [], []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        call()
+        end = time.perf_counter()
+        data.append(end - start)
+        windows.append((start, end))
+    return data, windows
+
+
+# --------------------------------------------------------------------------------------- device time
+@dataclass(frozen=True)
+class DeviceTime:
+    method: str  # "cuda-graph", "cuda-events", "host" (CPU: the host is the device)
+    samples: tuple[float, ...] = ()
+    note: str = ""
+
+    @property
+    def median(self) -> float | None:
+        return statistics.median(self.samples) if self.samples else None
+
+
+def device_time(call: Callable[[], object], device: str, samples: int = 15, replays: int = 5) -> DeviceTime:
+    """Device-side seconds per call of ``call`` (which must *not* synchronise) on ``device``."""
+    if not device.startswith("cuda"):
+        return DeviceTime("host", (), "on the CPU the host runs the kernels: device time is the time per call")
+    import torch
+
+    dev = torch.device(device)
+    try:
+        return DeviceTime("cuda-graph", tuple(_graph_replay_times(torch, dev, call, samples, replays)))
+    except Exception as exc:  # noqa: BLE001 - any capture failure falls back to events
+        with contextlib.suppress(Exception):
+            torch.cuda.synchronize(dev)
+        reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:200]
+        note = (
+            f"CUDA graph capture failed ({reason}); device time from CUDA events around each call "
+            f"(kernels plus launch gaps: an upper bound)"
+        )
+    try:
+        return DeviceTime("cuda-events", tuple(_event_times(torch, dev, call, samples)), note)
+    except Exception as exc:  # noqa: BLE001
+        return DeviceTime("none", (), f"{note}; event timing failed too ({type(exc).__name__}: {exc})")
+
+
+def _graph_replay_times(torch: Any, dev: Any, call: Callable[[], object], samples: int, replays: int) -> list[float]:
+    # capture recipe from the CUDA graphs notes: warm up on a side stream, then capture one call
+    side = torch.cuda.Stream(dev)
+    side.wait_stream(torch.cuda.current_stream(dev))
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            call()
+    torch.cuda.current_stream(dev).wait_stream(side)
+    torch.cuda.synchronize(dev)
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            call()
+        graph.replay()
+        torch.cuda.synchronize(dev)
+        out = []
+        for _ in range(samples):
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(replays):
+                graph.replay()
+            end.record()
+            end.synchronize()
+            out.append(start.elapsed_time(end) / 1000.0 / replays)
+        return out
+    finally:
+        del graph
+
+
+def _event_times(torch: Any, dev: Any, call: Callable[[], object], samples: int) -> list[float]:
+    out = []
+    torch.cuda.synchronize(dev)
+    for _ in range(samples):
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
+        call()
+        end.record()
+        end.synchronize()
+        out.append(start.elapsed_time(end) / 1000.0)
+    return out
+
+
+def host_overhead(per_call_s: float | None, device_s: float | None) -> float | None:
+    """Share of the time per call that the device was not computing (0..1)."""
+    if not per_call_s or device_s is None or per_call_s <= 0:
+        return None
+    return min(1.0, max(0.0, 1.0 - device_s / per_call_s))
+
+
+# ------------------------------------------------------------------------------------------ peak FLOP/s
+_PEAKS: dict[tuple[str, str], float | None] = {}
+_MATMUL_DTYPE = {"fp64": "float64", "fp32": "float32", "tf32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+
+
+def measured_peak_flops(device: str, precision: str) -> float | None:
+    """FLOP/s of a large square matmul in ``precision`` on ``device``, measured once per process."""
+    key = (device, precision)
+    if key not in _PEAKS:
+        try:
+            _PEAKS[key] = _measure_peak(device, precision)
+        except Exception:  # noqa: BLE001 - a peak we cannot measure is reported as unknown
+            _PEAKS[key] = None
+    return _PEAKS[key]
+
+
+def _measure_peak(device: str, precision: str) -> float | None:
+    import torch
+
+    if precision not in _MATMUL_DTYPE:
+        return None
+    dtype = getattr(torch, _MATMUL_DTYPE[precision])
+    cuda = device.startswith("cuda")
+    if not cuda and precision in ("fp16", "bf16"):
+        dtype = torch.float32  # CPU half-precision GEMMs are emulated on many CPUs; fp32 is the honest peak
+    n = 8192 if cuda else 1024
+    if cuda and precision == "fp64":
+        n = 4096
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    saved = torch.backends.cuda.matmul.allow_tf32 if cuda else None
+    try:
+        if cuda:
+            torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
+        best = math.inf
+        for rep in range(6):
+            if cuda:
+                torch.cuda.synchronize(device)
+            start = time.perf_counter()
+            torch.mm(a, b)
+            if cuda:
+                torch.cuda.synchronize(device)
+            if rep:  # the first call is a warm-up
+                best = min(best, time.perf_counter() - start)
+        return 2.0 * n**3 / best
+    finally:
+        if cuda:
+            torch.backends.cuda.matmul.allow_tf32 = saved
+
+
+# ------------------------------------------------------------------------------------------ SM clock
+@dataclass
+class ClockSampler:
+    """Samples the SM clock of one GPU in the background; see the module docstring for the sources."""
+
+    device: str  # "cuda:0", "cpu"
+    interval_s: float = 0.025
+    source: str = "none"
+    reason: str = ""
+    max_mhz: float | None = None
+    samples: list[tuple[float, float]] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+    _proc: subprocess.Popen | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def start(self) -> ClockSampler:
+        if not self.device.startswith("cuda"):
+            self.reason = "no GPU clock on the CPU"
+            return self
+        ident = _gpu_identity(self.device)
+        reasons = []
+        try:
+            self._start_nvml(ident)
+            return self
+        except Exception as exc:  # noqa: BLE001
+            reasons.append(f"NVML: {type(exc).__name__}: {exc}" if not isinstance(exc, ImportError)
+                           else "NVML: pynvml not installed (pip install nvidia-ml-py)")
+        try:
+            self._start_smi(ident)
+            return self
+        except Exception as exc:  # noqa: BLE001
+            reasons.append(f"nvidia-smi: {exc}")
+        self.source = "none"
+        self.reason = "SM clock not sampled: " + "; ".join(reasons)
+        return self
+
+    # -- NVML
+    def _start_nvml(self, ident: dict[str, Any]) -> None:
+        import pynvml  # type: ignore[import-not-found]
+
+        pynvml.nvmlInit()
+        handle = None
+        if ident.get("uuid"):
+            with contextlib.suppress(Exception):
+                handle = pynvml.nvmlDeviceGetHandleByUUID(ident["uuid"])
+        if handle is None:
+            handle = pynvml.nvmlDeviceGetHandleByIndex(ident.get("index", 0))
+        clock = pynvml.NVML_CLOCK_SM
+        self.max_mhz = float(pynvml.nvmlDeviceGetMaxClockInfo(handle, clock))
+        first = float(pynvml.nvmlDeviceGetClockInfo(handle, clock))
+        self._add(first)
+        self.source = "nvml"
+
+        def loop() -> None:
+            while not self._stop.wait(self.interval_s):
+                with contextlib.suppress(Exception):
+                    self._add(float(pynvml.nvmlDeviceGetClockInfo(handle, clock)))
+
+        self._thread = threading.Thread(target=loop, name="lstmperf-sm-clock", daemon=True)
+        self._thread.start()
+
+    # -- nvidia-smi
+    def _start_smi(self, ident: dict[str, Any]) -> None:
+        exe = shutil.which("nvidia-smi")
+        if exe is None:
+            raise RuntimeError("not on PATH")
+        target = ident.get("uuid") or str(ident.get("index", 0))
+        interval_ms = max(int(self.interval_s * 1000), 20)
+        cmd = [exe, "-i", target, "--query-gpu=clocks.sm,clocks.max.sm", "--format=csv,noheader,nounits",
+               f"-lms={interval_ms}"]
+        probe = subprocess.run(cmd[:-1], capture_output=True, text=True, timeout=15)
+        if probe.returncode != 0 and ident.get("uuid"):
+            cmd[2] = str(ident.get("index", 0))
+            probe = subprocess.run(cmd[:-1], capture_output=True, text=True, timeout=15)
+        if probe.returncode != 0:
+            raise RuntimeError((probe.stderr or probe.stdout).strip()[:200] or f"exit {probe.returncode}")
+        now, top = _parse_smi(probe.stdout)
+        self.max_mhz = top
+        self._add(now)
+        self.source = "nvidia-smi"
+        self._proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+
+        def reader() -> None:
+            assert self._proc is not None and self._proc.stdout is not None
+            for line in self._proc.stdout:
+                if self._stop.is_set():
+                    break
+                with contextlib.suppress(ValueError):
+                    self._add(_parse_smi(line)[0])
+
+        self._thread = threading.Thread(target=reader, name="lstmperf-sm-clock", daemon=True)
+        self._thread.start()
+
+    def _add(self, mhz: float) -> None:
+        with self._lock:
+            self.samples.append((time.perf_counter(), mhz))
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._proc is not None:
+            with contextlib.suppress(Exception):
+                self._proc.terminate()
+                self._proc.wait(5)
+        if self._thread is not None:
+            self._thread.join(2)
+
+    @property
+    def active(self) -> bool:
+        return self.source != "none"
+
+    def round_clocks(self, windows: Sequence[tuple[float, float]]) -> list[float | None]:
+        """The lowest SM clock seen in each round's window (the nearest earlier sample if none fell in it)."""
+        with self._lock:
+            samples = list(self.samples)
+        return clocks_for_windows(samples, windows, slack=self.interval_s)
+
+    def throttled(self, windows: Sequence[tuple[float, float]]) -> list[bool]:
+        return throttled_flags(self.round_clocks(windows), self.max_mhz)
+
+
+def clocks_for_windows(
+    samples: Sequence[tuple[float, float]], windows: Sequence[tuple[float, float]], slack: float = 0.0
+) -> list[float | None]:
+    out: list[float | None] = []
+    for start, end in windows:
+        inside = [mhz for t, mhz in samples if start - slack <= t <= end + slack]
+        if inside:
+            out.append(min(inside))
+            continue
+        before = [mhz for t, mhz in samples if t <= end]
+        out.append(before[-1] if before else None)
+    return out
+
+
+def throttled_flags(clocks: Sequence[float | None], max_mhz: float | None,
+                    fraction: float = THROTTLE_FRACTION) -> list[bool]:
+    if not max_mhz:
+        return [False] * len(clocks)
+    return [c is not None and c < fraction * max_mhz for c in clocks]
+
+
+def _parse_smi(text: str) -> tuple[float, float]:
+    line = text.strip().splitlines()[0]
+    now, top = (float(part.strip()) for part in line.split(",")[:2])
+    return now, top
+
+
+def _gpu_identity(device: str) -> dict[str, Any]:
+    """Index and UUID of a CUDA device, so NVML and nvidia-smi look at the same GPU as torch."""
+    ident: dict[str, Any] = {"index": int(device.split(":")[1]) if ":" in device else 0}
+    with contextlib.suppress(Exception):
+        import torch
+
+        uuid = str(torch.cuda.get_device_properties(ident["index"]).uuid)
+        ident["uuid"] = uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}"
+    return ident
