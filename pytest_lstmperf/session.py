@@ -6,6 +6,7 @@ only read and record through it.
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -30,15 +31,65 @@ class Finding:
 
 
 @dataclass
+class RunTally:
+    """Outcomes, kernels seen and findings per path, gathered from test reports (so it works under xdist,
+    where the reports of the workers reach the controller)."""
+
+    outcomes: dict[str, dict[str, int]] = field(default_factory=dict)
+    observed: dict[str, set[str]] = field(default_factory=dict)
+    skip_reasons: dict[str, str] = field(default_factory=dict)
+    findings: list[Finding] = field(default_factory=list)
+    started: float = field(default_factory=time.perf_counter)
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        self.record(report)
+
+    def record(self, report: pytest.TestReport) -> None:
+        props = dict(report.user_properties)
+        path = props.get("lstmperf_path")
+        if path is None:
+            return
+        if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
+            counts = self.outcomes.setdefault(str(path), {"passed": 0, "failed": 0, "skipped": 0})
+            counts[report.outcome] = counts.get(report.outcome, 0) + 1
+            if report.skipped and isinstance(report.longrepr, tuple):
+                self.skip_reasons[str(path)] = str(report.longrepr[2]).removeprefix("Skipped: ")
+        for key, value in report.user_properties:
+            if key == "lstmperf_observed":
+                self.observed.setdefault(str(path), set()).add(str(value))
+            elif key == "lstmperf_finding" and report.when == "call":
+                self.findings.append(Finding(**json.loads(str(value))))
+
+    def summary_lines(self) -> list[str]:
+        if not self.outcomes:
+            return []
+        lines = ["", "lstmperf: per path (passed/failed/skipped; kernels observed)"]
+        for path in sorted(self.outcomes):
+            c = self.outcomes[path]
+            seen = "; ".join(sorted(self.observed.get(path, ()))) or "-"
+            line = f"  {path:28s} {c.get('passed', 0):3d}/{c.get('failed', 0):3d}/{c.get('skipped', 0):3d}  {seen}"
+            if path in self.skip_reasons and not c.get("passed") and not c.get("failed"):
+                line += f"  (skipped: {self.skip_reasons[path]})"
+            lines.append(line)
+        if self.findings:
+            lines += ["", f"lstmperf FINDINGS: {len(self.findings)} (a path disagreed with what it claims)"]
+            for f in self.findings:
+                lines.append(f"  {f.path} [{f.check}] {f.spec}: {f.message.splitlines()[0][:300]}")
+        lines.append(f"lstmperf: wall time {time.perf_counter() - self.started:.1f}s")
+        return lines
+
+
+TALLY_KEY = pytest.StashKey[RunTally]()
+
+
+@dataclass
 class LstmPerfSession:
     config: pytest.Config
     settings: dict[str, options.Resolved]
     device: DeviceInfo
     selected: list[ExecutionPath]
     unavailable: dict[str, str]
-    findings: list[Finding] = field(default_factory=list)
-    observed: dict[str, set[str]] = field(default_factory=dict)  # path -> {"fwd cudnn/fp32", ...}
-    started: float = field(default_factory=time.perf_counter)
+    deselected_other_device: int = 0
 
     @property
     def profile(self) -> str:
@@ -52,11 +103,27 @@ class LstmPerfSession:
     def available_paths(self) -> list[ExecutionPath]:
         return [p for p in self.selected if p.name not in self.unavailable]
 
-    def record_observation(self, path: str, text: str) -> None:
-        self.observed.setdefault(path, set()).add(text)
+    @property
+    def hypothesis_profile(self):  # noqa: ANN201 - strategies.Profile, imported lazily
+        from .strategies import PROFILES
 
-    def add_finding(self, finding: Finding) -> None:
-        self.findings.append(finding)
+        return PROFILES[self.profile]
+
+    def header_lines(self) -> list[str]:
+        run = [p.name for p in self.available_paths]
+        lines = [
+            f"lstmperf: device {self.device.describe()} [{self.settings['lstmperf_device'].where()}]",
+            f"lstmperf: paths {', '.join(run) or 'none'}; hypothesis profile {self.profile} "
+            f"({self.hypothesis_profile.description}); seed {self.seed}",
+        ]
+        for name, reason in self.unavailable.items():
+            lines.append(f"lstmperf: path {name} unavailable: {reason}")
+        if self.deselected_other_device:
+            lines.append(
+                f"lstmperf: {self.deselected_other_device} tests of paths for another device deselected "
+                f"(device is {self.device.name}; pass --device to change)"
+            )
+        return lines
 
     @classmethod
     def from_config(cls, config: pytest.Config) -> LstmPerfSession:

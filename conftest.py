@@ -1,0 +1,3 @@
+"""Root conftest: the project's own tests run pytest in subprocesses through ``pytester``."""
+
+pytest_plugins = ["pytester"]

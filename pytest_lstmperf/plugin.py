@@ -1,0 +1,162 @@
+"""pytest entry point: hooks and fixture wiring only; the run's state lives in :class:`LstmPerfSession`.
+
+Nothing here imports torch or TensorFlow at import time or for ``--help``. The device is resolved at
+session start when a setting was given explicitly (so ``--device=cuda`` without a GPU is a usage error,
+exit code 4, before anything runs), otherwise once collection has found tests that use the plugin.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import pytest
+
+from . import options
+from .session import SESSION_KEY, TALLY_KEY, LstmPerfSession, RunTally
+
+pytest_plugins = [
+    name
+    for name in ("pytest_lstmperf.kernel_marker", "pytest_lstmperf.bench_plugin")
+    if importlib.util.find_spec(name) is not None
+]
+
+CORE_SETTINGS = ["lstmperf_device", "lstmperf_paths", "lstmperf_profile", "lstmperf_seed"]
+PATH_FIXTURE = "lstmperf_path"
+PAIR_FIXTURE = "lstmperf_pair"
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    options.add_options(parser, names=CORE_SETTINGS)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "lstmperf_paths(*names): run this test only on the named execution paths (others are deselected)",
+    )
+    # validate every explicitly given setting now (syntax only; no framework import)
+    for name in CORE_SETTINGS:
+        options.resolve(config, name)
+    tally = RunTally()
+    config.stash[TALLY_KEY] = tally
+    config.pluginmanager.register(tally, "lstmperf-tally")
+
+
+def _explicit(config: pytest.Config) -> bool:
+    for name in CORE_SETTINGS:
+        setting = options.SETTINGS[name]
+        if config.getoption(setting.name, default=None) or os.environ.get(setting.env) or config.getini(setting.ini):
+            return True
+    return False
+
+
+def _ensure_session(config: pytest.Config) -> LstmPerfSession:
+    if SESSION_KEY not in config.stash:
+        config.stash[SESSION_KEY] = LstmPerfSession.from_config(config)
+    return config.stash[SESSION_KEY]
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionstart(session: pytest.Session) -> None:
+    if _explicit(session.config):
+        _ensure_session(session.config)
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    from . import paths as registry
+
+    config = metafunc.config
+    if PATH_FIXTURE in metafunc.fixturenames:
+        names = options.resolve(config, "lstmperf_paths").value or sorted(registry.all_paths())
+        marker = metafunc.definition.get_closest_marker("lstmperf_paths")
+        if marker is not None:
+            names = [n for n in names if n in marker.args]
+        metafunc.parametrize(PATH_FIXTURE, names, indirect=True, ids=names)
+    if PAIR_FIXTURE in metafunc.fixturenames:
+        names = options.resolve(config, "lstmperf_paths").value or sorted(registry.all_paths())
+        pairs = [(a, b) for a in names for b in registry.get(a).pair_with if b in names]
+        ids = [f"{a}~{b}" for a, b in pairs]
+        metafunc.parametrize(PAIR_FIXTURE, pairs, indirect=True, ids=ids)
+
+
+def _item_paths(item: pytest.Item) -> list[str]:
+    callspec = getattr(item, "callspec", None)
+    if callspec is None:
+        return []
+    if PATH_FIXTURE in callspec.params:
+        return [callspec.params[PATH_FIXTURE]]
+    if PAIR_FIXTURE in callspec.params:
+        return list(callspec.params[PAIR_FIXTURE])
+    return []
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Keep the parametrisations whose paths run on the selected device; deselect (and count) the rest."""
+    from . import paths as registry
+
+    uses = [item for item in items if _item_paths(item) or "lstmperf" in getattr(item, "fixturenames", ())]
+    if not uses:
+        return
+    session = _ensure_session(config)
+    keep, drop = [], []
+    for item in items:
+        names = _item_paths(item)
+        if names and any(registry.get(n).device != session.device.kind for n in names):
+            drop.append(item)
+        else:
+            keep.append(item)
+    if drop:
+        session.deselected_other_device += len(drop)
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
+def pytest_report_collectionfinish(config: pytest.Config) -> list[str]:
+    session = config.stash.get(SESSION_KEY, None)
+    if session is None:
+        return []
+    return session.header_lines()
+
+
+# ------------------------------------------------------------------------------------------ fixtures
+@pytest.fixture(scope="session")
+def lstmperf(pytestconfig: pytest.Config) -> LstmPerfSession:
+    """The run's LstmPerfSession: device, selected paths, settings, findings."""
+    return _ensure_session(pytestconfig)
+
+
+@pytest.fixture
+def lstmperf_path(request: pytest.FixtureRequest, lstmperf: LstmPerfSession):  # noqa: ANN201
+    """One execution path (parametrised by the plugin); skips with the reason when it cannot run here."""
+    from . import paths as registry
+
+    path = registry.get(request.param)
+    request.node.user_properties.append(("lstmperf_path", path.name))
+    reason = lstmperf.unavailable.get(path.name) or path.available(lstmperf.device)
+    if reason:
+        pytest.skip(f"{path.name}: {reason}")
+    return path
+
+
+@pytest.fixture
+def lstmperf_pair(request: pytest.FixtureRequest, lstmperf: LstmPerfSession):  # noqa: ANN201
+    """Two paths of one precision whose results should agree closely (``ExecutionPath.pair_with``)."""
+    from . import paths as registry
+
+    pair = tuple(registry.get(n) for n in request.param)
+    request.node.user_properties.append(("lstmperf_path", "~".join(request.param)))
+    for path in pair:
+        reason = lstmperf.unavailable.get(path.name) or path.available(lstmperf.device)
+        if reason:
+            pytest.skip(f"{path.name}: {reason}")
+    return pair
+
+
+# ------------------------------------------------------------------------------------------ reporting
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:  # noqa: ANN001
+    tally = config.stash.get(TALLY_KEY, None)
+    if tally is None:
+        return
+    for line in tally.summary_lines():
+        terminalreporter.write_line(line)

@@ -1,0 +1,22 @@
+"""Each execution path runs the kernel family and precision it claims, forward and backward.
+
+One fixed, modest layer per path and cell: the claim is checked from the kernel trace alone, so a path that
+left its kernel (cuDNN or oneDNN disabled behind the suite's back, autocast not applied) fails here with the
+ops and GPU kernels that did run, whatever its numbers.
+"""
+
+import pytest
+
+from pytest_lstmperf.equivalence import PathCheckFailed, record_finding, representative_spec, verify_path
+
+
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
+def test_kernel_claim(lstmperf_path, cell, lstmperf, request):
+    spec = representative_spec(lstmperf_path, cell)
+    if spec is None:
+        pytest.skip(f"{lstmperf_path.name} does not run {cell.upper()} layers")
+    try:
+        verify_path(lstmperf_path, spec, lstmperf, request.node, numbers=False)
+    except PathCheckFailed as failure:
+        record_finding(request.node, failure)
+        raise
