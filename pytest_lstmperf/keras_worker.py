@@ -220,7 +220,7 @@ class _TensorFlowImpl(_Impl):
                 loss = tf.reduce_sum(out * self._seed_out(out)) + tf.reduce_sum(tf.stack(hs) * self.seeds[1])
                 if cs:
                     loss += tf.reduce_sum(tf.stack(cs) * self.seeds[2])
-            sources = [self.x] + list(self.states or []) + stack.variables()
+            sources = [self.x, *(self.states or []), *stack.variables()]
             return out, hs, cs, tape.gradient(loss, sources)
 
         self.fwd = tf.function(fwd)
@@ -430,8 +430,9 @@ class _Server:
         self.runs[handle] = run
         return handle
 
-    def release(self, handle: int) -> None:
-        self.runs.pop(handle, None)
+    def release(self, handles: list[int]) -> None:
+        for handle in handles:
+            self.runs.pop(handle, None)
         if not self.runs:
             import keras
 
@@ -468,7 +469,7 @@ class _Server:
                 else:
                     result["cudnn_ok"] = bool(tf_rnn.cudnn_ok(*args))
                 result["family"] = function_trace(run._impl.fwd, phase="forward").family  # type: ignore[attr-defined]
-            except Exception as exc:  # noqa: BLE001 - the layer's own error is the answer
+            except Exception as exc:
                 result["error"] = f"{type(exc).__name__}: {exc}".splitlines()[0]
             return result
         finally:
@@ -483,7 +484,7 @@ def serve(backend: str) -> int:
     server = _Server(backend)
     try:
         info = server.hello()
-    except BaseException as exc:  # noqa: BLE001 - reported to the parent as the reason
+    except BaseException as exc:
         _send(channel, {"ok": False, "error": f"{type(exc).__name__}: {exc}"})
         return 1
     _send(channel, {"ok": True, "result": info})
@@ -498,7 +499,7 @@ def serve(backend: str) -> int:
         try:
             result = getattr(server, message["cmd"])(**message.get("args", {}))
             reply = {"ok": True, "result": result}
-        except BaseException as exc:  # noqa: BLE001
+        except BaseException as exc:
             reply = {
                 "ok": False,
                 "error": f"{type(exc).__name__}: {exc}",
@@ -518,6 +519,7 @@ class WorkerClient:
     def __init__(self, backend: str, startup_timeout: float = 120.0) -> None:
         self.backend = backend
         self.lock = threading.Lock()
+        self.pending_release: list[int] = []
         self.log = tempfile.NamedTemporaryFile(  # noqa: SIM115 - kept open for the worker's lifetime
             prefix=f"lstmperf-keras-{backend}-", suffix=".log", delete=False
         )
@@ -552,8 +554,15 @@ class WorkerClient:
     def alive(self) -> bool:
         return self.process.poll() is None
 
+    def defer_release(self, handle: int) -> None:
+        self.pending_release.append(handle)  # list.append is atomic; sent with the next request
+
     def request(self, cmd: str, **args: Any) -> Any:
         with self.lock:
+            if self.pending_release and self.alive:
+                handles, self.pending_release[:] = list(self.pending_release), []
+                _send(self.process.stdin, {"cmd": "release", "args": {"handles": handles}})
+                _recv(self.process.stdout)
             if not self.alive:
                 raise KerasWorkerError(f"Keras worker ({self.backend}) is not running: {self.log_tail()}")
             try:
