@@ -1,0 +1,204 @@
+"""The plugin's options, their errors and precedence, the header, skips, --help and xdist (pytester)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SUITES = REPO / "suites"
+USAGE_ERROR = 4
+
+pytest.importorskip("torch", reason="the plugin's runs need torch (pip install 'pytest-lstmperf[torch]')")
+
+
+def run(pytester: pytest.Pytester, *args: str, env: dict[str, str] | None = None) -> pytest.RunResult:
+    if env:
+        for key, value in env.items():
+            pytester._monkeypatch.setenv(key, value)
+    return pytester.runpytest_subprocess("-p", "no:cacheprovider", *args)
+
+
+@pytest.fixture
+def suite_copy(pytester: pytest.Pytester) -> pytest.Pytester:
+    """A project holding a tiny test that uses the plugin's path fixture."""
+    pytester.makepyfile(
+        test_tiny="""
+        from pytest_lstmperf.spec import LayerSpec
+        from pytest_lstmperf.equivalence import verify_path
+
+        def test_one(lstmperf_path, lstmperf, request):
+            verify_path(lstmperf_path, LayerSpec(), lstmperf, request.node)
+        """
+    )
+    return pytester
+
+
+def test_help_imports_no_framework() -> None:
+    code = textwrap.dedent(
+        """
+        import sys, pytest
+        rc = pytest.main(["--help", "-p", "no:cacheprovider"])
+        heavy = sorted(m for m in ("torch", "tensorflow", "keras") if m in sys.modules)
+        print("HEAVY:", heavy)
+        sys.exit(rc)
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "--device=DEVICE" in proc.stdout
+    assert "--lstmperf-paths=NAMES" in proc.stdout
+    assert "--lstmperf-profile=PROFILE" in proc.stdout
+    assert "HEAVY: []" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "ini", "message"),
+    [
+        (["--device=tpu"], {}, "", "--device=tpu: invalid device 'tpu' (valid: auto, cpu, cuda, cuda:N)"),
+        (["--device=cpu:1"], {}, "", "invalid device 'cpu:1'"),
+        ([], {"PYTEST_LSTMPERF_DEVICE": "gpu"}, "", "PYTEST_LSTMPERF_DEVICE=gpu: invalid device 'gpu'"),
+        ([], {}, "lstmperf_device = cuda:x", "ini lstmperf_device=cuda:x: invalid device"),
+        (["--lstmperf-paths=torch-cpu-nope"], {}, "", "unknown path 'torch-cpu-nope' (valid: all, "),
+        (["--lstmperf-profile=weekly"], {}, "", "invalid value 'weekly' (valid: ci, gpu, nightly)"),
+        ([], {}, "lstmperf_profile = bogus", "ini lstmperf_profile=bogus: invalid value 'bogus'"),
+        (["--lstmperf-seed=-3"], {}, "", "--lstmperf-seed=-3: '-3' must be >= 0"),
+    ],
+)
+def test_bad_settings_are_usage_errors(pytester, args, env, ini, message) -> None:
+    if ini:
+        pytester.makeini(f"[pytest]\n{ini}\n")
+    pytester.makepyfile(test_x="def test_x(): pass")
+    result = run(pytester, *args, env=env)
+    assert result.ret == USAGE_ERROR, result.stdout.str() + result.stderr.str()
+    assert message in result.stderr.str()
+    assert "Traceback" not in result.stderr.str() + result.stdout.str()
+    assert "INTERNALERROR" not in result.stderr.str() + result.stdout.str()
+
+
+def test_cuda_without_gpu_is_a_usage_error_not_a_skip(pytester) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU; the CPU-only behaviour is what is under test")
+    pytester.makepyfile(test_x="def test_x(): pass")
+    for value in ("cuda", "cuda:7"):
+        result = run(pytester, f"--device={value}")
+        assert result.ret == USAGE_ERROR
+        err = result.stderr.str()
+        assert f"--device={value}: no usable CUDA device" in err
+        assert "--device=cpu" in err  # says what to do
+    result = run(pytester, env={"PYTEST_LSTMPERF_DEVICE": "cuda"})
+    assert result.ret == USAGE_ERROR
+    assert "PYTEST_LSTMPERF_DEVICE=cuda: no usable CUDA device" in result.stderr.str()
+
+
+def test_cuda_index_beyond_the_gpus_present_names_them(monkeypatch) -> None:
+    import torch
+
+    from pytest_lstmperf.device import DeviceError, resolve_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(DeviceError, match=r"--device=cuda:7: only 1 CUDA device present \(valid: cuda:0\)"):
+        resolve_device("cuda:7")
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "ini", "source"),
+    [
+        (["--device=cpu"], {"PYTEST_LSTMPERF_DEVICE": "cuda:9"}, "lstmperf_device = cuda:9", "[--device=cpu]"),
+        ([], {"PYTEST_LSTMPERF_DEVICE": "cpu"}, "lstmperf_device = cuda:9", "[PYTEST_LSTMPERF_DEVICE=cpu]"),
+        ([], {}, "lstmperf_device = cpu", "[ini lstmperf_device=cpu]"),
+        ([], {}, "", "[default]"),
+    ],
+)
+def test_precedence_cli_env_ini_default(suite_copy, args, env, ini, source) -> None:
+    import torch
+
+    if torch.cuda.is_available() and source == "[default]":
+        pytest.skip("auto picks the GPU here")
+    if ini:
+        suite_copy.makeini(f"[pytest]\n{ini}\n")
+    result = run(suite_copy, "--lstmperf-paths=torch-cpu-native", *args, env=env)
+    assert result.ret == 0, result.stdout.str() + result.stderr.str()
+    escaped = "".join({"[": "[[]", "]": "[]]"}.get(ch, ch) for ch in source)
+    result.stdout.fnmatch_lines([f"lstmperf: device cpu (*) {escaped}"])
+
+
+def test_header_names_device_fingerprint_and_paths(suite_copy) -> None:
+    result = run(suite_copy, "--device=cpu", "--lstmperf-paths=torch-cpu-native,torch-cpu-onednn")
+    assert result.ret == 0
+    result.stdout.fnmatch_lines(
+        [
+            "lstmperf: device cpu (*, * threads, oneDNN *, torch *) [[]--device=cpu[]]",
+            "lstmperf: paths torch-cpu-native, torch-cpu-onednn; hypothesis profile ci *",
+        ]
+    )
+    result.assert_outcomes(passed=2)
+
+
+def test_paths_for_another_device_only_is_a_usage_error(suite_copy) -> None:
+    result = run(suite_copy, "--device=cpu", "--lstmperf-paths=torch-cudnn-fp32")
+    assert result.ret == USAGE_ERROR
+    assert "none of these paths runs on cpu" in result.stderr.str()
+
+
+def test_unavailable_path_is_skipped_with_its_reason(suite_copy) -> None:
+    suite_copy.makeconftest(
+        """
+        from pytest_lstmperf import paths
+
+        def never(path, device):
+            return "needs a widget this machine lacks (install one)"
+
+        paths.all_paths()
+        base = paths.get("torch-cpu-native")
+        paths.register(paths.ExecutionPath(
+            name="fake-cpu-widget", framework="torch", device="cpu", kernel="cpu-native", precision="fp32",
+            description="a path that is never available", prepare_ref=base.prepare_ref,
+            available_ref="conftest:never", supports_ref=base.supports_ref))
+        """
+    )
+    result = run(suite_copy, "--device=cpu", "-rs", "--lstmperf-paths=torch-cpu-native,fake-cpu-widget")
+    result.stdout.fnmatch_lines(
+        [
+            "lstmperf: path fake-cpu-widget unavailable: needs a widget this machine lacks (install one)",
+            "*SKIPPED*fake-cpu-widget: needs a widget this machine lacks (install one)",
+        ]
+    )
+    assert result.ret == 0
+
+
+def test_unused_plugin_resolves_no_device(pytester) -> None:
+    """Installed but unused: a project whose tests don't use the plugin gets no header and no torch import."""
+    pytester.makepyfile(
+        test_plain="""
+        import sys
+        def test_plain():
+            assert "torch" not in sys.modules
+        """
+    )
+    result = run(pytester)
+    assert result.ret == 0
+    assert "lstmperf:" not in result.stdout.str()
+
+
+@pytest.mark.parametrize("xdist", [[], ["-n", "2"]], ids=["serial", "xdist"])
+def test_suites_run_serial_and_under_xdist(pytester, xdist) -> None:
+    pytest.importorskip("xdist")
+    result = run(pytester, str(SUITES / "test_kernels.py"), str(SUITES / "test_equivalence.py"), "--device=cpu", "--lstmperf-paths=torch-cpu-native,torch-cpu-onednn", *xdist)
+    assert result.ret == 0, result.stdout.str()
+    out = result.stdout.str()
+    assert "failed" not in out.splitlines()[-1]
+    result.stdout.fnmatch_lines(
+        [
+            "lstmperf: per path (passed/failed/skipped; kernels observed)",
+            "*torch-cpu-native * 3/  0/  0  bwd cpu-native/fp32; fwd cpu-native/fp32",
+            "*torch-cpu-onednn~torch-cpu-native *",
+        ]
+    )
