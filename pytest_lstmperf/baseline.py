@@ -78,8 +78,10 @@ def differences(baseline: Mapping[str, str], current: Mapping[str, str]) -> list
     for name in dict.fromkeys([*baseline, *current]):
         then, now = baseline.get(name), current.get(name)
         if then != now:
-            out.append(f"{name} {then if then is not None else '<absent>'} (baseline) vs "
-                       f"{now if now is not None else '<absent>'} (this device)")
+            out.append(
+                f"{name} {then if then is not None else '<absent>'} (baseline) vs "
+                f"{now if now is not None else '<absent>'} (this device)"
+            )
     return out
 
 
@@ -173,8 +175,7 @@ def load(path: Path, record_hint: str = "") -> Baseline:
     except json.JSONDecodeError as exc:
         what = "truncated" if exc.pos >= len(text.rstrip()) else "corrupt"
         raise BaselineError(
-            f"baseline {path} is {what}: not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})."
-            + restore
+            f"baseline {path} is {what}: not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})." + restore
         ) from None
     if not isinstance(data, dict) or not isinstance(data.get("benchmarks"), list):
         raise BaselineError(f"baseline {path} is not a pytest-benchmark JSON file (no 'benchmarks' list)." + restore)

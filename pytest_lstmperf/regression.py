@@ -166,14 +166,24 @@ def compare_samples(
         notes.append(f"ratio divided by drift {drift:.3f} of the same-run reference")
     if kernel_then and kernel_now and not same_kernel(kernel_then, kernel_now):
         notes.append(f"kernel changed: {kernel_then} -> {kernel_now}")
-        return Decision(verdict="kernel-changed", ratio=ratio, base_median=base_median, now_median=now_median,
-                        notes=tuple(notes), **common)  # type: ignore[arg-type]
+        return Decision(
+            verdict="kernel-changed",
+            ratio=ratio,
+            base_median=base_median,
+            now_median=now_median,
+            notes=tuple(notes),
+            **common,
+        )  # type: ignore[arg-type]
     if len(b) < thresholds.min_samples or len(n) < thresholds.min_samples or ratio is None:
-        notes.append(
-            f"too few usable samples ({len(b)} baseline, {len(n)} now; need {thresholds.min_samples} each)"
-        )
-        return Decision(verdict="inconclusive", ratio=ratio, base_median=base_median, now_median=now_median,
-                        notes=tuple(notes), **common)  # type: ignore[arg-type]
+        notes.append(f"too few usable samples ({len(b)} baseline, {len(n)} now; need {thresholds.min_samples} each)")
+        return Decision(
+            verdict="inconclusive",
+            ratio=ratio,
+            base_median=base_median,
+            now_median=now_median,
+            notes=tuple(notes),
+            **common,
+        )  # type: ignore[arg-type]
     testable = min_attainable_pvalue(len(b), len(n)) < thresholds.pvalue
     if ratio >= 1.0:
         p = mannwhitney_greater(n, b)
@@ -184,11 +194,16 @@ def compare_samples(
         big = 1.0 / ratio >= thresholds.ratio
         verdict = "improved" if big and (p < thresholds.pvalue or not testable) else "unchanged"
     if big and not testable:
-        notes.append(
-            f"{len(b)}+{len(n)} samples cannot reach p<{thresholds.pvalue:g}; decided on the ratio alone"
-        )
-    return Decision(verdict=verdict, ratio=ratio, pvalue=p, base_median=base_median, now_median=now_median,
-                    notes=tuple(notes), **common)  # type: ignore[arg-type]
+        notes.append(f"{len(b)}+{len(n)} samples cannot reach p<{thresholds.pvalue:g}; decided on the ratio alone")
+    return Decision(
+        verdict=verdict,
+        ratio=ratio,
+        pvalue=p,
+        base_median=base_median,
+        now_median=now_median,
+        notes=tuple(notes),
+        **common,
+    )  # type: ignore[arg-type]
 
 
 def same_kernel(then: str, now: str) -> bool:

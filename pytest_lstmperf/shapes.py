@@ -48,8 +48,16 @@ ROUNDS = {
 
 
 def _lstm(i: int, h: int, b: int, t: int, layers: int = 1, cell: str = "lstm") -> LayerSpec:
-    return LayerSpec(cell=cell, input_size=i, hidden_size=h, num_layers=layers, batch=b, seq_len=t,  # type: ignore[arg-type]
-                     batch_first=True, training=True)
+    return LayerSpec(
+        cell=cell,
+        input_size=i,
+        hidden_size=h,
+        num_layers=layers,
+        batch=b,
+        seq_len=t,  # type: ignore[arg-type]
+        batch_first=True,
+        training=True,
+    )
 
 
 def _packed(spec: LayerSpec) -> LayerSpec:

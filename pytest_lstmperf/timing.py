@@ -99,7 +99,7 @@ def device_time(call: Callable[[], object], device: str, samples: int = 15, repl
     dev = torch.device(device)
     try:
         return DeviceTime("cuda-graph", tuple(_graph_replay_times(torch, dev, call, samples, replays)))
-    except Exception as exc:  # noqa: BLE001 - any capture failure falls back to events
+    except Exception as exc:
         with contextlib.suppress(Exception):
             torch.cuda.synchronize(dev)
         reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:200]
@@ -109,7 +109,7 @@ def device_time(call: Callable[[], object], device: str, samples: int = 15, repl
         )
     try:
         return DeviceTime("cuda-events", tuple(_event_times(torch, dev, call, samples)), note)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         return DeviceTime("none", (), f"{note}; event timing failed too ({type(exc).__name__}: {exc})")
 
 
@@ -175,7 +175,7 @@ def measured_peak_flops(device: str, precision: str) -> float | None:
     if key not in _PEAKS:
         try:
             _PEAKS[key] = _measure_peak(device, precision)
-        except Exception:  # noqa: BLE001 - a peak we cannot measure is reported as unknown
+        except Exception:
             _PEAKS[key] = None
     return _PEAKS[key]
 
@@ -239,13 +239,16 @@ class ClockSampler:
         try:
             self._start_nvml(ident)
             return self
-        except Exception as exc:  # noqa: BLE001
-            reasons.append(f"NVML: {type(exc).__name__}: {exc}" if not isinstance(exc, ImportError)
-                           else "NVML: pynvml not installed (pip install nvidia-ml-py)")
+        except Exception as exc:
+            reasons.append(
+                f"NVML: {type(exc).__name__}: {exc}"
+                if not isinstance(exc, ImportError)
+                else "NVML: pynvml not installed (pip install nvidia-ml-py)"
+            )
         try:
             self._start_smi(ident)
             return self
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             reasons.append(f"nvidia-smi: {exc}")
         self.source = "none"
         self.reason = "SM clock not sampled: " + "; ".join(reasons)
@@ -283,8 +286,14 @@ class ClockSampler:
             raise RuntimeError("not on PATH")
         target = ident.get("uuid") or str(ident.get("index", 0))
         interval_ms = max(int(self.interval_s * 1000), 20)
-        cmd = [exe, "-i", target, "--query-gpu=clocks.sm,clocks.max.sm", "--format=csv,noheader,nounits",
-               f"-lms={interval_ms}"]
+        cmd = [
+            exe,
+            "-i",
+            target,
+            "--query-gpu=clocks.sm,clocks.max.sm",
+            "--format=csv,noheader,nounits",
+            f"-lms={interval_ms}",
+        ]
         probe = subprocess.run(cmd[:-1], capture_output=True, text=True, timeout=15)
         if probe.returncode != 0 and ident.get("uuid"):
             cmd[2] = str(ident.get("index", 0))
@@ -349,8 +358,9 @@ def clocks_for_windows(
     return out
 
 
-def throttled_flags(clocks: Sequence[float | None], max_mhz: float | None,
-                    fraction: float = THROTTLE_FRACTION) -> list[bool]:
+def throttled_flags(
+    clocks: Sequence[float | None], max_mhz: float | None, fraction: float = THROTTLE_FRACTION
+) -> list[bool]:
     if not max_mhz:
         return [False] * len(clocks)
     return [c is not None and c < fraction * max_mhz for c in clocks]

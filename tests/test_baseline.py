@@ -11,11 +11,23 @@ import pytest
 
 from pytest_lstmperf import baseline as bl
 
-H100 = {"gpu": "NVIDIA H100 80GB HBM3", "capability": "9.0", "driver": "570.86", "cuda": "13.0",
-        "cudnn": "91900", "torch": "2.11.0", "sms": "132"}
+H100 = {
+    "gpu": "NVIDIA H100 80GB HBM3",
+    "capability": "9.0",
+    "driver": "570.86",
+    "cuda": "13.0",
+    "cudnn": "91900",
+    "torch": "2.11.0",
+    "sms": "132",
+}
 CPU = {"cpu": "AMD EPYC 7B13", "threads": "2", "torch": "2.13.0", "onednn": "yes"}
-PROV = {"commit": "abc123", "dirty": False, "date": "2026-11-22T10:00:00+00:00", "machine": "runner-1",
-        "command": "pytest suites/ --lstmperf-save-baseline"}
+PROV = {
+    "commit": "abc123",
+    "dirty": False,
+    "date": "2026-11-22T10:00:00+00:00",
+    "machine": "runner-1",
+    "command": "pytest suites/ --lstmperf-save-baseline",
+}
 HEADER = {"machine_info": {"node": "runner-1"}, "commit_info": {"id": "abc123"}, "version": "5.3.1"}
 
 
@@ -35,8 +47,9 @@ def record(name: str, median: float = 1e-3, n: int = 10, kernel: str = "cudnn") 
 
 def save(store: bl.BaselineStore, records: list[dict], update: bool = False, fp: dict = H100) -> bl.SaveReport:
     kind = "cuda" if "gpu" in fp else "cpu"
-    return store.save(records, fields=bl.comparable_fields(kind, fp), fingerprint=fp, provenance=PROV,
-                      header=HEADER, update=update)
+    return store.save(
+        records, fields=bl.comparable_fields(kind, fp), fingerprint=fp, provenance=PROV, header=HEADER, update=update
+    )
 
 
 def fields(fp: dict = H100) -> dict:
@@ -116,8 +129,10 @@ def test_missing_baseline_message(tmp_path: Path) -> None:
         ('{"benchmarks": []}', "without pytest-lstmperf's device key"),
         ('{"benchmarks": [], "lstmperf": {"format": 99, "comparable": {}}}', "newer pytest-lstmperf"),
         ('{"benchmarks": [], "lstmperf": {"format": 0, "comparable": {}}}', "older format 0"),
-        ('{"benchmarks": [{"fullname": "x", "stats": {"mean": 1}}], "lstmperf": {"format": 1, "comparable": {}}}',
-         "no raw samples"),
+        (
+            '{"benchmarks": [{"fullname": "x", "stats": {"mean": 1}}], "lstmperf": {"format": 1, "comparable": {}}}',
+            "no raw samples",
+        ),
     ],
 )
 def test_bad_files_are_named(tmp_path: Path, content: str, expected: str) -> None:
@@ -132,7 +147,7 @@ def test_bad_existing_file_is_not_overwritten(tmp_path: Path) -> None:
     path = store.path_for(fields())
     path.write_text('{"benchmarks": [')
     for update in (False, True):
-        with pytest.raises(bl.BaselineError, match="not recording: .* truncated"):
+        with pytest.raises(bl.BaselineError, match=r"not recording: .* truncated"):
             save(store, [record("a")], update=update)
     assert path.read_text() == '{"benchmarks": ['
 
@@ -179,8 +194,9 @@ def _save_in_process(directory: str, names: list[str]) -> None:
 
 def test_concurrent_savers_lose_nothing(tmp_path: Path) -> None:
     ctx = multiprocessing.get_context("spawn" if os.name != "posix" else "fork")
-    procs = [ctx.Process(target=_save_in_process, args=(str(tmp_path), [f"w{w}-{i}" for i in range(15)]))
-             for w in range(3)]
+    procs = [
+        ctx.Process(target=_save_in_process, args=(str(tmp_path), [f"w{w}-{i}" for i in range(15)])) for w in range(3)
+    ]
     for proc in procs:
         proc.start()
     for proc in procs:

@@ -1,0 +1,906 @@
+"""The speed gate: benchmarks through pytest-benchmark, baselines keyed by device, and the regression verdict.
+
+Hooks and fixture wiring only; the work lives in :mod:`.timing` (measuring), :mod:`.baseline` (the store),
+:mod:`.regression` (the decision), :mod:`.shapes` (what is measured) and :mod:`.report` (the page).
+
+* ``lstmperf_benchmark`` (fixture) wraps pytest-benchmark's ``benchmark``: it prepares a path, checks the
+  kernel it ran against the path's claim (failing at once on a mismatch), times the call with
+  ``benchmark.pedantic`` (a synchronising callable, bounded rounds), measures device time, SM clock and
+  FLOP/s into ``extra_info``, and attaches a record to the test report (so pytest-xdist brings it to the
+  controller).
+* ``--benchmark-compare`` with no argument is pointed at this device's baseline file before
+  pytest-benchmark loads it, so its comparison table and ``--benchmark-compare-fail`` work as usual; the
+  gate then compares raw samples (:mod:`.regression`) and fails the session in ``pytest_sessionfinish``.
+* ``--lstmperf-save-baseline`` records missing entries, ``--lstmperf-update-baseline`` replaces them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+import platform
+import shlex
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from . import options
+from .options import Setting, add_setting, parse_bool, parse_choice, parse_float
+
+if TYPE_CHECKING:
+    from .baseline import Baseline, SaveReport
+    from .device import DeviceInfo
+    from .paths import ExecutionPath
+    from .regression import GateResult
+    from .shapes import BenchShape
+    from .timing import ClockSampler
+
+RECORD_KEY = "lstmperf_bench"
+GENERIC_FAMILIES = ("cuda-generic", "cpu-native")
+
+
+def _parse_threshold(raw: str) -> float:
+    value = parse_float(1.0, 100.0)(raw)
+    if value <= 1.0:
+        raise ValueError(f"{raw!r} must be a ratio above 1.0 (e.g. 1.10: 10% slower counts)")
+    return value
+
+
+def _parse_pvalue(raw: str) -> float:
+    value = parse_float(0.0, 1.0)(raw)
+    if not 0.0 < value < 1.0:
+        raise ValueError(f"{raw!r} must be strictly between 0 and 1 (e.g. 0.002)")
+    return value
+
+
+def _parse_dir(raw: str) -> str:
+    return raw.strip()
+
+
+SETTING_NAMES = [
+    add_setting(s).name
+    for s in (
+        Setting(
+            "lstmperf_bench_set",
+            "--lstmperf-bench-set",
+            "PYTEST_LSTMPERF_BENCH_SET",
+            "lstmperf_bench_set",
+            "gate",
+            parse_choice(("gate", "thorough")),
+            "benchmark shapes: gate (quick, for merge gating) or thorough (DeepBench shapes, batch, hidden "
+            "and sequence-length sweeps)",
+            "SET",
+        ),
+        Setting(
+            "lstmperf_save_baseline",
+            "--lstmperf-save-baseline",
+            "PYTEST_LSTMPERF_SAVE_BASELINE",
+            "lstmperf_save_baseline",
+            "false",
+            parse_bool,
+            "record this run's benchmarks missing from this device's baseline (existing entries are kept)",
+        ),
+        Setting(
+            "lstmperf_update_baseline",
+            "--lstmperf-update-baseline",
+            "PYTEST_LSTMPERF_UPDATE_BASELINE",
+            "lstmperf_update_baseline",
+            "false",
+            parse_bool,
+            "record this run's benchmarks into this device's baseline, replacing existing entries",
+        ),
+        Setting(
+            "lstmperf_baselines",
+            "--lstmperf-baselines",
+            "PYTEST_LSTMPERF_BASELINES",
+            "lstmperf_baselines",
+            "",
+            _parse_dir,
+            "folder of the device-keyed baselines (default: baselines/ at the rootdir)",
+            "DIR",
+        ),
+        Setting(
+            "lstmperf_threshold",
+            "--lstmperf-threshold",
+            "PYTEST_LSTMPERF_THRESHOLD",
+            "lstmperf_threshold",
+            "1.10",
+            _parse_threshold,
+            "minimum slowdown that counts as a regression, as a ratio of medians (marker lstmperf_threshold "
+            "overrides per test)",
+            "RATIO",
+        ),
+        Setting(
+            "lstmperf_pvalue",
+            "--lstmperf-pvalue",
+            "PYTEST_LSTMPERF_PVALUE",
+            "lstmperf_pvalue",
+            "0.002",
+            _parse_pvalue,
+            "level of the one-sided Mann-Whitney U test on raw samples",
+            "P",
+        ),
+        Setting(
+            "lstmperf_report",
+            "--lstmperf-report",
+            "PYTEST_LSTMPERF_REPORT",
+            "lstmperf_report",
+            "",
+            _parse_dir,
+            "write a markdown and HTML speed report with PNG plots into DIR",
+            "DIR",
+        ),
+    )
+]
+FLAGS = ("lstmperf_save_baseline", "lstmperf_update_baseline")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    options.add_options(parser, names=[n for n in SETTING_NAMES if n not in FLAGS])
+    group = parser.getgroup("lstmperf")
+    for name in FLAGS:
+        setting = options.SETTINGS[name]
+        group.addoption(
+            setting.option,
+            dest=setting.name,
+            action="store_const",
+            const="true",
+            default=None,
+            help=f"{setting.help} [env {setting.env}, ini {setting.ini}]",
+        )
+        parser.addini(setting.ini, help=setting.help, default=None)
+
+
+# ------------------------------------------------------------------------------------------------ state
+@dataclass
+class GateState:
+    compare: str | None = None  # "device" (no argument), "file" (an lstmperf baseline named), None
+    compare_requested: bool = False
+    baseline: Baseline | None = None
+    records: list[dict[str, Any]] = field(default_factory=list)
+    save_report: SaveReport | None = None
+    gate: GateResult | None = None
+    messages: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    sampler: ClockSampler | None = None
+    report_path: Path | None = None
+    device: DeviceInfo | None = None
+
+
+STATE_KEY = pytest.StashKey[GateState]()
+
+
+def _state(config: pytest.Config) -> GateState:
+    if STATE_KEY not in config.stash:
+        config.stash[STATE_KEY] = GateState()
+    return config.stash[STATE_KEY]
+
+
+def _setting(config: pytest.Config, name: str) -> options.Resolved:
+    return options.resolve(config, name)
+
+
+def _is_worker(config: pytest.Config) -> bool:
+    return hasattr(config, "workerinput")
+
+
+def _xdist_active(config: pytest.Config) -> bool:
+    return _is_worker(config) or config.getoption("dist", "no") not in ("no", None)
+
+
+def _device(config: pytest.Config) -> DeviceInfo:
+    """The session's device; before the session exists (configure time), resolved the same way."""
+    state = _state(config)
+    if state.device is None:
+        from .session import SESSION_KEY
+
+        if SESSION_KEY in config.stash:
+            state.device = config.stash[SESSION_KEY].device
+        else:  # configure time: the session is created later, from the same settings
+            from .device import DeviceError, resolve_device
+
+            dev = _setting(config, "lstmperf_device")
+            try:
+                state.device = resolve_device(dev.value, dev.source)
+            except DeviceError as exc:
+                raise pytest.UsageError(str(exc)) from None
+    return state.device
+
+
+def _fields(device: DeviceInfo) -> dict[str, str]:
+    from .baseline import comparable_fields
+
+    return comparable_fields(device.kind, device.fingerprint)
+
+
+def _baselines_dir(config: pytest.Config) -> Path:
+    raw = _setting(config, "lstmperf_baselines").value
+    return Path(raw) if raw else Path(config.rootpath) / "baselines"
+
+
+def record_command(config: pytest.Config, flag: str = "--lstmperf-save-baseline") -> str:
+    args = [a for a in config.invocation_params.args if not str(a).startswith("--benchmark-compare")]
+    args = [a for a in args if a not in ("--lstmperf-save-baseline", "--lstmperf-update-baseline")]
+    return shlex.join(["pytest", *map(str, args), flag])
+
+
+def _store(config: pytest.Config):
+    from .baseline import BaselineStore
+
+    return BaselineStore(_baselines_dir(config), record_hint=record_command(config))
+
+
+# ------------------------------------------------------------------------------------------- configure
+@pytest.hookimpl(tryfirst=True)
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "lstmperf_threshold(ratio=None, pvalue=None): per-test regression threshold for the speed gate "
+        "(ratio of medians above which a significant slowdown fails; p-value level of the rank test)",
+    )
+    # pytest-benchmark loads what --benchmark-compare names in its own pytest_configure (trylast): point it
+    # at this device's baseline first.
+    compare = config.getoption("benchmark_compare", None)
+    if compare and _is_worker(config):
+        config.option.benchmark_compare = []  # the controller compares; workers only measure
+    elif compare:
+        _point_compare(config, compare)
+    if not _is_worker(config):
+        config.pluginmanager.register(_Collector(config), "lstmperf-bench-collector")
+
+
+def _point_compare(config: pytest.Config, compare: object) -> None:
+    from .baseline import BaselineError, differences, load
+
+    state = _state(config)
+    state.compare_requested = True
+    saving = _saving(config) is not None
+    if compare is True:
+        fields = _fields(_device(config))
+        store = _store(config)
+        try:
+            baseline = store.find(fields)
+        except BaselineError as exc:
+            raise pytest.UsageError(f"--benchmark-compare: {exc}") from None
+        if baseline is None:
+            if saving:
+                state.messages.append(f"{store.missing_message(fields)} This run records it; nothing to compare.")
+                config.option.benchmark_compare = []
+                return
+            raise pytest.UsageError(f"--benchmark-compare: {store.missing_message(fields)}")
+        state.compare, state.baseline = "device", baseline
+        config.option.benchmark_compare = str(baseline.path.resolve())
+        return
+    candidate = Path(str(compare))
+    if not candidate.is_file():
+        return  # pytest-benchmark's own run number or id: its comparison, not the gate's
+    try:
+        baseline = load(candidate, record_command(config))
+    except BaselineError as exc:
+        if "without pytest-lstmperf's device key" in str(exc):
+            return  # a plain pytest-benchmark file: pytest-benchmark compares, the gate does not
+        raise pytest.UsageError(f"--benchmark-compare={compare}: {exc}") from None
+    diff = differences(baseline.fields, _fields(_device(config)))
+    if diff:
+        raise pytest.UsageError(
+            f"--benchmark-compare={compare}: refusing to compare against a baseline of another device: "
+            f"{'; '.join(diff)}. Timings of different devices are not comparable; compare against this "
+            f"device's baseline (--benchmark-compare with no argument) or record one with: "
+            f"{record_command(config)}"
+        )
+    state.compare, state.baseline = "file", baseline
+
+
+def _saving(config: pytest.Config) -> str | None:
+    if _setting(config, "lstmperf_update_baseline").value:
+        return "update"
+    if _setting(config, "lstmperf_save_baseline").value:
+        return "save"
+    return None
+
+
+# -------------------------------------------------------------------------------------- parametrisation
+@dataclass(frozen=True)
+class BenchCase:
+    """One benchmark: a path, a shape and a mode (``forward`` or ``train``)."""
+
+    path: str
+    shape: BenchShape
+    mode: str
+    set_name: str
+
+    @property
+    def id(self) -> str:
+        return f"{self.path}-{self.shape.id}"
+
+    def __repr__(self) -> str:
+        return self.id
+
+
+def bench_params(config: pytest.Config, mode: str) -> list[Any]:
+    """``pytest.param`` values for the benchmark suite: available paths x the set's shapes for ``mode``.
+
+    Paths the device cannot run are kept as skipped parameters, so that the summary says why.
+    """
+    from .shapes import bench_set
+
+    session = _session(config)
+    set_name = _setting(config, "lstmperf_bench_set").value
+    shapes = [s for s in bench_set(set_name, session.device.kind) if mode in s.modes]
+    params = []
+    for path in session.selected:
+        if set_name == "gate" and not getattr(path, "in_gate", True):
+            continue
+        reason = session.unavailable.get(path.name)
+        for shape in shapes:
+            if reason is None and path.supports(shape.spec) is not None:
+                continue
+            case = BenchCase(path.name, shape, mode, set_name)
+            marks = [pytest.mark.skip(reason=f"{path.name}: {reason}")] if reason else []
+            params.append(pytest.param(case, id=case.id, marks=marks))
+    return params
+
+
+# ---------------------------------------------------------------------------------------------- fixture
+class BenchRunner:
+    """What ``lstmperf_benchmark`` gives a test: ``measure(case)``."""
+
+    def __init__(self, benchmark: Any, request: pytest.FixtureRequest) -> None:
+        self.benchmark = benchmark
+        self.request = request
+        self.config = request.config
+
+    def measure(self, case: BenchCase) -> dict[str, Any]:
+        from . import paths as registry
+        from .case import make_case
+        from .shapes import ROUNDS
+
+        session = _session(self.config)
+        device = session.device
+        path = registry.get(case.path)
+        self.request.node.user_properties.append(("lstmperf_path", path.name))
+        reason = path.available(device)
+        if reason:
+            pytest.skip(f"{path.name}: {reason}")
+        spec = case.shape.spec
+        thresholds = self._thresholds()
+        run = path.prepare(make_case(spec, session.seed), device)
+        call = run.forward if case.mode == "forward" else run.train_step
+        extra = self.benchmark.extra_info
+        extra.update(
+            path=path.name,
+            framework=path.framework,
+            device=device.name,
+            mode=case.mode,
+            shape=spec.short(),
+            spec=spec.to_dict(),
+            set=case.set_name,
+            sweeps=list(case.shape.sweeps),
+            expected_kernel=path.kernel,
+            expected_precision=path.precision,
+        )
+        self.benchmark.group = f"{case.mode} {spec.short()}"
+        trace = run.trace_forward()
+        extra.update(
+            kernel=trace.family, precision=trace.precision, kernels=list(trace.kernels[:8]), ops=list(trace.ops[:16])
+        )
+        self.request.node.user_properties.append(("lstmperf_observed", f"{case.mode} {trace.family}/{trace.precision}"))
+        mismatch = kernel_mismatch(path, trace)
+        if mismatch:
+            self._attach(extra, [], thresholds, failed="kernel")
+            pytest.fail(mismatch + _explanation(path, spec, device, trace), pytrace=False)
+
+        plan = ROUNDS[case.set_name]
+
+        def timed() -> None:
+            call()
+            run.synchronize()
+
+        from . import timing
+
+        estimate = timing.estimate_call(timed, plan.warmup)
+        rounds = timing.RoundPlan(plan.warmup, plan.min_rounds, plan.max_rounds, plan.target_s).rounds_for(estimate)
+        sampler = _sampler(self.config, device)
+        data: list[float] = []
+        windows: list[tuple[float, float]] = []
+        user_disabled = self.config.getoption("benchmark_disable", False) and not self.config.getoption(
+            "benchmark_enable", False
+        )
+        if self.benchmark.enabled:
+            starts: list[float] = []
+
+            def mark_round() -> None:
+                starts.append(time.perf_counter())
+
+            self.benchmark.pedantic(timed, setup=mark_round, rounds=rounds, warmup_rounds=1, iterations=1)
+            data = list(self.benchmark.stats.stats.data)
+            ends = [*starts[-rounds:][1:], time.perf_counter()]
+            windows = list(zip(starts[-rounds:], ends, strict=True))
+        elif user_disabled:
+            self.benchmark.pedantic(timed)  # --benchmark-disable: run once, as a test
+            return self._attach(extra, [], thresholds)
+        else:  # pytest-benchmark disabled itself (pytest-xdist): time the same way ourselves
+            self.benchmark.pedantic(lambda: None)
+            data, windows = timing.time_rounds(timed, rounds)
+            extra["timed_by"] = "pytest-lstmperf (pytest-benchmark is disabled under pytest-xdist)"
+        extra["rounds"] = len(data)
+        self._clock(extra, sampler, windows)
+        dev_time = timing.device_time(call, device.torch_device, plan.device_samples)
+        median = sorted(data)[len(data) // 2] if data else None
+        extra.update(
+            time_per_call_s=median,
+            device_time_s=dev_time.median,
+            device_time_method=dev_time.method,
+            device_time_note=dev_time.note,
+            device_samples=list(dev_time.samples),
+            host_overhead=timing.host_overhead(median, dev_time.median),
+        )
+        flops = spec.flops_forward * (3 if case.mode == "train" else 1)  # backward ~ 2x forward
+        busy = dev_time.median if dev_time.median else median
+        peak = timing.measured_peak_flops(
+            device.torch_device, trace.precision if trace.precision != "unknown" else path.precision
+        )
+        achieved = flops / busy if busy else None
+        extra.update(
+            flops=flops,
+            flops_per_s=achieved,
+            peak_flops=peak,
+            peak_fraction=achieved / peak if achieved and peak else None,
+        )
+        return self._attach(extra, data, thresholds)
+
+    def _clock(self, extra: dict[str, Any], sampler: ClockSampler | None, windows: list[tuple[float, float]]) -> None:
+        if sampler is None or not sampler.active:
+            extra.update(clock_source="none", clock_note=sampler.reason if sampler else "")
+            return
+        clocks = sampler.round_clocks(windows)
+        flags = sampler.throttled(windows)
+        extra.update(
+            clock_source=sampler.source,
+            sm_clock_mhz=clocks,
+            sm_clock_max_mhz=sampler.max_mhz,
+            throttled=flags,
+            throttled_rounds=sum(flags),
+        )
+
+    def _thresholds(self) -> dict[str, float]:
+        marker = self.request.node.get_closest_marker("lstmperf_threshold")
+        if marker is None:
+            return {}
+        out: dict[str, float] = {}
+        ratio = marker.kwargs.get("ratio", marker.args[0] if marker.args else None)
+        pvalue = marker.kwargs.get("pvalue", marker.args[1] if len(marker.args) > 1 else None)
+        try:
+            if ratio is not None:
+                out["ratio"] = _parse_threshold(str(ratio))
+            if pvalue is not None:
+                out["pvalue"] = _parse_pvalue(str(pvalue))
+        except ValueError as exc:
+            pytest.fail(f"@pytest.mark.lstmperf_threshold: {exc}", pytrace=False)
+        return out
+
+    def _attach(
+        self, extra: dict[str, Any], data: list[float], thresholds: dict[str, float], failed: str = ""
+    ) -> dict[str, Any]:
+        node = self.request.node
+        callspec = getattr(node, "callspec", None)
+        record = {
+            "fullname": node.nodeid,
+            "name": node.name,
+            "group": self.benchmark.group,
+            "param": callspec.id if callspec else None,
+            "params": {k: repr(v) for k, v in callspec.params.items()} if callspec else None,
+            "extra_info": _plain(extra),
+            "options": {"rounds": len(data), "warmup": "estimate + 1 round", "timer": "perf_counter"},
+            "data": [float(x) for x in data],
+            "iterations": 1,
+            "thresholds": thresholds,
+            "failed": failed,
+        }
+        node.user_properties.append((RECORD_KEY, record))
+        return record
+
+
+def kernel_mismatch(path: ExecutionPath, trace: Any) -> str:
+    """A message when the observed kernel family or precision is not what the path claims, else ''.
+
+    fp32 and tf32 count as one precision: TF32 is inferred from GEMM kernel names (see trace.py), which a
+    cuDNN RNN kernel does not always show; the equivalence suite's tolerances tell them apart.
+    """
+    from .regression import same_kernel
+
+    expected = f"{path.kernel}/{path.precision}"
+    observed = f"{trace.family}/{trace.precision}"
+    if same_kernel(expected, observed):
+        return ""
+    kernels = ", ".join(k[:90] for k in trace.kernels[:6]) or "-"
+    ops = ", ".join(trace.ops[:10]) or "-"
+    return (
+        f"{path.name}: expected kernel {expected}, observed {observed} (ops seen: {ops}; GPU kernels seen: {kernels})"
+    )
+
+
+def _explanation(path: ExecutionPath, spec: Any, device: Any, trace: Any) -> str:
+    """The explainer's reasons, when a ``pytest_lstmperf.explain`` module provides them."""
+    try:
+        from . import explain  # type: ignore[attr-defined]
+    except ImportError:
+        return ""
+    try:
+        reasons = explain.explain(path=path, spec=spec, device=device, trace=trace)
+    except Exception as exc:
+        return f"\n(explainer failed: {type(exc).__name__}: {exc})"
+    if not reasons:
+        return ""
+    if isinstance(reasons, str):
+        reasons = [reasons]
+    return "\nwhy: " + "; ".join(str(r) for r in reasons)
+
+
+def _plain(value: Any) -> Any:
+    """JSON/execnet-safe copy: dicts, lists, str, int, float, bool, None."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    return str(value)
+
+
+def _sampler(config: pytest.Config, device: DeviceInfo) -> ClockSampler | None:
+    state = _state(config)
+    if state.sampler is None:
+        from .timing import ClockSampler
+
+        state.sampler = ClockSampler(device.torch_device).start()
+    return state.sampler
+
+
+@pytest.fixture
+def lstmperf_benchmark(benchmark: Any, request: pytest.FixtureRequest, lstmperf: Any) -> BenchRunner:
+    """Measure one :class:`BenchCase` through pytest-benchmark's ``benchmark`` fixture."""
+    return BenchRunner(benchmark, request)
+
+
+def _session(config: pytest.Config) -> Any:
+    """The run's LstmPerfSession, created from the settings if no hook has created it yet."""
+    from .session import SESSION_KEY, LstmPerfSession
+
+    if SESSION_KEY not in config.stash:
+        config.stash[SESSION_KEY] = LstmPerfSession.from_config(config)
+    return config.stash[SESSION_KEY]
+
+
+# ------------------------------------------------------------------------------------- collecting records
+class _Collector:
+    """Receives the benchmark records attached to test reports (from xdist workers too)."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.when != "call":
+            return
+        for key, value in getattr(report, "user_properties", ()):
+            if key == RECORD_KEY and isinstance(value, dict):
+                _state(self.config).records.append(value)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    state = config.stash.get(STATE_KEY, None)
+    if state is not None and state.sampler is not None:
+        state.sampler.stop()
+
+
+# ----------------------------------------------------------------------------------- pytest-benchmark
+def pytest_benchmark_update_machine_info(config: pytest.Config, machine_info: dict[str, Any]) -> None:
+    try:
+        device = _device(config)
+    except pytest.UsageError:
+        return
+    from .baseline import device_key
+
+    machine_info["lstmperf"] = {"device_key": device_key(_fields(device)), "fingerprint": dict(device.fingerprint)}
+
+
+def pytest_benchmark_update_json(config: pytest.Config, benchmarks: Any, output_json: dict[str, Any]) -> None:
+    try:
+        device = _device(config)
+    except pytest.UsageError:
+        return
+    from .baseline import FORMAT, device_key
+
+    fields = _fields(device)
+    output_json["lstmperf"] = {
+        "format": FORMAT,
+        "device_key": device_key(fields),
+        "comparable": fields,
+        "fingerprint": dict(device.fingerprint),
+        "provenance": provenance(config),
+    }
+
+
+# -------------------------------------------------------------------------------------------- finish
+def provenance(config: pytest.Config) -> dict[str, Any]:
+    commit, dirty = "unknown", None
+    try:
+        root = str(config.rootpath)
+        commit = (
+            subprocess.run(
+                ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10
+            ).stdout.strip()
+            or "unknown"
+        )
+        status = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+        dirty = bool(status.stdout.strip()) if status.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return {
+        "commit": commit,
+        "dirty": dirty,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "machine": platform.node(),
+        "python": platform.python_version(),
+        "command": shlex.join(["pytest", *map(str, config.invocation_params.args)]),
+    }
+
+
+def _header(config: pytest.Config) -> dict[str, Any]:
+    import pytest_benchmark
+
+    machine_info = config.hook.pytest_benchmark_generate_machine_info(config=config)
+    config.hook.pytest_benchmark_update_machine_info(config=config, machine_info=machine_info)
+    commit_info = config.hook.pytest_benchmark_generate_commit_info(config=config)
+    config.hook.pytest_benchmark_update_commit_info(config=config, commit_info=commit_info)
+    return {"machine_info": machine_info, "commit_info": commit_info, "version": pytest_benchmark.__version__}
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    config = session.config
+    if _is_worker(config) or STATE_KEY not in config.stash:
+        return
+    state = _state(config)
+    measured = [r for r in state.records if r.get("data")]
+    mode = _saving(config)
+    if mode is not None:
+        from .baseline import BaselineError
+
+        if not measured:
+            state.messages.append("no benchmark was measured in this run: nothing recorded")
+        else:
+            try:
+                device = _device(config)
+                state.save_report = _store(config).save(
+                    measured,
+                    fields=_fields(device),
+                    fingerprint=device.fingerprint,
+                    provenance=provenance(config),
+                    header=_header(config),
+                    update=mode == "update",
+                )
+                if _xdist_active(config):
+                    state.messages.append("recorded under pytest-xdist: workers shared the machine while timing")
+            except BaselineError as exc:
+                state.errors.append(str(exc))
+    if state.baseline is not None:
+        state.gate = run_gate(config, state)
+    report_dir = _setting(config, "lstmperf_report").value
+    if report_dir and state.records:
+        from .report import write_report
+
+        try:
+            state.report_path = write_report(
+                Path(report_dir),
+                state.records,
+                state.baseline.data["benchmarks"] if state.baseline else None,
+                _device(config).describe(),
+                state.gate,
+            )
+        except Exception as exc:
+            state.errors.append(f"--lstmperf-report={report_dir}: could not write the report: {exc}")
+    failed = bool(state.errors) or bool(state.gate and state.gate.failed)
+    if failed and session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def run_gate(config: pytest.Config, state: GateState) -> GateResult:
+    from .regression import Decision, GateResult, Thresholds, compare_samples
+    from .session import SESSION_KEY
+
+    assert state.baseline is not None
+    ratio = _setting(config, "lstmperf_threshold").value
+    pvalue = _setting(config, "lstmperf_pvalue").value
+    entries = state.baseline.entries
+    session = config.stash.get(SESSION_KEY, None)
+    unavailable = session.unavailable if session is not None else {}
+    decisions = []
+    seen = set()
+    for record in state.records:
+        name = record["fullname"]
+        seen.add(name)
+        extra = record["extra_info"]
+        now_kernel = f"{extra.get('kernel', '')}/{extra.get('precision', '')}" if extra.get("kernel") else ""
+        entry = entries.get(name)
+        if entry is None:
+            decisions.append(Decision(name, "new", n_now=len(record["data"]), kernel_now=now_kernel))
+            continue
+        bextra = entry.get("extra_info", {})
+        then_kernel = f"{bextra.get('kernel', '')}/{bextra.get('precision', '')}" if bextra.get("kernel") else ""
+        if not record["data"]:
+            if record.get("failed") == "kernel":
+                decisions.append(
+                    Decision(
+                        name,
+                        "kernel-changed",
+                        kernel_then=then_kernel,
+                        kernel_now=now_kernel,
+                        notes=("kernel differs from the path's claim; not timed",),
+                    )
+                )
+            continue  # --benchmark-disable: nothing timed
+        limits = Thresholds(
+            ratio=record.get("thresholds", {}).get("ratio", ratio),
+            pvalue=record.get("thresholds", {}).get("pvalue", pvalue),
+        )
+        decisions.append(
+            compare_samples(
+                name,
+                entry["stats"]["data"],
+                record["data"],
+                limits,
+                base_throttled=bextra.get("throttled"),
+                now_throttled=extra.get("throttled"),
+                kernel_then=then_kernel,
+                kernel_now=now_kernel,
+            )
+        )
+    for name, entry in entries.items():
+        if name in seen:
+            continue
+        path = entry.get("extra_info", {}).get("path")
+        if path in unavailable:
+            decisions.append(Decision(name, "path-lost", notes=(f"{path} is unavailable now: {unavailable[path]}",)))
+        else:
+            decisions.append(Decision(name, "not-run"))
+    return GateResult(decisions)
+
+
+# ----------------------------------------------------------------------------------------- terminal
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    if _is_worker(config) or STATE_KEY not in config.stash:
+        return
+    state = _state(config)
+    if not (state.records or state.messages or state.errors or state.gate or state.save_report):
+        return
+    tr = terminalreporter
+    tr.section("lstmperf speed", sep="=", bold=True)
+    if state.records:
+        with contextlib.suppress(pytest.UsageError):
+            tr.write_line(f"device: {_device(config).describe()}")
+        for line in summary_lines(state.records):
+            tr.write_line(line)
+        notes = clock_notes(state.records)
+        for note in notes:
+            tr.write_line(note, yellow=True)
+    for message in state.messages:
+        tr.write_line(message)
+    if state.save_report is not None:
+        tr.write_line(state.save_report.describe(), green=True)
+    if state.gate is not None:
+        from .regression import format_table
+
+        assert state.baseline is not None
+        gate = state.gate
+        verbose = config.getoption("verbose", 0) > 0
+        shown = gate.decisions if verbose else [d for d in gate.decisions if d.verdict not in ("unchanged", "not-run")]
+        tr.write_line("")
+        tr.write_line(f"speed gate against {state.baseline.path}: {gate.summary()}", bold=True)
+        if shown:
+            for line in format_table(shown):
+                tr.write_line(line, red=False)
+        for decision in gate.failed:
+            for note in decision.notes:
+                tr.write_line(f"  {decision.name}: {note}", red=True)
+        if gate.failed:
+            tr.write_line(
+                f"SPEED GATE FAILED: {len(gate.failed)} regression(s). If the change is intended, record the new "
+                f"numbers with: {record_command(config, '--lstmperf-update-baseline')}",
+                red=True,
+                bold=True,
+            )
+        else:
+            tr.write_line("speed gate passed", green=True)
+    for error in state.errors:
+        tr.write_line(f"ERROR: {error}", red=True, bold=True)
+    if state.report_path is not None:
+        tr.write_line(f"speed report written to {state.report_path}")
+
+
+def _fmt_time(value: float | None) -> str:
+    from .regression import format_seconds
+
+    return format_seconds(value)
+
+
+def summary_lines(records: list[dict[str, Any]]) -> list[str]:
+    """Per mode, shape and path: time per call, device time, host share, speedup over generic, kernel, %peak."""
+    rows = [("mode", "shape", "path", "per call", "device", "host", "vs generic", "kernel", "%peak")]
+    by_case: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for record in records:
+        extra = record["extra_info"]
+        by_case.setdefault((extra.get("mode", "?"), extra.get("shape", "?")), []).append(record)
+    for (mode, shape), group in sorted(by_case.items()):
+        generic = [
+            r
+            for r in group
+            if r["extra_info"].get("expected_kernel") in GENERIC_FAMILIES and r["extra_info"].get("time_per_call_s")
+        ]
+        ref = generic[0]["extra_info"]["time_per_call_s"] if generic else None
+        for record in sorted(group, key=lambda r: r["extra_info"].get("path", "")):
+            extra = record["extra_info"]
+            per_call = extra.get("time_per_call_s")
+            host = extra.get("host_overhead")
+            frac = extra.get("peak_fraction")
+            kernel = f"{extra.get('kernel', '?')}/{extra.get('precision', '?')}"
+            if record.get("failed"):
+                kernel += " (MISMATCH)"
+            rows.append(
+                (
+                    mode,
+                    shape,
+                    extra.get("path", "?"),
+                    _fmt_time(per_call),
+                    _fmt_time(extra.get("device_time_s")),
+                    "-" if host is None else f"{host:.0%}",
+                    f"{ref / per_call:.2f}x" if ref and per_call else "-",
+                    kernel,
+                    "-" if frac is None else f"{frac:.1%}",
+                )
+            )
+    widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(str(c).ljust(widths[i]) for i, c in enumerate(row)).rstrip() for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return lines
+
+
+def clock_notes(records: list[dict[str, Any]]) -> list[str]:
+    notes = []
+    throttled = [
+        (r["extra_info"].get("throttled_rounds", 0), r["extra_info"].get("rounds", 0), r["name"])
+        for r in records
+        if r["extra_info"].get("throttled_rounds")
+    ]
+    for count, total, name in throttled:
+        notes.append(
+            f"throttled: {count}/{total} rounds of {name} ran below 75% of the maximum SM clock "
+            f"(dropped from the regression test)"
+        )
+    reasons = {r["extra_info"].get("clock_note") for r in records if r["extra_info"].get("clock_note")}
+    for reason in sorted(reasons):
+        if reason != "no GPU clock on the CPU":
+            notes.append(reason)
+    methods = {r["extra_info"].get("device_time_note") for r in records if r["extra_info"].get("device_time_note")}
+    if any(m and m.startswith("CUDA graph capture failed") for m in methods):
+        count = sum(1 for r in records if str(r["extra_info"].get("device_time_note", "")).startswith("CUDA graph"))
+        notes.append(
+            f"device time: CUDA graph capture failed for {count} benchmark(s); event timing used "
+            f"(an upper bound), see extra_info.device_time_note"
+        )
+    if any(r["extra_info"].get("timed_by") for r in records):
+        notes.append(
+            "timed by pytest-lstmperf: pytest-benchmark disables itself under pytest-xdist "
+            f"({os.environ.get('PYTEST_XDIST_WORKER_COUNT', 'several')} workers shared the machine)"
+        )
+    return notes

@@ -1,0 +1,1 @@
+"""Helpers for testing the plugin's own checks: :mod:`.faults` plants the faults they must catch."""

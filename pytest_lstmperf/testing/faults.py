@@ -1,0 +1,329 @@
+"""Planted faults: prove that a check fails when the thing it guards against happens.
+
+Load explicitly (never through the entry point)::
+
+    pytest suites/ -p pytest_lstmperf.testing.faults --lstmperf-plant=cudnn-off
+    PYTEST_LSTMPERF_PLANT=slowdown:1.25 pytest suites/ -p pytest_lstmperf.testing.faults --benchmark-compare
+
+Faults (comma-separated to combine), applied at ``pytest_configure`` (so before any test and before the
+session resolves its paths: "behind the suite's back") and undone at ``pytest_unconfigure``:
+
+``cudnn-off``
+    ``torch.backends.cudnn.enabled = False``: cuDNN paths fall back to the generic CUDA kernels.
+``onednn-off``
+    ``torch.backends.mkldnn.enabled = False``: the CPU oneDNN path falls back to the native kernels.
+``perturb:EPS``
+    ``torch.nn.LSTM``/``torch.nn.GRU`` ``forward`` scales every output (sequence output, ``h_n``, ``c_n``) by
+    ``1 + EPS``; gradients follow.
+``wrong-precision``
+    ``torch.autocast`` (and ``torch.cuda.amp.autocast``/``torch.cpu.amp.autocast``) becomes a no-op: autocast
+    paths run in float32.
+``slowdown:F``
+    Each ``torch.nn.LSTM``/``GRU`` call takes ``F`` times as long: the wrapper synchronises the input's CUDA
+    device, runs the real forward, synchronises again, measures the elapsed time ``t`` and waits
+    ``(F - 1) * t`` (sleeping, then spinning on the clock for the last millisecond, as ``time.sleep``
+    overshoots short waits). With autograd on, the backward pass is slowed the same way: an identity node on the
+    output stamps the time the gradient reaches the layer, a hook on the layer's first weight fires when
+    that weight's gradient is complete, and the elapsed backward time ``t_b`` buys a sleep of
+    ``(F - 1) * t_b``. The sleep is host time, so the per-call time users feel grows by ``F`` while CUDA-graph
+    device time does not (the wrapper stands aside while a stream is capturing). The synchronisation it
+    adds is the one the benchmarks already do after each call.
+
+Programmatic use: ``with planted("slowdown:1.25"): ...``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+ENV = "PYTEST_LSTMPERF_PLANT"
+VALID = "cudnn-off, onednn-off, perturb:EPS, slowdown:F, wrong-precision"
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: str
+    value: float | None = None
+
+    def __str__(self) -> str:
+        return self.kind if self.value is None else f"{self.kind}:{self.value:g}"
+
+
+def parse_faults(raw: str) -> list[Fault]:
+    """``"slowdown:1.25,cudnn-off"`` -> faults; ValueError naming the valid values."""
+    faults = []
+    for part in (p.strip() for p in raw.split(",")):
+        if not part:
+            continue
+        kind, _, arg = part.partition(":")
+        kind = kind.strip().lower()
+        if kind in ("cudnn-off", "onednn-off", "wrong-precision"):
+            if arg:
+                raise ValueError(f"{part!r}: {kind} takes no value (valid: {VALID})")
+            faults.append(Fault(kind))
+        elif kind in ("perturb", "slowdown"):
+            try:
+                value = float(arg)
+            except ValueError:
+                raise ValueError(
+                    f"{part!r}: {kind} needs a number, e.g. {kind}:{'1e-3' if kind == 'perturb' else '1.25'}"
+                    f" (valid: {VALID})"
+                ) from None
+            if kind == "slowdown" and not value >= 1.0:
+                raise ValueError(f"{part!r}: the slowdown factor must be >= 1 (valid: {VALID})")
+            faults.append(Fault(kind, value))
+        else:
+            raise ValueError(f"unknown fault {part!r} (valid: {VALID})")
+    return faults
+
+
+# ------------------------------------------------------------------------------------------- planting
+def _plant_switch(module_name: str) -> Callable[[], None]:
+    import torch
+
+    backend = getattr(torch.backends, module_name)
+    saved = backend.enabled
+    backend.enabled = False
+
+    def undo() -> None:
+        backend.enabled = saved
+
+    return undo
+
+
+def _patch_forward(wrap: Callable[[Callable[..., Any]], Callable[..., Any]]) -> Callable[[], None]:
+    import torch
+
+    saved = {cls: cls.__dict__["forward"] for cls in (torch.nn.LSTM, torch.nn.GRU)}
+    for cls, original in saved.items():
+        cls.forward = wrap(original)
+
+    def undo() -> None:
+        for cls, original in saved.items():
+            cls.forward = original
+
+    return undo
+
+
+def _map_outputs(out: Any, fn: Callable[[Any], Any]) -> Any:
+    """Apply ``fn`` to the tensors of an RNN's ``(output, h_n)`` or ``(output, (h_n, c_n))``."""
+    import torch
+    from torch.nn.utils.rnn import PackedSequence
+
+    if isinstance(out, PackedSequence):
+        return out._replace(data=fn(out.data))
+    if isinstance(out, torch.Tensor):
+        return fn(out)
+    if isinstance(out, tuple):
+        return type(out)(_map_outputs(o, fn) for o in out)
+    return out
+
+
+def _plant_perturb(eps: float) -> Callable[[], None]:
+    def wrap(original: Callable[..., Any]) -> Callable[..., Any]:
+        def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+            return _map_outputs(original(self, *args, **kwargs), lambda t: t * (1.0 + eps))
+
+        return forward
+
+    return _patch_forward(wrap)
+
+
+def _plant_wrong_precision() -> Callable[[], None]:
+    import torch
+
+    cls = torch.amp.autocast_mode.autocast
+    saved = (cls.__dict__["__enter__"], cls.__dict__["__exit__"])
+
+    def enter(self: Any) -> Any:
+        return self
+
+    def exit_(self: Any, *exc: Any) -> bool:
+        return False
+
+    cls.__enter__, cls.__exit__ = enter, exit_
+
+    def undo() -> None:
+        cls.__enter__, cls.__exit__ = saved
+
+    return undo
+
+
+def pause(seconds: float) -> None:
+    """Wait ``seconds`` accurately: ``time.sleep`` overshoots sub-millisecond waits by tens of
+    microseconds, so the last millisecond is spun on the clock."""
+    if seconds <= 0:
+        return
+    deadline = time.perf_counter() + seconds
+    if seconds > 0.002:
+        time.sleep(seconds - 0.001)
+    while time.perf_counter() < deadline:
+        pass
+
+
+def _first_tensor(args: tuple[Any, ...]) -> Any:
+    import torch
+
+    for arg in args:
+        if isinstance(arg, torch.Tensor):
+            return arg
+        data = getattr(arg, "data", None)  # PackedSequence
+        if isinstance(data, torch.Tensor):
+            return data
+    return None
+
+
+def _plant_slowdown(factor: float) -> Callable[[], None]:
+    import torch
+
+    extra = factor - 1.0
+    state = {"active": True}
+
+    def sync(tensor: Any) -> None:
+        if tensor is not None and tensor.is_cuda:
+            torch.cuda.synchronize(tensor.device)
+
+    def capturing() -> bool:
+        return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+    class _StampBackward(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, tensor: Any, box: Any) -> Any:
+            ctx.box = box
+            return tensor.view_as(tensor)
+
+        @staticmethod
+        def backward(ctx: Any, grad: Any) -> Any:
+            sync(grad)
+            ctx.box["start"] = time.perf_counter()
+            return grad, None
+
+    def hook_for(module: Any, reference: Any) -> Any:
+        box = module.__dict__.setdefault("_lstmperf_slowdown_box", {})
+        if "handle" not in box:
+            weight = next(iter(module.parameters()))
+
+            def on_grad(grad: Any) -> None:
+                start = box.pop("start", None)
+                if start is None or not state["active"] or capturing():
+                    return
+                sync(grad)
+                pause(extra * (time.perf_counter() - start))
+
+            box["handle"] = weight.register_hook(on_grad)
+        return box
+
+    def wrap(original: Callable[..., Any]) -> Callable[..., Any]:
+        def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+            if not state["active"] or capturing():
+                return original(self, *args, **kwargs)
+            first = _first_tensor(args)
+            sync(first)
+            start = time.perf_counter()
+            out = original(self, *args, **kwargs)
+            sync(first)
+            pause(extra * (time.perf_counter() - start))
+            if torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters()):
+                box = hook_for(self, first)
+                out = _map_outputs(out, lambda t: _StampBackward.apply(t, box) if t.requires_grad else t)
+            return out
+
+        return forward
+
+    undo_patch = _patch_forward(wrap)
+
+    def undo() -> None:
+        state["active"] = False
+        undo_patch()
+
+    return undo
+
+
+def plant(faults: list[Fault]) -> Callable[[], None]:
+    """Apply ``faults``; returns a function that undoes them (in reverse order)."""
+    undos: list[Callable[[], None]] = []
+    try:
+        for fault in faults:
+            if fault.kind == "cudnn-off":
+                undos.append(_plant_switch("cudnn"))
+            elif fault.kind == "onednn-off":
+                undos.append(_plant_switch("mkldnn"))
+            elif fault.kind == "perturb":
+                undos.append(_plant_perturb(float(fault.value or 0.0)))
+            elif fault.kind == "wrong-precision":
+                undos.append(_plant_wrong_precision())
+            elif fault.kind == "slowdown":
+                undos.append(_plant_slowdown(float(fault.value or 1.0)))
+    except BaseException:
+        for undo in reversed(undos):
+            undo()
+        raise
+
+    def undo_all() -> None:
+        for undo in reversed(undos):
+            undo()
+
+    return undo_all
+
+
+@contextlib.contextmanager
+def planted(spec: str) -> Iterator[list[Fault]]:
+    faults = parse_faults(spec)
+    undo = plant(faults)
+    try:
+        yield faults
+    finally:
+        undo()
+
+
+# ------------------------------------------------------------------------------------------ pytest plugin
+_UNDO = pytest.StashKey[Callable[[], None]]()
+_FAULTS = pytest.StashKey[list[Fault]]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.getgroup("lstmperf").addoption(
+        "--lstmperf-plant",
+        dest="lstmperf_plant",
+        default=None,
+        metavar="FAULTS",
+        help=f"plant faults to prove the checks catch them: {VALID} (comma-separated) [env {ENV}]",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    raw, source = config.getoption("lstmperf_plant"), "--lstmperf-plant"
+    if not raw and os.environ.get(ENV):
+        raw, source = os.environ[ENV], ENV
+    if not raw:
+        return
+    try:
+        faults = parse_faults(raw)
+    except ValueError as exc:
+        raise pytest.UsageError(f"{source}={raw}: {exc}") from None
+    try:
+        config.stash[_UNDO] = plant(faults)
+    except ImportError as exc:
+        raise pytest.UsageError(f"{source}={raw}: planting needs torch ({exc})") from None
+    config.stash[_FAULTS] = faults
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    faults = config.stash.get(_FAULTS, None)
+    if not faults:
+        return []
+    return [f"lstmperf: PLANTED FAULTS {', '.join(map(str, faults))} (pytest_lstmperf.testing.faults)"]
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    undo = config.stash.get(_UNDO, None)
+    if undo is not None:
+        undo()
+        del config.stash[_UNDO]
