@@ -32,7 +32,7 @@ from .spec import LayerSpec
 
 BACKENDS = ("tensorflow", "torch")
 MASK_STYLES = ("auto", "none", "right", "left", "holes")
-#: activation names Keras 3.15 resolves through ``keras.activations.get`` (keras/src/activations/__init__.py)
+#: names keras.activations.get resolves in Keras 3.15; an observed layer's own function is named "custom:<name>"
 ACTIVATIONS = (
     "tanh", "sigmoid", "relu", "linear", "hard_sigmoid", "elu", "selu", "gelu", "softsign", "softplus",
     "swish", "silu", "relu6", "leaky_relu", "mish", "exponential", "log_sigmoid", "hard_silu", "hard_swish",
@@ -70,15 +70,15 @@ class KerasOptions:
             problems.append(f"backend={self.backend!r} (valid: {', '.join(BACKENDS)})")
         if (
             self.use_cudnn not in ("auto", True, False)
-            or isinstance(self.use_cudnn, int)
-            and not isinstance(self.use_cudnn, bool)
+            or (isinstance(self.use_cudnn, int)
+            and not isinstance(self.use_cudnn, bool))
         ):
             problems.append(f"use_cudnn={self.use_cudnn!r} (valid: 'auto', True, False)")
         if self.implementation not in (1, 2):
             problems.append(f"implementation={self.implementation!r} (valid: 1, 2)")
         for name in ("activation", "recurrent_activation"):
             value = getattr(self, name)
-            if value not in ACTIVATIONS:
+            if value not in ACTIVATIONS and not str(value).startswith("custom:"):
                 problems.append(f"{name}={value!r} is not a Keras activation (valid: {', '.join(ACTIVATIONS)})")
         for name in ("recurrent_dropout", "dropout"):
             value = getattr(self, name)
