@@ -190,3 +190,47 @@ def test_planted_fault_a_removed_rule_disagrees(rule: str, spec: LayerSpec, opti
     assert disagreement(spec, options) is None
     problem = disagreement(spec, options, rules=ex.without(rule))
     assert problem is not None and spec.short() in problem
+
+
+# ------------------------------------------------------------------------------- CLI and report
+def test_cli_explain_prints_reasons(capsys: pytest.CaptureFixture[str]) -> None:
+    from pytest_lstmperf.cli import main
+
+    assert main(["explain", "lstm", "units=128", "activation=relu", "-f", "keras-torch", "-d", "cuda"]) == 0
+    out = capsys.readouterr().out
+    assert "predicted cuda-generic" in out and "activation='relu' -> 'tanh'" in out
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["explain", "lstm", "activation=relux"], "not a Keras activation"),
+        (["explain", "lstm", "foo=1"], "unknown layer keys ['foo']"),
+        (["explain", "lstm", "-f", "jax"], "unknown framework 'jax'"),
+        (["explain", "lstm", "units=0"], "hidden_size=0"),
+        (["explain", "lstm", "proj_size=4"], "proj_size"),
+        (["report", "/nonexistent/configs.json"], "cannot read"),
+    ],
+)
+def test_cli_bad_input_is_one_line(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    from pytest_lstmperf.cli import main
+
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_report_table_has_sources(tmp_path) -> None:
+    import json
+
+    from pytest_lstmperf.eligibility_report import build_report, load_configs, render_table
+
+    configs = tmp_path / "configs.json"
+    configs.write_text(json.dumps([
+        {"framework": "keras-torch", "cell": "lstm", "units": 128, "recurrent_dropout": 0.1},
+        {"framework": "torch", "cell": "gru"},
+    ]))  # fmt: skip
+    rows = build_report(load_configs(str(configs)), ex.Context(device="cuda", capability=(9, 0)).device)
+    table = render_table(rows)
+    assert "~126x" in table and "H100" in table
+    assert "| torch gru" in table

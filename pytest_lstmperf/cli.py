@@ -1,0 +1,168 @@
+"""The ``lstmperf`` command: one argparse subcommand per function below (``explain``, ``report``, ...).
+
+Add a subcommand by writing ``add_<name>_command(subparsers)`` that registers its parser with
+``set_defaults(func=...)``, and appending it to :data:`COMMANDS`. User mistakes print one line on stderr and
+exit with status 2, never a traceback.
+
+    lstmperf explain lstm units=128 activation=relu --framework keras-torch --device cuda [--run] [--json]
+    lstmperf report configs.json [--device cuda] [--run] [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+EXIT_USAGE = 2
+
+
+class CommandError(Exception):
+    """A user mistake found while running a command (printed as one line, exit status 2)."""
+
+
+def _parse_value(raw: str) -> Any:
+    lowered = raw.strip()
+    if lowered.lower() in ("true", "false"):
+        return lowered.lower() == "true"
+    try:
+        return ast.literal_eval(lowered)
+    except (ValueError, SyntaxError):
+        return lowered
+
+
+def parse_layer(cell: str, items: Sequence[str], framework: str) -> tuple[str, Any, Any]:
+    """``lstm units=128 activation=relu`` -> ``(framework, LayerSpec, KerasOptions | None)``."""
+    from .eligibility_report import config_from_dict
+
+    data: dict[str, Any] = {"framework": framework, "cell": cell.lower()}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise CommandError(f"layer option {item!r} is not key=value (e.g. units=128 activation=relu)")
+        data[key.strip()] = _parse_value(value)
+    return config_from_dict(data)
+
+
+# ------------------------------------------------------------------------------------------- explain
+def add_explain_command(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "explain",
+        help="predict which kernel a layer runs and why it is not cuDNN",
+        description="Predict the kernel family and precision of an LSTM/GRU layer, with every reason it is not "
+        "cuDNN, the change that would make it eligible, and its cost.",
+    )
+    parser.add_argument("cell", choices=["lstm", "gru"], type=str.lower, help="the layer type")
+    parser.add_argument(
+        "layer", nargs="*", metavar="KEY=VALUE",
+        help="LayerSpec fields (units/hidden_size, input_size, num_layers, bidirectional, use_bias, reset_after, "
+        "batch, seq_len, length_mode, lengths, dtype) and Keras options (activation, recurrent_activation, "
+        "recurrent_dropout, unroll, use_cudnn, implementation, go_backwards, mask)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--framework", "-f", default="keras-tensorflow", help="keras-tensorflow (default), keras-torch or torch"
+    )
+    parser.add_argument("--device", "-d", default="cpu", help="cpu (default), cuda, cuda:N")
+    parser.add_argument("--run", action="store_true", help="also run the layer here and show the observed kernel")
+    parser.add_argument("--json", action="store_true", help="print the verdict as JSON")
+    parser.set_defaults(func=cmd_explain)
+
+
+def _device(value: str, run: bool) -> Any:
+    if not run:
+        return value
+    from .device import DeviceError, resolve_device
+
+    try:
+        return resolve_device(value, "--device")
+    except DeviceError as exc:
+        raise CommandError(str(exc)) from None
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    from .eligibility_report import build_report
+
+    framework, spec, options = parse_layer(args.cell, args.layer, args.framework)
+    device = _device(args.device, args.run)
+    row = build_report([(framework, spec, options)], device, run=args.run)[0]
+    if args.json:
+        print(json.dumps({**row.verdict.to_dict(), **row.to_dict()}, indent=2, default=str))
+        return 0
+    print(row.verdict.describe())
+    if args.run:
+        if row.error:
+            print(f"observed: could not run: {row.error}")
+            return 1
+        match = row.observed.split("/")[0] == row.verdict.kernel if row.observed else False
+        print(f"observed: {row.observed} ({'matches' if match else 'DIFFERS FROM'} the prediction)")
+        return 0 if match else 1
+    return 0
+
+
+# ------------------------------------------------------------------------------------------- report
+def add_report_command(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "report",
+        help="eligibility table for a list of layer configs or a model",
+        description="config -> predicted kernel, observed kernel (with --run), reasons, estimated slowdown.",
+    )
+    parser.add_argument(
+        "source",
+        help="a JSON file (list of layer dicts with 'framework') or module:attribute "
+        "(a list of such dicts, a torch.nn.Module or a Keras model, or a callable returning one)",
+    )
+    parser.add_argument("--device", "-d", default="cpu", help="cpu (default), cuda, cuda:N")
+    parser.add_argument("--run", action="store_true", help="run each config and measure its slowdown here")
+    parser.add_argument("--json", metavar="FILE", help="also write the rows as JSON to FILE")
+    parser.set_defaults(func=cmd_report)
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from .eligibility_report import build_report, load_configs, render_table
+
+    configs = load_configs(args.source)
+    if not configs:
+        raise CommandError(f"{args.source}: no LSTM/GRU layer configs found")
+    rows = build_report(configs, _device(args.device, args.run), run=args.run)
+    print(render_table(rows))
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as handle:
+            json.dump([r.to_dict() for r in rows], handle, indent=2, default=str)
+    return 0
+
+
+# ------------------------------------------------------------------------------------------- entry point
+COMMANDS: list[Callable[[Any], None]] = [add_explain_command, add_report_command]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="lstmperf", description="pytest-lstmperf tools for LSTM/GRU layers")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for add in COMMANDS:
+        add(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from .explain import ExplainError
+    from .keras_layer import KerasOptionsError
+    from .spec import SpecError
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except (CommandError, ExplainError, KerasOptionsError, SpecError, ValueError) as exc:
+        print(f"lstmperf {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except Exception as exc:
+        name = type(exc).__name__
+        print(f"lstmperf {args.command}: {name}: {str(exc).splitlines()[0] if str(exc) else name}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
