@@ -76,6 +76,11 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if PAIR_FIXTURE in metafunc.fixturenames:
         names = options.resolve(config, "lstmperf_paths").value or sorted(registry.all_paths())
         pairs = [(a, b) for a in names for b in registry.get(a).pair_with if b in names]
+        if not pairs:
+            reason = "no two selected paths claim the same arithmetic (see ExecutionPath.pair_with)"
+            metafunc.parametrize(PAIR_FIXTURE, [pytest.param(None, marks=pytest.mark.skip(reason=reason))],
+                                 indirect=True, ids=["no-pair-selected"])
+            return
         ids = [f"{a}~{b}" for a, b in pairs]
         metafunc.parametrize(PAIR_FIXTURE, pairs, indirect=True, ids=ids)
 
@@ -86,7 +91,7 @@ def _item_paths(item: pytest.Item) -> list[str]:
         return []
     if PATH_FIXTURE in callspec.params:
         return [callspec.params[PATH_FIXTURE]]
-    if PAIR_FIXTURE in callspec.params:
+    if isinstance(callspec.params.get(PAIR_FIXTURE), tuple):
         return list(callspec.params[PAIR_FIXTURE])
     return []
 
