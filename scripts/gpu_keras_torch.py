@@ -177,8 +177,8 @@ def main() -> int:
             ms = row.get("ms_per_train_call")
             print(
                 f"{label:<46} | {row.get('predicted', '?'):<18} | {row.get('observed', '?'):<30} | "
-                f"{'yes' if row.get('match') else 'NO':<5} | {('%.1e' % err) if err is not None else 'n/a':>8} | "
-                f"{('%.2f' % ms) if ms is not None else '-'}" + (f"  [{row['error']}]" if row.get("error") else ""),
+                f"{'yes' if row.get('match') else 'NO':<5} | {f'{err:.1e}' if err is not None else 'n/a':>8} | "
+                f"{f'{ms:.2f}' if ms is not None else '-'}" + (f"  [{row['error']}]" if row.get("error") else ""),
                 flush=True,
             )
             rows.append(row)
