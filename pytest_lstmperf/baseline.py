@@ -173,7 +173,7 @@ def load(path: Path, record_hint: str = "") -> Baseline:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
-        what = "truncated" if exc.pos >= len(text.rstrip()) else "corrupt"
+        what = "truncated" if not text.rstrip().endswith(("}", "]")) else "corrupt"
         raise BaselineError(
             f"baseline {path} is {what}: not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})." + restore
         ) from None

@@ -45,8 +45,8 @@ GENERIC_FAMILIES = ("cuda-generic", "cpu-native")
 
 
 def _parse_threshold(raw: str) -> float:
-    value = parse_float(1.0, 100.0)(raw)
-    if value <= 1.0:
+    value = parse_float()(raw)
+    if not 1.0 < value < 100.0:
         raise ValueError(f"{raw!r} must be a ratio above 1.0 (e.g. 1.10: 10% slower counts)")
     return value
 

@@ -19,10 +19,8 @@ from pytest_lstmperf.bench_plugin import BenchCase, BenchRunner, bench_params
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "bench_case" in metafunc.fixturenames:
-        mode = metafunc.definition.get_closest_marker("lstmperf_mode")
-        params = bench_params(metafunc.config, "train" if metafunc.function.__name__ == "test_training" else "forward")
-        del mode
-        metafunc.parametrize("bench_case", params)
+        mode = "train" if metafunc.function.__name__ == "test_training" else "forward"
+        metafunc.parametrize("bench_case", bench_params(metafunc.config, mode))
 
 
 def test_inference(bench_case: BenchCase, lstmperf_benchmark: BenchRunner) -> None:

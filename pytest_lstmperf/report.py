@@ -1,0 +1,329 @@
+"""The speed report: a markdown and an HTML page with PNG plots (matplotlib, Agg backend).
+
+Written by ``--lstmperf-report=DIR`` at the end of a run, or from saved results::
+
+    python -m pytest_lstmperf.report OUTDIR results.json [more.json ...]
+
+where each file is pytest-benchmark JSON written by this plugin (``--benchmark-json``, a baseline file).
+Several files can be combined, e.g. a CPU run and a GPU run of the batch sweep, which draws the CPU/GPU
+crossover. Plots: time per call against batch size (crossover marked), sequence length and hidden size,
+one line per path and device; and baseline against now when a baseline was compared.
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+import json
+import sys
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+SWEEPS = (
+    ("batch", "batch", "batch size"),
+    ("seq", "seq_len", "sequence length"),
+    ("hidden", "hidden_size", "hidden size"),
+)
+
+
+def _fmt(value: float | None) -> str:
+    from .regression import format_seconds
+
+    return format_seconds(value)
+
+
+def _median(data: Sequence[float]) -> float | None:
+    values = sorted(x for x in data if x)
+    return values[len(values) // 2] if values else None
+
+
+def records_from_json(data: dict[str, Any]) -> list[dict[str, Any]]:
+    """Report records from a pytest-benchmark JSON document written with this plugin active."""
+    out = []
+    for bench in data.get("benchmarks", []):
+        extra = dict(bench.get("extra_info") or {})
+        if "path" not in extra:
+            continue
+        samples = list(bench.get("stats", {}).get("data") or [])
+        extra.setdefault("time_per_call_s", _median(samples) or bench.get("stats", {}).get("median"))
+        out.append({"fullname": bench["fullname"], "name": bench["name"], "extra_info": extra, "data": samples})
+    return out
+
+
+def _series(
+    records: Iterable[dict[str, Any]], sweep: str, field: str
+) -> dict[tuple[str, str], list[tuple[int, float]]]:
+    """(path, device kind) -> sorted (x, seconds) for forward records of ``sweep``."""
+    series: dict[tuple[str, str], dict[int, float]] = defaultdict(dict)
+    for record in records:
+        extra = record["extra_info"]
+        if sweep not in (extra.get("sweeps") or []) or extra.get("mode") != "forward":
+            continue
+        value = extra.get("time_per_call_s")
+        spec = extra.get("spec") or {}
+        if not value or field not in spec:
+            continue
+        kind = str(extra.get("device", "?")).split(":")[0]
+        series[(extra["path"], kind)][int(spec[field])] = float(value)
+    return {key: sorted(points.items()) for key, points in series.items() if points}
+
+
+def crossover(series: dict[tuple[str, str], list[tuple[int, float]]]) -> int | None:
+    """The smallest batch from which the fastest GPU path beats the fastest CPU path (None if never/unknown)."""
+    best: dict[str, dict[int, float]] = {"cpu": {}, "cuda": {}}
+    for (_, kind), points in series.items():
+        if kind not in best:
+            continue
+        for x, y in points:
+            best[kind][x] = min(y, best[kind].get(x, float("inf")))
+    common = sorted(set(best["cpu"]) & set(best["cuda"]))
+    if not common:
+        return None
+    for x in common:
+        if all(best["cuda"][z] < best["cpu"][z] for z in common if z >= x):
+            return x
+    return None
+
+
+def _plot_sweep(out: Path, records: list[dict[str, Any]], sweep: str, field: str, label: str) -> Path | None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    series = _series(records, sweep, field)
+    if not series:
+        return None
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for (path, kind), points in sorted(series.items()):
+        xs, ys = zip(*points, strict=True)
+        ax.plot(
+            xs, [y * 1e3 for y in ys], marker="o", label=f"{path} ({kind})", linestyle="-" if kind == "cuda" else "--"
+        )
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel(label)
+    ax.set_ylabel("time per call (ms)")
+    title = f"forward time vs {label}"
+    if sweep == "batch":
+        cross = crossover(series)
+        if cross is not None:
+            ax.axvline(cross, color="grey", linestyle=":")
+            ax.annotate(
+                f"GPU faster from batch {cross}",
+                (cross, ax.get_ylim()[1]),
+                fontsize=8,
+                xytext=(4, -12),
+                textcoords="offset points",
+            )
+            title += f" (CPU/GPU crossover at batch {cross})"
+        elif len({kind for _, kind in series}) < 2:
+            title += " (one device: run CPU and GPU and combine to see the crossover)"
+    ax.set_title(title, fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    target = out / f"time_vs_{sweep}.png"
+    fig.savefig(target, dpi=110)
+    plt.close(fig)
+    return target
+
+
+def _plot_baseline(out: Path, records: list[dict[str, Any]], baseline: list[dict[str, Any]]) -> Path | None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    then = {b["fullname"]: _median(b.get("stats", {}).get("data") or []) for b in baseline}
+    pairs = [
+        (r["name"], then[r["fullname"]], r["extra_info"].get("time_per_call_s"))
+        for r in records
+        if then.get(r["fullname"]) and r["extra_info"].get("time_per_call_s")
+    ]
+    if not pairs:
+        return None
+    pairs.sort()
+    fig, ax = plt.subplots(figsize=(9, max(3.0, 0.28 * len(pairs) + 1)))
+    ratios = [now / base for _, base, now in pairs]
+    colors = ["tab:red" if r >= 1.10 else "tab:green" if r <= 1 / 1.10 else "tab:grey" for r in ratios]
+    ax.barh(range(len(pairs)), ratios, color=colors)
+    ax.axvline(1.0, color="black", linewidth=0.8)
+    ax.set_yticks(range(len(pairs)))
+    ax.set_yticklabels([name.replace("test_", "") for name, _, _ in pairs], fontsize=6)
+    ax.set_xlabel("median now / median baseline")
+    ax.set_title("baseline vs now (red: slower past 1.10)", fontsize=10)
+    fig.tight_layout()
+    target = out / "baseline_vs_now.png"
+    fig.savefig(target, dpi=110)
+    plt.close(fig)
+    return target
+
+
+def _table(records: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
+    header = [
+        "mode",
+        "shape",
+        "path",
+        "device",
+        "per call",
+        "device time",
+        "host share",
+        "vs generic",
+        "kernel",
+        "GFLOP/s",
+        "% measured peak",
+    ]
+    rows = []
+    by_case: dict[tuple[str, str, str], list[dict[str, Any]]] = defaultdict(list)
+    for record in records:
+        extra = record["extra_info"]
+        by_case[(extra.get("mode", "?"), extra.get("shape", "?"), str(extra.get("device", "?")))].append(record)
+    for (mode, shape, device), group in sorted(by_case.items()):
+        generic = [
+            r["extra_info"]["time_per_call_s"]
+            for r in group
+            if r["extra_info"].get("expected_kernel") in ("cuda-generic", "cpu-native")
+            and r["extra_info"].get("time_per_call_s")
+        ]
+        for record in sorted(group, key=lambda r: r["extra_info"].get("path", "")):
+            extra = record["extra_info"]
+            per_call = extra.get("time_per_call_s")
+            host = extra.get("host_overhead")
+            flops = extra.get("flops_per_s")
+            frac = extra.get("peak_fraction")
+            rows.append(
+                [
+                    mode,
+                    shape,
+                    extra.get("path", "?"),
+                    device,
+                    _fmt(per_call),
+                    _fmt(extra.get("device_time_s")),
+                    "-" if host is None else f"{host:.0%}",
+                    f"{generic[0] / per_call:.2f}x" if generic and per_call else "-",
+                    f"{extra.get('kernel', '?')}/{extra.get('precision', '?')}",
+                    "-" if not flops else f"{flops / 1e9:.1f}",
+                    "-" if frac is None else f"{frac:.1%}",
+                ]
+            )
+    return header, rows
+
+
+def _md_table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c).replace("|", "\\|") for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _html_table(header: list[str], rows: list[list[str]]) -> str:
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>" for row in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def write_report(
+    out: Path,
+    records: list[dict[str, Any]],
+    baseline: list[dict[str, Any]] | None = None,
+    device: str = "",
+    gate: Any = None,
+) -> Path:
+    """Write ``index.md``, ``index.html`` and the PNG plots into ``out``; returns the HTML page's path."""
+    out.mkdir(parents=True, exist_ok=True)
+    records = [r for r in records if r.get("extra_info", {}).get("time_per_call_s")]
+    plots = [p for p in (_plot_sweep(out, records, s, f, label) for s, f, label in SWEEPS) if p is not None]
+    if baseline:
+        compared = _plot_baseline(out, records, baseline)
+        if compared is not None:
+            plots.append(compared)
+    header, rows = _table(records)
+    gate_rows: list[list[str]] = []
+    gate_header = ["test", "baseline", "now", "ratio", "p-value", "kernel then", "kernel now", "verdict"]
+    if gate is not None:
+        for d in gate.decisions:
+            gate_rows.append(
+                [
+                    d.name,
+                    _fmt(d.base_median),
+                    _fmt(d.now_median),
+                    "-" if d.ratio is None else f"{d.ratio:.3f}",
+                    "-" if d.pvalue is None else f"{d.pvalue:.2g}",
+                    d.kernel_then or "-",
+                    d.kernel_now or "-",
+                    d.verdict,
+                ]
+            )
+    title = "LSTM/GRU speed report"
+    md = [
+        f"# {title}",
+        "",
+        f"Device: {device or 'see the table'}",
+        "",
+        "## Benchmarks",
+        "",
+        "Time per call is host wall time around a synchronised call (what users wait for); device time is "
+        "CUDA-graph replay (or CUDA events, see notes); host share = 1 - device/per call; %peak is achieved "
+        "FLOP/s against a large matmul in the same precision measured on the same device.",
+        "",
+        _md_table(header, rows),
+        "",
+    ]
+    if gate_rows:
+        md += ["## Speed gate", "", f"{gate.summary()}", "", _md_table(gate_header, gate_rows), ""]
+    if plots:
+        md += ["## Plots", ""] + [f"![{p.stem}]({p.name})" for p in plots] + [""]
+    (out / "index.md").write_text("\n".join(md), encoding="utf-8")
+    body = [
+        f"<h1>{title}</h1>",
+        f"<p>Device: {html.escape(device or '-')}</p>",
+        "<h2>Benchmarks</h2>",
+        _html_table(header, rows),
+    ]
+    if gate_rows:
+        body += ["<h2>Speed gate</h2>", f"<p>{html.escape(gate.summary())}</p>", _html_table(gate_header, gate_rows)]
+    if plots:
+        body += ["<h2>Plots</h2>"] + [f'<p><img src="{p.name}" alt="{p.stem}"></p>' for p in plots]
+    style = (
+        "body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;font-size:12px}"
+        "td,th{border:1px solid #ccc;padding:2px 6px;text-align:left}img{max-width:100%}"
+    )
+    page = (
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{title}</title><style>{style}</style>"
+        f"</head><body>{''.join(body)}</body></html>"
+    )
+    target = out / "index.html"
+    target.write_text(page, encoding="utf-8")
+    return target
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pytest_lstmperf.report", description=__doc__.split("\n\n")[0])
+    parser.add_argument("out", type=Path, help="output folder")
+    parser.add_argument("results", nargs="+", type=Path, help="pytest-benchmark JSON files written by this plugin")
+    parser.add_argument("--baseline", type=Path, help="a baseline file to draw baseline vs now against")
+    args = parser.parse_args(argv)
+    records: list[dict[str, Any]] = []
+    devices = []
+    for path in args.results:
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            print(f"{path}: cannot read: {exc}", file=sys.stderr)
+            return 2
+        records += records_from_json(data)
+        fp = (data.get("lstmperf") or {}).get("device_key")
+        if fp:
+            devices.append(fp)
+    baseline = None
+    if args.baseline:
+        baseline = json.loads(args.baseline.read_text(encoding="utf-8")).get("benchmarks", [])
+    page = write_report(args.out, records, baseline, ", ".join(dict.fromkeys(devices)))
+    print(page)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

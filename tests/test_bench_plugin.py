@@ -1,0 +1,357 @@
+"""The speed gate end to end, in pytest subprocesses: baseline lifecycle, planted faults, bad files, xdist.
+
+The benchmark suite under test is the real ``suites/test_benchmarks.py``. So that verdicts do not depend on
+how busy the test machine is, the runs select one extra execution path, ``spin-onednn``: a real
+``torch.nn.LSTM`` on the CPU (so oneDNN runs and the kernel trace sees it) whose call also spins on the wall
+clock for a fixed time inside ``LSTM.forward``. Its time per call is then steady under load, and the
+planted slowdown (which times ``LSTM.forward``) scales it like any real layer.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pytest_lstmperf import bench_plugin, shapes, timing
+
+pytest_plugins = ["pytester"]
+
+SUITE = Path(__file__).resolve().parents[1] / "suites" / "test_benchmarks.py"
+
+SPIN_MODULE = """
+import os
+import time
+
+import torch
+
+from pytest_lstmperf import paths as registry
+from pytest_lstmperf.paths import ExecutionPath
+from pytest_lstmperf.trace import torch_trace
+
+SPIN_S = float(os.environ.get("SPIN_MS", "3")) / 1000
+
+
+class SpinLSTM(torch.nn.LSTM):
+    def check_forward_args(self, *args, **kwargs):  # called inside LSTM.forward
+        deadline = time.perf_counter() + SPIN_S
+        while time.perf_counter() < deadline:
+            pass
+        return super().check_forward_args(*args, **kwargs)
+
+
+class SpinRun:
+    def __init__(self, spec):
+        torch.set_num_threads(1)
+        self.module = SpinLSTM(spec.input_size, spec.hidden_size, batch_first=True)
+        self.x = torch.randn(spec.batch, spec.seq_len, spec.input_size)
+
+    def forward(self):
+        with torch.no_grad():
+            return self.module(self.x)
+
+    def train_step(self):
+        out, _ = self.module(self.x)
+        out.sum().backward()
+        return out
+
+    def synchronize(self):
+        pass
+
+    def trace_forward(self):
+        with torch_trace("cpu", "forward") as trace:
+            self.forward()
+        return trace[0]
+
+
+def prepare(path, case, device):
+    return SpinRun(case.spec)
+
+
+def available(path, device):
+    return None
+
+
+def supports(path, spec):
+    if spec.cell == "lstm" and spec.length_mode == "none" and spec.input_size == 32:
+        return None
+    return "spin path: the small CPU LSTM shapes only"
+
+
+registry.all_paths()
+if "spin-onednn" not in registry.REGISTRY:
+    registry.register(ExecutionPath(
+        name="spin-onednn", framework="torch", device="cpu", kernel="onednn", precision="fp32",
+        description="nn.LSTM on oneDNN plus a fixed spin", prepare_ref="spinpath:prepare",
+        available_ref="spinpath:available", supports_ref="spinpath:supports",
+    ))
+"""
+
+BASE_ARGS = ["-p", "no:cacheprovider", "--device=cpu", "--lstmperf-paths=spin-onednn", "-p", "no:randomly"]
+
+
+@pytest.fixture
+def gate(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch):
+    """A project with the real benchmark suite and the spin path; returns a runner."""
+    pytester.makepyfile(spinpath=SPIN_MODULE)
+    pytester.makeconftest("import spinpath  # noqa: F401 - registers the spin path\n")
+    pytester.makepyfile(test_benchmarks=SUITE.read_text())
+    monkeypatch.delenv("PYTEST_ADDOPTS", raising=False)
+    for name in ("PYTEST_LSTMPERF_PLANT", "PYTEST_LSTMPERF_DEVICE", "PYTEST_LSTMPERF_PATHS"):
+        monkeypatch.delenv(name, raising=False)
+
+    def run(*args: str) -> pytest.RunResult:
+        return pytester.runpytest_subprocess(*BASE_ARGS, *args, timeout=300)
+
+    run.path = pytester.path  # type: ignore[attr-defined]
+    return run
+
+
+def _baseline_files(root: Path) -> list[Path]:
+    return sorted((root / "baselines").glob("*.json"))
+
+
+def test_lifecycle_record_compare_regress_update(gate) -> None:
+    root = gate.path
+    # 1. nothing recorded yet: comparing is a usage error that names the recording command
+    result = gate("--benchmark-compare")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(
+        ["*no baseline for this device*is missing*Record one with: pytest *--lstmperf-save-baseline*"]
+    )
+    # 2. record
+    result = gate("--lstmperf-save-baseline")
+    assert result.ret == 0, result.stdout.str()
+    result.stdout.fnmatch_lines(["*baseline *.json created: 3 recorded*"])
+    (path,) = _baseline_files(root)
+    data = json.loads(path.read_text())
+    assert data["lstmperf"]["format"] == 1 and data["lstmperf"]["comparable"]["kind"] == "cpu"
+    assert len(data["benchmarks"]) == 3
+    bench = data["benchmarks"][0]
+    assert len(bench["stats"]["data"]) >= 15 and bench["extra_info"]["kernel"] == "onednn"
+    assert {"commit", "date", "machine"} <= set(bench["recorded"])
+    before = path.read_bytes()
+    # 3. recording again never overwrites silently
+    result = gate("--lstmperf-save-baseline")
+    assert result.ret == 0
+    result.stdout.fnmatch_lines(["*unchanged*3 kept (already in the baseline; --lstmperf-update-baseline*"])
+    assert path.read_bytes() == before
+    # 4. clean reruns pass
+    for _ in range(2):
+        result = gate("--benchmark-compare")
+        assert result.ret == 0, result.stdout.str()
+        result.stdout.fnmatch_lines(["*speed gate against*3 unchanged*", "*speed gate passed*"])
+    # 5. a planted 1.25x slowdown fails the session with the table
+    result = gate("--benchmark-compare", "-p", "pytest_lstmperf.testing.faults", "--lstmperf-plant=slowdown:1.25")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED, result.stdout.str()
+    result.stdout.fnmatch_lines(
+        [
+            "*speed gate against*3 regressed*",
+            "test*baseline*now*ratio*p-value*kernel then*kernel now*verdict*",
+            "*test_inference*spin-onednn-lstm-I32-H64-L1-B1-T20*1.2*onednn/fp32*onednn/fp32*regressed*",
+            "*SPEED GATE FAILED: 3 regression(s)*--lstmperf-update-baseline*",
+        ]
+    )
+    assert "3 passed" in result.stdout.str()  # the tests pass; the session fails
+    # 6. a planted fallback fails the benchmarks at once, naming both kernels
+    result = gate("--benchmark-compare", "-p", "pytest_lstmperf.testing.faults", "--lstmperf-plant=onednn-off")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines(
+        [
+            "*spin-onednn: expected kernel onednn/fp32, observed cpu-native/fp32*",
+            "*3 kernel-changed*",
+        ]
+    )
+    # 7. update replaces the entries
+    result = gate("--lstmperf-update-baseline")
+    assert result.ret == 0
+    result.stdout.fnmatch_lines(["*baseline *.json written: 3 updated*"])
+    assert path.read_bytes() != before
+
+
+def test_per_test_threshold_marker_and_compare_fail(gate) -> None:
+    assert gate("--lstmperf-save-baseline").ret == 0
+    gate.path.joinpath("conftest.py").write_text(
+        "import pytest\nimport spinpath  # noqa: F401\n\n"
+        "def pytest_collection_modifyitems(items):\n"
+        "    for item in items:\n"
+        "        if 'B1-' in item.name:\n"
+        "            item.add_marker(pytest.mark.lstmperf_threshold(1.6))\n"
+    )
+    result = gate(
+        "--benchmark-compare",
+        "-p",
+        "pytest_lstmperf.testing.faults",
+        "--lstmperf-plant=slowdown:1.3",
+        "-k",
+        "test_inference",
+    )
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines(["*speed gate against*1 regressed, 1 unchanged*"])
+    # pytest-benchmark's own check reads the device baseline too
+    result = gate(
+        "--benchmark-compare",
+        "--benchmark-compare-fail=median:5%",
+        "-p",
+        "pytest_lstmperf.testing.faults",
+        "--lstmperf-plant=slowdown:1.5",
+        "-k",
+        "test_inference",
+    )
+    assert result.ret != 0
+    assert "Performance has regressed" in result.stdout.str() + result.stderr.str()
+
+
+def test_bad_baseline_files(gate) -> None:
+    assert gate("--lstmperf-save-baseline").ret == 0
+    (path,) = _baseline_files(gate.path)
+    good = path.read_text()
+    # truncated
+    path.write_text(good[: len(good) // 2])
+    result = gate("--benchmark-compare")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*is truncated: not valid JSON*git checkout*"])
+    result = gate("--lstmperf-save-baseline")
+    assert result.ret != 0
+    result.stdout.fnmatch_lines(["*ERROR: not recording:*truncated*"])
+    assert path.read_text() == good[: len(good) // 2]  # nothing overwritten
+    # older format
+    data = json.loads(good)
+    data["lstmperf"]["format"] = 0
+    path.write_text(json.dumps(data))
+    gate("--benchmark-compare").stderr.fnmatch_lines(["*older format 0*--lstmperf-update-baseline*"])
+    # another device's file, named explicitly
+    data = json.loads(good)
+    data["lstmperf"]["comparable"]["cpu"] = "Some Other CPU"
+    other = gate.path / "other.json"
+    other.write_text(json.dumps(data))
+    path.write_text(good)
+    result = gate(f"--benchmark-compare={other}")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(
+        ["*refusing to compare against a baseline of another device: cpu Some Other CPU (baseline) vs * (this device)*"]
+    )
+    # the missing folder is named
+    result = gate("--benchmark-compare", "--lstmperf-baselines=nowhere")
+    result.stderr.fnmatch_lines(["*no baseline for this device*(the folder nowhere does not exist)*"])
+
+
+def test_xdist_records_every_benchmark(gate) -> None:
+    result = gate("-n", "2", "--lstmperf-save-baseline")
+    assert result.ret == 0, result.stdout.str()
+    result.stdout.fnmatch_lines(["*recorded under pytest-xdist*", "*3 recorded*"])
+    (path,) = _baseline_files(gate.path)
+    data = json.loads(path.read_text())
+    assert len(data["benchmarks"]) == 3
+    assert all(len(b["stats"]["data"]) >= 15 for b in data["benchmarks"])
+    result = gate("-n", "2", "--benchmark-compare")
+    assert result.ret == 0, result.stdout.str()
+    result.stdout.fnmatch_lines(["*speed gate against*3 unchanged*"])
+
+
+def test_report_and_summary(gate) -> None:
+    result = gate("--lstmperf-report=report", "--benchmark-json=out.json")
+    assert result.ret == 0
+    result.stdout.fnmatch_lines(
+        [
+            "*lstmperf speed*",
+            "mode*shape*path*per call*device*host*vs generic*kernel*%peak*",
+            "forward*lstm-I32-H64-L1-B1-T20*spin-onednn*onednn/fp32*",
+            "*speed report written to *index.html*",
+        ]
+    )
+    assert {p.name for p in (gate.path / "report").iterdir()} >= {"index.md", "index.html", "time_vs_batch.png"}
+    data = json.loads((gate.path / "out.json").read_text())
+    assert data["lstmperf"]["comparable"]["kind"] == "cpu"
+    extra = data["benchmarks"][0]["extra_info"]
+    assert {"kernel", "precision", "expected_kernel", "time_per_call_s", "flops_per_s", "peak_fraction"} <= set(extra)
+
+
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        ("--lstmperf-threshold=0.9", "*--lstmperf-threshold=0.9*must be a ratio above 1.0*"),
+        ("--lstmperf-pvalue=2", "*--lstmperf-pvalue=2*out of range*"),
+        ("--lstmperf-bench-set=huge", "*--lstmperf-bench-set=huge*valid: gate, thorough*"),
+        ("--lstmperf-plant=melt", "*unknown fault 'melt' (valid: cudnn-off, onednn-off*"),
+    ],
+)
+def test_bad_values_are_usage_errors(gate, option: str, message: str) -> None:
+    result = gate("-p", "pytest_lstmperf.testing.faults", option)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines([message])
+
+
+def test_help_lists_the_gate_options(pytester: pytest.Pytester) -> None:
+    result = pytester.runpytest_subprocess("--help")
+    result.stdout.fnmatch_lines(
+        [
+            "*--lstmperf-bench-set=SET*",
+            "*--lstmperf-threshold=RATIO*",
+            "*--lstmperf-save-baseline*",
+            "*--lstmperf-update-baseline*",
+        ]
+    )
+
+
+# ------------------------------------------------------------------------------------ pure parts, in process
+def test_round_plan_bounds() -> None:
+    plan = timing.RoundPlan(min_rounds=15, max_rounds=60, target_s=0.5)
+    assert plan.rounds_for(1.0) == 15 and plan.rounds_for(1e-6) == 60 and plan.rounds_for(0.02) == 25
+    assert plan.rounds_for(0.0) == 15
+
+
+def test_throttle_flags_from_clock_samples() -> None:
+    samples = [(0.0, 1980.0), (1.0, 1980.0), (2.0, 1200.0), (3.0, 1980.0)]
+    windows = [(0.1, 0.9), (1.9, 2.1), (2.5, 2.6)]
+    clocks = timing.clocks_for_windows(samples, windows)
+    assert clocks == [1980.0, 1200.0, 1200.0]
+    assert timing.throttled_flags(clocks, 1980.0) == [False, True, True]
+    assert timing.throttled_flags(clocks, None) == [False, False, False]
+
+
+def test_cpu_device_time_and_clock_degrade_with_reasons() -> None:
+    dev = timing.device_time(lambda: None, "cpu")
+    assert dev.method == "host" and dev.median is None and "CPU" in dev.note
+    sampler = timing.ClockSampler("cpu").start()
+    assert not sampler.active and sampler.reason == "no GPU clock on the CPU"
+    assert timing.host_overhead(2e-3, 5e-4) == pytest.approx(0.75)
+
+
+def test_measured_peak_on_cpu() -> None:
+    peak = timing.measured_peak_flops("cpu", "fp32")
+    assert peak is not None and peak > 1e8
+
+
+def test_shape_sets() -> None:
+    gate_cpu = shapes.bench_set("gate", "cpu")
+    assert any(s.spec.batch == 1 for s in gate_cpu)
+    thorough = shapes.bench_set("thorough", "cuda")
+    specs = {s.spec for s in thorough}
+    assert shapes._lstm(1024, 1024, 64, 25) in specs and shapes._lstm(256, 256, 2, 150) in specs
+    batches = sorted(s.spec.batch for s in thorough if "batch" in s.sweeps)
+    assert batches[0] == 1 and batches[-1] == 1024
+    assert {"hidden", "seq", "deepbench-train", "deepbench-infer"} <= {w for s in thorough for w in s.sweeps}
+    assert len(specs) == len(thorough)
+    with pytest.raises(ValueError, match="valid: gate, thorough"):
+        shapes.bench_set("all", "cpu")
+
+
+def test_summary_lines_speedup_over_generic() -> None:
+    def rec(path: str, kernel: str, t: float) -> dict:
+        extra = {
+            "mode": "forward",
+            "shape": "s",
+            "path": path,
+            "expected_kernel": kernel,
+            "kernel": kernel,
+            "precision": "fp32",
+            "time_per_call_s": t,
+            "device_time_s": t / 4,
+            "host_overhead": 0.75,
+        }
+        return {"name": path, "extra_info": extra}
+
+    lines = bench_plugin.summary_lines([rec("a-cudnn", "cudnn", 1e-3), rec("a-generic", "cuda-generic", 3e-3)])
+    assert "3.00x" in lines[2] and "75%" in lines[2] and "1.00x" in lines[3]

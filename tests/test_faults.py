@@ -1,0 +1,174 @@
+"""The planted faults do what they claim, undo cleanly, and reject bad specifications."""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import pytest
+
+from pytest_lstmperf.testing import faults
+
+torch = pytest.importorskip("torch")
+
+
+def test_parse() -> None:
+    assert [str(f) for f in faults.parse_faults("cudnn-off, slowdown:1.25,perturb:1e-3")] == [
+        "cudnn-off",
+        "slowdown:1.25",
+        "perturb:0.001",
+    ]
+    for bad, message in [
+        ("melt", "unknown fault 'melt'"),
+        ("slowdown", "needs a number"),
+        ("slowdown:0.5", "must be >= 1"),
+        ("cudnn-off:1", "takes no value"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            faults.parse_faults(bad)
+
+
+def test_switches_are_turned_off_and_restored() -> None:
+    before = (torch.backends.cudnn.enabled, torch.backends.mkldnn.enabled)
+    with faults.planted("cudnn-off,onednn-off"):
+        assert not torch.backends.cudnn.enabled and not torch.backends.mkldnn.enabled
+    assert (torch.backends.cudnn.enabled, torch.backends.mkldnn.enabled) == before
+
+
+def test_onednn_off_changes_the_observed_kernel() -> None:
+    from pytest_lstmperf.trace import torch_trace
+
+    lstm = torch.nn.LSTM(8, 16, batch_first=True)
+    x = torch.randn(2, 5, 8)
+
+    def family() -> str:
+        with torch.no_grad(), torch_trace("cpu", "forward") as trace:
+            lstm(x)
+        return trace[0].family
+
+    if family() != "onednn":
+        pytest.skip("this torch build does not run LSTM on oneDNN")
+    with faults.planted("onednn-off"):
+        assert family() == "cpu-native"
+    assert family() == "onednn"
+
+
+@pytest.mark.parametrize("cls", ["LSTM", "GRU"])
+def test_perturb_scales_outputs_and_gradients(cls: str) -> None:
+    layer = getattr(torch.nn, cls)(4, 6, batch_first=True)
+    x = torch.randn(3, 5, 4)
+    out, state = layer(x)
+    with faults.planted("perturb:1e-3"):
+        out2, state2 = layer(x)
+    torch.testing.assert_close(out2, out * 1.001)
+    states = state if isinstance(state, tuple) else (state,)
+    states2 = state2 if isinstance(state2, tuple) else (state2,)
+    for a, b in zip(states, states2, strict=True):
+        torch.testing.assert_close(b, a * 1.001)
+    out3, _ = layer(x)
+    torch.testing.assert_close(out3, out)  # undone
+
+
+def test_perturb_packed_sequence() -> None:
+    from torch.nn.utils.rnn import pack_padded_sequence
+
+    layer = torch.nn.LSTM(4, 6, batch_first=True)
+    packed = pack_padded_sequence(torch.randn(3, 5, 4), [5, 3, 2], batch_first=True)
+    out, _ = layer(packed)
+    with faults.planted("perturb:0.5"):
+        out2, _ = layer(packed)
+    torch.testing.assert_close(out2.data, out.data * 1.5)
+
+
+def test_wrong_precision_makes_autocast_a_no_op() -> None:
+    a = torch.randn(8, 8)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert torch.mm(a, a).dtype == torch.bfloat16
+    with faults.planted("wrong-precision"), torch.autocast("cpu", dtype=torch.bfloat16):
+        assert torch.mm(a, a).dtype == torch.float32
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert torch.mm(a, a).dtype == torch.bfloat16
+
+
+def _median_call(fn, repeats: int = 15) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+class _Slow(torch.nn.LSTM):
+    """An LSTM whose forward takes a steady 4 ms (spinning), so the ratio is measurable on a busy machine."""
+
+    def check_forward_args(self, *args, **kwargs):
+        deadline = time.perf_counter() + 0.004
+        while time.perf_counter() < deadline:
+            pass
+        return super().check_forward_args(*args, **kwargs)
+
+
+@pytest.fixture
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_slowdown_scales_forward_time(one_thread: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The wait is (F - 1) x the measured forward time: checked on the requested waits, not on wall
+    time, so that a busy test machine cannot make it flaky."""
+    layer = _Slow(8, 16, batch_first=True)
+    x = torch.randn(2, 5, 8)
+    waits: list[float] = []
+    real_pause = faults.pause
+    monkeypatch.setattr(faults, "pause", lambda s: (waits.append(s), real_pause(s)))
+    with faults.planted("slowdown:1.5"):
+        start = time.perf_counter()
+        with torch.no_grad():
+            layer(x)
+        total = time.perf_counter() - start
+    assert len(waits) == 1
+    # the forward spins 4 ms, so the wait is at least 2 ms, and at most half of the unslowed part of the call
+    assert 0.002 <= waits[0] <= (total - waits[0]) * 0.5 + 1e-4
+    with torch.no_grad():
+        layer(x)
+    assert len(waits) == 1  # undone
+
+
+def test_slowdown_measured_on_a_steady_layer(one_thread: None) -> None:
+    layer = _Slow(8, 16, batch_first=True)
+    x = torch.randn(2, 5, 8)
+
+    def call() -> None:
+        with torch.no_grad():
+            layer(x)
+
+    clean = _median_call(call)
+    with faults.planted("slowdown:2"):
+        slow = _median_call(call)
+    assert slow / clean > 1.3, (clean, slow)  # nominally 2; loose for busy machines
+
+
+def test_slowdown_slows_backward_and_keeps_gradients() -> None:
+    layer = torch.nn.LSTM(8, 16, batch_first=True)
+    x = torch.randn(2, 5, 8)
+    out, _ = layer(x)
+    out.sum().backward()
+    clean_grad = layer.weight_ih_l0.grad.clone()
+    layer.zero_grad()
+    with faults.planted("slowdown:1.25"):
+        out, _ = layer(x)
+        box = layer.__dict__["_lstmperf_slowdown_box"]
+        out.sum().backward()
+        assert "handle" in box and "start" not in box  # the backward stamp was taken and consumed
+    torch.testing.assert_close(layer.weight_ih_l0.grad, clean_grad)
+
+
+def test_pause_is_accurate_for_short_waits() -> None:
+    start = time.perf_counter()
+    faults.pause(0.0003)
+    assert 0.0003 <= time.perf_counter() - start < 0.005
