@@ -526,20 +526,17 @@ def kernel_mismatch(path: ExecutionPath, trace: Any) -> str:
 
 
 def _explanation(path: ExecutionPath, spec: Any, device: Any, trace: Any) -> str:
-    """The explainer's reasons, when a ``pytest_lstmperf.explain`` module provides them."""
+    """The explainer's prediction and reasons (``pytest_lstmperf.explain``), when it is there and can judge."""
     try:
-        from . import explain  # type: ignore[attr-defined]
+        from .explain import explain
     except ImportError:
         return ""
+    framework = "torch" if path.framework == "torch" else path.framework
     try:
-        reasons = explain.explain(path=path, spec=spec, device=device, trace=trace)
-    except Exception as exc:
-        return f"\n(explainer failed: {type(exc).__name__}: {exc})"
-    if not reasons:
-        return ""
-    if isinstance(reasons, str):
-        reasons = [reasons]
-    return "\nwhy: " + "; ".join(str(r) for r in reasons)
+        verdict = explain(spec, framework, device.kind)
+        return "\nexplainer: " + verdict.describe()
+    except Exception as exc:  # noqa: BLE001 - an explainer failure must not hide the mismatch
+        return f"\nexplainer: cannot judge {spec.short()}: {type(exc).__name__}: {exc}"
 
 
 def _plain(value: Any) -> Any:

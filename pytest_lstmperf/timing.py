@@ -13,7 +13,7 @@
   once per session (:func:`measured_peak_flops`).
 * **SM clock**: :class:`ClockSampler` polls the SM clock in a background thread through NVML
   (``pynvml``, from the nvidia-ml-py package) or, without it, a streaming
-  ``nvidia-smi --query-gpu=clocks.sm,clocks.max.sm --format=csv,noheader,nounits -lms N``; a round is flagged
+  ``nvidia-smi --query-gpu=clocks.sm,clocks.max.sm --format=csv,noheader,nounits --loop-ms=N``; a round is flagged
   as throttled when the clock sampled during it fell below 75% of the maximum SM clock (nvbench's rule).
   Neither available, or a CPU run: no flags, and the reason is recorded.
 
@@ -292,7 +292,7 @@ class ClockSampler:
             target,
             "--query-gpu=clocks.sm,clocks.max.sm",
             "--format=csv,noheader,nounits",
-            f"-lms={interval_ms}",
+            f"--loop-ms={interval_ms}",
         ]
         probe = subprocess.run(cmd[:-1], capture_output=True, text=True, timeout=15)
         if probe.returncode != 0 and ident.get("uuid"):
