@@ -93,6 +93,7 @@ def check_against(
     precision: str,
     *,
     pairwise_with: str | None = None,
+    kernels: tuple[str | None, str | None] = (None, None),
 ) -> tuple[list[Mismatch], dict[str, float]]:
     """Every tensor of ``result`` against ``reference`` (the float64 reference, or another path).
 
@@ -116,7 +117,10 @@ def check_against(
             continue
         err = relative_error(value, ref)
         errors[quantity] = err
-        tol = (pairwise_tolerance if pairwise_with else tolerance)(precision, pass_, spec)
+        if pairwise_with:
+            tol = pairwise_tolerance(precision, pass_, spec, kernels)
+        else:
+            tol = tolerance(precision, pass_, spec, kernels[0])
         if not np.isfinite(err) or err > tol.rel:
             against = f"path {pairwise_with}" if pairwise_with else "the float64 reference"
             worst = np.unravel_index(int(np.argmax(np.abs(value - ref))), value.shape) if value.size else ()

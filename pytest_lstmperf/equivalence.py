@@ -73,7 +73,7 @@ def verify_path(
     mismatches += check_finite(result, spec)
     errors: dict[str, float] = {}
     if numbers:
-        found, errors = check_against(result, run_reference(case), spec, expected[1])
+        found, errors = check_against(result, run_reference(case), spec, expected[1], kernels=(expected[0], None))
         mismatches += found
     if mismatches:
         raise _fail(path.name, spec, session.seed, mismatches)  # type: ignore[attr-defined]
@@ -86,9 +86,11 @@ def verify_pair(pair: tuple[object, object], spec: LayerSpec, session: LstmPerfS
     first, second = pair
     _, a = _run(first, spec, session)
     _, b = _run(second, spec, session)
-    precision = first.expected(spec)[1]  # type: ignore[attr-defined]
+    kernel, precision = first.expected(spec)  # type: ignore[attr-defined]
     mismatches = check_finite(a, spec) + check_finite(b, spec)
-    found, errors = check_against(a, b, spec, precision, pairwise_with=second.name)  # type: ignore[attr-defined]
+    found, errors = check_against(
+        a, b, spec, precision, pairwise_with=second.name, kernels=(kernel, second.expected(spec)[0])  # type: ignore[attr-defined]
+    )
     mismatches += found
     if mismatches:
         raise _fail(f"{first.name}~{second.name}", spec, session.seed, mismatches)  # type: ignore[attr-defined]

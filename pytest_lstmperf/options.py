@@ -166,6 +166,15 @@ def add_options(parser: pytest.Parser, names: list[str] | None = None) -> None:
         parser.addini(setting.ini, help=setting.help, default=None)
 
 
+def is_added(config: pytest.Config, name: str) -> bool:
+    """Whether the setting's ini key was declared in this run (its module's options were added)."""
+    try:
+        config.getini(SETTINGS[name].ini)
+    except ValueError:
+        return False
+    return True
+
+
 def resolve(config: pytest.Config, name: str) -> Resolved:
     """The value of one setting and where it came from; raises pytest.UsageError on a bad value."""
     setting = SETTINGS[name]

@@ -13,7 +13,7 @@ import os
 import pytest
 
 from . import options
-from .session import SESSION_KEY, TALLY_KEY, LstmPerfSession, RunTally
+from .session import SESSION_KEY, TALLY_KEY, LstmPerfSession, RunTally, ensure_session
 
 pytest_plugins = [
     name
@@ -51,10 +51,7 @@ def _explicit(config: pytest.Config) -> bool:
     return False
 
 
-def _ensure_session(config: pytest.Config) -> LstmPerfSession:
-    if SESSION_KEY not in config.stash:
-        config.stash[SESSION_KEY] = LstmPerfSession.from_config(config)
-    return config.stash[SESSION_KEY]
+_ensure_session = ensure_session
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -30,7 +30,7 @@ class Finding:
     message: str
 
 
-@dataclass
+@dataclass(eq=False)  # registered as a plugin: must stay hashable
 class RunTally:
     """Outcomes, kernels seen and findings per path, gathered from test reports (so it works under xdist,
     where the reports of the workers reach the controller)."""
@@ -130,7 +130,7 @@ class LstmPerfSession:
         from . import paths as registry
         from .device import DeviceError, resolve_device
 
-        settings = {name: options.resolve(config, name) for name in options.SETTINGS}
+        settings = {name: options.resolve(config, name) for name in options.SETTINGS if options.is_added(config, name)}
         dev = settings["lstmperf_device"]
         try:
             device = resolve_device(dev.value, dev.source)
@@ -152,6 +152,13 @@ class LstmPerfSession:
 
 
 SESSION_KEY = pytest.StashKey[LstmPerfSession]()
+
+
+def ensure_session(config: pytest.Config) -> LstmPerfSession:
+    """The run's session, created (device resolved, paths selected) on first use."""
+    if SESSION_KEY not in config.stash:
+        config.stash[SESSION_KEY] = LstmPerfSession.from_config(config)
+    return config.stash[SESSION_KEY]
 
 
 def get_session(config: pytest.Config) -> LstmPerfSession:

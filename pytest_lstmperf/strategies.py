@@ -103,18 +103,18 @@ def specs(
         initial_state=draw(st.booleans()),
         reset_after=draw(st.sampled_from(reset_after)) if cell == "gru" else True,
     )
-    if not bounds.fits(spec):
-        # shrink the batch and sequence until the example fits, rather than rejecting it
-        while not bounds.fits(spec) and (spec.batch > 1 or spec.seq_len > 1):
-            if spec.seq_len >= spec.batch and spec.seq_len > 1:
-                t = spec.seq_len // 2
-                lens = None if spec.lengths is None else tuple(min(n, t) for n in spec.lengths)
-                spec = spec.replace(seq_len=t, lengths=lens)
-            else:
-                b = spec.batch // 2
-                spec = spec.replace(batch=b, lengths=None if spec.lengths is None else spec.lengths[:b])
-            if spec.lengths is not None and max(spec.lengths) != spec.seq_len:
-                spec = spec.replace(lengths=(spec.seq_len,) + spec.lengths[1:])
+    # shrink the batch and sequence until the example fits, rather than rejecting it
+    while not bounds.fits(spec) and (spec.batch > 1 or spec.seq_len > 1):
+        t, b = spec.seq_len, spec.batch
+        if t >= b and t > 1:
+            t //= 2
+        else:
+            b //= 2
+        lens = None
+        if spec.lengths is not None:
+            lens = [min(n, t) for n in spec.lengths[:b]]
+            lens[0] = t  # the longest sequence defines seq_len
+        spec = spec.replace(seq_len=t, batch=b, lengths=None if lens is None else tuple(lens))
     return spec
 
 
