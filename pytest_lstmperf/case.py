@@ -101,9 +101,7 @@ def make_case(spec: LayerSpec, seed: int = 0) -> Case:
     rng = np.random.default_rng([seed, 0x157])
     dtype = spec.dtype
     bound = 1.0 / np.sqrt(spec.hidden_size)
-    weights = {
-        name: round_to_dtype(_uniform(rng, shape, bound), dtype) for name, shape in param_shapes(spec).items()
-    }
+    weights = {name: round_to_dtype(_uniform(rng, shape, bound), dtype) for name, shape in param_shapes(spec).items()}
     b, t = spec.batch, spec.seq_len
     x = round_to_dtype(rng.standard_normal((b, t, spec.input_size)), dtype)
     states = spec.num_layers * spec.directions

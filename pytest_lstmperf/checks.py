@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .spec import LayerSpec
-from .tolerance import Tolerance, pairwise_tolerance, tolerance
+from .tolerance import pairwise_tolerance, tolerance
 
 
 @dataclass(frozen=True)
@@ -34,6 +34,11 @@ def relative_error(value: np.ndarray, reference: np.ndarray) -> float:
     return diff / norm if norm > 0 else diff
 
 
+#: a claimed precision is met by these observed ones: "tf32" means TF32 math is *allowed*; where the library
+#: picks full fp32 kernels for a shape (small layers, persistent kernels) the pass is more precise, not less
+SATISFIES = {"tf32": ("tf32", "fp32")}
+
+
 def check_trace(expected: tuple[str, str], trace: object | None, pass_: str) -> list[Mismatch]:
     """The observed kernel family and precision of one pass against the path's claim for the spec."""
     if trace is None:
@@ -51,7 +56,7 @@ def check_trace(expected: tuple[str, str], trace: object | None, pass_: str) -> 
                 f"(ops seen: {ops}; GPU kernels seen: {kernels})",
             )
         )
-    if trace.precision != expected_precision:  # type: ignore[attr-defined]
+    if trace.precision not in SATISFIES.get(expected_precision, (expected_precision,)):  # type: ignore[attr-defined]
         found.append(
             Mismatch(
                 "precision",
@@ -75,7 +80,7 @@ def _quantities(result: object, spec: LayerSpec) -> Iterable[tuple[str, str, np.
 
 def check_finite(result: object, spec: LayerSpec) -> list[Mismatch]:
     found = []
-    for pass_, quantity, value in _quantities(result, spec):
+    for _, quantity, value in _quantities(result, spec):
         if value is None:
             continue
         bad = ~np.isfinite(value)
@@ -93,7 +98,6 @@ def check_against(
     precision: str,
     *,
     pairwise_with: str | None = None,
-    kernels: tuple[str | None, str | None] = (None, None),
 ) -> tuple[list[Mismatch], dict[str, float]]:
     """Every tensor of ``result`` against ``reference`` (the float64 reference, or another path).
 
@@ -108,19 +112,15 @@ def check_against(
     for pass_, quantity, value in _quantities(result, spec):
         ref = ref_values.get(quantity)
         if value is None or ref is None:
-            if pass_ == "forward" or compared_grads:
-                if value is None and ref is not None:
-                    found.append(Mismatch("missing", quantity, f"{quantity}: the path returned none"))
+            if (pass_ == "forward" or compared_grads) and value is None and ref is not None:
+                found.append(Mismatch("missing", quantity, f"{quantity}: the path returned none"))
             continue
         if value.shape != ref.shape:
             found.append(Mismatch("tolerance", quantity, f"{quantity}: shape {value.shape} vs {ref.shape}"))
             continue
         err = relative_error(value, ref)
         errors[quantity] = err
-        if pairwise_with:
-            tol = pairwise_tolerance(precision, pass_, spec, kernels)
-        else:
-            tol = tolerance(precision, pass_, spec, kernels[0])
+        tol = (pairwise_tolerance if pairwise_with else tolerance)(precision, pass_, spec)
         if not np.isfinite(err) or err > tol.rel:
             against = f"path {pairwise_with}" if pairwise_with else "the float64 reference"
             worst = np.unravel_index(int(np.argmax(np.abs(value - ref))), value.shape) if value.size else ()

@@ -38,10 +38,20 @@ class DeviceInfo:
         """A file-name-safe key of what makes timings on this device comparable."""
         fp = self.fingerprint
         if self.kind == "cuda":
-            parts = [fp.get("gpu", "gpu"), f"cc{fp.get('capability', '')}", f"cuda{fp.get('cuda', '')}",
-                     f"cudnn{fp.get('cudnn', '')}", f"torch{fp.get('torch', '')}"]
+            parts = [
+                fp.get("gpu", "gpu"),
+                f"cc{fp.get('capability', '')}",
+                f"cuda{fp.get('cuda', '')}",
+                f"cudnn{fp.get('cudnn', '')}",
+                f"torch{fp.get('torch', '')}",
+            ]
         else:
-            parts = ["cpu", fp.get("cpu", platform.machine()), f"{fp.get('threads', '')}t", f"torch{fp.get('torch', '')}"]
+            parts = [
+                "cpu",
+                fp.get("cpu", platform.machine()),
+                f"{fp.get('threads', '')}t",
+                f"torch{fp.get('torch', '')}",
+            ]
         return re.sub(r"[^A-Za-z0-9.+-]+", "_", "-".join(parts)).strip("_")
 
     def describe(self) -> str:
@@ -52,7 +62,10 @@ class DeviceInfo:
                 f"driver {fp.get('driver', '?')}, CUDA {fp.get('cuda', '?')}, cuDNN {fp.get('cudnn', '?')}, "
                 f"torch {fp.get('torch', '?')})"
             )
-        return f"cpu ({fp.get('cpu', '?')}, {fp.get('threads', '?')} threads, oneDNN {fp.get('onednn', '?')}, torch {fp.get('torch', '?')})"
+        return (
+            f"cpu ({fp.get('cpu', '?')}, {fp.get('threads', '?')} threads, oneDNN {fp.get('onednn', '?')}, "
+            f"torch {fp.get('torch', '?')})"
+        )
 
 
 def parse_device(value: str) -> tuple[str, int | None]:
@@ -84,7 +97,7 @@ def _driver_version() -> str:
 
             pynvml.nvmlInit()
             return str(pynvml.nvmlSystemGetDriverVersion())
-        except Exception:  # noqa: BLE001 - NVML is optional
+        except Exception:
             pass
         try:
             with open("/proc/driver/nvidia/version", encoding="utf-8") as handle:
@@ -94,7 +107,7 @@ def _driver_version() -> str:
         except OSError:
             pass
         return str(torch._C._cuda_getDriverVersion()) if hasattr(torch._C, "_cuda_getDriverVersion") else "?"
-    except Exception:  # noqa: BLE001
+    except Exception:
         return "?"
 
 

@@ -17,6 +17,7 @@ from .checks import Mismatch, check_against, check_finite, check_trace, format_f
 from .reference import run_reference
 from .session import Finding, LstmPerfSession
 from .spec import LayerSpec
+from .tolerance import pairwise_tolerance, tolerance
 
 
 class PathCheckFailed(pytest.fail.Exception):  # type: ignore[name-defined,misc]
@@ -32,7 +33,7 @@ def _note(node: pytest.Item | None, key: str, value: str) -> None:
         node.user_properties.append((key, value))
 
 
-def _run(path: object, spec: LayerSpec, session: LstmPerfSession):  # noqa: ANN202
+def _run(path: object, spec: LayerSpec, session: LstmPerfSession):
     case = make_case(spec, session.seed)
     try:
         return case, path.prepare(case, session.device).run()  # type: ignore[attr-defined]
@@ -51,8 +52,9 @@ def _run(path: object, spec: LayerSpec, session: LstmPerfSession):  # noqa: ANN2
 
 def _fail(path_name: str, spec: LayerSpec, seed: int, mismatches: list[Mismatch]) -> PathCheckFailed:
     kinds = sorted({m.check for m in mismatches})
-    return PathCheckFailed(Finding(path_name, ",".join(kinds), spec.short(), format_failure(path_name, spec, seed,
-                                                                                              mismatches)))
+    return PathCheckFailed(
+        Finding(path_name, ",".join(kinds), spec.short(), format_failure(path_name, spec, seed, mismatches))
+    )
 
 
 def verify_path(
@@ -69,28 +71,84 @@ def verify_path(
         traces.append(result.backward_trace)
     for trace in traces:
         if trace is not None:
-            _note(node, "lstmperf_observed", f"{'fwd' if trace.phase == 'forward' else 'bwd'} {trace.family}/{trace.precision}")
+            _note(
+                node,
+                "lstmperf_observed",
+                f"{'fwd' if trace.phase == 'forward' else 'bwd'} {trace.family}/{trace.precision}",
+            )
+    _known_finding(path, spec, mismatches, traces, node)
     mismatches += check_finite(result, spec)
     errors: dict[str, float] = {}
     if numbers:
-        found, errors = check_against(result, run_reference(case), spec, expected[1], kernels=(expected[0], None))
+        found, errors = check_against(result, run_reference(case), spec, expected[1])
+        if not mismatches:
+            _known_numeric_finding(path, spec, found, errors, node)
         mismatches += found
     if mismatches:
         raise _fail(path.name, spec, session.seed, mismatches)  # type: ignore[attr-defined]
     return errors
 
 
-def verify_pair(pair: tuple[object, object], spec: LayerSpec, session: LstmPerfSession,
-                node: pytest.Item | None = None) -> dict[str, float]:
+def _known_finding(path: object, spec: LayerSpec, mismatches: list[Mismatch], traces: list, node) -> None:
+    """A documented upstream behaviour (``ExecutionPath.options["known_findings"]``) turns the run into an
+    xfail that names it; it is still listed among the run's findings. Anything else stays a failure."""
+    known = getattr(path, "options", {}).get("known_findings") or {}
+    if not mismatches or not known:
+        return
+    explanations = []
+    for mismatch in mismatches:
+        trace = next((t for t in traces if t is not None and t.phase == mismatch.quantity), None)
+        observed = None if trace is None else (trace.family if mismatch.check == "kernel" else trace.precision)
+        why = known.get((mismatch.check, observed))
+        if why is None:
+            return
+        explanations.append(why)
+    message = f"known finding on {path.name} ({spec.short()}): {explanations[0]}"  # type: ignore[attr-defined]
+    if node is not None:
+        finding = Finding(path.name, "known", spec.short(), message)  # type: ignore[attr-defined]
+        node.user_properties.append(("lstmperf_finding", json.dumps(asdict(finding))))
+    pytest.xfail(message)
+
+
+def _known_numeric_finding(
+    path: object, spec: LayerSpec, found: list[Mismatch], errors: dict[str, float], node, *, pairwise: bool = False
+) -> None:
+    """``known_findings[("tolerance", P)]``: errors beyond the path's own precision but within precision P's
+    bound are a documented finding (xfail, listed); an error beyond P's bound still fails."""
+    known = getattr(path, "options", {}).get("known_findings") or {}
+    entries = [(p, why) for (check, p), why in known.items() if check == "tolerance"]
+    if not found or not entries or any(m.check not in ("tolerance", "pairwise") for m in found):
+        return
+    looser, why = entries[0]
+    bound = pairwise_tolerance if pairwise else tolerance
+    for mismatch in found:
+        pass_ = "backward" if mismatch.quantity.startswith("grad ") else "forward"
+        err = errors.get(mismatch.quantity)
+        if err is None or not err <= bound(looser, pass_, spec).rel:
+            return
+    worst = max(found, key=lambda m: errors[m.quantity])
+    message = (
+        f"known finding on {path.name} ({spec.short()}): {why} [here {worst.quantity} "  # type: ignore[attr-defined]
+        f"{errors[worst.quantity]:.2e}, within the {looser} bound]"
+    )
+    if node is not None:
+        finding = Finding(path.name, "known", spec.short(), message)  # type: ignore[attr-defined]
+        node.user_properties.append(("lstmperf_finding", json.dumps(asdict(finding))))
+    pytest.xfail(message)
+
+
+def verify_pair(
+    pair: tuple[object, object], spec: LayerSpec, session: LstmPerfSession, node: pytest.Item | None = None
+) -> dict[str, float]:
     """Two paths of one precision against each other (sharper where both claim the same arithmetic)."""
     first, second = pair
     _, a = _run(first, spec, session)
     _, b = _run(second, spec, session)
-    kernel, precision = first.expected(spec)  # type: ignore[attr-defined]
+    precision = first.expected(spec)[1]  # type: ignore[attr-defined]
     mismatches = check_finite(a, spec) + check_finite(b, spec)
-    found, errors = check_against(
-        a, b, spec, precision, pairwise_with=second.name, kernels=(kernel, second.expected(spec)[0])  # type: ignore[attr-defined]
-    )
+    found, errors = check_against(a, b, spec, precision, pairwise_with=second.name)  # type: ignore[attr-defined]
+    if not mismatches:
+        _known_numeric_finding(first, spec, found, errors, node, pairwise=True)
     mismatches += found
     if mismatches:
         raise _fail(f"{first.name}~{second.name}", spec, session.seed, mismatches)  # type: ignore[attr-defined]
@@ -104,8 +162,16 @@ def record_finding(node: pytest.Item, failure: PathCheckFailed) -> None:
 
 def representative_spec(path: object, cell: str = "lstm") -> LayerSpec | None:
     """A fixed, modest spec the path supports, for the kernel-claim tests (None if the cell does not apply)."""
-    base = LayerSpec(cell=cell, input_size=32, hidden_size=64, num_layers=2, batch=4, seq_len=10,  # type: ignore[arg-type]
-                     initial_state=True)
-    if getattr(path, "options", {}).get("packed"):
-        base = base.replace(length_mode="packed", lengths=(10, 7, 3, 1))
-    return base if path.supports(base) is None else None  # type: ignore[attr-defined]
+    base = LayerSpec(
+        cell=cell,
+        input_size=32,
+        hidden_size=64,
+        num_layers=2,
+        batch=4,
+        seq_len=10,  # type: ignore[arg-type]
+        initial_state=True,
+    )
+    for candidate in (base, base.replace(length_mode="packed", lengths=(10, 7, 3, 1))):
+        if path.supports(candidate) is None:  # type: ignore[attr-defined]
+            return candidate
+    return None

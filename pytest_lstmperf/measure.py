@@ -41,10 +41,11 @@ def _samples_for(
     samples: list[dict] = []
     findings: list[str] = []
 
-    @settings(max_examples=examples, derandomize=True, deadline=None, database=None,
-              suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=examples, derandomize=True, deadline=None, database=None, suppress_health_check=list(HealthCheck)
+    )
     @given(spec=specs_for_path(path, PROFILES[profile].bounds))
-    def one(spec):  # noqa: ANN001, ANN202
+    def one(spec):
         case = make_case(spec, seed)
         result = path.prepare(case, device).run()
         expected = path.expected(spec)
@@ -65,8 +66,17 @@ def _samples_for(
         for pass_, quantity, value, truth in pairs:
             err = relative_error(value, truth)
             samples.append(
-                dict(path=path.name, precision=expected[1], kernel=expected[0], pass_=pass_, quantity=quantity, spec=spec.short(),
-                     err=err, normalised=err / (u * g), growth=g)
+                dict(
+                    path=path.name,
+                    precision=expected[1],
+                    kernel=expected[0],
+                    pass_=pass_,
+                    quantity=quantity,
+                    spec=spec.short(),
+                    err=err,
+                    normalised=err / (u * g),
+                    growth=g,
+                )
             )
 
     one()
@@ -90,6 +100,16 @@ def summarise(samples: list[dict], kernel: str | None = None) -> dict[str, dict[
     return dict(out)
 
 
+#: (kernel family, precision) measured and documented but kept out of the precision's bound, with why: a
+#: family that errs far beyond the IEEE-faithful kernels of its precision is a finding, not a new normal
+EXCLUDED = {
+    ("cudnn", "fp32"): (
+        "cuDNN's fp32 RNN with TF32 off errs up to ~140 u x growth, 40x the generic CUDA and CPU kernels, at TF32 "
+        "level on small layers (grad x of a 1x1 LSTM: 4.7e-5); reported as a finding by the suites"
+    ),
+}
+
+
 def _constants(measurements: dict, field: str) -> dict[str, dict[str, dict]]:
     """The largest normalised error per precision and pass over every device's ``field`` summary."""
     constants: dict[str, dict[str, dict]] = {}
@@ -103,6 +123,30 @@ def _constants(measurements: dict, field: str) -> dict[str, dict[str, dict]]:
                 if stats["max"] > slot["max_normalised"]:
                     slot["max_normalised"] = stats["max"]
                     slot["source"] = f"largest on {key}"
+    return constants
+
+
+def _without_excluded(by_kernel: dict) -> dict:
+    return {
+        family: {p: passes for p, passes in precisions.items() if (family, p) not in EXCLUDED}
+        for family, precisions in by_kernel.items()
+    }
+
+
+def _merge_families(counted: dict) -> dict:
+    """Precision-level constants: the largest normalised error over every device and counted family."""
+    constants: dict[str, dict[str, dict]] = {}
+    for key, holder in counted.items():
+        for family, precisions in holder["s"].items():
+            for precision, passes in precisions.items():
+                for pass_, stats in passes.items():
+                    slot = constants.setdefault(precision, {}).setdefault(
+                        pass_, {"max_normalised": -1.0, "samples": 0, "source": ""}
+                    )
+                    slot["samples"] += stats["n"]
+                    if stats["max"] > slot["max_normalised"]:
+                        slot["max_normalised"] = stats["max"]
+                        slot["source"] = f"largest: {family} on {key}"
     return constants
 
 
@@ -123,11 +167,14 @@ def merge_into_file(device: DeviceInfo, samples: list[dict], data_file: Path = D
         "summary": summarise(samples),
         "by_kernel": {k: summarise(samples, k) for k in kernels},
     }
-    data["constants"] = _constants(data["measurements"], "summary")
     families = sorted({k for m in data["measurements"].values() for k in m.get("by_kernel", {})})
+    counted = {key: {"s": _without_excluded(m.get("by_kernel", {}))} for key, m in data["measurements"].items()}
+    data["constants"] = _merge_families(counted)
+    data["excluded"] = {f"{k}/{p}": why for (k, p), why in EXCLUDED.items()}
     data["by_kernel"] = {
-        family: _constants({key: {"s": m.get("by_kernel", {}).get(family, {})} for key, m in
-                            data["measurements"].items()}, "s")
+        family: _constants(
+            {key: {"s": m.get("by_kernel", {}).get(family, {})} for key, m in data["measurements"].items()}, "s"
+        )
         for family in families
     }
     fd, tmp = tempfile.mkstemp(dir=data_file.parent, prefix=".tolerances-", suffix=".json")
@@ -166,8 +213,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--examples", type=int, default=40, help="generated shapes per path")
     parser.add_argument("--profile", default="gpu", choices=sorted(PROFILES), help="shape bounds")
     parser.add_argument("--paths", default="", help="comma-separated paths (default: all available)")
-    parser.add_argument("--seed", type=int, default=1,
-                        help="data seed (the suites use 0 by default, so the measured data differ from the tested)")
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=1,
+        help="data seed (the suites use 0 by default, so the measured data differ from the tested)",
+    )
     parser.add_argument("--out", default=".", help="directory for samples JSON and the histogram")
     parser.add_argument("--write", action="store_true", help="merge the figures into tolerances.json")
     args = parser.parse_args(argv)
@@ -187,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
         start = time.perf_counter()
         try:
             got, bad = _samples_for(path, device, args.examples, args.profile, args.seed)
-        except Exception as exc:  # noqa: BLE001 - hypothesis.errors.Unsatisfiable and friends
+        except Exception as exc:
             if type(exc).__name__ != "Unsatisfiable":
                 raise
             print(f"  {path.name:28s} not measured: no generated spec is supported (a kernel-only path)", flush=True)
@@ -195,21 +246,29 @@ def main(argv: list[str] | None = None) -> int:
         samples += got
         findings += bad
         worst = max((s["normalised"] for s in got), default=float("nan"))
-        print(f"  {path.name:28s} {len(got):4d} tensors, worst normalised error {worst:8.3f}, "
-              f"{len(bad)} trace mismatches, {time.perf_counter() - start:5.1f}s", flush=True)
+        print(
+            f"  {path.name:28s} {len(got):4d} tensors, worst normalised error {worst:8.3f}, "
+            f"{len(bad)} trace mismatches, {time.perf_counter() - start:5.1f}s",
+            flush=True,
+        )
     summary = summarise(samples)
     key = device.key()
     with open(out / f"samples-{key}.json", "w", encoding="utf-8") as handle:
-        json.dump({"device": device.describe(), "summary": summary, "findings": findings, "samples": samples},
-                  handle, indent=0)
+        json.dump(
+            {"device": device.describe(), "summary": summary, "findings": findings, "samples": samples},
+            handle,
+            indent=0,
+        )
     if samples:
         plot(samples, out / f"errors-{key}.png", f"normalised errors vs float64 reference, {device.describe()}")
     print("\nkernel       precision pass       n   median      p99      max   (err / (u x growth))")
     for kernel in sorted({s["kernel"] for s in samples}):
         for precision, passes in summarise(samples, kernel).items():
             for pass_, stats in passes.items():
-                print(f"{kernel:12s} {precision:9s} {pass_:8s} {stats['n']:5d} {stats['median']:8.3f} "
-                      f"{stats['p99']:8.3f} {stats['max']:8.3f}")
+                print(
+                    f"{kernel:12s} {precision:9s} {pass_:8s} {stats['n']:5d} {stats['median']:8.3f} "
+                    f"{stats['p99']:8.3f} {stats['max']:8.3f}"
+                )
     for finding in findings:
         print("FINDING (not counted):", finding)
     if args.write:

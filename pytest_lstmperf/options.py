@@ -123,7 +123,12 @@ def add_setting(setting: Setting) -> Setting:
 
 add_setting(
     Setting(
-        "lstmperf_device", "--device", "PYTEST_LSTMPERF_DEVICE", "lstmperf_device", "auto", _parse_device,
+        "lstmperf_device",
+        "--device",
+        "PYTEST_LSTMPERF_DEVICE",
+        "lstmperf_device",
+        "auto",
+        _parse_device,
         "device to run the suites on: auto (GPU if usable, else CPU), cpu, cuda or cuda:N. "
         "A GPU that is asked for and not usable is an error, not a skip.",
         "DEVICE",
@@ -131,15 +136,23 @@ add_setting(
 )
 add_setting(
     Setting(
-        "lstmperf_paths", "--lstmperf-paths", "PYTEST_LSTMPERF_PATHS", "lstmperf_paths", "all", _parse_paths,
-        "comma-separated execution paths to run (default: all available on the device); "
-        "`lstmperf paths` lists them",
+        "lstmperf_paths",
+        "--lstmperf-paths",
+        "PYTEST_LSTMPERF_PATHS",
+        "lstmperf_paths",
+        "all",
+        _parse_paths,
+        "comma-separated execution paths to run (default: all available on the device); `lstmperf paths` lists them",
         "NAMES",
     )
 )
 add_setting(
     Setting(
-        "lstmperf_profile", "--lstmperf-profile", "PYTEST_LSTMPERF_PROFILE", "lstmperf_profile", "ci",
+        "lstmperf_profile",
+        "--lstmperf-profile",
+        "PYTEST_LSTMPERF_PROFILE",
+        "lstmperf_profile",
+        "ci",
         parse_choice(HYPOTHESIS_PROFILES),
         "hypothesis profile for generated shapes: ci (quick, derandomized), gpu (more and larger examples), "
         "nightly (thorough, random)",
@@ -148,8 +161,14 @@ add_setting(
 )
 add_setting(
     Setting(
-        "lstmperf_seed", "--lstmperf-seed", "PYTEST_LSTMPERF_SEED", "lstmperf_seed", "0", parse_int(0),
-        "seed of the weights and inputs drawn for each generated shape", "N",
+        "lstmperf_seed",
+        "--lstmperf-seed",
+        "PYTEST_LSTMPERF_SEED",
+        "lstmperf_seed",
+        "0",
+        parse_int(0),
+        "seed of the weights and inputs drawn for each generated shape",
+        "N",
     )
 )
 
@@ -160,8 +179,9 @@ def add_options(parser: pytest.Parser, names: list[str] | None = None) -> None:
         if names is not None and setting.name not in names:
             continue
         env = f" [env {setting.env}, ini {setting.ini}, default {setting.default}]"
-        group.addoption(setting.option, dest=setting.name, default=None, metavar=setting.metavar,
-                        help=setting.help + env)
+        group.addoption(
+            setting.option, dest=setting.name, default=None, metavar=setting.metavar, help=setting.help + env
+        )
         # read as a string and validate ourselves: addini(type=...) errors are tracebacks
         parser.addini(setting.ini, help=setting.help, default=None)
 

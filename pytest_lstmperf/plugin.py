@@ -75,8 +75,12 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         pairs = [(a, b) for a in names for b in registry.get(a).pair_with if b in names]
         if not pairs:
             reason = "no two selected paths claim the same arithmetic (see ExecutionPath.pair_with)"
-            metafunc.parametrize(PAIR_FIXTURE, [pytest.param(None, marks=pytest.mark.skip(reason=reason))],
-                                 indirect=True, ids=["no-pair-selected"])
+            metafunc.parametrize(
+                PAIR_FIXTURE,
+                [pytest.param(None, marks=pytest.mark.skip(reason=reason))],
+                indirect=True,
+                ids=["no-pair-selected"],
+            )
             return
         ids = [f"{a}~{b}" for a, b in pairs]
         metafunc.parametrize(PAIR_FIXTURE, pairs, indirect=True, ids=ids)
@@ -129,7 +133,7 @@ def lstmperf(pytestconfig: pytest.Config) -> LstmPerfSession:
 
 
 @pytest.fixture
-def lstmperf_path(request: pytest.FixtureRequest, lstmperf: LstmPerfSession):  # noqa: ANN201
+def lstmperf_path(request: pytest.FixtureRequest, lstmperf: LstmPerfSession):
     """One execution path (parametrised by the plugin); skips with the reason when it cannot run here."""
     from . import paths as registry
 
@@ -142,7 +146,7 @@ def lstmperf_path(request: pytest.FixtureRequest, lstmperf: LstmPerfSession):  #
 
 
 @pytest.fixture
-def lstmperf_pair(request: pytest.FixtureRequest, lstmperf: LstmPerfSession):  # noqa: ANN201
+def lstmperf_pair(request: pytest.FixtureRequest, lstmperf: LstmPerfSession):
     """Two paths of one precision whose results should agree closely (``ExecutionPath.pair_with``)."""
     from . import paths as registry
 
@@ -156,7 +160,7 @@ def lstmperf_pair(request: pytest.FixtureRequest, lstmperf: LstmPerfSession):  #
 
 
 # ------------------------------------------------------------------------------------------ reporting
-def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:  # noqa: ANN001
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
     tally = config.stash.get(TALLY_KEY, None)
     if tally is None:
         return

@@ -51,13 +51,18 @@ class RunTally:
             return
         if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
             counts = self.outcomes.setdefault(str(path), {"passed": 0, "failed": 0, "skipped": 0})
-            counts[report.outcome] = counts.get(report.outcome, 0) + 1
-            if report.skipped and isinstance(report.longrepr, tuple):
+            outcome = "xfailed" if hasattr(report, "wasxfail") else report.outcome
+            counts[outcome] = counts.get(outcome, 0) + 1
+            if outcome == "skipped" and isinstance(report.longrepr, tuple):
                 self.skip_reasons[str(path)] = str(report.longrepr[2]).removeprefix("Skipped: ")
         for key, value in report.user_properties:
             if key == "lstmperf_observed":
                 self.observed.setdefault(str(path), set()).add(str(value))
-            elif key == "lstmperf_finding" and report.when == "call":
+            elif (
+                key == "lstmperf_finding"
+                and report.when == "call"
+                and Finding(**json.loads(str(value))) not in self.findings
+            ):
                 self.findings.append(Finding(**json.loads(str(value))))
 
     def summary_lines(self) -> list[str]:
@@ -68,6 +73,8 @@ class RunTally:
             c = self.outcomes[path]
             seen = "; ".join(sorted(self.observed.get(path, ()))) or "-"
             line = f"  {path:28s} {c.get('passed', 0):3d}/{c.get('failed', 0):3d}/{c.get('skipped', 0):3d}  {seen}"
+            if c.get("xfailed"):
+                line += f"  ({c['xfailed']} xfailed: known finding)"
             if path in self.skip_reasons and not c.get("passed") and not c.get("failed"):
                 line += f"  (skipped: {self.skip_reasons[path]})"
             lines.append(line)
@@ -104,7 +111,7 @@ class LstmPerfSession:
         return [p for p in self.selected if p.name not in self.unavailable]
 
     @property
-    def hypothesis_profile(self):  # noqa: ANN201 - strategies.Profile, imported lazily
+    def hypothesis_profile(self):
         from .strategies import PROFILES
 
         return PROFILES[self.profile]

@@ -61,7 +61,7 @@ class LayerSpec:
         if problems:
             raise SpecError(f"invalid LayerSpec: {'; '.join(problems)}")
 
-    def _problems(self):  # noqa: ANN202 - generator of messages
+    def _problems(self):
         if self.cell not in CELLS:
             yield f"cell={self.cell!r} (valid: {', '.join(CELLS)})"
         if self.dtype not in DTYPES:

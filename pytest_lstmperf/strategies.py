@@ -49,15 +49,24 @@ class Profile:
 
 PROFILES: dict[str, Profile] = {
     "ci": Profile(
-        "ci", 6, True, ShapeBounds(24, 40, 2, 6, 16, 40_000),
+        "ci",
+        6,
+        True,
+        ShapeBounds(24, 40, 2, 6, 16, 40_000),
         "quick and derandomized: the same 6 small shapes per path on every run",
     ),
     "gpu": Profile(
-        "gpu", 15, True, ShapeBounds(96, 256, 3, 32, 48, 3_000_000),
+        "gpu",
+        15,
+        True,
+        ShapeBounds(96, 256, 3, 32, 48, 3_000_000),
         "derandomized, 15 shapes per path up to hidden 256, T 48, batch 32",
     ),
     "nightly": Profile(
-        "nightly", 150, False, ShapeBounds(256, 512, 4, 64, 128, 40_000_000),
+        "nightly",
+        150,
+        False,
+        ShapeBounds(256, 512, 4, 64, 128, 40_000_000),
         "random (saved in hypothesis's database), 150 shapes per path up to hidden 512, T 128, batch 64",
     ),
 }
@@ -121,7 +130,11 @@ def specs(
 def specs_for_path(path: object, bounds: ShapeBounds) -> st.SearchStrategy[LayerSpec]:
     """Specs that ``path`` supports: drawn with its input form in mind, then filtered by ``supports``."""
     options = getattr(path, "options", {})
-    modes: tuple[str, ...] = ("packed",) if options.get("packed") else ("none", "none", "padded")
+    packed_only = options.get("packed") or (
+        path.supports(LayerSpec()) is not None  # type: ignore[attr-defined]
+        and path.supports(LayerSpec(length_mode="packed", lengths=(5, 3, 2, 1))) is None  # type: ignore[attr-defined]
+    )
+    modes: tuple[str, ...] = ("packed",) if packed_only else ("none", "none", "padded")
     cells = tuple(options.get("cells", ("lstm", "gru")))  # type: ignore[arg-type]
     reset = (True, False) if options.get("reset_before_ok") else (True,)
     base = specs(bounds, cells=cells, length_modes=modes, reset_after=reset)

@@ -104,9 +104,7 @@ def classify_torch_ops(ops: Sequence[str], device: str) -> str:
         found.append("cudnn")
     if names & _ONEDNN_OPS:
         found.append("onednn")
-    if names & _GENERIC_CELL_OPS:
-        found.append("cuda-generic" if device == "cuda" else "cpu-native")
-    elif not found and names & _MATMUL_OPS and names & _NATIVE_CELL_OPS:
+    if names & _GENERIC_CELL_OPS or (not found and names & _MATMUL_OPS and names & _NATIVE_CELL_OPS):
         found.append("cuda-generic" if device == "cuda" else "cpu-native")
     if not found:
         return "none"
@@ -155,13 +153,13 @@ class _Recorder:
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
-def _dispatch_mode(recorder: _Recorder):  # noqa: ANN202 - torch type created lazily
+def _dispatch_mode(recorder: _Recorder):
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_flatten
 
     class _OpRecorder(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             name = short_op(str(func))
             target = (
                 recorder.dtypes if name in _RECURRENT_OPS else recorder.matmul_dtypes if name in _MATMUL_OPS else None

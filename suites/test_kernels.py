@@ -8,13 +8,15 @@ ops and GPU kernels that did run, whatever its numbers.
 import pytest
 
 from pytest_lstmperf.equivalence import PathCheckFailed, record_finding, representative_spec, verify_path
+from pytest_lstmperf.spec import LayerSpec
 
 
 @pytest.mark.parametrize("cell", ["lstm", "gru"])
 def test_kernel_claim(lstmperf_path, cell, lstmperf, request):
     spec = representative_spec(lstmperf_path, cell)
     if spec is None:
-        pytest.skip(f"{lstmperf_path.name} does not run {cell.upper()} layers")
+        reason = lstmperf_path.supports(LayerSpec(cell=cell))
+        pytest.skip(f"{lstmperf_path.name} runs no {cell.upper()} spec of this suite: {reason}")
     try:
         verify_path(lstmperf_path, spec, lstmperf, request.node, numbers=False)
     except PathCheckFailed as failure:

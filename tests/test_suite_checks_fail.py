@@ -78,7 +78,7 @@ def test_pairwise_check_fails_when_one_side_is_perturbed(lstmperf_case_result) -
 
 
 @pytest.fixture
-def lstmperf_case_result():  # noqa: ANN201
+def lstmperf_case_result():
     from pytest_lstmperf import paths
     from pytest_lstmperf.case import make_case
     from pytest_lstmperf.device import resolve_device
@@ -90,9 +90,9 @@ def lstmperf_case_result():  # noqa: ANN201
 
 
 def test_unit_checks_each_fail_on_their_fault(lstmperf_case_result) -> None:
+    from pytest_lstmperf.case import make_case
     from pytest_lstmperf.checks import check_against, check_finite, check_trace
     from pytest_lstmperf.reference import run_reference
-    from pytest_lstmperf.case import make_case
 
     spec, result = lstmperf_case_result
     reference = run_reference(make_case(spec))
@@ -131,7 +131,7 @@ def test_out_of_memory_is_reported_with_the_shape() -> None:
     class Exhausting:
         name = "fake-oom"
 
-        def prepare(self, case, device):  # noqa: ANN001, ANN202
+        def prepare(self, case, device):
             raise OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
 
     session = LstmPerfSession.__new__(LstmPerfSession)

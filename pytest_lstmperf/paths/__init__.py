@@ -10,6 +10,7 @@ equivalence suite) or many times without (``forward()`` / ``train_step()``, used
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -137,10 +138,8 @@ def register(path: ExecutionPath) -> ExecutionPath:
 def _load_builtin() -> None:
     from . import torch_paths  # noqa: F401  (registers on import; imports no framework)
 
-    try:
+    with contextlib.suppress(ImportError):  # module absent in a partial install
         from . import keras_paths  # noqa: F401
-    except ImportError:  # pragma: no cover - module absent in a partial install
-        pass
 
 
 def all_paths() -> dict[str, ExecutionPath]:
