@@ -134,8 +134,47 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+# ------------------------------------------------------------------------------------------- paths
+def add_paths_command(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "paths",
+        help="list the execution paths and what each claims",
+        description="Every registered execution path: device, claimed kernel family and precision, and (with "
+        "--device) whether it can run here and why not.",
+    )
+    parser.add_argument("--device", "-d", default=None, help="also check availability on cpu, cuda or cuda:N")
+    parser.add_argument("--gate", action="store_true", help="only the paths of the quick merge gate")
+    parser.set_defaults(func=cmd_paths)
+
+
+def cmd_paths(args: argparse.Namespace) -> int:
+    from . import paths as registry
+
+    device = None
+    if args.device:
+        from .device import DeviceError, resolve_device
+
+        try:
+            device = resolve_device(args.device, "--device")
+        except DeviceError as exc:
+            raise CommandError(str(exc)) from None
+    rows = [("path", "device", "kernel", "precision", "gate", "status", "description")]
+    for path in sorted(registry.all_paths().values(), key=lambda p: (p.device, p.framework, p.name)):
+        if args.gate and not path.in_gate:
+            continue
+        status = "-"
+        if device is not None:
+            status = (path.available(device) or "available") if path.device == device.kind else "other device"
+        rows.append((path.name, path.device, path.kernel, path.precision, "yes" if path.in_gate else "no",
+                     status, path.description))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    for row in rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[-1])
+    return 0
+
+
 # ------------------------------------------------------------------------------------------- entry point
-COMMANDS: list[Callable[[Any], None]] = [add_explain_command, add_report_command]
+COMMANDS: list[Callable[[Any], None]] = [add_explain_command, add_report_command, add_paths_command]
 
 
 def build_parser() -> argparse.ArgumentParser:
