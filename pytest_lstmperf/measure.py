@@ -207,6 +207,64 @@ def plot(samples: list[dict], target: Path, title: str) -> None:
     plt.close(fig)
 
 
+DOC_INTRO = """# Tolerance model
+
+Every path is compared with a float64 numpy reference (`pytest_lstmperf/reference.py`, itself checked against
+PyTorch in float64 at 1e-10 and against finite differences). The error of a tensor is its relative L2 norm
+`||a - ref|| / ||ref||`, per tensor: output, h_n, c_n, and the gradient of the input, the initial states and
+every weight. A tensor passes when
+
+    err <= C[precision][pass] * u[precision] * growth(spec)
+
+- `u` is the unit roundoff of the precision's significand: fp32 2^-24, tf32 and fp16 2^-11, bf16 2^-8.
+- `growth(spec) = sqrt(L * D * log2(1 + T) * log2(1 + K) / log2(3))` with L layers, D directions, T the
+  sequence length and K the longest reduction (input or output size plus state size); 1 for a one-step,
+  one-unit layer. On the CPU, fitting `log(err/u)` on `log K`, `log T`, `log L` over 60 generated shapes gave
+  exponents of 0.1 or less for the outputs: recurrent LSTM/GRU dynamics are contractive and errors grow far
+  slower than the sqrt(T * K) of a worst-case random walk, hence the logarithms.
+- `C` is 4 (the safety margin) times the largest `err / (u * growth)` measured for the precision over every
+  device and every kernel family whose arithmetic is faithful to that precision.
+
+The constants are measured, not guessed: `python -m pytest_lstmperf.measure --device DEVICE --write` runs every
+available path of a device over generated shapes (the `gpu` profile's bounds, data seed 1, so the tested data,
+seed 0, differ), keeps only runs whose kernel trace matched the path's claim, and merges the largest normalised
+error per precision into `pytest_lstmperf/tolerances.json` with its provenance. `--doc docs/tolerances.md`
+rewrites this page from that file. Pairs of paths of one precision are compared with the sum of both bounds.
+"""
+
+
+def render_doc(data: dict) -> str:
+    """docs/tolerances.md from tolerances.json: constants, per-family distributions per device, exclusions."""
+    from .tolerance import SAFETY
+
+    lines = [DOC_INTRO, "## Constants in force", "",
+             "| precision | pass | largest err/(u x growth) | C | u | tensors measured | set by |",
+             "|---|---|---|---|---|---|---|"]
+    for precision in sorted(data["constants"]):
+        for pass_, entry in sorted(data["constants"][precision].items()):
+            lines.append(
+                f"| {precision} | {pass_} | {entry['max_normalised']:.3g} | {SAFETY * entry['max_normalised']:.3g} "
+                f"| {UNIT_ROUNDOFF[precision]:.2e} | {entry['samples']} | {entry['source']} |"
+            )
+    lines += ["", "## Measured distributions", "",
+              "Normalised errors `err / (u x growth)` per kernel family, precision and pass, per device.", ""]
+    for key, measured in sorted(data["measurements"].items()):
+        lines += [f"### {measured['device']} ({measured['date']})", "",
+                  "| kernel | precision | pass | tensors | median | p99 | max |", "|---|---|---|---|---|---|---|"]
+        for family, precisions in sorted(measured.get("by_kernel", {}).items()):
+            for precision, passes in sorted(precisions.items()):
+                for pass_, st in sorted(passes.items()):
+                    mark = " (excluded)" if (family, precision) in EXCLUDED else ""
+                    lines.append(f"| {family}{mark} | {precision} | {pass_} | {st['n']} | {st['median']:.3g} | "
+                                 f"{st['p99']:.3g} | {st['max']:.3g} |")
+        lines.append("")
+    if data.get("excluded"):
+        lines += ["## Measured but kept out of the bound (findings)", ""]
+        lines += [f"- `{name}`: {why}" for name, why in sorted(data["excluded"].items())]
+        lines.append("")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pytest_lstmperf.measure", description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="auto")
@@ -221,7 +279,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--out", default=".", help="directory for samples JSON and the histogram")
     parser.add_argument("--write", action="store_true", help="merge the figures into tolerances.json")
+    parser.add_argument("--doc", metavar="FILE", help="only (re)write the markdown page of tolerances.json and exit")
     args = parser.parse_args(argv)
+    if args.doc:
+        with open(DATA_FILE, encoding="utf-8") as handle:
+            Path(args.doc).write_text(render_doc(json.load(handle)), encoding="utf-8")
+        print(f"wrote {args.doc}")
+        return 0
     warnings.filterwarnings("ignore", category=UserWarning)
     device = resolve_device(args.device)
     out = Path(args.out)
