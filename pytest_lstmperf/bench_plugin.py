@@ -126,6 +126,17 @@ SETTING_NAMES = [
             "P",
         ),
         Setting(
+            "lstmperf_drift",
+            "--lstmperf-drift",
+            "PYTEST_LSTMPERF_DRIFT",
+            "lstmperf_drift",
+            "probe",
+            parse_choice(("probe", "off")),
+            "machine-drift correction of the speed gate: probe (divide the host part of each time by the "
+            "now/baseline ratio of a fixed host-bound probe timed between the benchmark's rounds) or off",
+            "MODE",
+        ),
+        Setting(
             "lstmperf_report",
             "--lstmperf-report",
             "PYTEST_LSTMPERF_REPORT",
@@ -403,7 +414,9 @@ class BenchRunner:
 
         from . import timing
 
-        estimate = timing.estimate_call(timed, plan.warmup)
+        clock = timing.benchmark_timer(self.config)
+        extra["timer"] = f"{getattr(clock, '__module__', None) or 'time'}.{getattr(clock, '__name__', repr(clock))}"
+        estimate = timing.estimate_call(timed, plan.warmup, clock)
         rounds = timing.RoundPlan(plan.warmup, plan.min_rounds, plan.max_rounds, plan.target_s).rounds_for(estimate)
         sampler = _sampler(self.config, device)
         data: list[float] = []
@@ -411,10 +424,12 @@ class BenchRunner:
         user_disabled = self.config.getoption("benchmark_disable", False) and not self.config.getoption(
             "benchmark_enable", False
         )
+        probe = timing.DriftProbe(device.torch_device, clock)
         if self.benchmark.enabled:
             starts: list[float] = []
 
             def mark_round() -> None:
+                probe.sample()  # between rounds, untimed: how fast the host is right now
                 starts.append(time.perf_counter())
 
             self.benchmark.pedantic(timed, setup=mark_round, rounds=rounds, warmup_rounds=1, iterations=1)
@@ -426,9 +441,10 @@ class BenchRunner:
             return self._attach(extra, [], thresholds)
         else:  # pytest-benchmark disabled itself (pytest-xdist): time the same way ourselves
             self.benchmark.pedantic(lambda: None)
-            data, windows = timing.time_rounds(timed, rounds)
+            data, windows = timing.time_rounds(timed, rounds, clock, between=probe.sample)
             extra["timed_by"] = "pytest-lstmperf (pytest-benchmark is disabled under pytest-xdist)"
         extra["rounds"] = len(data)
+        extra["drift_probe"] = probe.samples[-len(data) :] if data else []
         self._clock(extra, sampler, windows)
         dev_time = timing.device_time(call, device.torch_device, plan.device_samples)
         median = sorted(data)[len(data) // 2] if data else None
@@ -535,7 +551,7 @@ def _explanation(path: ExecutionPath, spec: Any, device: Any, trace: Any) -> str
     try:
         verdict = explain(spec, framework, device.kind)
         return "\nexplainer: " + verdict.describe()
-    except Exception as exc:  # noqa: BLE001 - an explainer failure must not hide the mismatch
+    except Exception as exc:
         return f"\nexplainer: cannot judge {spec.short()}: {type(exc).__name__}: {exc}"
 
 
@@ -713,10 +729,11 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 
 def run_gate(config: pytest.Config, state: GateState) -> GateResult:
-    from .regression import Decision, GateResult, Thresholds, compare_samples
+    from .regression import Decision, GateResult, Thresholds, compare_samples, drift_ratio
     from .session import SESSION_KEY
 
     assert state.baseline is not None
+    use_probe = _setting(config, "lstmperf_drift").value == "probe"
     ratio = _setting(config, "lstmperf_threshold").value
     pvalue = _setting(config, "lstmperf_pvalue").value
     entries = state.baseline.entries
@@ -747,10 +764,24 @@ def run_gate(config: pytest.Config, state: GateState) -> GateResult:
                     )
                 )
             continue  # --benchmark-disable: nothing timed
+        if bextra.get("timer", "time.perf_counter") != extra.get("timer", "time.perf_counter"):
+            decisions.append(
+                Decision(
+                    name,
+                    "inconclusive",
+                    kernel_then=then_kernel,
+                    kernel_now=now_kernel,
+                    notes=(f"timed with {extra.get('timer')}, the baseline with {bextra.get('timer')}",),
+                )
+            )
+            continue
         limits = Thresholds(
             ratio=record.get("thresholds", {}).get("ratio", ratio),
             pvalue=record.get("thresholds", {}).get("pvalue", pvalue),
         )
+        drift = None
+        if use_probe:
+            drift = drift_ratio(bextra.get("drift_probe") or [], extra.get("drift_probe") or [])
         decisions.append(
             compare_samples(
                 name,
@@ -759,6 +790,8 @@ def run_gate(config: pytest.Config, state: GateState) -> GateResult:
                 limits,
                 base_throttled=bextra.get("throttled"),
                 now_throttled=extra.get("throttled"),
+                drift=drift,
+                device_s=extra.get("device_time_s") if drift else None,
                 kernel_then=then_kernel,
                 kernel_now=now_kernel,
             )

@@ -248,7 +248,7 @@ def render_doc(data: dict) -> str:
             )
     lines += ["", "## Measured distributions", "",
               "Normalised errors `err / (u x growth)` per kernel family, precision and pass, per device.", ""]
-    for key, measured in sorted(data["measurements"].items()):
+    for _key, measured in sorted(data["measurements"].items()):
         lines += [f"### {measured['device']} ({measured['date']})", "",
                   "| kernel | precision | pass | tensors | median | p99 | max |", "|---|---|---|---|---|---|---|"]
         for family, precisions in sorted(measured.get("by_kernel", {}).items()):

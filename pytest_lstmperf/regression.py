@@ -10,9 +10,12 @@ the decision says so.
 A kernel change (the baseline ran cuDNN, now the generic kernel) is a regression whatever the timings say.
 
 Samples flagged as taken while the GPU was throttled are dropped from both sides before testing.
-Optionally the ratio is divided by a *drift* ratio: the now/baseline ratio of a reference benchmark
-measured in the same run (the same shape on another kernel), so that a machine that is uniformly slower
-today does not look like a regression.
+Optionally the current samples are corrected for *drift*: the now/baseline ratio of a reference measured in
+the same run (the plugin's drift probe, a fixed host-bound workload timed between the rounds of every
+benchmark; see ``timing.DriftProbe``), so that a host that is uniformly slower today does not look like a
+regression. Only the host part of a sample is divided by the drift: with the benchmark's device time ``d``
+(CUDA-graph replay, 0 on the CPU), a sample ``x`` becomes ``d + max(x - d, 0) / drift``; the rank test and
+the ratio are then taken on the corrected samples.
 
 Everything here is a pure function of numbers; nothing reads files or pytest state.
 """
@@ -61,7 +64,8 @@ class Decision:
 
     name: str
     verdict: str
-    ratio: float | None = None  # median(now) / median(baseline), drift-corrected when drift is given
+    ratio: float | None = None  # median(now) / median(baseline), now drift-corrected when drift is given
+
     pvalue: float | None = None  # one-sided, in the direction of the change
     base_median: float | None = None
     now_median: float | None = None
@@ -135,13 +139,15 @@ def compare_samples(
     base_throttled: Sequence[bool] | None = None,
     now_throttled: Sequence[bool] | None = None,
     drift: float | None = None,
+    device_s: float | None = None,
     kernel_then: str = "",
     kernel_now: str = "",
 ) -> Decision:
     """Decide on one benchmark from its raw per-call times (seconds) then and now.
 
     ``kernel_then``/``kernel_now`` are ``"family/precision"`` strings; when both are given and differ the
-    verdict is ``kernel-changed`` whatever the timings. ``drift`` divides the ratio (see module docstring).
+    verdict is ``kernel-changed`` whatever the timings. ``drift`` divides the host part of every current
+    sample, the part above ``device_s`` (see module docstring).
     """
     notes: list[str] = []
     b = _usable(base, base_throttled)
@@ -159,11 +165,12 @@ def compare_samples(
         drift=drift,
     )
     base_median = statistics.median(b) if b else None
-    now_median = statistics.median(n) if n else None
-    ratio = now_median / base_median if base_median and now_median else None
-    if ratio is not None and drift:
-        ratio = ratio / drift
-        notes.append(f"ratio divided by drift {drift:.3f} of the same-run reference")
+    now_median = statistics.median(n) if n else None  # as measured, for the table
+    if drift and n:
+        n = correct_for_drift(n, drift, device_s)
+        where = f"host part (above device time {format_seconds(device_s)})" if device_s else "time"
+        notes.append(f"{where} divided by drift {drift:.3f} of the same-run probe")
+    ratio = statistics.median(n) / base_median if base_median and n else None
     if kernel_then and kernel_now and not same_kernel(kernel_then, kernel_now):
         notes.append(f"kernel changed: {kernel_then} -> {kernel_now}")
         return Decision(
@@ -217,6 +224,14 @@ def same_kernel(then: str, now: str) -> bool:
     return norm(then) == norm(now)
 
 
+def correct_for_drift(samples: Sequence[float], drift: float, device_s: float | None = None) -> list[float]:
+    """Express ``samples`` at the baseline's host speed: ``d + max(x - d, 0) / drift`` (``d`` = device time)."""
+    if not drift or drift <= 0 or not math.isfinite(drift):
+        raise ValueError(f"drift must be a positive finite ratio, got {drift!r}")
+    d = device_s if device_s and device_s > 0 else 0.0
+    return [d + max(x - d, 0.0) / drift for x in samples]
+
+
 def drift_ratio(base: Sequence[float], now: Sequence[float]) -> float | None:
     """median(now)/median(base) of a reference benchmark: how much slower the machine is today."""
     b = [x for x in base if x and x > 0]
@@ -254,8 +269,8 @@ def format_seconds(value: float | None) -> str:
 
 
 def format_table(decisions: Sequence[Decision]) -> list[str]:
-    """Rows for the terminal: test, baseline, now, ratio, p-value, kernel then and now, verdict."""
-    header = ("test", "baseline", "now", "ratio", "p-value", "kernel then", "kernel now", "verdict")
+    """Rows for the terminal: test, baseline, now, ratio, p-value, drift, kernel then and now, verdict."""
+    header = ("test", "baseline", "now", "ratio", "p-value", "drift", "kernel then", "kernel now", "verdict")
     rows = [header]
     for d in decisions:
         rows.append(
@@ -265,6 +280,7 @@ def format_table(decisions: Sequence[Decision]) -> list[str]:
                 format_seconds(d.now_median),
                 "-" if d.ratio is None else f"{d.ratio:.3f}",
                 "-" if d.pvalue is None else f"{d.pvalue:.2g}",
+                "-" if d.drift is None else f"{d.drift:.3f}",
                 d.kernel_then or "-",
                 d.kernel_now or "-",
                 d.verdict,

@@ -54,28 +54,87 @@ class RoundPlan:
         return max(self.min_rounds, min(self.max_rounds, math.ceil(self.target_s / call_s)))
 
 
-def estimate_call(call: Callable[[], object], warmup: int) -> float:
+def estimate_call(call: Callable[[], object], warmup: int, clock: Callable[[], float] = time.perf_counter) -> float:
     """Warm up, then the median of three timed calls (``call`` must synchronise)."""
     for _ in range(max(warmup, 1)):
         call()
     times = []
     for _ in range(3):
-        start = time.perf_counter()
+        start = clock()
         call()
-        times.append(time.perf_counter() - start)
+        times.append(clock() - start)
     return statistics.median(times)
 
 
-def time_rounds(call: Callable[[], object], rounds: int) -> tuple[list[float], list[tuple[float, float]]]:
-    """Per-round seconds of ``call`` (which must synchronise) and each round's (start, end) window."""
+def time_rounds(
+    call: Callable[[], object],
+    rounds: int,
+    clock: Callable[[], float] = time.perf_counter,
+    between: Callable[[], object] | None = None,
+) -> tuple[list[float], list[tuple[float, float]]]:
+    """Per-round seconds of ``call`` (which must synchronise) on ``clock``, and each round's (start, end)
+    window on the wall clock (``time.perf_counter``, which the SM clock sampler stamps with). ``between``
+    runs untimed before every round (as pytest-benchmark's ``setup``)."""
     data, windows = [], []
     for _ in range(rounds):
-        start = time.perf_counter()
+        if between is not None:
+            between()
+        start, wall = clock(), time.perf_counter()
         call()
-        end = time.perf_counter()
-        data.append(end - start)
-        windows.append((start, end))
+        data.append(clock() - start)
+        windows.append((wall, time.perf_counter()))
     return data, windows
+
+
+class DriftProbe:
+    """A fixed host-bound workload, timed once before every round of a benchmark (untimed there).
+
+    Twenty small ``addmm`` + ``tanh`` launches on 32x32 tensors of the benchmark's device, then a
+    synchronisation: a few hundred microseconds spent almost entirely in Python, the dispatcher and kernel
+    launches, the costs that dominate a host-bound RNN call. It touches no LSTM or GRU, so a slowdown of
+    the layer does not move it, while a host that is slower today (frequency, a noisy neighbour) does. The
+    speed gate divides the host part of the current samples by median(probe now) / median(probe baseline)
+    (``--lstmperf-drift=probe``, the default; see ``regression.compare_samples``).
+    """
+
+    STEPS = 20
+
+    def __init__(self, torch_device: str, clock: Callable[[], float] = time.perf_counter) -> None:
+        import torch
+
+        self._torch = torch
+        self.device = torch.device(torch_device)
+        gen = torch.Generator().manual_seed(0)
+        self.a = (torch.randn(32, 32, generator=gen) / 32).to(self.device)
+        self.b = torch.randn(32, 32, generator=gen).to(self.device)
+        self.clock = clock
+        self.samples: list[float] = []
+        self._work()  # first call pays one-off costs (allocator, kernel loading); not a sample
+
+    def _work(self) -> None:
+        torch = self._torch
+        with torch.no_grad():
+            x = self.b
+            for _ in range(self.STEPS):
+                x = torch.addmm(self.b, x, self.a).tanh_()
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+
+    def sample(self) -> None:
+        start = self.clock()
+        self._work()
+        self.samples.append(self.clock() - start)
+
+
+def benchmark_timer(config: Any) -> Callable[[], float]:
+    """The clock pytest-benchmark times with (``--benchmark-timer``, default ``time.perf_counter``), so that
+    rounds timed here (under pytest-xdist) use the same one."""
+    from pytest_benchmark.utils import load_timer
+
+    raw = config.getoption("benchmark_timer", None)
+    if not raw:
+        return time.perf_counter
+    return load_timer(str(raw)).target
 
 
 # --------------------------------------------------------------------------------------- device time

@@ -7,13 +7,11 @@ import os
 import sys
 import time
 
-import torch
-
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from pytest_lstmperf import paths  # noqa: E402
-from pytest_lstmperf.case import make_case  # noqa: E402
-from pytest_lstmperf.device import resolve_device  # noqa: E402
-from pytest_lstmperf.spec import LayerSpec  # noqa: E402
+from pytest_lstmperf import paths
+from pytest_lstmperf.case import make_case
+from pytest_lstmperf.device import resolve_device
+from pytest_lstmperf.spec import LayerSpec
 
 
 def torch64(case):
@@ -56,7 +54,7 @@ def main() -> None:
             t = time.time()
             try:
                 r = p.prepare(case, dev).run()
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 print(f"{p.name:28s} {spec.short():40s} ERROR {type(exc).__name__}: {exc}")
                 continue
             err = rel(r.output, ref.output) if ref is not None else float("nan")

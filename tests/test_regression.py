@@ -10,6 +10,7 @@ from pytest_lstmperf.regression import (
     GateResult,
     Thresholds,
     compare_samples,
+    correct_for_drift,
     drift_ratio,
     format_table,
     mannwhitney_greater,
@@ -114,6 +115,24 @@ def test_drift_correction_cancels_machine_drift() -> None:
     drift = drift_ratio(noisy(rng, 5e-3, 20), noisy(rng, 6.5e-3, 20))
     d = compare_samples("t", base, now, drift=drift)
     assert d.verdict == "unchanged" and d.drift == drift
+
+
+def test_drift_divides_only_the_host_part() -> None:
+    rng = np.random.default_rng(7)
+    # 1 ms on the device + 1 ms of host time; today the host takes 1.3 ms: the call is 1.15x slower
+    base = noisy(rng, 2e-3, 30, 0.01)
+    now = noisy(rng, 2.3e-3, 30, 0.01)
+    host_drift = 1.3
+    whole = compare_samples("t", base, now, drift=host_drift)  # dividing the whole call over-corrects
+    assert whole.ratio is not None and whole.ratio < 0.9 and whole.verdict == "improved"
+    d = compare_samples("t", base, now, drift=host_drift, device_s=1e-3)
+    assert d.verdict == "unchanged" and d.ratio is not None and abs(d.ratio - 1.0) < 0.03
+    assert any("host part" in n for n in d.notes)
+    # a real regression on top of the drift is still caught: the layer itself got 1.25x slower
+    slow = noisy(rng, 2.3e-3 * 1.25, 30, 0.01)
+    assert compare_samples("t", base, slow, drift=host_drift, device_s=1e-3).verdict == "regressed"
+    with pytest.raises(ValueError, match="positive finite"):
+        correct_for_drift([1.0], 0.0)
 
 
 def test_per_test_threshold() -> None:

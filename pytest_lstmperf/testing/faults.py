@@ -29,7 +29,14 @@ session resolves its paths: "behind the suite's back") and undone at ``pytest_un
     device time does not (the wrapper stands aside while a stream is capturing). The synchronisation it
     adds is the one the benchmarks already do after each call.
 
-Programmatic use: ``with planted("slowdown:1.25"): ...``.
+The slowdown measures and waits on a clock: ``wall`` (default; ``time.perf_counter``, the clock
+pytest-benchmark times with) or ``thread`` (``time.thread_time``, the CPU time of the calling thread, spun
+on rather than slept), chosen with ``--lstmperf-plant-clock`` or ``PYTEST_LSTMPERF_PLANT_CLOCK``. The thread
+clock pairs with ``--benchmark-timer=time.thread_time`` on a shared CPU machine, where preemption adds wall
+time at random: measured in thread CPU time, a single-threaded CPU benchmark and its planted slowdown are
+steady whatever else the machine runs.
+
+Programmatic use: ``with planted("slowdown:1.25"): ...`` (``planted("slowdown:1.25", clock="thread")``).
 """
 
 from __future__ import annotations
@@ -44,7 +51,17 @@ from typing import Any
 import pytest
 
 ENV = "PYTEST_LSTMPERF_PLANT"
+CLOCK_ENV = "PYTEST_LSTMPERF_PLANT_CLOCK"
 VALID = "cudnn-off, onednn-off, perturb:EPS, slowdown:F, wrong-precision"
+#: the clocks the slowdown measures and waits on
+CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "thread": time.thread_time}
+
+
+def check_clock(name: str) -> str:
+    """``name`` if it is a known clock, else ValueError naming the valid ones."""
+    if name not in CLOCKS:
+        raise ValueError(f"unknown clock {name!r} (valid: {', '.join(CLOCKS)})")
+    return name
 
 
 @dataclass(frozen=True)
@@ -156,10 +173,17 @@ def _plant_wrong_precision() -> Callable[[], None]:
     return undo
 
 
-def pause(seconds: float) -> None:
+def pause(seconds: float, clock: str = "wall") -> None:
     """Wait ``seconds`` accurately: ``time.sleep`` overshoots sub-millisecond waits by tens of
-    microseconds, so the last millisecond is spun on the clock."""
+    microseconds, so the last millisecond is spun on the clock. On the ``thread`` clock the whole wait is
+    spun (a sleeping thread uses no CPU time)."""
     if seconds <= 0:
+        return
+    if clock == "thread":
+        now = CLOCKS["thread"]
+        deadline = now() + seconds
+        while now() < deadline:
+            pass
         return
     deadline = time.perf_counter() + seconds
     if seconds > 0.002:
@@ -180,10 +204,11 @@ def _first_tensor(args: tuple[Any, ...]) -> Any:
     return None
 
 
-def _plant_slowdown(factor: float) -> Callable[[], None]:
+def _plant_slowdown(factor: float, clock: str = "wall") -> Callable[[], None]:
     import torch
 
     extra = factor - 1.0
+    now = CLOCKS[check_clock(clock)]
     state = {"active": True}
 
     def sync(tensor: Any) -> None:
@@ -202,7 +227,7 @@ def _plant_slowdown(factor: float) -> Callable[[], None]:
         @staticmethod
         def backward(ctx: Any, grad: Any) -> Any:
             sync(grad)
-            ctx.box["start"] = time.perf_counter()
+            ctx.box["start"] = now()
             return grad, None
 
     def hook_for(module: Any, reference: Any) -> Any:
@@ -215,7 +240,7 @@ def _plant_slowdown(factor: float) -> Callable[[], None]:
                 if start is None or not state["active"] or capturing():
                     return
                 sync(grad)
-                pause(extra * (time.perf_counter() - start))
+                pause(extra * (now() - start), clock)
 
             box["handle"] = weight.register_hook(on_grad)
         return box
@@ -226,10 +251,10 @@ def _plant_slowdown(factor: float) -> Callable[[], None]:
                 return original(self, *args, **kwargs)
             first = _first_tensor(args)
             sync(first)
-            start = time.perf_counter()
+            start = now()
             out = original(self, *args, **kwargs)
             sync(first)
-            pause(extra * (time.perf_counter() - start))
+            pause(extra * (now() - start), clock)
             if torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters()):
                 box = hook_for(self, first)
                 out = _map_outputs(out, lambda t: _StampBackward.apply(t, box) if t.requires_grad else t)
@@ -246,8 +271,9 @@ def _plant_slowdown(factor: float) -> Callable[[], None]:
     return undo
 
 
-def plant(faults: list[Fault]) -> Callable[[], None]:
-    """Apply ``faults``; returns a function that undoes them (in reverse order)."""
+def plant(faults: list[Fault], clock: str = "wall") -> Callable[[], None]:
+    """Apply ``faults``; returns a function that undoes them (in reverse order). ``clock`` is the one the
+    slowdown measures and waits on (see the module docstring)."""
     undos: list[Callable[[], None]] = []
     try:
         for fault in faults:
@@ -260,7 +286,7 @@ def plant(faults: list[Fault]) -> Callable[[], None]:
             elif fault.kind == "wrong-precision":
                 undos.append(_plant_wrong_precision())
             elif fault.kind == "slowdown":
-                undos.append(_plant_slowdown(float(fault.value or 1.0)))
+                undos.append(_plant_slowdown(float(fault.value or 1.0), clock))
     except BaseException:
         for undo in reversed(undos):
             undo()
@@ -274,9 +300,9 @@ def plant(faults: list[Fault]) -> Callable[[], None]:
 
 
 @contextlib.contextmanager
-def planted(spec: str) -> Iterator[list[Fault]]:
+def planted(spec: str, clock: str = "wall") -> Iterator[list[Fault]]:
     faults = parse_faults(spec)
-    undo = plant(faults)
+    undo = plant(faults, clock)
     try:
         yield faults
     finally:
@@ -286,6 +312,7 @@ def planted(spec: str) -> Iterator[list[Fault]]:
 # ------------------------------------------------------------------------------------------ pytest plugin
 _UNDO = pytest.StashKey[Callable[[], None]]()
 _FAULTS = pytest.StashKey[list[Fault]]()
+_CLOCK = pytest.StashKey[str]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -296,9 +323,23 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         metavar="FAULTS",
         help=f"plant faults to prove the checks catch them: {VALID} (comma-separated) [env {ENV}]",
     )
+    parser.getgroup("lstmperf").addoption(
+        "--lstmperf-plant-clock",
+        dest="lstmperf_plant_clock",
+        default=None,
+        metavar="CLOCK",
+        help=f"clock the planted slowdown measures and waits on: {', '.join(CLOCKS)} (default wall) [env {CLOCK_ENV}]",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    clock, clock_source = config.getoption("lstmperf_plant_clock"), "--lstmperf-plant-clock"
+    if not clock:
+        clock, clock_source = os.environ.get(CLOCK_ENV) or "wall", CLOCK_ENV
+    try:
+        check_clock(clock)
+    except ValueError as exc:
+        raise pytest.UsageError(f"{clock_source}={clock}: {exc}") from None
     raw, source = config.getoption("lstmperf_plant"), "--lstmperf-plant"
     if not raw and os.environ.get(ENV):
         raw, source = os.environ[ENV], ENV
@@ -309,17 +350,20 @@ def pytest_configure(config: pytest.Config) -> None:
     except ValueError as exc:
         raise pytest.UsageError(f"{source}={raw}: {exc}") from None
     try:
-        config.stash[_UNDO] = plant(faults)
+        config.stash[_UNDO] = plant(faults, clock)
     except ImportError as exc:
         raise pytest.UsageError(f"{source}={raw}: planting needs torch ({exc})") from None
     config.stash[_FAULTS] = faults
+    config.stash[_CLOCK] = clock
 
 
 def pytest_report_header(config: pytest.Config) -> list[str]:
     faults = config.stash.get(_FAULTS, None)
     if not faults:
         return []
-    return [f"lstmperf: PLANTED FAULTS {', '.join(map(str, faults))} (pytest_lstmperf.testing.faults)"]
+    clock = config.stash.get(_CLOCK, "wall")
+    on = f" on the {clock} clock" if clock != "wall" and any(f.kind == "slowdown" for f in faults) else ""
+    return [f"lstmperf: PLANTED FAULTS {', '.join(map(str, faults))}{on} (pytest_lstmperf.testing.faults)"]
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
