@@ -196,6 +196,11 @@ def _setting(config: pytest.Config, name: str) -> options.Resolved:
     return options.resolve(config, name)
 
 
+def bench_set(config: pytest.Config) -> str:
+    """The selected benchmark set: ``gate`` (quick) or ``thorough``."""
+    return str(_setting(config, "lstmperf_bench_set").value)
+
+
 def _is_worker(config: pytest.Config) -> bool:
     return hasattr(config, "workerinput")
 

@@ -6,6 +6,7 @@ exit with status 2, never a traceback.
 
     lstmperf explain lstm units=128 activation=relu --framework keras-torch --device cuda [--run] [--json]
     lstmperf report configs.json [--device cuda] [--run] [--json OUT]
+    lstmperf crossover lstm input_size=64 hidden_size=256 num_layers=2 seq_len=100 [--batches 1,2,4] [--out DIR]
 """
 
 from __future__ import annotations
@@ -173,8 +174,113 @@ def cmd_paths(args: argparse.Namespace) -> int:
     return 0
 
 
+# ------------------------------------------------------------------------------------------- crossover
+CROSSOVER_PATHS = ("torch-cpu-onednn", "torch-cudnn-default", "torch-cuda-generic")
+
+
+def _batches(raw: str) -> list[int]:
+    try:
+        values = sorted({int(v) for v in raw.split(",") if v.strip()})
+    except ValueError:
+        raise CommandError(f"--batches={raw}: expected comma-separated positive integers, e.g. 1,2,4,8") from None
+    if not values or values[0] < 1:
+        raise CommandError(f"--batches={raw}: expected comma-separated positive integers, e.g. 1,2,4,8")
+    return values
+
+
+def add_crossover_command(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "crossover",
+        help="sweep batch size on the CPU and the GPU paths and find where the GPU starts to win",
+        description="Forward time per call of one layer at each batch size on the CPU path and each GPU path "
+        "(cuDNN and generic); prints the batch size from which each GPU path beats the CPU, and writes "
+        "crossover.png, crossover.csv and crossover.json into --out.",
+    )
+    parser.add_argument("cell", choices=["lstm", "gru"], type=str.lower, help="the layer type")
+    parser.add_argument(
+        "layer", nargs="*", metavar="KEY=VALUE",
+        help="LayerSpec fields, e.g. input_size=64 hidden_size=256 num_layers=2 seq_len=100",
+    )  # fmt: skip
+    parser.add_argument("--batches", default="1,2,4,8,16,32,64,128,256,512,1024", help="batch sizes to sweep")
+    parser.add_argument("--device", "-d", default="cuda", help="the GPU to sweep: cuda (default) or cuda:N")
+    parser.add_argument(
+        "--paths", default=",".join(CROSSOVER_PATHS), help=f"paths to sweep (default {','.join(CROSSOVER_PATHS)})"
+    )
+    parser.add_argument("--repeats", type=int, default=7, help="timed calls per point (median; default 7)")
+    parser.add_argument("--out", default="crossover", help="folder for the plot and the numbers (default crossover)")
+    parser.set_defaults(func=cmd_crossover)
+
+
+def cmd_crossover(args: argparse.Namespace) -> int:
+    import csv
+    from pathlib import Path
+
+    from . import paths as registry
+    from .device import DeviceError, resolve_device
+    from .workloads import crossover_sweep, crossovers, plot_sweep
+
+    _, spec, _ = parse_layer(args.cell, args.layer, "torch")
+    batches = _batches(args.batches)
+    names = [n.strip() for n in args.paths.split(",") if n.strip()]
+    known = registry.all_paths()
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise CommandError(f"--paths: unknown {', '.join(unknown)} (valid: {', '.join(sorted(known))})")
+    cpu_paths = [n for n in names if known[n].device == "cpu"]
+    gpu_paths = [n for n in names if known[n].device == "cuda"]
+    if len(cpu_paths) != 1 or not gpu_paths:
+        raise CommandError(f"--paths={args.paths}: need exactly one CPU path and at least one GPU path")
+    if args.repeats < 1:
+        raise CommandError(f"--repeats={args.repeats}: must be >= 1")
+    if not args.device.startswith("cuda"):
+        raise CommandError(f"--device={args.device}: the crossover compares the CPU with a GPU (valid: cuda, cuda:N)")
+    devices = {"cpu": resolve_device("cpu", "--device")}
+    try:
+        devices["cuda"] = resolve_device(args.device, "--device")
+    except DeviceError as exc:
+        raise CommandError(f"{exc} (the crossover needs a GPU)") from None
+    print(f"crossover of {spec.short()} on {devices['cuda'].describe()}", flush=True)
+    points = crossover_sweep(
+        spec, batches, names, devices, args.repeats, progress=lambda line: print(line, file=sys.stderr, flush=True)
+    )
+    marks = crossovers(points, cpu_paths[0], gpu_paths)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "crossover.csv", "w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["path", "batch", "seconds", "kernel", "note"])
+        for p in points:
+            writer.writerow([p.path, p.batch, "" if p.seconds is None else f"{p.seconds:.6e}", p.kernel, p.note])
+    with open(out / "crossover.json", "w", encoding="utf-8") as handle:
+        json.dump(
+            {
+                "spec": spec.to_dict(),
+                "device": devices["cuda"].describe(),
+                "cpu": devices["cpu"].describe(),
+                "crossover": marks,
+                "points": [p.__dict__ for p in points],
+            },
+            handle,
+            indent=2,
+        )
+    plot = plot_sweep(points, out / "crossover.png", f"{spec.short()}: {devices['cuda'].describe()}", marks)
+    for name, batch in marks.items():
+        verdict = f"wins from batch {batch}" if batch is not None else "never wins for good in this sweep"
+        print(f"{name}: {verdict} (against {cpu_paths[0]})")
+    failed = [p for p in points if p.seconds is None]
+    if failed:
+        print(f"{len(failed)} of {len(points)} points not measured; see crossover.csv (note column)")
+    print(f"wrote {plot}, {out / 'crossover.csv'}, {out / 'crossover.json'}")
+    return 0
+
+
 # ------------------------------------------------------------------------------------------- entry point
-COMMANDS: list[Callable[[Any], None]] = [add_explain_command, add_report_command, add_paths_command]
+COMMANDS: list[Callable[[Any], None]] = [
+    add_explain_command,
+    add_report_command,
+    add_paths_command,
+    add_crossover_command,
+]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -505,6 +505,15 @@ def _compute(case: Case) -> ReferenceResult:
     return ReferenceResult(output, h_n, c_n, grads)
 
 
+def forward_reference(
+    spec: LayerSpec, weights: Mapping[str, np.ndarray], x: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """Forward only, float64, zero initial states: ``(output (B, T, D*S), h_n, c_n)`` for batch-first ``x``."""
+    w, x64, h0, c0 = _prepare(spec, weights, x, None, None)
+    output, h_n, c_n, _ = _forward_taped(spec, w, x64, h0, c0)
+    return output, h_n, c_n
+
+
 @functools.lru_cache(maxsize=64)
 def _cached(spec: LayerSpec, seed: int) -> ReferenceResult:
     return _compute(make_case(spec, seed))

@@ -1,0 +1,190 @@
+"""Results of the seed-workload suite (``suites/test_workloads.py``): collected from every test (also from
+pytest-xdist workers, through the reports' ``user_properties``), printed as tables at the end of the run and
+written with plots into ``--lstmperf-report=DIR`` (``workloads.md`` and PNGs).
+
+A test adds a row with :func:`add_row`; ``kind`` is one of ``bucketing``, ``crossover``, ``overhead``,
+``precision``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+PROPERTY = "lstmperf_workload"
+ROWS_KEY = pytest.StashKey[list[dict[str, Any]]]()
+KINDS = ("bucketing", "crossover", "overhead", "precision")
+
+
+def add_row(request: pytest.FixtureRequest, kind: str, **row: Any) -> None:
+    if kind not in KINDS:
+        raise ValueError(f"unknown workload row kind {kind!r} (valid: {', '.join(KINDS)})")
+    request.node.user_properties.append((PROPERTY, json.dumps({"kind": kind, **row}, default=str)))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.stash[ROWS_KEY] = []
+
+
+class _Collector:
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.when != "call":
+            return
+        for name, value in report.user_properties:
+            if name == PROPERTY:
+                self.config.stash[ROWS_KEY].append(json.loads(value))
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionstart(session: pytest.Session) -> None:
+    session.config.pluginmanager.register(_Collector(session.config), "lstmperf-workloads")
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1e3:.3f}"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    lines = ["  ".join(str(c).ljust(w) for c, w in zip(header, widths, strict=True)).rstrip()]
+    lines.append("  ".join("-" * w for w in widths))
+    lines += ["  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+    return lines
+
+
+def sections(rows: list[dict[str, Any]]) -> dict[str, tuple[list[str], list[list[str]]]]:
+    """Per kind, (header, rows) of the summary tables."""
+    by_kind: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for row in rows:
+        by_kind[row["kind"]].append(row)
+    out: dict[str, tuple[list[str], list[list[str]]]] = {}
+    if by_kind["bucketing"]:
+        groups: dict[str, dict[str, dict[str, Any]]] = defaultdict(dict)
+        for r in by_kind["bucketing"]:
+            groups[r["workload"]][r["mode"]] = r
+        table = []
+        for workload, modes in sorted(groups.items()):
+            padded = modes.get("padded", {}).get("seconds")
+            for mode in ("padded", "packed", "bucketed"):
+                r = modes.get(mode)
+                if not r:
+                    continue
+                speedup = f"{padded / r['seconds']:.2f}x" if padded and r.get("seconds") else "-"
+                table.append([workload, mode, f"{r['work_ratio']:.2f}", f"{100 * r['wasted']:.0f}%",
+                              _ms(r.get("seconds")), speedup, str(r.get("buckets", "-"))])  # fmt: skip
+        header = ["workload", "mode", "work/ideal", "wasted", "epoch ms", "vs padded", "buckets"]
+        out["bucketing"] = (header, table)
+    if by_kind["crossover"]:
+        table = []
+        for r in by_kind["crossover"]:
+            for name, batch in r["crossover"].items():
+                table.append([r["shape"], name, r["against"], "never" if batch is None else str(batch)])
+        out["crossover"] = (["shape", "path", "against", "wins from batch"], table)
+    if by_kind["overhead"]:
+        table = [
+            [r["shape"], r["device"], _ms(r["module_s"]), _ms(r["op_s"]), _ms(r.get("graph_s")),
+             f"{r['ratio']:.2f}x", _ms(r["host_s"]), str(r["kernels"])]
+            for r in by_kind["overhead"]
+        ]  # fmt: skip
+        header = ["shape", "device", "module ms", "aten op ms", "graph replay ms", "module/raw", "host ms", "kernels"]
+        out["overhead"] = (header, table)
+    if by_kind["precision"]:
+        fp32 = {r["shape"]: r["seconds"] for r in by_kind["precision"] if r["claimed"].endswith("/fp32")}
+        for r in by_kind["precision"]:
+            base = fp32.get(r["shape"])
+            r["speedup"] = base / r["seconds"] if base and r.get("seconds") else None
+        table = [
+            [r["shape"], r["path"], r["observed"], _ms(r["seconds"]),
+             f"{r['speedup']:.2f}x" if r.get("speedup") else "-", f"{r['error']:.2e}", f"{r['bound']:.2e}"]
+            for r in by_kind["precision"]
+        ]  # fmt: skip
+        header = ["shape", "path", "ran", "forward ms", "vs fp32", "max rel error", "bound"]
+        out["precision"] = (header, table)
+    return out
+
+
+TITLES = {
+    "bucketing": "padding vs packing vs bucketing (training epoch)",
+    "crossover": "CPU/GPU crossover (forward)",
+    "overhead": "framework overhead against the raw op and a CUDA-graph replay (forward)",
+    "precision": "precision: speed and error side by side (forward)",
+}
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    if hasattr(config, "workerinput"):
+        return
+    rows = config.stash.get(ROWS_KEY, [])
+    if not rows:
+        return
+    terminalreporter.section("lstmperf workloads")
+    for kind, (header, table) in sections(rows).items():
+        terminalreporter.write_line(TITLES[kind])
+        for line in _table(header, table):
+            terminalreporter.write_line("  " + line)
+        terminalreporter.write_line("")
+    report_dir = config.getoption("lstmperf_report", None) or ""
+    if report_dir:
+        try:
+            path = write_workload_report(Path(report_dir), rows)
+            terminalreporter.write_line(f"workload report written to {path}")
+        except OSError as exc:
+            terminalreporter.write_line(f"--lstmperf-report={report_dir}: could not write the workload report: {exc}")
+
+
+def write_workload_report(out: Path, rows: list[dict[str, Any]]) -> Path:
+    """``workloads.md`` with the tables, the crossover plots the suite wrote, and a bucketing bar chart."""
+    out.mkdir(parents=True, exist_ok=True)
+    lines = ["# Seed workloads", ""]
+    for kind, (header, table) in sections(rows).items():
+        lines += [f"## {TITLES[kind]}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        lines += ["| " + " | ".join(r) + " |" for r in table]
+        lines.append("")
+        if kind == "bucketing":
+            png = _plot_bucketing(out, [r for r in rows if r["kind"] == "bucketing"])
+            if png:
+                lines += [f"![{TITLES[kind]}]({png.name})", ""]
+        if kind == "crossover":
+            for r in rows:
+                if r["kind"] == "crossover" and r.get("plot"):
+                    lines += [f"![crossover {r['shape']}]({Path(r['plot']).name})", ""]
+    path = out / "workloads.md"
+    path.write_text("\n".join(lines), encoding="utf-8")
+    (out / "workloads.json").write_text(json.dumps(rows, indent=1), encoding="utf-8")
+    return path
+
+
+def _plot_bucketing(out: Path, rows: list[dict[str, Any]]) -> Path | None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    workloads = sorted({r["workload"] for r in rows})
+    if not workloads:
+        return None
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    width = 0.25
+    for i, mode in enumerate(("padded", "packed", "bucketed")):
+        ratios = [next((r["work_ratio"] for r in rows if r["workload"] == w and r["mode"] == mode), 0) for w in workloads]
+        times = [next((r["seconds"] or 0 for r in rows if r["workload"] == w and r["mode"] == mode), 0) for w in workloads]
+        xs = [x + (i - 1) * width for x in range(len(workloads))]
+        axes[0].bar(xs, ratios, width, label=mode)
+        axes[1].bar(xs, [t * 1e3 for t in times], width, label=mode)
+    for ax, label in ((axes[0], "computed steps / ideal steps"), (axes[1], "training epoch (ms)")):
+        ax.set_xticks(range(len(workloads)))
+        ax.set_xticklabels(workloads, fontsize=7)
+        ax.set_ylabel(label)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = out / "bucketing.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -1,0 +1,250 @@
+"""The seed workloads, reproduced on this machine and kept true in CI.
+
+    pytest suites/test_workloads.py --device=cuda --lstmperf-report=report/
+    pytest suites/test_workloads.py --device=cuda --lstmperf-bench-set=thorough    # the full sweeps
+
+* padding vs packing vs bucketing: a variable-length dataset (uniform and long-tailed lengths) run padded to
+  each batch's longest sequence, packed, and bucketed by automatically generated length buckets; the valid
+  outputs and last states agree with every sequence run alone in float64, and the run reports the padded
+  work against the ideal work and the speedups of packing and bucketing (timed by pytest-benchmark);
+* the CPU/GPU crossover: batch size sweep of one layer on the CPU path and the GPU paths (on a CPU-only run:
+  oneDNN against the native kernel), every point checked to run the kernel its path claims;
+* framework overhead: ``nn.LSTM``/``nn.GRU`` against the ATen op it calls and, on CUDA, a CUDA-graph replay
+  of the same call (the device-only cost), after checking that the op computes the same numbers;
+* precision: every precision path on the same shape, its speed and its error against the float64 reference
+  side by side, with the kernel and tolerance checks of the equivalence suite.
+
+The quick set (default, for merge gating) runs cheap representatives; ``--lstmperf-bench-set=thorough``
+runs the full grids. Results are printed at the end of the run and written to ``--lstmperf-report=DIR``.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import pytest
+
+from pytest_lstmperf import paths as registry
+from pytest_lstmperf.bench_plugin import bench_set
+from pytest_lstmperf.workload_plugin import add_row
+
+torch = pytest.importorskip("torch")
+
+from pytest_lstmperf import workloads  # noqa: E402
+from pytest_lstmperf.checks import check_against, check_trace  # noqa: E402
+from pytest_lstmperf.case import make_case  # noqa: E402
+from pytest_lstmperf.device import resolve_device  # noqa: E402
+from pytest_lstmperf.equivalence import verify_path  # noqa: E402
+from pytest_lstmperf.reference import run_reference  # noqa: E402
+from pytest_lstmperf.spec import LayerSpec  # noqa: E402
+from pytest_lstmperf.tolerance import tolerance  # noqa: E402
+
+# ------------------------------------------------------------------------------------------- settings
+# (count, max_len, batch, input, hidden) per device kind and set
+VARLEN = {
+    ("cpu", "gate"): (96, 50, 16, 32, 64),
+    ("cpu", "thorough"): (512, 200, 32, 64, 128),
+    ("cuda", "gate"): (512, 100, 32, 64, 256),
+    ("cuda", "thorough"): (4096, 400, 64, 256, 512),
+}
+CROSSOVER = {
+    "cpu": (LayerSpec(input_size=32, hidden_size=64, batch=1, seq_len=20), ("torch-cpu-native", "torch-cpu-onednn")),
+    "cuda": (
+        LayerSpec(input_size=64, hidden_size=256, num_layers=2, batch=1, seq_len=100),
+        ("torch-cpu-onednn", "torch-cudnn-default", "torch-cuda-generic"),
+    ),
+}
+CROSSOVER_BATCHES = {"gate": (1, 8, 64), "thorough": (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)}
+# (hidden, batch, seq) grids; input = hidden
+OVERHEAD = {
+    ("cpu", "gate"): [(64, 1, 20), (64, 16, 20)],
+    ("cpu", "thorough"): list(itertools.product((64, 256), (1, 16), (20, 100))),
+    ("cuda", "gate"): [(256, 1, 100), (256, 64, 100), (1024, 64, 25)],
+    ("cuda", "thorough"): list(itertools.product((256, 512, 1024), (1, 16, 64), (25, 100))),
+}
+PRECISION_PATHS = {
+    "cpu": ("torch-cpu-onednn", "torch-cpu-autocast-bf16"),
+    "cuda": ("torch-cudnn-fp32", "torch-cudnn-default", "torch-cuda-autocast-fp16", "torch-cuda-autocast-bf16"),
+}
+PRECISION_SHAPES = {
+    ("cpu", "gate"): [LayerSpec(input_size=32, hidden_size=64, batch=16, seq_len=20)],
+    ("cpu", "thorough"): [LayerSpec(input_size=64, hidden_size=256, batch=32, seq_len=50)],
+    ("cuda", "gate"): [LayerSpec(input_size=512, hidden_size=512, batch=64, seq_len=25)],
+    ("cuda", "thorough"): [
+        LayerSpec(input_size=512, hidden_size=512, batch=64, seq_len=25),
+        LayerSpec(input_size=1024, hidden_size=1024, batch=64, seq_len=25),
+        LayerSpec(input_size=64, hidden_size=256, num_layers=2, batch=64, seq_len=100),
+    ],
+}
+
+
+def _kind(config: pytest.Config) -> str:
+    from pytest_lstmperf.session import ensure_session
+
+    return ensure_session(config).device.kind
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    config = metafunc.config
+    kind, set_name = _kind(config), bench_set(config)
+    if "distribution" in metafunc.fixturenames:
+        metafunc.parametrize("distribution", workloads.LENGTH_DISTRIBUTIONS)
+    if "varlen_mode" in metafunc.fixturenames:
+        metafunc.parametrize("varlen_mode", workloads.MODES)
+    if "overhead_shape" in metafunc.fixturenames:
+        cells = ("lstm", "gru") if set_name == "thorough" else ("lstm",)
+        shapes = [(c, *s) for c in cells for s in OVERHEAD[(kind, set_name)]]
+        metafunc.parametrize("overhead_shape", shapes, ids=[f"{c}-H{h}-B{b}-T{t}" for c, h, b, t in shapes])
+    if "precision_case" in metafunc.fixturenames:
+        cases = [(p, s) for s in PRECISION_SHAPES[(kind, set_name)] for p in PRECISION_PATHS[kind]]
+        metafunc.parametrize("precision_case", cases, ids=[f"{p}-{s.short()}" for p, s in cases])
+
+
+@pytest.fixture(scope="module")
+def varlen_workloads(lstmperf: Any, pytestconfig: pytest.Config) -> dict[str, workloads.VarLenWorkload]:
+    count, max_len, batch, input_size, hidden = VARLEN[(lstmperf.device.kind, bench_set(pytestconfig))]
+    out = {}
+    for dist in workloads.LENGTH_DISTRIBUTIONS:
+        lengths = workloads.draw_lengths(count, max_len, dist, lstmperf.seed)
+        out[dist] = workloads.VarLenWorkload(
+            "lstm", input_size, hidden, lengths, batch, device=lstmperf.device.torch_device, seed=lstmperf.seed
+        )
+    return out
+
+
+def _workload_name(wl: workloads.VarLenWorkload, dist: str) -> str:
+    return f"{dist} n={len(wl.lengths)} max={int(wl.lengths.max())} B={wl.batch} H={wl.hidden_size}"
+
+
+def _device_precision(device_kind: str) -> str:
+    if device_kind == "cuda" and torch.backends.cudnn.allow_tf32:
+        return "tf32"
+    return "fp32"
+
+
+# ------------------------------------------------------------------------------------------- bucketing
+def test_padding_packing_bucketing_agree(varlen_workloads: dict, distribution: str) -> None:
+    """Valid outputs and last states of the three ways agree with every sequence run alone in float64."""
+    wl = varlen_workloads[distribution]
+    reference = wl.reference()
+    spec = LayerSpec(input_size=wl.input_size, hidden_size=wl.hidden_size, batch=wl.batch,
+                     seq_len=int(wl.lengths.max()))  # fmt: skip
+    bound = tolerance(_device_precision(wl.dev.type), "forward", spec)
+    failures = []
+    for mode in workloads.MODES:
+        err = workloads.max_relative_error(wl.results(mode), reference)
+        if not err <= bound.rel:
+            failures.append(f"{mode}: max relative error {err:.3e} > bound {bound.rel:.3e} ({bound.explain()})")
+    assert not failures, f"{_workload_name(wl, distribution)}:\n" + "\n".join(failures)
+
+
+def test_padding_packing_bucketing_speed(
+    varlen_workloads: dict, distribution: str, varlen_mode: str, benchmark: Any, request: pytest.FixtureRequest
+) -> None:
+    """One training epoch (forward + backward per batch) each way; work ratio and time to the summary."""
+    wl = varlen_workloads[distribution]
+    work = wl.work(varlen_mode)
+    if varlen_mode == "packed":
+        assert work.ratio == 1.0
+    else:
+        assert work.padded >= work.ideal  # padding never computes fewer steps than the data holds
+
+    def epoch() -> None:
+        wl.epoch(varlen_mode, train=True)
+        wl.synchronize()
+
+    benchmark.group = f"epoch {_workload_name(wl, distribution)}"
+    benchmark.extra_info.update(mode=varlen_mode, work_ratio=work.ratio, wasted=work.wasted, buckets=wl.bounds)
+    if benchmark.enabled:
+        benchmark.pedantic(epoch, rounds=5, warmup_rounds=1, iterations=1)
+        seconds = benchmark.stats.stats.median
+    else:  # pytest-benchmark disables itself under pytest-xdist or --benchmark-disable
+        benchmark.pedantic(epoch)
+        seconds = workloads.median_time(epoch, wl.synchronize, repeats=5, warmup=0)
+    add_row(request, "bucketing", workload=_workload_name(wl, distribution), mode=varlen_mode,
+            work_ratio=work.ratio, wasted=work.wasted, seconds=seconds,
+            buckets=len(wl.bounds) if varlen_mode == "bucketed" else "-")  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------------- crossover
+def test_crossover(lstmperf: Any, pytestconfig: pytest.Config, request: pytest.FixtureRequest) -> None:
+    """Batch sweep on each path; every point must run the kernel its path claims."""
+    kind = lstmperf.device.kind
+    spec, names = CROSSOVER[kind]
+    devices = {"cpu": resolve_device("cpu"), kind: lstmperf.device}
+    batches = CROSSOVER_BATCHES[bench_set(pytestconfig)]
+    points = workloads.crossover_sweep(spec, batches, names, devices, repeats=5, seed=lstmperf.seed)
+    problems = []
+    for point in points:
+        path = registry.get(point.path)
+        if point.seconds is None:
+            problems.append(f"{point.path} batch {point.batch}: not measured: {point.note}")
+            continue
+        family, precision = path.expected(spec.replace(batch=point.batch))
+        if not _same_kernel(point.kernel, f"{family}/{precision}"):
+            problems.append(f"{point.path} batch {point.batch}: expected {family}/{precision}, observed {point.kernel}")
+    fast, slow = (names[1:], names[0])
+    marks = workloads.crossovers(points, slow, fast)
+    plot = None
+    report_dir = pytestconfig.getoption("lstmperf_report", None)
+    if report_dir:
+        from pathlib import Path
+
+        Path(report_dir).mkdir(parents=True, exist_ok=True)
+        plot = str(workloads.plot_sweep(points, Path(report_dir) / f"crossover-{kind}.png", spec.short(), marks))
+    add_row(request, "crossover", shape=spec.short(), against=slow, crossover=marks, plot=plot,
+            points=[p.__dict__ for p in points])  # fmt: skip
+    assert not problems, "\n".join(problems)
+
+
+def _same_kernel(observed: str, expected: str) -> bool:
+    from pytest_lstmperf.regression import same_kernel
+
+    return same_kernel(observed, expected)
+
+
+# ------------------------------------------------------------------------------------------- overhead
+def test_framework_overhead(lstmperf: Any, overhead_shape: tuple, request: pytest.FixtureRequest) -> None:
+    """Module call vs the ATen op (same numbers first) vs a CUDA-graph replay of the module call."""
+    cell, hidden, batch, seq = overhead_shape
+    device = lstmperf.device.torch_device
+    torch.manual_seed(lstmperf.seed)
+    module = (torch.nn.LSTM if cell == "lstm" else torch.nn.GRU)(hidden, hidden, batch_first=True).to(device)
+    x = torch.randn(batch, seq, hidden, device=device)
+    h0 = torch.zeros(1, batch, hidden, device=device)
+    with torch.no_grad():
+        out_module, _ = module(x)
+        args = (x, (h0, h0)) if cell == "lstm" else (x, h0)
+        op = torch._VF.lstm if cell == "lstm" else torch._VF.gru
+        out_op = op(*args, module._flat_weights, True, 1, 0.0, False, False, True)[0]
+    assert torch.equal(out_module, out_op), "the raw op does not compute what the module computes"
+    result = workloads.measure_overhead(cell, hidden, hidden, 1, batch, seq, device)
+    if lstmperf.device.kind == "cuda":
+        assert result.graph_s is not None, "CUDA-graph capture of the module call failed: no device-only cost"
+    add_row(request, "overhead", shape=f"{cell}-H{hidden}-B{batch}-T{seq}", device=lstmperf.device.name,
+            module_s=result.module_s, op_s=result.op_s, graph_s=result.graph_s, ratio=result.ratio,
+            host_s=result.host_s, kernels=result.kernels)  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------------- precision
+def test_precision_speed_and_error(lstmperf: Any, precision_case: tuple, request: pytest.FixtureRequest) -> None:
+    """Time and error side by side; then the equivalence suite's kernel and tolerance checks."""
+    name, spec = precision_case
+    path = registry.get(name)
+    reason = path.available(lstmperf.device) or path.supports(spec)
+    if reason:
+        pytest.skip(f"{name}: {reason}")
+    case = make_case(spec.replace(training=True), lstmperf.seed)
+    run = path.prepare(case, lstmperf.device)
+    seconds = workloads.median_time(run.forward, run.synchronize, repeats=15)
+    result = path.prepare(case, lstmperf.device).run()
+    claimed = path.expected(case.spec)
+    _, errors = check_against(result, run_reference(case), case.spec, claimed[1])
+    observed = f"{result.forward_trace.family}/{result.forward_trace.precision}"
+    forward_err = max((e for q, e in errors.items() if not q.startswith("grad")), default=float("nan"))
+    bound = tolerance(claimed[1], "forward", case.spec).rel
+    add_row(request, "precision", shape=spec.short(), path=name, claimed="/".join(claimed), observed=observed,
+            seconds=seconds, error=forward_err, bound=bound,
+            kernel_ok=not check_trace(claimed, result.forward_trace, "forward"))  # fmt: skip
+    verify_path(path, case.spec, lstmperf, request.node)
