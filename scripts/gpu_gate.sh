@@ -9,7 +9,8 @@
 #
 # Environment: OUT (default ./gpu-gate-out), N (runs per scenario, default 2), PYTHON (default python3),
 # GATE_PATHS (paths to gate, default the cuDNN, TF32-default, generic and fp16 autocast paths),
-# BUDGET_S (stop starting new runs after this many seconds, default 450). DEVICE=cpu dry-runs the script on
+# BUDGET_S (stop starting new runs after this many seconds, default 450), WARMUP (1, default: one unrecorded
+# run before recording). DEVICE=cpu dry-runs the script on
 # a CPU (GATE_PATHS=torch-cpu-onednn,torch-cpu-native: the fallback planted is then onednn-off).
 set -u
 cd "$(dirname "$0")/.."
@@ -65,6 +66,10 @@ run() {  # run NAME [extra pytest args...]
 }
 over_budget() { [ $(( $(date +%s) - START )) -gt "$BUDGET_S" ]; }
 
+if [ "${WARMUP:-1}" = 1 ]; then
+  echo "== warm-up run (not recorded: a freshly started machine is slow on its first run)"
+  run warmup
+fi
 echo "== recording the baseline (default gate set, paths $GATE_PATHS)"
 run record --lstmperf-update-baseline --lstmperf-report="$OUT/report-record"
 grep -E "baseline .* (created|written|unchanged)" "$OUT/logs/record.log" | tail -1
@@ -119,3 +124,6 @@ echo "$FAST_PATH benchmarks flagged regressed per slowdown run:${SLOW_CUDNN_HIT:
 echo "default gate set wall time (clean run): $(walls clean) s (target < 180 s); script total ${TOTAL} s"
 echo "baseline to commit: $(ls "$OUT"/*.json 2>/dev/null | grep -v /json/ | head -3 | tr '\n' ' ') -> baselines/"
 echo "logs: $OUT/logs, JSON: $OUT/json, reports: $OUT/report-*/index.html"
+echo
+echo "== the decision with and without the drift correction, from the runs' JSON"
+"$PYTHON" scripts/gate_drift_analysis.py "$BASEDIR"/*.json "$OUT"/json/clean-*.json "$OUT"/json/slowdown-*.json 2>&1 | head -80

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# The seed workloads on a GPU: the crossover CLI on the 2-layer LSTM (input 64, hidden 256, sequence 100) and
+# the workload suite (bucketing, crossover, overhead, precision) with its report. Run from the repository
+# root:  OUT=/tmp/wl bash scripts/gpu_workloads.sh
+set -u
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/gpu-workloads-out}
+PYTHON=${PYTHON:-python3}
+SET=${SET:-gate}
+mkdir -p "$OUT"
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+PLUGIN_ARGS=()
+if ! "$PYTHON" -c "import importlib.metadata as m, sys; sys.exit(0 if any(e.name == 'lstmperf' for e in m.entry_points(group='pytest11')) else 1)"; then
+  PLUGIN_ARGS=(-p pytest_lstmperf.plugin)
+fi
+echo "== lstmperf crossover"
+t0=$(date +%s)
+"$PYTHON" -m pytest_lstmperf.cli crossover lstm input_size=64 hidden_size=256 num_layers=2 seq_len=100 \
+  --device cuda --out "$OUT/crossover" 2>"$OUT/crossover-progress.log"
+echo "   exit $?, $(( $(date +%s) - t0 )) s"
+tail -3 "$OUT/crossover-progress.log"
+echo "== workload suite ($SET set)"
+t0=$(date +%s)
+"$PYTHON" -m pytest "${PLUGIN_ARGS[@]}" suites/test_workloads.py --device=cuda -p no:cacheprovider -q \
+  --lstmperf-bench-set="$SET" --lstmperf-report="$OUT/report" --benchmark-json="$OUT/workloads.json" \
+  >"$OUT/workloads.log" 2>&1
+echo "   exit $?, $(( $(date +%s) - t0 )) s"
+sed -n '/lstmperf workloads/,/workload report written/p' "$OUT/workloads.log" | cut -c1-200
+grep -E "passed|failed|error" "$OUT/workloads.log" | tail -3
