@@ -130,11 +130,22 @@ SETTING_NAMES = [
             "--lstmperf-drift",
             "PYTEST_LSTMPERF_DRIFT",
             "lstmperf_drift",
-            "probe",
+            "off",
             parse_choice(("probe", "off")),
-            "machine-drift correction of the speed gate: probe (divide the host part of each time by the "
+            "machine-drift correction of per-call decisions: probe (divide the host part of each time by the "
             "now/baseline ratio of a fixed host-bound probe timed between the benchmark's rounds) or off",
             "MODE",
+        ),
+        Setting(
+            "lstmperf_metric",
+            "--lstmperf-metric",
+            "PYTEST_LSTMPERF_METRIC",
+            "lstmperf_metric",
+            "auto",
+            parse_choice(("auto", "device", "per-call")),
+            "what the speed gate compares: auto (device time from CUDA-graph replay where both runs have it, "
+            "else the per-call time), device, or per-call (host overhead included)",
+            "METRIC",
         ),
         Setting(
             "lstmperf_report",
@@ -262,6 +273,12 @@ def pytest_configure(config: pytest.Config) -> None:
     # pytest-benchmark loads what --benchmark-compare names in its own pytest_configure (trylast): point it
     # at this device's baseline first.
     compare = config.getoption("benchmark_compare", None)
+    metric = _setting(config, "lstmperf_metric")
+    if compare and metric.value == "device" and _device(config).kind != "cuda":
+        raise pytest.UsageError(
+            f"{metric.where()}: the device metric compares CUDA-graph replay times, which a "
+            f"{_device(config).kind} run does not have (valid here: auto, per-call)"
+        )
     if compare and _is_worker(config):
         config.option.benchmark_compare = []  # the controller compares; workers only measure
     elif compare:
@@ -734,11 +751,14 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 
 def run_gate(config: pytest.Config, state: GateState) -> GateResult:
-    from .regression import Decision, GateResult, Thresholds, compare_samples, drift_ratio
+    from dataclasses import replace
+
+    from .regression import Decision, GateResult, Thresholds, compare_samples, drift_ratio, pick_samples
     from .session import SESSION_KEY
 
     assert state.baseline is not None
     use_probe = _setting(config, "lstmperf_drift").value == "probe"
+    metric = _setting(config, "lstmperf_metric").value
     ratio = _setting(config, "lstmperf_threshold").value
     pvalue = _setting(config, "lstmperf_pvalue").value
     entries = state.baseline.entries
@@ -784,23 +804,28 @@ def run_gate(config: pytest.Config, state: GateState) -> GateResult:
             ratio=record.get("thresholds", {}).get("ratio", ratio),
             pvalue=record.get("thresholds", {}).get("pvalue", pvalue),
         )
-        drift = None
-        if use_probe:
-            drift = drift_ratio(bextra.get("drift_probe") or [], extra.get("drift_probe") or [])
-        decisions.append(
-            compare_samples(
-                name,
-                entry["stats"]["data"],
-                record["data"],
-                limits,
-                base_throttled=bextra.get("throttled"),
-                now_throttled=extra.get("throttled"),
-                drift=drift,
-                device_s=extra.get("device_time_s") if drift else None,
-                kernel_then=then_kernel,
-                kernel_now=now_kernel,
-            )
+        used, base_samples, now_samples, note = pick_samples(
+            metric, bextra, extra, entry["stats"]["data"], record["data"]
         )
+        drift = None
+        if use_probe and used == "per-call":
+            drift = drift_ratio(bextra.get("drift_probe") or [], extra.get("drift_probe") or [])
+        per_call = drift_ratio(entry["stats"]["data"], record["data"])
+        decision = compare_samples(
+            name,
+            base_samples,
+            now_samples,
+            limits,
+            base_throttled=bextra.get("throttled") if used == "per-call" else None,
+            now_throttled=extra.get("throttled") if used == "per-call" else None,
+            drift=drift,
+            device_s=extra.get("device_time_s") if drift else None,
+            kernel_then=then_kernel,
+            kernel_now=now_kernel,
+        )
+        notes = (*decision.notes, note) if note else decision.notes
+        decisions.append(replace(decision, metric=used, per_call_ratio=per_call, notes=notes))
+
     for name, entry in entries.items():
         if name in seen:
             continue

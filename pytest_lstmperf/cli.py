@@ -166,8 +166,17 @@ def cmd_paths(args: argparse.Namespace) -> int:
         status = "-"
         if device is not None:
             status = (path.available(device) or "available") if path.device == device.kind else "other device"
-        rows.append((path.name, path.device, path.kernel, path.precision, "yes" if path.in_gate else "no",
-                     status, path.description))
+        rows.append(
+            (
+                path.name,
+                path.device,
+                path.kernel,
+                path.precision,
+                "yes" if path.in_gate else "no",
+                status,
+                path.description,
+            )
+        )
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     for row in rows:
         print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)) + "  " + row[-1])

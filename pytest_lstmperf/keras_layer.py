@@ -68,10 +68,8 @@ class KerasOptions:
         problems = []
         if self.backend not in BACKENDS:
             problems.append(f"backend={self.backend!r} (valid: {', '.join(BACKENDS)})")
-        if (
-            self.use_cudnn not in ("auto", True, False)
-            or (isinstance(self.use_cudnn, int)
-            and not isinstance(self.use_cudnn, bool))
+        if self.use_cudnn not in ("auto", True, False) or (
+            isinstance(self.use_cudnn, int) and not isinstance(self.use_cudnn, bool)
         ):
             problems.append(f"use_cudnn={self.use_cudnn!r} (valid: 'auto', True, False)")
         if self.implementation not in (1, 2):

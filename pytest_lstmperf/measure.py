@@ -237,26 +237,41 @@ def render_doc(data: dict) -> str:
     """docs/tolerances.md from tolerances.json: constants, per-family distributions per device, exclusions."""
     from .tolerance import SAFETY
 
-    lines = [DOC_INTRO, "## Constants in force", "",
-             "| precision | pass | largest err/(u x growth) | C | u | tensors measured | set by |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        DOC_INTRO,
+        "## Constants in force",
+        "",
+        "| precision | pass | largest err/(u x growth) | C | u | tensors measured | set by |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for precision in sorted(data["constants"]):
         for pass_, entry in sorted(data["constants"][precision].items()):
             lines.append(
                 f"| {precision} | {pass_} | {entry['max_normalised']:.3g} | {SAFETY * entry['max_normalised']:.3g} "
                 f"| {UNIT_ROUNDOFF[precision]:.2e} | {entry['samples']} | {entry['source']} |"
             )
-    lines += ["", "## Measured distributions", "",
-              "Normalised errors `err / (u x growth)` per kernel family, precision and pass, per device.", ""]
+    lines += [
+        "",
+        "## Measured distributions",
+        "",
+        "Normalised errors `err / (u x growth)` per kernel family, precision and pass, per device.",
+        "",
+    ]
     for _key, measured in sorted(data["measurements"].items()):
-        lines += [f"### {measured['device']} ({measured['date']})", "",
-                  "| kernel | precision | pass | tensors | median | p99 | max |", "|---|---|---|---|---|---|---|"]
+        lines += [
+            f"### {measured['device']} ({measured['date']})",
+            "",
+            "| kernel | precision | pass | tensors | median | p99 | max |",
+            "|---|---|---|---|---|---|---|",
+        ]
         for family, precisions in sorted(measured.get("by_kernel", {}).items()):
             for precision, passes in sorted(precisions.items()):
                 for pass_, st in sorted(passes.items()):
                     mark = " (excluded)" if (family, precision) in EXCLUDED else ""
-                    lines.append(f"| {family}{mark} | {precision} | {pass_} | {st['n']} | {st['median']:.3g} | "
-                                 f"{st['p99']:.3g} | {st['max']:.3g} |")
+                    lines.append(
+                        f"| {family}{mark} | {precision} | {pass_} | {st['n']} | {st['median']:.3g} | "
+                        f"{st['p99']:.3g} | {st['max']:.3g} |"
+                    )
         lines.append("")
     if data.get("excluded"):
         lines += ["## Measured but kept out of the bound (findings)", ""]

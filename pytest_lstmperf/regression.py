@@ -76,6 +76,8 @@ class Decision:
     threshold: float | None = None
     drift: float | None = None
     notes: tuple[str, ...] = ()
+    metric: str = "per-call"  # which samples decided: "device" (CUDA-graph replay) or "per-call"
+    per_call_ratio: float | None = None  # median(now) / median(baseline) of the per-call times, for the table
 
     @property
     def failed(self) -> bool:
@@ -96,6 +98,8 @@ class Decision:
             "threshold": self.threshold,
             "drift": self.drift,
             "notes": list(self.notes),
+            "metric": self.metric,
+            "per_call_ratio": self.per_call_ratio,
         }
 
 
@@ -213,6 +217,35 @@ def compare_samples(
     )  # type: ignore[arg-type]
 
 
+METRICS = ("auto", "device", "per-call")
+
+
+def pick_samples(
+    metric: str, base_extra: dict, now_extra: dict, base_data: Sequence[float], now_data: Sequence[float]
+) -> tuple[str, Sequence[float], Sequence[float], str]:
+    """Which samples the decision compares: ``(metric used, baseline samples, current samples, note)``.
+
+    ``device``: the CUDA-graph replay times (``extra_info.device_samples``, method ``cuda-graph``) of both
+    sides, the kernels' own cost, steady within a few percent between runs where the per-call time (mostly
+    host time for small RNN calls) moves by tens of percent. ``per-call``: the timed rounds, host overhead
+    included. ``auto``: device where both sides have graph-replay samples, else per-call.
+    """
+    if metric not in METRICS:
+        raise ValueError(f"unknown metric {metric!r} (valid: {', '.join(METRICS)})")
+    graphs = all(
+        extra.get("device_time_method") == "cuda-graph" and len(extra.get("device_samples") or []) > 0
+        for extra in (base_extra, now_extra)
+    )
+    if metric == "per-call":
+        return "per-call", base_data, now_data, ""
+    if graphs:
+        return "device", base_extra["device_samples"], now_extra["device_samples"], ""
+    why = "no CUDA-graph device time on both sides"
+    if metric == "device":
+        return "device", [], [], why
+    return "per-call", base_data, now_data, f"decided on per-call time: {why}"
+
+
 def same_kernel(then: str, now: str) -> bool:
     """``family/precision`` strings agree; fp32 and tf32 count as one precision (see trace.py: TF32 is
     inferred from GEMM kernel names, which an RNN kernel may or may not show)."""
@@ -270,16 +303,21 @@ def format_seconds(value: float | None) -> str:
 
 def format_table(decisions: Sequence[Decision]) -> list[str]:
     """Rows for the terminal: test, baseline, now, ratio, p-value, drift, kernel then and now, verdict."""
-    header = ("test", "baseline", "now", "ratio", "p-value", "drift", "kernel then", "kernel now", "verdict")
+    header = (
+        "test", "metric", "baseline", "now", "ratio", "p-value", "per call", "drift", "kernel then", "kernel now",
+        "verdict",
+    )  # fmt: skip
     rows = [header]
     for d in decisions:
         rows.append(
             (
                 d.name,
+                d.metric,
                 format_seconds(d.base_median),
                 format_seconds(d.now_median),
                 "-" if d.ratio is None else f"{d.ratio:.3f}",
                 "-" if d.pvalue is None else f"{d.pvalue:.2g}",
+                "-" if d.per_call_ratio is None else f"{d.per_call_ratio:.3f}",
                 "-" if d.drift is None else f"{d.drift:.3f}",
                 d.kernel_then or "-",
                 d.kernel_now or "-",

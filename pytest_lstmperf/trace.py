@@ -184,8 +184,11 @@ def torch_trace(device: str, phase: str, profile_kernels: bool | None = None) ->
     """Trace the PyTorch work inside the block; the yielded list receives one :class:`KernelTrace`.
 
     ``profile_kernels`` (default: on CUDA) also collects GPU kernel names with ``torch.profiler``.
+    ``device`` is a kind (``cpu``, ``cuda``) or a torch device string (``cuda:1``).
     """
     import torch
+
+    device = device.split(":")[0]
 
     recorder = _Recorder()
     out: list[KernelTrace] = []

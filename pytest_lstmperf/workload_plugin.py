@@ -173,8 +173,12 @@ def _plot_bucketing(out: Path, rows: list[dict[str, Any]]) -> Path | None:
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     width = 0.25
     for i, mode in enumerate(("padded", "packed", "bucketed")):
-        ratios = [next((r["work_ratio"] for r in rows if r["workload"] == w and r["mode"] == mode), 0) for w in workloads]
-        times = [next((r["seconds"] or 0 for r in rows if r["workload"] == w and r["mode"] == mode), 0) for w in workloads]
+        ratios = [
+            next((r["work_ratio"] for r in rows if r["workload"] == w and r["mode"] == mode), 0) for w in workloads
+        ]
+        times = [
+            next((r["seconds"] or 0 for r in rows if r["workload"] == w and r["mode"] == mode), 0) for w in workloads
+        ]
         xs = [x + (i - 1) * width for x in range(len(workloads))]
         axes[0].bar(xs, ratios, width, label=mode)
         axes[1].bar(xs, [t * 1e3 for t in times], width, label=mode)

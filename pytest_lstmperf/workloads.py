@@ -143,7 +143,9 @@ def find_crossover(cpu: dict[int, float], gpu: dict[int, float]) -> int | None:
 
 
 # ------------------------------------------------------------------------------------------ timing
-def median_time(call: Callable[[], object], synchronize: Callable[[], None], repeats: int = 7, warmup: int = 2) -> float:
+def median_time(
+    call: Callable[[], object], synchronize: Callable[[], None], repeats: int = 7, warmup: int = 2
+) -> float:
     """Median wall seconds of ``call`` followed by ``synchronize``, after ``warmup`` untimed calls."""
     for _ in range(warmup):
         call()

@@ -1,10 +1,11 @@
-"""Replay the speed gate's decision on stored runs, with the drift correction and without it.
+"""Replay the speed gate's decision on stored runs under each rule: device time (the default where CUDA-graph
+replay times exist), per-call time, and per-call time corrected by the drift probe.
 
     python scripts/gate_drift_analysis.py BASELINE.json RUN.json [RUN.json ...]
 
 Each RUN is a ``--benchmark-json`` file of ``suites/test_benchmarks.py``. For every run, prints how many
-benchmarks each rule calls regressed / improved / unchanged, the spread of the drift probe's now/baseline
-ratio, and the regressed ones.
+benchmarks each rule calls regressed / improved / unchanged, the spread of the now/baseline ratios of the
+device time, the per-call time and the drift probe, and the regressed ones.
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pytest_lstmperf.regression import compare_samples, drift_ratio  # noqa: E402
+from pytest_lstmperf.regression import compare_samples, drift_ratio, pick_samples  # noqa: E402
+
+RULES = ("device", "per-call", "per-call+probe")
 
 
 def main(argv: list[str]) -> int:
@@ -27,9 +30,9 @@ def main(argv: list[str]) -> int:
     base = {b["fullname"]: b for b in json.loads(Path(argv[0]).read_text())["benchmarks"]}
     for run_file in argv[1:]:
         run = json.loads(Path(run_file).read_text())
-        counts = {"probe": Counter(), "off": Counter()}
-        flagged: dict[str, list[str]] = {"probe": [], "off": []}
-        drifts = []
+        counts = {rule: Counter() for rule in RULES}
+        flagged: dict[str, list[str]] = {rule: [] for rule in RULES}
+        ratios: dict[str, list[float]] = {"device": [], "per-call": [], "probe": []}
         for bench in run["benchmarks"]:
             entry = base.get(bench["fullname"])
             data = bench["stats"].get("data") or []
@@ -37,24 +40,38 @@ def main(argv: list[str]) -> int:
                 continue
             extra, bextra = bench["extra_info"], entry["extra_info"]
             drift = drift_ratio(bextra.get("drift_probe") or [], extra.get("drift_probe") or [])
-            if drift:
-                drifts.append(drift)
-            for mode in ("probe", "off"):
+            for key, value in (
+                ("device", drift_ratio(bextra.get("device_samples") or [], extra.get("device_samples") or [])),
+                ("per-call", drift_ratio(entry["stats"]["data"], data)),
+                ("probe", drift),
+            ):
+                if value:
+                    ratios[key].append(value)
+            for rule in RULES:
+                used, b, n, _ = pick_samples(
+                    "device" if rule == "device" else "per-call", bextra, extra, entry["stats"]["data"], data
+                )
                 d = compare_samples(
-                    bench["fullname"], entry["stats"]["data"], data,
-                    drift=drift if mode == "probe" else None,
-                    device_s=extra.get("device_time_s") if mode == "probe" else None,
+                    bench["fullname"], b, n,
+                    drift=drift if rule == "per-call+probe" else None,
+                    device_s=extra.get("device_time_s") if rule == "per-call+probe" else None,
+                    kernel_then=f"{bextra.get('kernel')}/{bextra.get('precision')}",
+                    kernel_now=f"{extra.get('kernel')}/{extra.get('precision')}",
                 )  # fmt: skip
-                counts[mode][d.verdict] += 1
-                if d.verdict == "regressed":
-                    flagged[mode].append(f"{bench['name']} x{d.ratio:.3f}")
-        spread = f"{min(drifts):.3f}..{max(drifts):.3f} (median {statistics.median(drifts):.3f})" if drifts else "-"
-        print(f"{Path(run_file).name}: drift probe now/baseline {spread}")
-        for mode in ("probe", "off"):
-            summary = ", ".join(f"{n} {v}" for v, n in sorted(counts[mode].items()))
-            print(f"  drift={mode:5s} {summary}")
-            for line in flagged[mode]:
-                print(f"      regressed: {line}")
+                counts[rule][d.verdict] += 1
+                if d.failed:
+                    flagged[rule].append(f"{bench['name']} {d.verdict} x{d.ratio:.3f}" if d.ratio else bench["name"])
+        print(f"{Path(run_file).name}:")
+        for key, values in ratios.items():
+            if values:
+                print(
+                    f"  {key:9s} now/baseline {min(values):.3f}..{max(values):.3f} (median {statistics.median(values):.3f})"
+                )
+        for rule in RULES:
+            summary = ", ".join(f"{n} {v}" for v, n in sorted(counts[rule].items()))
+            print(f"  rule {rule:15s} {summary}")
+            for line in flagged[rule]:
+                print(f"      failed: {line}")
     return 0
 
 

@@ -269,6 +269,15 @@ def test_xdist_records_every_benchmark(gate) -> None:
     result.stdout.fnmatch_lines(["*speed gate against*3 unchanged*"])
 
 
+def test_device_metric_on_the_cpu_is_a_usage_error(gate) -> None:
+    assert gate("--lstmperf-save-baseline").ret == 0
+    result = gate("--benchmark-compare", "--lstmperf-metric=device")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(
+        ["*--lstmperf-metric=device*CUDA-graph replay times*cpu run*(valid here: auto, per-call)*"]
+    )
+
+
 def test_drift_probe_recorded_and_applied(gate) -> None:
     """The probe is timed between rounds and stored; the gate divides by its now/baseline ratio. Planted
     drift: the stored probe samples are doubled, as if the host had been twice as fast when the baseline was
@@ -323,6 +332,8 @@ def test_report_and_summary(gate) -> None:
         ("--lstmperf-bench-set=huge", "*--lstmperf-bench-set=huge*valid: gate, thorough*"),
         ("--lstmperf-plant=melt", "*unknown fault 'melt' (valid: cudnn-off, onednn-off*"),
         ("--lstmperf-drift=sometimes", "*--lstmperf-drift=sometimes*valid: probe, off*"),
+        ("--lstmperf-metric=wall", "*--lstmperf-metric=wall*valid: auto, device, per-call*"),
+        ("--lstmperf-plant=kernel-slowdown:1.25", "*kernel-slowdown:1.25*needs a usable CUDA device*"),
         (
             "--lstmperf-plant-clock=sundial",
             "*--lstmperf-plant-clock=sundial*unknown clock 'sundial' (valid: wall, thread)*",

@@ -18,6 +18,14 @@ session resolves its paths: "behind the suite's back") and undone at ``pytest_un
 ``wrong-precision``
     ``torch.autocast`` (and ``torch.cuda.amp.autocast``/``torch.cpu.amp.autocast``) becomes a no-op: autocast
     paths run in float32.
+``kernel-slowdown:F``
+    The GPU work of each ``torch.nn.LSTM``/``GRU`` call takes ``F`` times as long: after the call, a
+    ``torch.cuda._sleep`` kernel stalls the stream for ``(F - 1)`` times the layer's kernel time, and after the
+    backward pass (when the first weight's gradient is complete) for ``(F - 1)`` times its backward kernel
+    time. The kernel times are measured once per layer, input shape and grad mode with ``torch.profiler``
+    (sum of the GPU kernels' durations of a throwaway forward, and of ``torch.autograd.grad`` through it),
+    and the sleep kernel's cycles per second with CUDA events. The stall is GPU work: CUDA-graph device time
+    and the time per call both grow (device time by ``F``). CUDA only.
 ``slowdown:F``
     Each ``torch.nn.LSTM``/``GRU`` call takes ``F`` times as long: the wrapper synchronises the input's CUDA
     device, runs the real forward, synchronises again, measures the elapsed time ``t`` and waits
@@ -52,7 +60,7 @@ import pytest
 
 ENV = "PYTEST_LSTMPERF_PLANT"
 CLOCK_ENV = "PYTEST_LSTMPERF_PLANT_CLOCK"
-VALID = "cudnn-off, onednn-off, perturb:EPS, slowdown:F, wrong-precision"
+VALID = "cudnn-off, onednn-off, perturb:EPS, slowdown:F, kernel-slowdown:F, wrong-precision"
 #: the clocks the slowdown measures and waits on
 CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "thread": time.thread_time}
 
@@ -85,7 +93,7 @@ def parse_faults(raw: str) -> list[Fault]:
             if arg:
                 raise ValueError(f"{part!r}: {kind} takes no value (valid: {VALID})")
             faults.append(Fault(kind))
-        elif kind in ("perturb", "slowdown"):
+        elif kind in ("perturb", "slowdown", "kernel-slowdown"):
             try:
                 value = float(arg)
             except ValueError:
@@ -93,7 +101,7 @@ def parse_faults(raw: str) -> list[Fault]:
                     f"{part!r}: {kind} needs a number, e.g. {kind}:{'1e-3' if kind == 'perturb' else '1.25'}"
                     f" (valid: {VALID})"
                 ) from None
-            if kind == "slowdown" and not value >= 1.0:
+            if kind != "perturb" and not value >= 1.0:
                 raise ValueError(f"{part!r}: the slowdown factor must be >= 1 (valid: {VALID})")
             faults.append(Fault(kind, value))
         else:
@@ -271,6 +279,111 @@ def _plant_slowdown(factor: float, clock: str = "wall") -> Callable[[], None]:
     return undo
 
 
+def _kernel_seconds(prof: Any) -> float:
+    """Sum of the GPU kernels' (and memory operations') durations a profiler saw, in seconds."""
+    total = 0.0
+    for event in prof.events():
+        if "CUDA" in str(getattr(event, "device_type", "")):
+            total += event.time_range.elapsed_us() * 1e-6
+    return total
+
+
+def _plant_kernel_slowdown(factor: float) -> Callable[[], None]:
+    import torch
+
+    if not torch.cuda.is_available():
+        raise ValueError("kernel-slowdown adds GPU work: it needs a usable CUDA device")
+    extra = factor - 1.0
+    state = {"active": True}
+    rate: dict[int, float] = {}
+    cost: dict[tuple[Any, ...], tuple[float, float]] = {}
+
+    def capturing() -> bool:
+        return torch.cuda.is_current_stream_capturing()
+
+    def profiling() -> bool:
+        return bool(torch.autograd.profiler._is_profiler_enabled)
+
+    def cycles_per_s(device: Any) -> float:
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        if index not in rate:
+            with torch.cuda.device(index):
+                torch.cuda._sleep(1000)
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                torch.cuda._sleep(20_000_000)
+                end.record()
+                end.synchronize()
+                rate[index] = 20_000_000 / (start.elapsed_time(end) * 1e-3)
+        return rate[index]
+
+    def stall(device: Any, seconds: float) -> None:
+        if seconds > 0:
+            with torch.cuda.device(device):
+                torch.cuda._sleep(max(int(seconds * cycles_per_s(device)), 1))
+
+    def measure(module: Any, original: Callable[..., Any], args: Any, kwargs: Any) -> tuple[float, float]:
+        from torch.profiler import ProfilerActivity, profile
+
+        grad = torch.is_grad_enabled() and any(p.requires_grad for p in module.parameters())
+        state["active"] = False  # the throwaway calls below are not slowed
+        try:
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                out = original(module, *args, **kwargs)
+                torch.cuda.synchronize()
+            forward = _kernel_seconds(prof)
+            backward = 0.0
+            if grad:
+                tensors: list[Any] = []
+                _map_outputs(out, lambda t: tensors.append(t) or t)
+                loss = sum(t.float().sum() for t in tensors if t.requires_grad)
+                params = [p for p in module.parameters() if p.requires_grad]
+                with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                    torch.autograd.grad(loss, params, allow_unused=True)
+                    torch.cuda.synchronize()
+                backward = _kernel_seconds(prof)
+        finally:
+            state["active"] = True
+        return forward, backward
+
+    def hook_for(module: Any, key: tuple[Any, ...]) -> None:
+        box = module.__dict__.setdefault("_lstmperf_kernel_slowdown_box", {})
+        box["key"] = key
+        if "handle" not in box:
+            weight = next(iter(module.parameters()))
+
+            def on_grad(grad: Any) -> None:
+                if state["active"] and box.get("key") in cost and grad.is_cuda:
+                    stall(grad.device, extra * cost[box["key"]][1])
+
+            box["handle"] = weight.register_hook(on_grad)
+
+    def wrap(original: Callable[..., Any]) -> Callable[..., Any]:
+        def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+            first = _first_tensor(args)
+            if not state["active"] or first is None or not first.is_cuda:
+                return original(self, *args, **kwargs)
+            key = (id(self), tuple(first.shape), first.dtype, torch.is_grad_enabled(), torch.is_autocast_enabled())
+            if key not in cost and not capturing() and not profiling():
+                cost[key] = measure(self, original, args, kwargs)
+            out = original(self, *args, **kwargs)
+            if key in cost:
+                stall(first.device, extra * cost[key][0])
+                if torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters()):
+                    hook_for(self, key)
+            return out
+
+        return forward
+
+    undo_patch = _patch_forward(wrap)
+
+    def undo() -> None:
+        state["active"] = False
+        undo_patch()
+
+    return undo
+
+
 def plant(faults: list[Fault], clock: str = "wall") -> Callable[[], None]:
     """Apply ``faults``; returns a function that undoes them (in reverse order). ``clock`` is the one the
     slowdown measures and waits on (see the module docstring)."""
@@ -287,6 +400,8 @@ def plant(faults: list[Fault], clock: str = "wall") -> Callable[[], None]:
                 undos.append(_plant_wrong_precision())
             elif fault.kind == "slowdown":
                 undos.append(_plant_slowdown(float(fault.value or 1.0), clock))
+            elif fault.kind == "kernel-slowdown":
+                undos.append(_plant_kernel_slowdown(float(fault.value or 1.0)))
     except BaseException:
         for undo in reversed(undos):
             undo()
@@ -353,6 +468,8 @@ def pytest_configure(config: pytest.Config) -> None:
         config.stash[_UNDO] = plant(faults, clock)
     except ImportError as exc:
         raise pytest.UsageError(f"{source}={raw}: planting needs torch ({exc})") from None
+    except ValueError as exc:
+        raise pytest.UsageError(f"{source}={raw}: {exc}") from None
     config.stash[_FAULTS] = faults
     config.stash[_CLOCK] = clock
 
