@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pytest_lstmperf.regression import compare_samples, drift_ratio, pick_samples  # noqa: E402
+from pytest_lstmperf.regression import compare_samples, drift_ratio, pick_samples
 
 RULES = ("device", "per-call", "per-call+probe")
 
@@ -48,7 +48,7 @@ def main(argv: list[str]) -> int:
                 if value:
                     ratios[key].append(value)
             for rule in RULES:
-                used, b, n, _ = pick_samples(
+                _, b, n, _ = pick_samples(
                     "device" if rule == "device" else "per-call", bextra, extra, entry["stats"]["data"], data
                 )
                 d = compare_samples(

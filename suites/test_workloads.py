@@ -32,8 +32,8 @@ from pytest_lstmperf.workload_plugin import add_row
 torch = pytest.importorskip("torch")
 
 from pytest_lstmperf import workloads  # noqa: E402
-from pytest_lstmperf.checks import check_against, check_trace  # noqa: E402
 from pytest_lstmperf.case import make_case  # noqa: E402
+from pytest_lstmperf.checks import check_against, check_trace  # noqa: E402
 from pytest_lstmperf.device import resolve_device  # noqa: E402
 from pytest_lstmperf.equivalence import verify_path  # noqa: E402
 from pytest_lstmperf.reference import run_reference  # noqa: E402

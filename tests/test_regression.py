@@ -11,11 +11,11 @@ from pytest_lstmperf.regression import (
     Thresholds,
     compare_samples,
     correct_for_drift,
-    pick_samples,
     drift_ratio,
     format_table,
     mannwhitney_greater,
     min_attainable_pvalue,
+    pick_samples,
     same_kernel,
 )
 
