@@ -64,9 +64,8 @@ def main(argv: list[str]) -> int:
         print(f"{Path(run_file).name}:")
         for key, values in ratios.items():
             if values:
-                print(
-                    f"  {key:9s} now/baseline {min(values):.3f}..{max(values):.3f} (median {statistics.median(values):.3f})"
-                )
+                middle = statistics.median(values)
+                print(f"  {key:9s} now/baseline {min(values):.3f}..{max(values):.3f} (median {middle:.3f})")
         for rule in RULES:
             summary = ", ".join(f"{n} {v}" for v, n in sorted(counts[rule].items()))
             print(f"  rule {rule:15s} {summary}")
