@@ -400,6 +400,11 @@ class BenchRunner:
         reason = path.available(device)
         if reason:
             pytest.skip(f"{path.name}: {reason}")
+        from .device import shared_gpu
+
+        shared = shared_gpu(device)
+        if shared:
+            pytest.skip(f"not timed: {shared}; a benchmark needs a GPU of its own (use -n auto or fewer workers)")
         spec = case.shape.spec
         thresholds = self._thresholds()
         run = path.prepare(make_case(spec, session.seed), device)

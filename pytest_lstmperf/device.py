@@ -60,7 +60,7 @@ class DeviceInfo:
             return (
                 f"{self.name} ({fp.get('gpu', '?')}, compute capability {fp.get('capability', '?')}, "
                 f"driver {fp.get('driver', '?')}, CUDA {fp.get('cuda', '?')}, cuDNN {fp.get('cudnn', '?')}, "
-                f"torch {fp.get('torch', '?')})"
+                f"torch {fp.get('torch', '?')})" + (f" [{fp['pinned']}]" if "pinned" in fp else "")
             )
         return (
             f"cpu ({fp.get('cpu', '?')}, {fp.get('threads', '?')} threads, oneDNN {fp.get('onednn', '?')}, "
@@ -151,7 +151,7 @@ def resolve_device(value: str, source: str = "--device") -> DeviceInfo:
     count = torch.cuda.device_count() if usable else 0
     if kind == "auto":
         if usable and count:
-            return DeviceInfo("cuda", 0, fingerprint("cuda", 0))
+            return resolve_device("cuda", source)
         return DeviceInfo("cpu", None, fingerprint("cpu", None))
     if not usable or count == 0:
         built = torch.version.cuda
@@ -162,11 +162,38 @@ def resolve_device(value: str, source: str = "--device") -> DeviceInfo:
             f" (CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>')})"
         )
         raise DeviceError(f"{source}={value}: no usable CUDA device: {why}. Run on a GPU runner or pass --device=cpu.")
-    index = 0 if index is None else index
+    pinned = index is None and xdist_worker() is not None
+    index = (xdist_worker() or 0) % count if index is None else index
     if index >= count:
         raise DeviceError(
             f"{source}={value}: only {count} CUDA device{'s' if count != 1 else ''} present (valid: "
             + ", ".join(f"cuda:{i}" for i in range(count))
             + ")"
         )
-    return DeviceInfo("cuda", index, fingerprint("cuda", index))
+    info = DeviceInfo("cuda", index, fingerprint("cuda", index))
+    if pinned:
+        info.fingerprint["pinned"] = f"pytest-xdist worker gw{xdist_worker()} pinned to cuda:{index} of {count}"
+    return info
+
+
+def xdist_worker() -> int | None:
+    """This process's pytest-xdist worker number (``gw3`` -> 3), None outside xdist workers."""
+    name = os.environ.get("PYTEST_XDIST_WORKER", "")
+    return int(name[2:]) if name.startswith("gw") and name[2:].isdigit() else None
+
+
+def shared_gpu(device: DeviceInfo) -> str | None:
+    """Why timing on ``device`` would be unfair under pytest-xdist (two workers on one GPU), else None."""
+    if device.kind != "cuda" or xdist_worker() is None:
+        return None
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+    if workers <= 1:
+        return None
+    import torch
+
+    count = torch.cuda.device_count()
+    if "pinned" not in device.fingerprint:
+        return f"all {workers} pytest-xdist workers run on {device.name} (--device names one GPU)"
+    if workers > count:
+        return f"{workers} pytest-xdist workers share {count} GPU{'s' if count != 1 else ''}"
+    return None

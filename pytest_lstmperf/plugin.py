@@ -26,6 +26,21 @@ PATH_FIXTURE = "lstmperf_path"
 PAIR_FIXTURE = "lstmperf_pair"
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
+    """``-n auto`` on a GPU run: one worker per usable GPU (each worker is pinned to its own, see device.py)."""
+    setting = options.resolve(config, "lstmperf_device")
+    if not str(setting.value).startswith(("cuda", "auto")):
+        return None
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    return max(torch.cuda.device_count(), 1)
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     options.add_options(parser, names=CORE_SETTINGS)
 

@@ -72,19 +72,15 @@ def _series(
 
 def crossover(series: dict[tuple[str, str], list[tuple[int, float]]]) -> int | None:
     """The smallest batch from which the fastest GPU path beats the fastest CPU path (None if never/unknown)."""
+    from .workloads import find_crossover
+
     best: dict[str, dict[int, float]] = {"cpu": {}, "cuda": {}}
     for (_, kind), points in series.items():
         if kind not in best:
             continue
         for x, y in points:
             best[kind][x] = min(y, best[kind].get(x, float("inf")))
-    common = sorted(set(best["cpu"]) & set(best["cuda"]))
-    if not common:
-        return None
-    for x in common:
-        if all(best["cuda"][z] < best["cpu"][z] for z in common if z >= x):
-            return x
-    return None
+    return find_crossover(best["cpu"], best["cuda"])
 
 
 def _plot_sweep(out: Path, records: list[dict[str, Any]], sweep: str, field: str, label: str) -> Path | None:

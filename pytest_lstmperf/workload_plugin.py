@@ -17,7 +17,7 @@ import pytest
 
 PROPERTY = "lstmperf_workload"
 ROWS_KEY = pytest.StashKey[list[dict[str, Any]]]()
-KINDS = ("bucketing", "crossover", "overhead", "precision")
+KINDS = ("bucketing", "crossover", "overhead", "precision", "scaling")
 
 
 def add_row(request: pytest.FixtureRequest, kind: str, **row: Any) -> None:
@@ -107,6 +107,15 @@ def sections(rows: list[dict[str, Any]]) -> dict[str, tuple[list[str], list[list
         ]  # fmt: skip
         header = ["shape", "path", "ran", "forward ms", "vs fp32", "max rel error", "bound"]
         out["precision"] = (header, table)
+    if by_kind["scaling"]:
+        table = [
+            [r["strategy"], r["data"], r["backend"], str(r["world"]), f"{r['throughput']:.4g}", f"{r['speedup']:.2f}x",
+             f"{100 * r['efficiency']:.0f}%", "-" if r.get("comm_share") is None else f"{100 * r['comm_share']:.0f}%",
+             r["model"]]
+            for r in sorted(by_kind["scaling"], key=lambda r: (r["strategy"], r["data"], r["world"]))
+        ]  # fmt: skip
+        header = ["strategy", "data", "backend", "ranks", "steps/s", "speedup", "efficiency", "comm", "model"]
+        out["scaling"] = (header, table)
     return out
 
 
@@ -115,6 +124,7 @@ TITLES = {
     "crossover": "CPU/GPU crossover (forward)",
     "overhead": "framework overhead against the raw op and a CUDA-graph replay (forward)",
     "precision": "precision: speed and error side by side (forward)",
+    "scaling": "scale-out training: throughput per number of ranks (speedup over one rank)",
 }
 
 
@@ -149,6 +159,10 @@ def write_workload_report(out: Path, rows: list[dict[str, Any]]) -> Path:
         lines.append("")
         if kind == "bucketing":
             png = _plot_bucketing(out, [r for r in rows if r["kind"] == "bucketing"])
+            if png:
+                lines += [f"![{TITLES[kind]}]({png.name})", ""]
+        if kind == "scaling":
+            png = _plot_scaling(out, [r for r in rows if r["kind"] == "scaling"])
             if png:
                 lines += [f"![{TITLES[kind]}]({png.name})", ""]
         if kind == "crossover":
@@ -189,6 +203,33 @@ def _plot_bucketing(out: Path, rows: list[dict[str, Any]]) -> Path | None:
         ax.legend(fontsize=8)
     fig.tight_layout()
     path = out / "bucketing.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _plot_scaling(out: Path, rows: list[dict[str, Any]]) -> Path | None:
+    """Speedup against the number of ranks per strategy and data, with the ideal line."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    if not rows:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 5))
+    worlds = sorted({r["world"] for r in rows})
+    ax.plot(worlds, worlds, linestyle="--", color="grey", label="ideal")
+    for strategy, data in sorted({(r["strategy"], r["data"]) for r in rows}):
+        xy = sorted((r["world"], r["speedup"]) for r in rows if r["strategy"] == strategy and r["data"] == data)
+        ax.plot(*zip(*xy, strict=True), marker="o", label=f"{strategy}, {data}")
+    ax.set_xlabel("ranks (GPUs, or CPU processes with gloo)")
+    ax.set_ylabel("speedup over one rank (time steps per second)")
+    ax.set_xticks(worlds)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = out / "scaling.png"
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path

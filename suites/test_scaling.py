@@ -1,0 +1,116 @@
+"""Scale-out: a stacked LSTM trained data parallel (DistributedDataParallel) and model parallel (a pipeline
+of layer stages with micro-batches) on several processes, against the single-process run.
+
+    pytest suites/test_scaling.py --device=cuda --lstmperf-report=report/     # NCCL, 1..N GPUs
+    pytest suites/test_scaling.py --device=cpu                                # gloo, 2 CPU processes
+
+* the trained weights of both strategies agree with one process training the whole model on the whole
+  batch (same data order), within the tolerance model's pairwise backward bound per step;
+* throughput (real time steps per second), speedup over one rank, scaling efficiency and, for DDP, the
+  communication share, for each world size, with fixed-length and with bucketed variable-length data; every
+  run must have trained on exactly the dataset's time steps.
+
+On CUDA the world sizes are 2..(usable GPUs) (NCCL); with fewer than 2 GPUs the GPU tests skip with that
+reason. On the CPU they run on 2 gloo processes (the launcher and the merge of rank results, as in CI).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from pytest_lstmperf.bench_plugin import bench_set
+from pytest_lstmperf.workload_plugin import add_row
+
+torch = pytest.importorskip("torch")
+
+from pytest_lstmperf import distributed as dist  # noqa: E402
+from pytest_lstmperf.spec import LayerSpec  # noqa: E402
+from pytest_lstmperf.tolerance import pairwise_tolerance  # noqa: E402
+
+# (layers, input, hidden, seq_len, batch, steps) for the equivalence runs
+EQUIV = {"cpu": (4, 16, 32, 12, 8, 3), "cuda": (8, 256, 512, 50, 64, 3)}
+# throughput runs: (layers, input, hidden, seq_len / max length, batch, sequences for the bucketed data)
+THROUGHPUT = {
+    ("cpu", "gate"): (4, 32, 64, 40, 16, 256),
+    ("cpu", "thorough"): (8, 64, 128, 100, 32, 1024),
+    ("cuda", "gate"): (8, 256, 512, 100, 64, 2048),
+    ("cuda", "thorough"): (8, 512, 1024, 200, 128, 8192),
+}
+
+
+def _worlds(lstmperf: Any) -> tuple[str, list[int], str | None]:
+    """(backend, world sizes, reason to skip)"""
+    if lstmperf.device.kind == "cuda":
+        count = torch.cuda.device_count()
+        if count < 2:
+            return "nccl", [], f"{count} usable GPU: data and model parallel training need 2 or more"
+        return "nccl", list(range(2, count + 1)), None
+    return "gloo", [2], None
+
+
+def _precision(kind: str) -> str:
+    return "tf32" if kind == "cuda" and torch.backends.cudnn.allow_tf32 else "fp32"
+
+
+@pytest.mark.parametrize("strategy", dist.STRATEGIES)
+def test_trained_weights_match_single_process(lstmperf: Any, strategy: str) -> None:
+    backend, worlds, reason = _worlds(lstmperf)
+    if reason:
+        pytest.skip(reason)
+    layers, input_size, hidden, seq, batch, steps = EQUIV[lstmperf.device.kind]
+    cfg = dist.TrainConfig(layers=layers, input_size=input_size, hidden=hidden, seq_len=seq, batch=batch,
+                           steps=steps, micro_batches=4, seed=lstmperf.seed)  # fmt: skip
+    reference = dist.single_process(cfg, "cuda:0" if backend == "nccl" else "cpu")
+    spec = LayerSpec(input_size=input_size, hidden_size=hidden, num_layers=layers, batch=batch, seq_len=seq)
+    bound = pairwise_tolerance(_precision(lstmperf.device.kind), "backward", spec)
+    failures = []
+    for world in worlds:
+        result = dist.launch(strategy, world, cfg, backend)
+        err, name = dist.max_relative_difference(
+            dist.updates(result.weights, cfg), dist.updates(reference.weights, cfg)
+        )
+        if not err <= bound.rel * steps:
+            failures.append(
+                f"{strategy} on {world} ranks ({backend}): weight updates differ from the single-process run by "
+                f"{err:.3e} ({name}) > {steps} steps x {bound.rel:.3e} ({bound.explain()})"
+            )
+    assert not failures, "\n".join(failures)
+
+
+def check_tokens(result: dist.RunResult, expected: int) -> None:
+    """Every real time step of the dataset trained on, exactly once per pass."""
+    assert result.tokens == expected, (
+        f"{result.strategy} on {result.world} ranks trained on {result.tokens} time steps per pass, "
+        f"the data holds {expected}"
+    )
+
+
+@pytest.mark.parametrize("data", ["fixed-length", "padded", "bucketed"])
+@pytest.mark.parametrize("strategy", dist.STRATEGIES)
+def test_scaling_throughput(
+    lstmperf: Any, pytestconfig: pytest.Config, request: pytest.FixtureRequest, strategy: str, data: str
+) -> None:
+    """Fixed-length batches; variable-length (long-tailed) batches padded in arrival order; the same data in
+    automatically generated length buckets."""
+    backend, worlds, reason = _worlds(lstmperf)
+    if reason:
+        pytest.skip(reason)
+    layers, input_size, hidden, seq, batch, sequences = THROUGHPUT[(lstmperf.device.kind, bench_set(pytestconfig))]
+    cfg = dist.TrainConfig(layers=layers, input_size=input_size, hidden=hidden, seq_len=seq, batch=batch,
+                           steps=4, micro_batches=4, seed=lstmperf.seed, bucketing=data == "bucketed",
+                           sequences=0 if data == "fixed-length" else sequences)  # fmt: skip
+    expected = int(sum(int(n.sum()) for _, _, n in dist.make_batches(cfg)))
+    runs = []
+    for world in [1, *worlds]:
+        result = dist.launch(strategy, world, cfg, backend)
+        check_tokens(result, expected)
+        runs.append(result)
+    one = runs[0].throughput
+    for result in runs:
+        add_row(request, "scaling", strategy=strategy, data=data,
+                world=result.world, backend=backend, throughput=result.throughput, speedup=result.throughput / one,
+                efficiency=result.throughput / one / result.world,
+                comm_share=result.comm_share if result.world > 1 else None,
+                model=f"{layers}x LSTM {input_size}->{hidden}, batch {batch}, T<={seq}")  # fmt: skip
