@@ -240,7 +240,7 @@ def ddp_worker(rank: int, world: int, cfg: TrainConfig, backend: str) -> RunResu
     for batch in batches:
         step(batch)
     weights = _weights([m.layer for m in model])
-    seconds, tokens = _timed_pass(step, batches, dev)
+    seconds, _ = _timed_pass(step, batches, dev)
     unsynced, _ = _timed_pass(lambda b: step(b, sync=False), batches, dev)
     times = _gather_max(torch.tensor([seconds, unsynced], dtype=torch.float64, device=dev), dist)
     tokens_all = _gather_sum(torch.tensor([_shard_tokens(batches, rank, share)], device=dev), dist)
@@ -413,6 +413,11 @@ def updates(weights: dict[str, np.ndarray], cfg: TrainConfig) -> dict[str, np.nd
     themselves are dominated by their initial values)."""
     start = initial_weights(cfg)
     return {name: value - start[name] for name, value in weights.items()}
+
+
+def update_difference(a: RunResult, b: RunResult, cfg: TrainConfig) -> tuple[float, str]:
+    """:func:`max_relative_difference` of two runs' weight updates."""
+    return max_relative_difference(updates(a.weights, cfg), updates(b.weights, cfg))
 
 
 def max_relative_difference(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> tuple[float, str]:
