@@ -26,7 +26,7 @@ PATH_FIXTURE = "lstmperf_path"
 PAIR_FIXTURE = "lstmperf_pair"
 
 
-@pytest.hookimpl(optionalhook=True)
+@pytest.hookimpl(optionalhook=True, tryfirst=True)  # before pytest-xdist's own (one worker per CPU)
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
     """``-n auto`` on a GPU run: one worker per usable GPU (each worker is pinned to its own, see device.py)."""
     setting = options.resolve(config, "lstmperf_device")

@@ -154,3 +154,32 @@ def test_n_auto_is_one_worker_per_gpu(two_gpus: None, monkeypatch: pytest.Monkey
     assert plugin.pytest_xdist_auto_num_workers(None) == 2  # type: ignore[arg-type]
     monkeypatch.setattr(plugin.options, "resolve", lambda config, name: SimpleNamespace(value="cpu"))
     assert plugin.pytest_xdist_auto_num_workers(None) is None  # type: ignore[arg-type]
+
+
+def test_n_auto_end_to_end_starts_one_worker_per_gpu(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Through pytest-xdist itself: the plugin's answer wins over xdist's default (one worker per CPU core)."""
+    for name in ("PYTEST_ADDOPTS", "PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT"):
+        monkeypatch.delenv(name, raising=False)
+    pytester.makeconftest(
+        "import types\n"
+        "import torch\n"
+        "from pytest_lstmperf import device\n"
+        "torch.cuda.is_available = lambda: True\n"
+        "torch.cuda.device_count = lambda: 3\n"
+        "torch.cuda.get_device_properties = lambda i: types.SimpleNamespace(major=9, minor=0, name='Fake GPU')\n"
+        "device.fingerprint = lambda kind, index: {'gpu': 'Fake GPU', 'torch': torch.__version__}\n"
+    )
+    pytester.makepyfile(
+        "import os\n"
+        "import pytest\n"
+        "@pytest.mark.parametrize('n', range(6))\n"
+        "def test_where(lstmperf, n):\n"
+        "    print('WORKER', os.environ.get('PYTEST_XDIST_WORKER'), lstmperf.device.describe())\n"
+    )
+    result = pytester.runpytest_subprocess("-n", "auto", "--device=cuda", "-p", "no:cacheprovider", "-rP")
+    result.stdout.fnmatch_lines(["*created: 3/3 workers*"])
+    for index in range(3):  # each worker on its own GPU
+        pinned = f"worker gw{index} pinned to cuda:{index} of 3]"
+        result.stdout.fnmatch_lines([f"WORKER gw{index} cuda:{index} (Fake GPU*{pinned}"])
