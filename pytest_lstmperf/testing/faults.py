@@ -123,7 +123,11 @@ def _plant_switch(module_name: str) -> Callable[[], None]:
     return undo
 
 
-def _patch_forward(wrap: Callable[[Callable[..., Any]], Callable[..., Any]]) -> Callable[[], None]:
+def _patch_forward(
+    wrap: Callable[[Callable[..., Any]], Callable[..., Any]], state: dict[str, bool] | None = None
+) -> Callable[[], None]:
+    """Wrap ``LSTM``/``GRU.forward``; the undo restores them and (``state``) marks the wrappers inactive, so
+    hooks they left on layers stand aside."""
     import torch
 
     saved = {cls: cls.__dict__["forward"] for cls in (torch.nn.LSTM, torch.nn.GRU)}
@@ -131,6 +135,8 @@ def _patch_forward(wrap: Callable[[Callable[..., Any]], Callable[..., Any]]) -> 
         cls.forward = wrap(original)
 
     def undo() -> None:
+        if state is not None:
+            state["active"] = False
         for cls, original in saved.items():
             cls.forward = original
 
@@ -270,13 +276,7 @@ def _plant_slowdown(factor: float, clock: str = "wall") -> Callable[[], None]:
 
         return forward
 
-    undo_patch = _patch_forward(wrap)
-
-    def undo() -> None:
-        state["active"] = False
-        undo_patch()
-
-    return undo
+    return _patch_forward(wrap, state)
 
 
 def _kernel_seconds(prof: Any) -> float:
@@ -375,13 +375,7 @@ def _plant_kernel_slowdown(factor: float) -> Callable[[], None]:
 
         return forward
 
-    undo_patch = _patch_forward(wrap)
-
-    def undo() -> None:
-        state["active"] = False
-        undo_patch()
-
-    return undo
+    return _patch_forward(wrap, state)
 
 
 def plant(faults: list[Fault], clock: str = "wall") -> Callable[[], None]:
