@@ -127,30 +127,39 @@ def _plot_sweep(out: Path, records: list[dict[str, Any]], sweep: str, field: str
     return target
 
 
-def _plot_baseline(out: Path, records: list[dict[str, Any]], baseline: list[dict[str, Any]]) -> Path | None:
+def _plot_baseline(
+    out: Path, records: list[dict[str, Any]], baseline: list[dict[str, Any]], gate: Any = None
+) -> Path | None:
+    """Now/baseline per benchmark. With the gate's decisions: the ratio each one was decided on (device time
+    where both runs have CUDA-graph samples, else per call), coloured by verdict; without: per-call medians."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    decided = {d.name: d for d in getattr(gate, "decisions", []) if d.ratio is not None}
     then = {b["fullname"]: _median(b.get("stats", {}).get("data") or []) for b in baseline}
-    pairs = [
-        (r["name"], then[r["fullname"]], r["extra_info"].get("time_per_call_s"))
-        for r in records
-        if then.get(r["fullname"]) and r["extra_info"].get("time_per_call_s")
-    ]
-    if not pairs:
+    rows: list[tuple[str, float, str]] = []
+    for r in records:
+        decision = decided.get(r["fullname"])
+        if decision is not None:
+            rows.append((r["name"], float(decision.ratio), decision.verdict))
+        elif then.get(r["fullname"]) and r["extra_info"].get("time_per_call_s"):
+            ratio = r["extra_info"]["time_per_call_s"] / then[r["fullname"]]
+            rows.append((r["name"], ratio, "regressed" if ratio >= 1.10 else "improved" if ratio <= 1 / 1.10 else ""))
+    if not rows:
         return None
-    pairs.sort()
-    fig, ax = plt.subplots(figsize=(9, max(3.0, 0.28 * len(pairs) + 1)))
-    ratios = [now / base for _, base, now in pairs]
-    colors = ["tab:red" if r >= 1.10 else "tab:green" if r <= 1 / 1.10 else "tab:grey" for r in ratios]
-    ax.barh(range(len(pairs)), ratios, color=colors)
+    rows.sort()
+    metrics = sorted({decided[r["fullname"]].metric for r in records if r["fullname"] in decided})
+    fig, ax = plt.subplots(figsize=(9, max(3.0, 0.28 * len(rows) + 1)))
+    colors = {"regressed": "tab:red", "kernel-changed": "tab:red", "improved": "tab:green"}
+    ax.barh(range(len(rows)), [ratio for _, ratio, _ in rows], color=[colors.get(v, "tab:grey") for *_, v in rows])
     ax.axvline(1.0, color="black", linewidth=0.8)
-    ax.set_yticks(range(len(pairs)))
-    ax.set_yticklabels([name.replace("test_", "") for name, _, _ in pairs], fontsize=6)
-    ax.set_xlabel("median now / median baseline")
-    ax.set_title("baseline vs now (red: slower past 1.10)", fontsize=10)
+    ax.set_yticks(range(len(rows)))
+    ax.set_yticklabels([name.replace("test_", "") for name, _, _ in rows], fontsize=6)
+    what = " and ".join(m.replace("device", "device time").replace("per-call", "time per call") for m in metrics)
+    ax.set_xlabel(f"now / baseline ({what or 'time per call'})")
+    ax.set_title("baseline vs now (red: regressed, green: improved)", fontsize=10)
     fig.tight_layout()
     target = out / "baseline_vs_now.png"
     fig.savefig(target, dpi=110)
@@ -232,7 +241,7 @@ def write_report(
     records = [r for r in records if r.get("extra_info", {}).get("time_per_call_s")]
     plots = [p for p in (_plot_sweep(out, records, s, f, label) for s, f, label in SWEEPS) if p is not None]
     if baseline:
-        compared = _plot_baseline(out, records, baseline)
+        compared = _plot_baseline(out, records, baseline, gate)
         if compared is not None:
             plots.append(compared)
     header, rows = _table(records)

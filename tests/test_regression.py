@@ -194,3 +194,20 @@ def test_device_metric_ignores_host_noise_and_sees_kernel_slowdown() -> None:
     device_slow = noisy(rng, 7e-4 * 1.25, 10, 0.005)
     assert compare_samples("t", device_base, device_clean).verdict == "unchanged"
     assert compare_samples("t", device_base, device_slow).verdict == "regressed"
+
+
+def test_baseline_plot_with_gate_decisions_and_without(tmp_path) -> None:
+    from pytest_lstmperf.report import _plot_baseline
+
+    records = [
+        {"name": "test_a", "fullname": "x::test_a", "extra_info": {"time_per_call_s": 3e-3}},
+        {"name": "test_b", "fullname": "x::test_b", "extra_info": {"time_per_call_s": 2e-3}},
+    ]
+    baseline = [
+        {"fullname": "x::test_a", "stats": {"data": [1e-3]}},
+        {"fullname": "x::test_b", "stats": {"data": [2e-3]}},
+    ]
+    gate = GateResult([Decision("x::test_a", "unchanged", ratio=1.01, metric="device")])
+    path = _plot_baseline(tmp_path, records, baseline, gate)
+    assert path is not None and path.stat().st_size > 1000
+    assert _plot_baseline(tmp_path, records, [], None) is None
