@@ -794,17 +794,6 @@ def run_gate(config: pytest.Config, state: GateState) -> GateResult:
                     )
                 )
             continue  # --benchmark-disable: nothing timed
-        if bextra.get("timer", "time.perf_counter") != extra.get("timer", "time.perf_counter"):
-            decisions.append(
-                Decision(
-                    name,
-                    "inconclusive",
-                    kernel_then=then_kernel,
-                    kernel_now=now_kernel,
-                    notes=(f"timed with {extra.get('timer')}, the baseline with {bextra.get('timer')}",),
-                )
-            )
-            continue
         limits = Thresholds(
             ratio=record.get("thresholds", {}).get("ratio", ratio),
             pvalue=record.get("thresholds", {}).get("pvalue", pvalue),
@@ -812,6 +801,10 @@ def run_gate(config: pytest.Config, state: GateState) -> GateResult:
         used, base_samples, now_samples, note = pick_samples(
             metric, bextra, extra, entry["stats"]["data"], record["data"]
         )
+        timers = (bextra.get("timer", "time.perf_counter"), extra.get("timer", "time.perf_counter"))
+        if used == "per-call" and timers[0] != timers[1]:
+            base_samples, now_samples = [], []  # not comparable: inconclusive (a kernel change still counts)
+            note = f"timed with {timers[1]}, the baseline with {timers[0]}"
         drift = None
         if use_probe and used == "per-call":
             drift = drift_ratio(bextra.get("drift_probe") or [], extra.get("drift_probe") or [])
@@ -875,9 +868,10 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         if shown:
             for line in format_table(shown):
                 tr.write_line(line, red=False)
-        for decision in gate.failed:
-            for note in decision.notes:
-                tr.write_line(f"  {decision.name}: {note}", red=True)
+        for decision in gate.decisions:
+            if decision.failed or decision.verdict == "inconclusive":
+                for note in decision.notes:
+                    tr.write_line(f"  {decision.name}: {note}", red=decision.failed, yellow=not decision.failed)
         if gate.failed:
             tr.write_line(
                 f"SPEED GATE FAILED: {len(gate.failed)} regression(s). If the change is intended, record the new "

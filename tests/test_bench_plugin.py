@@ -418,3 +418,12 @@ def test_summary_lines_speedup_over_generic() -> None:
 
     lines = bench_plugin.summary_lines([rec("a-cudnn", "cudnn", 1e-3), rec("a-generic", "cuda-generic", 3e-3)])
     assert "3.00x" in lines[2] and "75%" in lines[2] and "1.00x" in lines[3]
+
+
+def test_baseline_timed_with_another_timer_is_inconclusive(gate) -> None:
+    assert gate("--lstmperf-save-baseline").ret == 0
+    result = gate("--benchmark-compare", "--benchmark-timer=time.perf_counter", "-k", "B1-")
+    assert result.ret == 0, result.stdout.str()
+    result.stdout.fnmatch_lines(
+        ["*speed gate against*1 inconclusive*", "*timed with time.perf_counter, the baseline with time.thread_time*"]
+    )
