@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import os
 import socket
 import sys
@@ -244,6 +245,10 @@ def ddp_worker(rank: int, world: int, cfg: TrainConfig, backend: str) -> RunResu
     unsynced, _ = _timed_pass(lambda b: step(b, sync=False), batches, dev)
     times = _gather_max(torch.tensor([seconds, unsynced], dtype=torch.float64, device=dev), dist)
     tokens_all = _gather_sum(torch.tensor([_shard_tokens(batches, rank, share)], device=dev), dist)
+    # the DDP reducer holds the process group and gloo work objects: release them before the group is
+    # destroyed, not at interpreter exit (a gloo worker thread torn down then aborts the process)
+    ddp = opt = None  # type: ignore[assignment]
+    gc.collect()
     return RunResult("ddp", world, backend, weights, int(tokens_all[0]), float(times[0]),
                      comm_seconds=float(times[0] - times[1]))  # fmt: skip
 
@@ -366,7 +371,9 @@ def _entry(rank: int, world: int, strategy: str, cfg: TrainConfig, backend: str,
                     merged.setdefault(name, value)
             result.weights = merged
             torch.save(asdict(result), out)
+        dist.barrier()  # every rank done with the group before any destroys it
     finally:
+        gc.collect()
         dist.destroy_process_group()
         if undo is not None:
             undo()
