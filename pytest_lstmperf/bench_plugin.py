@@ -284,7 +284,12 @@ def pytest_configure(config: pytest.Config) -> None:
     elif compare:
         _point_compare(config, compare)
     if not _is_worker(config):
-        config.pluginmanager.register(_Collector(config), "lstmperf-bench-collector")
+        from functools import partial
+
+        from .session import PropertyCollector
+
+        collector = PropertyCollector(RECORD_KEY, partial(_collect_record, config))
+        config.pluginmanager.register(collector, "lstmperf-bench-collector")
 
 
 def _point_compare(config: pytest.Config, compare: object) -> None:
@@ -451,12 +456,19 @@ class BenchRunner:
         user_disabled = self.config.getoption("benchmark_disable", False) and not self.config.getoption(
             "benchmark_enable", False
         )
-        probe = timing.DriftProbe(device.torch_device, clock)
+        # the drift probe runs only when asked for: it is work between every two rounds
+        probe = (
+            timing.DriftProbe(device.torch_device, clock)
+            if _setting(self.config, "lstmperf_drift").value == "probe"
+            else None
+        )
+        between = probe.sample if probe is not None else None
         if self.benchmark.enabled:
             starts: list[float] = []
 
             def mark_round() -> None:
-                probe.sample()  # between rounds, untimed: how fast the host is right now
+                if between is not None:
+                    between()  # untimed: how fast the host is right now
                 starts.append(time.perf_counter())
 
             self.benchmark.pedantic(timed, setup=mark_round, rounds=rounds, warmup_rounds=1, iterations=1)
@@ -468,10 +480,11 @@ class BenchRunner:
             return self._attach(extra, [], thresholds)
         else:  # pytest-benchmark disabled itself (pytest-xdist): time the same way ourselves
             self.benchmark.pedantic(lambda: None)
-            data, windows = timing.time_rounds(timed, rounds, clock, between=probe.sample)
+            data, windows = timing.time_rounds(timed, rounds, clock, between=between)
             extra["timed_by"] = "pytest-lstmperf (pytest-benchmark is disabled under pytest-xdist)"
         extra["rounds"] = len(data)
-        extra["drift_probe"] = probe.samples[-len(data) :] if data else []
+        if probe is not None:
+            extra["drift_probe"] = probe.samples[-len(data) :] if data else []
         self._clock(extra, sampler, windows)
         dev_time = timing.device_time(call, device.torch_device, plan.device_samples)
         median = sorted(data)[len(data) // 2] if data else None
@@ -618,18 +631,9 @@ def _session(config: pytest.Config) -> Any:
 
 
 # ------------------------------------------------------------------------------------- collecting records
-class _Collector:
-    """Receives the benchmark records attached to test reports (from xdist workers too)."""
-
-    def __init__(self, config: pytest.Config) -> None:
-        self.config = config
-
-    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        if report.when != "call":
-            return
-        for key, value in getattr(report, "user_properties", ()):
-            if key == RECORD_KEY and isinstance(value, dict):
-                _state(self.config).records.append(value)
+def _collect_record(config: pytest.Config, value: object) -> None:
+    if isinstance(value, dict):
+        _state(config).records.append(value)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -808,6 +812,11 @@ def run_gate(config: pytest.Config, state: GateState) -> GateResult:
         drift = None
         if use_probe and used == "per-call":
             drift = drift_ratio(bextra.get("drift_probe") or [], extra.get("drift_probe") or [])
+            if drift is None:
+                missing = (
+                    "no drift correction: the baseline has no drift-probe samples (record with --lstmperf-drift=probe)"
+                )
+                note = f"{note}; {missing}" if note else missing
         per_call = drift_ratio(entry["stats"]["data"], record["data"])
         decision = compare_samples(
             name,
@@ -868,6 +877,13 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         if shown:
             for line in format_table(shown):
                 tr.write_line(line, red=False)
+        uncorrected = [d for d in gate.decisions if any("no drift correction" in n for n in d.notes)]
+        if uncorrected:
+            tr.write_line(
+                f"--lstmperf-drift=probe: no drift correction for {len(uncorrected)} benchmark(s): the baseline has "
+                "no drift-probe samples for them (record with --lstmperf-drift=probe)",
+                yellow=True,
+            )
         for decision in gate.decisions:
             if decision.failed or decision.verdict == "inconclusive":
                 for note in decision.notes:

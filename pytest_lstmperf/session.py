@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -168,6 +169,22 @@ class LstmPerfSession:
 
 
 SESSION_KEY = pytest.StashKey[LstmPerfSession]()
+
+
+class PropertyCollector:
+    """Hands the values of one ``user_properties`` key of call-phase reports to ``sink``. Reports from
+    pytest-xdist workers arrive here too, so results measured in workers reach the controller."""
+
+    def __init__(self, key: str, sink: Callable[[object], None]) -> None:
+        self.key = key
+        self.sink = sink
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.when != "call":
+            return
+        for name, value in getattr(report, "user_properties", ()):
+            if name == self.key:
+                self.sink(value)
 
 
 def ensure_session(config: pytest.Config) -> LstmPerfSession:

@@ -27,24 +27,12 @@ def add_row(request: pytest.FixtureRequest, kind: str, **row: Any) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.stash[ROWS_KEY] = []
+    from .session import PropertyCollector
 
-
-class _Collector:
-    def __init__(self, config: pytest.Config) -> None:
-        self.config = config
-
-    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        if report.when != "call":
-            return
-        for name, value in report.user_properties:
-            if name == PROPERTY:
-                self.config.stash[ROWS_KEY].append(json.loads(value))
-
-
-@pytest.hookimpl(trylast=True)
-def pytest_sessionstart(session: pytest.Session) -> None:
-    session.config.pluginmanager.register(_Collector(session.config), "lstmperf-workloads")
+    rows: list[dict[str, Any]] = []
+    config.stash[ROWS_KEY] = rows
+    collector = PropertyCollector(PROPERTY, lambda value: rows.append(json.loads(str(value))))
+    config.pluginmanager.register(collector, "lstmperf-workloads")
 
 
 def _ms(seconds: float | None) -> str:

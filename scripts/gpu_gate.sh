@@ -40,7 +40,8 @@ if ! "$PYTHON" -c "import importlib.metadata as m, sys; sys.exit(0 if any(e.name
   PLUGIN_ARGS=(-p pytest_lstmperf.plugin)
 fi
 COMMON=("${PLUGIN_ARGS[@]}" suites/test_benchmarks.py "--device=$DEVICE" "--lstmperf-paths=$GATE_PATHS"
-        "--lstmperf-baselines=$BASEDIR" -p no:cacheprovider -q)
+        "--lstmperf-baselines=$BASEDIR" -p no:cacheprovider -q
+        --lstmperf-drift=probe)  # probe samples for the replay below; on a GPU the device time still decides
 
 echo "== environment"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,temperature.gpu --format=csv 2>&1 | head -3

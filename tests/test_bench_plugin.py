@@ -282,9 +282,13 @@ def test_drift_probe_recorded_and_applied(gate) -> None:
     """The probe is timed between rounds and stored; the gate divides by its now/baseline ratio. Planted
     drift: the stored probe samples are doubled, as if the host had been twice as fast when the baseline was
     recorded. The unchanged layer then reads as twice as slow after the correction (regressed), and as
-    unchanged with the correction off."""
+    unchanged with the correction off. Without --lstmperf-drift=probe no probe runs between rounds."""
     assert gate("--lstmperf-save-baseline").ret == 0
     (path,) = _baseline_files(gate.path)
+    assert all("drift_probe" not in b["extra_info"] for b in json.loads(path.read_text())["benchmarks"])
+    result = gate("--benchmark-compare", "--lstmperf-drift=probe", "-k", "B1-")
+    result.stdout.fnmatch_lines(["*--lstmperf-drift=probe: no drift correction for 1 benchmark(s)*"])
+    assert gate("--lstmperf-update-baseline", "--lstmperf-drift=probe").ret == 0
     data = json.loads(path.read_text())
     for bench in data["benchmarks"]:
         probe = bench["extra_info"]["drift_probe"]
