@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import json
 import os
 import platform
 import shlex
@@ -738,6 +739,12 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
                     state.messages.append("recorded under pytest-xdist: workers shared the machine while timing")
             except BaselineError as exc:
                 state.errors.append(str(exc))
+    json_path = config.getoption("benchmark_json", None)
+    if json_path and measured and _xdist_active(config):
+        try:
+            state.messages.append(_write_xdist_json(config, Path(json_path), measured))
+        except OSError as exc:
+            state.errors.append(f"--benchmark-json={json_path}: could not write the merged results: {exc}")
     if state.baseline is not None:
         state.gate = run_gate(config, state)
     report_dir = _setting(config, "lstmperf_report").value
@@ -757,6 +764,29 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     failed = bool(state.errors) or bool(state.gate and state.gate.failed)
     if failed and session.exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def _write_xdist_json(config: pytest.Config, path: Path, records: list[dict[str, Any]]) -> str:
+    """pytest-benchmark writes no ``--benchmark-json`` under pytest-xdist (it disables itself there): write
+    every worker's records into it, in pytest-benchmark's layout, atomically."""
+    from .baseline import _atomic_write, bench_entry
+
+    header = _header(config)
+    data: dict[str, Any] = {
+        "machine_info": header["machine_info"],
+        "commit_info": header["commit_info"],
+        "benchmarks": [bench_entry(r) for r in sorted(records, key=lambda r: r["fullname"])],
+        "datetime": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+        "version": header["version"],
+    }
+    pytest_benchmark_update_json(config, data["benchmarks"], data)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _atomic_write(path, json.dumps(data, indent=1, default=str) + "\n")
+    devices = sorted({str(r["extra_info"].get("device", "?")) for r in records})
+    return (
+        f"--benchmark-json: {len(records)} benchmarks of every pytest-xdist worker written to {path} "
+        f"(devices: {', '.join(devices)})"
+    )
 
 
 def run_gate(config: pytest.Config, state: GateState) -> GateResult:

@@ -52,9 +52,10 @@ class TrainConfig:
     micro_batches: int = 4
     bucketing: bool = False  # variable-length data batched by automatic length buckets instead of padded
     sequences: int = 0  # variable-length dataset size (0: fixed-length batches of seq_len)
+    timed_passes: int = 1  # passes over the batches timed after the warm-up pass; the median pass counts
 
     def __post_init__(self) -> None:
-        for name in ("layers", "input_size", "hidden", "seq_len", "batch", "steps", "micro_batches"):
+        for name in ("layers", "input_size", "hidden", "seq_len", "batch", "steps", "micro_batches", "timed_passes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
 
@@ -189,17 +190,21 @@ def single_process(cfg: TrainConfig, device: str = "cpu") -> RunResult:
     for x, y, n in batches:
         step(x, y, n)
     weights = _weights(layers)
-    seconds, tokens = _timed_pass(lambda b: step(*b), batches, dev)
+    seconds, tokens = _timed_pass(lambda b: step(*b), batches, dev, cfg.timed_passes)
     return RunResult("single", 1, "none", weights, tokens, seconds)
 
 
-def _timed_pass(step: Callable[[Any], None], batches: list, dev: Any) -> tuple[float, int]:
-    _sync(dev)
-    start = time.perf_counter()
-    for batch in batches:
-        step(batch)
-    _sync(dev)
-    return time.perf_counter() - start, int(sum(int(b[2].sum()) for b in batches))
+def _timed_pass(step: Callable[[Any], None], batches: list, dev: Any, passes: int = 1) -> tuple[float, int]:
+    """Median seconds of ``passes`` synchronised passes over ``batches``, and the real time steps of one."""
+    times = []
+    for _ in range(passes):
+        _sync(dev)
+        start = time.perf_counter()
+        for batch in batches:
+            step(batch)
+        _sync(dev)
+        times.append(time.perf_counter() - start)
+    return float(np.median(times)), int(sum(int(b[2].sum()) for b in batches))
 
 
 # --------------------------------------------------------------------------------------------- workers
@@ -235,14 +240,13 @@ def ddp_worker(rank: int, world: int, cfg: TrainConfig, backend: str) -> RunResu
             # mean over this shard; DDP averages the shards' gradients: the full batch's mean when shards are
             # equal (fixed-length data); with variable lengths each shard is weighted equally
             _loss(out, y[lo:hi].to(dev), n[lo:hi], total).backward()
-        if sync:
-            opt.step()
+        opt.step()  # also unsynced (the replicas then drift apart, after the weights are taken): same work
 
     for batch in batches:
         step(batch)
     weights = _weights([m.layer for m in model])
-    seconds, _ = _timed_pass(step, batches, dev)
-    unsynced, _ = _timed_pass(lambda b: step(b, sync=False), batches, dev)
+    seconds, _ = _timed_pass(step, batches, dev, cfg.timed_passes)
+    unsynced, _ = _timed_pass(lambda b: step(b, sync=False), batches, dev, cfg.timed_passes)
     times = _gather_max(torch.tensor([seconds, unsynced], dtype=torch.float64, device=dev), dist)
     tokens_all = _gather_sum(torch.tensor([_shard_tokens(batches, rank, share)], device=dev), dist)
     # the DDP reducer holds the process group and gloo work objects: release them before the group is
@@ -344,7 +348,7 @@ def pipeline_worker(rank: int, world: int, cfg: TrainConfig, backend: str) -> Ru
     for batch in batches:
         step(batch)
     weights = _weights(layers, offset=lo)
-    seconds, tokens = _timed_pass(step, batches, dev)
+    seconds, tokens = _timed_pass(step, batches, dev, cfg.timed_passes)
     times = _gather_max(torch.tensor([seconds], dtype=torch.float64, device=dev), dist)
     return RunResult("pipeline", world, backend, weights, tokens, float(times[0]))
 
@@ -459,7 +463,13 @@ def main(argv: list[str] | None = None) -> int:
     cfg = TrainConfig(**{k: getattr(args, k) for k in asdict(TrainConfig())})
     world = int(os.environ["WORLD_SIZE"])
     cfg.check_world(args.strategy, world)
-    _entry(int(os.environ["RANK"]), world, args.strategy, cfg, backend, "env://", args.out)
+    rank = int(os.environ["RANK"])
+    _entry(rank, world, args.strategy, cfg, backend, "env://", args.out)
+    if rank == 0:
+        result = RunResult(**torch.load(args.out, weights_only=False))
+        comm = "" if result.comm_share is None else f", communication {100 * result.comm_share:.0f}% of the step time"
+        print(f"{args.strategy} on {world} ranks ({backend}): {result.tokens} time steps in {result.seconds:.3f} s "
+              f"= {result.throughput:.4g} steps/s{comm}; result written to {args.out}", flush=True)  # fmt: skip
     return 0
 
 

@@ -77,32 +77,39 @@ def sections(rows: list[dict[str, Any]]) -> dict[str, tuple[list[str], list[list
         out["crossover"] = (["shape", "path", "against", "wins from batch"], table)
     if by_kind["overhead"]:
         table = [
-            [r["shape"], r["device"], _ms(r["module_s"]), _ms(r["op_s"]), _ms(r.get("graph_s")),
-             f"{r['ratio']:.2f}x", _ms(r["host_s"]), str(r["kernels"])]
-            for r in by_kind["overhead"]
+            [r["shape"], r["device"], r.get("framework", "torch"), r.get("ran", "-"), _ms(r["module_s"]),
+             _ms(r["op_s"]), _ms(r.get("raw_s", r.get("graph_s") or r["op_s"])), f"{r['ratio']:.2f}x",
+             _ms(r["host_s"]), str(r["kernels"])]
+            for r in sorted(by_kind["overhead"], key=lambda r: (r["shape"], r.get("framework", "torch")))
         ]  # fmt: skip
-        header = ["shape", "device", "module ms", "aten op ms", "graph replay ms", "module/raw", "host ms", "kernels"]
+        header = ["shape", "device", "framework", "ran", "call ms", "aten op ms", "raw ms", "call/raw",
+                  "above raw ms", "kernels"]  # fmt: skip
         out["overhead"] = (header, table)
     if by_kind["precision"]:
-        fp32 = {r["shape"]: r["seconds"] for r in by_kind["precision"] if r["claimed"].endswith("/fp32")}
+        fp32 = {r["shape"]: r for r in by_kind["precision"] if r["claimed"].endswith("/fp32")}
         for r in by_kind["precision"]:
-            base = fp32.get(r["shape"])
-            r["speedup"] = base / r["seconds"] if base and r.get("seconds") else None
+            base = fp32.get(r["shape"], {})
+            for key, out_key in (("seconds", "speedup"), ("device_s", "device_speedup")):
+                r[out_key] = base[key] / r[key] if base.get(key) and r.get(key) else None
         table = [
             [r["shape"], r["path"], r["observed"], _ms(r["seconds"]),
-             f"{r['speedup']:.2f}x" if r.get("speedup") else "-", f"{r['error']:.2e}", f"{r['bound']:.2e}"]
+             f"{r['speedup']:.2f}x" if r.get("speedup") else "-", _ms(r.get("device_s")),
+             f"{r['device_speedup']:.2f}x" if r.get("device_speedup") else "-", f"{r['error']:.2e}",
+             f"{r['bound']:.2e}"]
             for r in by_kind["precision"]
         ]  # fmt: skip
-        header = ["shape", "path", "ran", "forward ms", "vs fp32", "max rel error", "bound"]
+        header = ["shape", "path", "ran", "forward ms", "vs fp32", "device ms", "device vs fp32", "max rel error",
+                  "bound"]  # fmt: skip
         out["precision"] = (header, table)
     if by_kind["scaling"]:
         table = [
             [r["strategy"], r["data"], r["backend"], str(r["world"]), f"{r['throughput']:.4g}", f"{r['speedup']:.2f}x",
-             f"{100 * r['efficiency']:.0f}%", "-" if r.get("comm_share") is None else f"{100 * r['comm_share']:.0f}%",
-             r["model"]]
+             f"{100 * r['efficiency']:.0f}%", f"{r['vs_plain']:.2f}x" if r.get("vs_plain") else "-",
+             "-" if r.get("comm_share") is None else f"{100 * r['comm_share']:.0f}%", r["model"]]
             for r in sorted(by_kind["scaling"], key=lambda r: (r["strategy"], r["data"], r["world"]))
         ]  # fmt: skip
-        header = ["strategy", "data", "backend", "ranks", "steps/s", "speedup", "efficiency", "comm", "model"]
+        header = ["strategy", "data", "backend", "ranks", "steps/s", "speedup", "efficiency", "vs plain", "comm",
+                  "model"]  # fmt: skip
         out["scaling"] = (header, table)
     return out
 
@@ -110,9 +117,11 @@ def sections(rows: list[dict[str, Any]]) -> dict[str, tuple[list[str], list[list
 TITLES = {
     "bucketing": "padding vs packing vs bucketing (training epoch)",
     "crossover": "CPU/GPU crossover (forward)",
-    "overhead": "framework overhead against the raw op and a CUDA-graph replay (forward)",
+    "overhead": "framework overhead against the raw cost: a CUDA-graph replay of the cuDNN call on a GPU, the ATen "
+    "op on the CPU (forward)",
     "precision": "precision: speed and error side by side (forward)",
-    "scaling": "scale-out training: throughput per number of ranks (speedup over one rank)",
+    "scaling": "scale-out training: throughput per number of ranks (speedup over one rank of the same strategy; "
+    "vs plain: over plain single-device training of the same batch)",
 }
 
 
@@ -149,8 +158,9 @@ def write_workload_report(out: Path, rows: list[dict[str, Any]]) -> Path:
             png = _plot_bucketing(out, [r for r in rows if r["kind"] == "bucketing"])
             if png:
                 lines += [f"![{TITLES[kind]}]({png.name})", ""]
-        if kind == "scaling":
-            png = _plot_scaling(out, [r for r in rows if r["kind"] == "scaling"])
+        plotter = {"scaling": _plot_scaling, "overhead": _plot_overhead, "precision": _plot_precision}.get(kind)
+        if plotter:
+            png = plotter(out, [r for r in rows if r["kind"] == kind])
             if png:
                 lines += [f"![{TITLES[kind]}]({png.name})", ""]
         if kind == "crossover":
@@ -197,7 +207,8 @@ def _plot_bucketing(out: Path, rows: list[dict[str, Any]]) -> Path | None:
 
 
 def _plot_scaling(out: Path, rows: list[dict[str, Any]]) -> Path | None:
-    """Speedup against the number of ranks per strategy and data, with the ideal line."""
+    """Speedup against the number of ranks per strategy and data, with the ideal line; and throughput over
+    plain single-device training of the same batch (above 1: the GPUs paid off)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -205,19 +216,95 @@ def _plot_scaling(out: Path, rows: list[dict[str, Any]]) -> Path | None:
 
     if not rows:
         return None
-    fig, ax = plt.subplots(figsize=(7, 5))
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 5))
     worlds = sorted({r["world"] for r in rows})
     ax.plot(worlds, worlds, linestyle="--", color="grey", label="ideal")
+    ax2.axhline(1.0, linestyle="--", color="grey", label="plain single device")
     for strategy, data in sorted({(r["strategy"], r["data"]) for r in rows}):
-        xy = sorted((r["world"], r["speedup"]) for r in rows if r["strategy"] == strategy and r["data"] == data)
-        ax.plot(*zip(*xy, strict=True), marker="o", label=f"{strategy}, {data}")
-    ax.set_xlabel("ranks (GPUs, or CPU processes with gloo)")
-    ax.set_ylabel("speedup over one rank (time steps per second)")
-    ax.set_xticks(worlds)
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
+        mine = sorted((r for r in rows if r["strategy"] == strategy and r["data"] == data), key=lambda r: r["world"])
+        label = f"{strategy}, {data}"
+        line = ax.plot([r["world"] for r in mine], [r["speedup"] for r in mine], marker="o", label=label)
+        plain = [(r["world"], r["vs_plain"]) for r in mine if r.get("vs_plain")]
+        if plain:
+            ax2.plot(*zip(*plain, strict=True), marker="o", color=line[0].get_color(), label=label)
+    ax.set_ylabel("speedup over one rank of the same strategy")
+    ax2.set_ylabel("throughput / plain single-device training")
+    for a in (ax, ax2):
+        a.set_xlabel("ranks (GPUs, or CPU processes with gloo)")
+        a.set_xticks(worlds)
+        a.grid(True, alpha=0.3)
+        a.legend(fontsize=7)
     fig.tight_layout()
     path = out / "scaling.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _plot_overhead(out: Path, rows: list[dict[str, Any]]) -> Path | None:
+    """Per shape, each framework's call time over the raw cost (1.0 = no overhead), log scale."""
+    import matplotlib
+    import matplotlib.ticker
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shapes = sorted({r["shape"] for r in rows})
+    frameworks = sorted({r.get("framework", "torch") for r in rows}, key=lambda f: (f != "torch", f))
+    if not shapes:
+        return None
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.3 * len(shapes) + 2), 4.5))
+    width = 0.8 / len(frameworks)
+    for i, framework in enumerate(frameworks):
+        ratios = {r["shape"]: r["ratio"] for r in rows if r.get("framework", "torch") == framework}
+        xs = [x + (i - (len(frameworks) - 1) / 2) * width for x in range(len(shapes))]
+        ax.bar(xs, [ratios.get(s, 0) for s in shapes], width, label=framework)
+    ax.axhline(1.0, color="grey", linestyle="--", label="raw cost")
+    ax.set_yscale("log")
+    times = matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}x")
+    ax.yaxis.set_major_formatter(times)
+    ax.yaxis.set_minor_formatter(times)
+    ax.tick_params(axis="y", which="minor", labelsize=7)
+    ax.set_xticks(range(len(shapes)))
+    ax.set_xticklabels(shapes, fontsize=7, rotation=20)
+    ax.set_ylabel("forward call time / raw cost")
+    ax.legend(fontsize=8)
+    ax.grid(True, axis="y", alpha=0.3)
+    fig.tight_layout()
+    path = out / "overhead.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _plot_precision(out: Path, rows: list[dict[str, Any]]) -> Path | None:
+    """Per shape, forward time against error for every precision path (what precision buys and costs)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shapes = sorted({r["shape"] for r in rows})
+    if not shapes:
+        return None
+    fig, axes = plt.subplots(1, len(shapes), figsize=(5.5 * len(shapes), 4.5), squeeze=False)
+    for ax, shape in zip(axes[0], shapes, strict=True):
+        for r in (r for r in rows if r["shape"] == shape):
+            seconds = r.get("device_s") or r.get("seconds")  # the device cost where a GPU measured it
+            if not seconds or not r.get("error"):
+                continue
+            ax.scatter(seconds * 1e3, r["error"], s=40, marker="o" if r.get("kernel_ok", True) else "x")
+            ax.annotate(f"{r['path']}\n({r['observed']})", (seconds * 1e3, r["error"]), fontsize=7,
+                        xytext=(4, 4), textcoords="offset points")  # fmt: skip
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        on_gpu = any(r.get("device_s") for r in rows if r["shape"] == shape)
+        ax.set_xlabel("forward ms, device time (CUDA-graph replay)" if on_gpu else "forward ms per call")
+        ax.set_ylabel("max relative error vs float64")
+        ax.set_title(shape, fontsize=9)
+        ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    path = out / "precision.png"
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path

@@ -407,6 +407,7 @@ class Overhead:
     op_s: float
     graph_s: float | None
     kernels: int  # GPU kernels (CPU: ATen ops) one module call launched
+    ran: str = ""  # observed kernel family/precision of the module call
 
     @property
     def raw_s(self) -> float:
@@ -465,4 +466,4 @@ def measure_overhead(cell: str, input_size: int, hidden: int, layers: int, batch
     with torch_trace(device, "forward") as trace:
         call_module()
     kernels = len(trace[0].kernels) if dev.type == "cuda" else len(trace[0].ops)
-    return Overhead(module_s, op_s, graph_s, kernels)
+    return Overhead(module_s, op_s, graph_s, kernels, f"{trace[0].family}/{trace[0].precision}")

@@ -2,6 +2,8 @@
 # The seed workloads on a GPU: the crossover CLI on the 2-layer LSTM (input 64, hidden 256, sequence 100) and
 # the workload suite (bucketing, crossover, overhead, precision) with its report. Run from the repository
 # root:  OUT=/tmp/wl bash scripts/gpu_workloads.sh
+# SET=thorough runs the full grids; SELECT="overhead" passes -k to the suite; CROSSOVER=0 skips the CLI.
+# Keras rows need keras 3 importable (the torch backend; TensorFlow's where TensorFlow sees a GPU).
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-workloads-out}
@@ -13,17 +15,22 @@ PLUGIN_ARGS=()
 if ! "$PYTHON" -c "import importlib.metadata as m, sys; sys.exit(0 if any(e.name == 'lstmperf' for e in m.entry_points(group='pytest11')) else 1)"; then
   PLUGIN_ARGS=(-p pytest_lstmperf.plugin)
 fi
-echo "== lstmperf crossover"
-t0=$(date +%s)
-"$PYTHON" -m pytest_lstmperf.cli crossover lstm input_size=64 hidden_size=256 num_layers=2 seq_len=100 \
-  --device cuda --out "$OUT/crossover" 2>"$OUT/crossover-progress.log"
-echo "   exit $?, $(( $(date +%s) - t0 )) s"
-tail -3 "$OUT/crossover-progress.log"
+SELECT_ARGS=()
+if [ -n "${SELECT:-}" ]; then SELECT_ARGS=(-k "$SELECT"); fi
+"$PYTHON" -c "import keras; print('keras', keras.__version__)" 2>/dev/null || echo "keras not importable: no Keras rows"
+if [ "${CROSSOVER:-1}" != 0 ]; then
+  echo "== lstmperf crossover"
+  t0=$(date +%s)
+  "$PYTHON" -m pytest_lstmperf.cli crossover lstm input_size=64 hidden_size=256 num_layers=2 seq_len=100 \
+    --device cuda --out "$OUT/crossover" 2>"$OUT/crossover-progress.log"
+  echo "   exit $?, $(( $(date +%s) - t0 )) s"
+  tail -3 "$OUT/crossover-progress.log"
+fi
 echo "== workload suite ($SET set)"
 t0=$(date +%s)
-"$PYTHON" -m pytest "${PLUGIN_ARGS[@]}" suites/test_workloads.py --device=cuda -p no:cacheprovider -q \
+"$PYTHON" -m pytest "${PLUGIN_ARGS[@]}" suites/test_workloads.py --device=cuda -p no:cacheprovider -q -rs "${SELECT_ARGS[@]}" \
   --lstmperf-bench-set="$SET" --lstmperf-report="$OUT/report" --benchmark-json="$OUT/workloads.json" \
   >"$OUT/workloads.log" 2>&1
 echo "   exit $?, $(( $(date +%s) - t0 )) s"
 sed -n '/lstmperf workloads/,/workload report written/p' "$OUT/workloads.log" | cut -c1-200
-grep -E "passed|failed|error" "$OUT/workloads.log" | tail -3
+grep -E "SKIPPED|FAILED|passed|failed|error" "$OUT/workloads.log" | cut -c1-300 | tail -12

@@ -6,9 +6,11 @@ of layer stages with micro-batches) on several processes, against the single-pro
 
 * the trained weights of both strategies agree with one process training the whole model on the whole
   batch (same data order), within the tolerance model's pairwise backward bound per step;
-* throughput (real time steps per second), speedup over one rank, scaling efficiency and, for DDP, the
-  communication share, for each world size, with fixed-length and with bucketed variable-length data; every
-  run must have trained on exactly the dataset's time steps.
+* throughput (real time steps per second), speedup over one rank, scaling efficiency, the ratio to plain
+  single-device training (whole model, whole batch, no micro-batches) and, for DDP, the communication share,
+  for each world size, with fixed-length, padded and bucketed variable-length data (strong scaling: one
+  global batch), and DDP with a fixed batch per rank (weak scaling); every run must have trained on exactly
+  the dataset's time steps.
 
 On CUDA the world sizes are 2..(usable GPUs) (NCCL); with fewer than 2 GPUs the GPU tests skip with that
 reason. On the CPU they run on 2 gloo processes (the launcher and the merge of rank results, as in CI).
@@ -99,18 +101,52 @@ def test_scaling_throughput(
         pytest.skip(reason)
     layers, input_size, hidden, seq, batch, sequences = THROUGHPUT[(lstmperf.device.kind, bench_set(pytestconfig))]
     cfg = dist.TrainConfig(layers=layers, input_size=input_size, hidden=hidden, seq_len=seq, batch=batch,
-                           steps=4, micro_batches=4, seed=lstmperf.seed, bucketing=data == "bucketed",
+                           steps=8, micro_batches=4, seed=lstmperf.seed, bucketing=data == "bucketed",
+                           timed_passes=_timed_passes(lstmperf),
                            sequences=0 if data == "fixed-length" else sequences)  # fmt: skip
     expected = int(sum(int(n.sum()) for _, _, n in dist.make_batches(cfg)))
+    # plain training in this process (the whole model, the whole batch, no micro-batches): what either
+    # strategy has to beat to be worth its GPUs
+    plain = dist.single_process(cfg, "cuda:0" if backend == "nccl" else "cpu")
+    check_tokens(plain, expected)
     runs = []
     for world in [1, *worlds]:
         result = dist.launch(strategy, world, cfg, backend)
         check_tokens(result, expected)
         runs.append(result)
+    _rows(request, runs, plain, data, f"{layers}x LSTM {input_size}->{hidden}, batch {batch}, T<={seq}")
+
+
+def _rows(request: pytest.FixtureRequest, runs: list, plain: dist.RunResult, data: str, model: str) -> None:
     one = runs[0].throughput
     for result in runs:
-        add_row(request, "scaling", strategy=strategy, data=data,
-                world=result.world, backend=backend, throughput=result.throughput, speedup=result.throughput / one,
-                efficiency=result.throughput / one / result.world,
-                comm_share=result.comm_share if result.world > 1 else None,
-                model=f"{layers}x LSTM {input_size}->{hidden}, batch {batch}, T<={seq}")  # fmt: skip
+        add_row(request, "scaling", strategy=result.strategy, data=data,
+                world=result.world, backend=result.backend, throughput=result.throughput,
+                speedup=result.throughput / one, efficiency=result.throughput / one / result.world,
+                vs_plain=result.throughput / plain.throughput,
+                comm_share=result.comm_share if result.world > 1 else None, model=model)  # fmt: skip
+
+
+def test_ddp_weak_scaling(lstmperf: Any, pytestconfig: pytest.Config, request: pytest.FixtureRequest) -> None:
+    """Data parallel as it is usually run: the batch per rank fixed, the global batch growing with the ranks
+    (fixed-length data). Speedup and the plain baseline are taken at one rank's batch."""
+    backend, worlds, reason = _worlds(lstmperf)
+    if reason:
+        pytest.skip(reason)
+    layers, input_size, hidden, seq, batch, _ = THROUGHPUT[(lstmperf.device.kind, bench_set(pytestconfig))]
+    runs = []
+    plain = None
+    for world in [1, *worlds]:
+        cfg = dist.TrainConfig(layers=layers, input_size=input_size, hidden=hidden, seq_len=seq, batch=batch * world,
+                               steps=8, seed=lstmperf.seed, timed_passes=_timed_passes(lstmperf))  # fmt: skip
+        if plain is None:
+            plain = dist.single_process(cfg, "cuda:0" if backend == "nccl" else "cpu")
+        result = dist.launch("ddp", world, cfg, backend)
+        check_tokens(result, cfg.steps * cfg.batch * seq)
+        runs.append(result)
+    assert plain is not None
+    _rows(request, runs, plain, "fixed, weak", f"{layers}x LSTM {input_size}->{hidden}, batch {batch}/rank, T={seq}")
+
+
+def _timed_passes(lstmperf: Any) -> int:
+    return 3 if lstmperf.device.kind == "cuda" else 1

@@ -10,7 +10,9 @@
 * the CPU/GPU crossover: batch size sweep of one layer on the CPU path and the GPU paths (on a CPU-only run:
   oneDNN against the native kernel), every point checked to run the kernel its path claims;
 * framework overhead: ``nn.LSTM``/``nn.GRU`` against the ATen op it calls and, on CUDA, a CUDA-graph replay
-  of the same call (the device-only cost), after checking that the op computes the same numbers;
+  of the same call (the device-only cost), after checking that the op computes the same numbers; Keras 3 on
+  the torch backend and on TensorFlow (where installed; on CUDA where TensorFlow sees a GPU) on the same
+  shapes against that raw cost, each checked to run the kernel its path claims;
 * precision: every precision path on the same shape, its speed and its error against the float64 reference
   side by side, with the kernel and tolerance checks of the equivalence suite.
 
@@ -23,6 +25,7 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
+import numpy as np
 import pytest
 
 from pytest_lstmperf import paths as registry
@@ -63,8 +66,9 @@ OVERHEAD = {
     ("cuda", "gate"): [(256, 1, 100), (256, 64, 100), (1024, 64, 25)],
     ("cuda", "thorough"): list(itertools.product((256, 512, 1024), (1, 16, 64), (25, 100))),
 }
+KERAS_OVERHEAD_PATHS = {"cpu": ("keras-torch-cpu", "keras-tf-cpu"), "cuda": ("keras-torch-cudnn", "keras-tf-cudnn")}
 PRECISION_PATHS = {
-    "cpu": ("torch-cpu-onednn", "torch-cpu-autocast-bf16"),
+    "cpu": ("torch-cpu-onednn", "torch-cpu-autocast-bf16", "torch-cpu-native-autocast-bf16"),
     "cuda": ("torch-cudnn-fp32", "torch-cudnn-default", "torch-cuda-autocast-fp16", "torch-cuda-autocast-bf16"),
 }
 PRECISION_SHAPES = {
@@ -96,6 +100,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         cells = ("lstm", "gru") if set_name == "thorough" else ("lstm",)
         shapes = [(c, *s) for c in cells for s in OVERHEAD[(kind, set_name)]]
         metafunc.parametrize("overhead_shape", shapes, ids=[f"{c}-H{h}-B{b}-T{t}" for c, h, b, t in shapes])
+    if "keras_overhead_path" in metafunc.fixturenames:
+        metafunc.parametrize("keras_overhead_path", KERAS_OVERHEAD_PATHS[kind])
     if "precision_case" in metafunc.fixturenames:
         cases = [(p, s) for s in PRECISION_SHAPES[(kind, set_name)] for p in PRECISION_PATHS[kind]]
         metafunc.parametrize("precision_case", cases, ids=[f"{p}-{s.short()}" for p, s in cases])
@@ -219,12 +225,47 @@ def test_framework_overhead(lstmperf: Any, overhead_shape: tuple, request: pytes
         op = torch._VF.lstm if cell == "lstm" else torch._VF.gru
         out_op = op(*args, module._flat_weights, True, 1, 0.0, False, False, True)[0]
     assert torch.equal(out_module, out_op), "the raw op does not compute what the module computes"
-    result = workloads.measure_overhead(cell, hidden, hidden, 1, batch, seq, device)
+    result = _raw_cost(overhead_shape, device)
     if lstmperf.device.kind == "cuda":
         assert result.graph_s is not None, "CUDA-graph capture of the module call failed: no device-only cost"
     add_row(request, "overhead", shape=f"{cell}-H{hidden}-B{batch}-T{seq}", device=lstmperf.device.name,
-            module_s=result.module_s, op_s=result.op_s, graph_s=result.graph_s, ratio=result.ratio,
-            host_s=result.host_s, kernels=result.kernels)  # fmt: skip
+            framework="torch", ran=result.ran, module_s=result.module_s, op_s=result.op_s, graph_s=result.graph_s,
+            raw_s=result.raw_s, ratio=result.ratio, host_s=result.host_s, kernels=result.kernels)  # fmt: skip
+
+
+_RAW_COSTS: dict[tuple, workloads.Overhead] = {}
+
+
+def _raw_cost(shape: tuple, device: str) -> workloads.Overhead:
+    """The torch module / ATen op / graph replay costs of one shape, measured once per run."""
+    if (shape, device) not in _RAW_COSTS:
+        cell, hidden, batch, seq = shape
+        _RAW_COSTS[(shape, device)] = workloads.measure_overhead(cell, hidden, hidden, 1, batch, seq, device)
+    return _RAW_COSTS[(shape, device)]
+
+
+def test_keras_overhead(
+    lstmperf: Any, overhead_shape: tuple, keras_overhead_path: str, request: pytest.FixtureRequest
+) -> None:
+    """A Keras layer's forward call on the same shape, timed inside its backend's worker, against the raw
+    cost of the torch layer (the graph replay on CUDA, the ATen op on the CPU); it must run its claimed kernel."""
+    cell, hidden, batch, seq = overhead_shape
+    path = registry.get(keras_overhead_path)
+    spec = LayerSpec(cell=cell, input_size=hidden, hidden_size=hidden, batch=batch, seq_len=seq)
+    reason = path.available(lstmperf.device) or path.supports(spec)
+    if reason:
+        pytest.skip(f"{path.name}: {reason}")
+    raw = _raw_cost(overhead_shape, lstmperf.device.torch_device)
+    run = path.prepare(make_case(spec, lstmperf.seed), lstmperf.device)
+    trace = run.trace_forward()
+    seconds = float(np.median(run.time("forward", repeats=15, warmup=3)))
+    kernels = len(trace.kernels) if lstmperf.device.kind == "cuda" else len(trace.ops)
+    add_row(request, "overhead", shape=f"{cell}-H{hidden}-B{batch}-T{seq}", device=lstmperf.device.name,
+            framework=path.framework, ran=f"{trace.family}/{trace.precision}", module_s=seconds, op_s=None,
+            graph_s=raw.graph_s, raw_s=raw.raw_s, ratio=seconds / raw.raw_s, host_s=max(seconds - raw.raw_s, 0.0),
+            kernels=kernels)  # fmt: skip
+    problems = check_trace(path.expected(spec), trace, "forward")
+    assert not problems, f"{path.name} on {spec.short()}: " + "; ".join(m.message for m in problems)
 
 
 # ------------------------------------------------------------------------------------------- precision
@@ -238,6 +279,12 @@ def test_precision_speed_and_error(lstmperf: Any, precision_case: tuple, request
     case = make_case(spec.replace(training=True), lstmperf.seed)
     run = path.prepare(case, lstmperf.device)
     seconds = workloads.median_time(run.forward, run.synchronize, repeats=15)
+    device_s = None
+    if lstmperf.device.kind == "cuda":  # per-call time is mostly host time at these sizes: the device cost too
+        from pytest_lstmperf.timing import device_time
+
+        measured = device_time(run.forward, lstmperf.device.torch_device)
+        device_s = measured.median if measured.method == "cuda-graph" else None
     result = path.prepare(case, lstmperf.device).run()
     claimed = path.expected(case.spec)
     _, errors = check_against(result, run_reference(case), case.spec, claimed[1])
@@ -245,6 +292,6 @@ def test_precision_speed_and_error(lstmperf: Any, precision_case: tuple, request
     forward_err = max((e for q, e in errors.items() if not q.startswith("grad")), default=float("nan"))
     bound = tolerance(claimed[1], "forward", case.spec).rel
     add_row(request, "precision", shape=spec.short(), path=name, claimed="/".join(claimed), observed=observed,
-            seconds=seconds, error=forward_err, bound=bound,
+            seconds=seconds, device_s=device_s, error=forward_err, bound=bound,
             kernel_ok=not check_trace(claimed, result.forward_trace, "forward"))  # fmt: skip
     verify_path(path, case.spec, lstmperf, request.node)

@@ -257,13 +257,19 @@ def test_bad_baseline_files(gate) -> None:
 
 
 def test_xdist_records_every_benchmark(gate) -> None:
-    result = gate("-n", "2", "--lstmperf-save-baseline")
+    result = gate("-n", "2", "--lstmperf-save-baseline", "--benchmark-json=run.json")
     assert result.ret == 0, result.stdout.str()
     result.stdout.fnmatch_lines(["*recorded under pytest-xdist*", "*3 recorded*"])
     (path,) = _baseline_files(gate.path)
     data = json.loads(path.read_text())
     assert len(data["benchmarks"]) == 3
     assert all(len(b["stats"]["data"]) >= 15 for b in data["benchmarks"])
+    # pytest-benchmark writes no JSON under xdist; the plugin writes every worker's records into it
+    result.stdout.fnmatch_lines(["*--benchmark-json: 3 benchmarks of every pytest-xdist worker written to*run.json*"])
+    written = json.loads((gate.path / "run.json").read_text())
+    assert sorted(b["fullname"] for b in written["benchmarks"]) == sorted(b["fullname"] for b in data["benchmarks"])
+    assert written["lstmperf"]["device_key"] == data["lstmperf"]["device_key"]
+    assert all(b["stats"]["data"] for b in written["benchmarks"])
     result = gate("-n", "2", "--benchmark-compare")
     assert result.ret == 0, result.stdout.str()
     result.stdout.fnmatch_lines(["*speed gate against*3 unchanged*"])

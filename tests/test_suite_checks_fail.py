@@ -26,7 +26,9 @@ def run_suites(pytester: pytest.Pytester, paths: str, plant: str | None = None) 
 
 
 def test_clean_run_passes(pytester) -> None:
-    result = run_suites(pytester, "torch-cpu-onednn,torch-cpu-native,torch-cpu-autocast-bf16")
+    result = run_suites(
+        pytester, "torch-cpu-onednn,torch-cpu-native,torch-cpu-autocast-bf16,torch-cpu-native-autocast-bf16"
+    )
     assert result.ret == 0, result.stdout.str()
     assert "FINDINGS" not in result.stdout.str()
 
@@ -53,10 +55,11 @@ def test_perturbed_output_fails_the_tolerance_check(pytester) -> None:
 
 
 def test_autocast_not_applied_fails_the_precision_check(pytester) -> None:
-    result = run_suites(pytester, "torch-cpu-autocast-bf16", plant="wrong-precision")
+    # the native-kernel bf16 path runs on every CPU (the oneDNN one needs bf16 hardware)
+    result = run_suites(pytester, "torch-cpu-native-autocast-bf16", plant="wrong-precision")
     assert result.ret == 1
     out = result.stdout.str()
-    assert "path torch-cpu-autocast-bf16 on " in out
+    assert "path torch-cpu-native-autocast-bf16 on " in out
     assert "expected precision 'bf16', observed 'fp32'" in out
 
 

@@ -161,19 +161,23 @@ def test_suite_passes_and_reports(pytester: pytest.Pytester, monkeypatch: pytest
         "CPU/GPU crossover*",
         "*torch-cpu-onednn*torch-cpu-native*",
         "framework overhead*",
+        "*lstm-H64-B1-T20*keras-tensorflow*tf-generic/fp32*",
+        "*lstm-H64-B1-T20*keras-torch*cpu-native/fp32*",
+        "*lstm-H64-B1-T20*torch*onednn/fp32*",
         "precision: speed and error*",
-        "*torch-cpu-autocast-bf16*onednn/bf16*",
+        "*torch-cpu-native-autocast-bf16*cpu-native/bf16*",
         "*workload report written to*workloads.md*",
     ])  # fmt: skip
-    assert {"workloads.md", "workloads.json", "bucketing.png", "crossover-cpu.png"} <= {
-        p.name for p in (pytester.path / "rep").iterdir()
-    }
+    written = {p.name for p in (pytester.path / "rep").iterdir()}
+    assert {"workloads.md", "workloads.json", "bucketing.png", "crossover-cpu.png"} <= written
+    assert {"overhead.png", "precision.png"} <= written
 
 
 @pytest.mark.parametrize(("plant", "test", "message"), [
     ("perturb:1e-3", "test_padding_packing_bucketing_agree", "*max relative error*> bound*"),
     ("onednn-off", "test_crossover", "*torch-cpu-onednn batch 1: expected onednn/fp32, observed cpu-native/fp32*"),
-    ("wrong-precision", "test_precision_speed_and_error", "*torch-cpu-autocast-bf16*"),
+    ("wrong-precision", "test_precision_speed_and_error",
+     "*torch-cpu-native-autocast-bf16*expected precision 'bf16', observed 'fp32'*"),
 ])  # fmt: skip
 def test_suite_checks_fail_when_planted(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, plant: str, test: str, message: str
@@ -195,3 +199,30 @@ def test_overhead_check_fails_when_the_op_differs(pytester: pytest.Pytester, mon
     )  # fmt: skip
     assert result.ret == pytest.ExitCode.TESTS_FAILED
     result.stdout.fnmatch_lines(["*the raw op does not compute what the module computes*"])
+
+
+def test_keras_overhead_kernel_check_fails_when_keras_leaves_its_kernel(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Keras overhead rows are checked to run the kernel their path claims: a Keras layer observed on
+    another kernel (the trace the worker returns rewritten, as a layer that fell back would show) fails."""
+    _suite(pytester, monkeypatch)
+    pytester.makeconftest(
+        """
+        import dataclasses
+        from pytest_lstmperf.paths.keras_paths import KerasRun
+
+        _real = KerasRun.trace_forward
+
+        def _fell_back(self):
+            return dataclasses.replace(_real(self), family="onednn")
+
+        KerasRun.trace_forward = _fell_back
+        """
+    )
+    result = pytester.runpytest_subprocess(*SUITE_ARGS, "-k", "test_keras_overhead and B1-", timeout=600)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED, result.stdout.str()
+    result.stdout.fnmatch_lines([
+        "*keras-torch-cpu on lstm-I64-H64*expected kernel family 'cpu-native', observed 'onednn'*",
+        "*keras-tf-cpu on lstm-I64-H64*expected kernel family 'tf-generic', observed 'onednn'*",
+    ])  # fmt: skip

@@ -132,6 +132,15 @@ _entry(
     cells=("lstm",),
 )
 _entry(
+    "torch-cpu-native-autocast-bf16",
+    "cpu",
+    "cpu-native",
+    "bf16",
+    "CPU native kernels (oneDNN disabled) under torch.autocast(bfloat16): the bf16 path of any CPU",
+    autocast="bfloat16",
+    mkldnn=False,
+)
+_entry(
     "torch-cpu-packed",
     "cpu",
     "cpu-native",
@@ -179,8 +188,13 @@ def available(path: ExecutionPath, device: DeviceInfo) -> str | None:
     else:
         if opts.get("onednn_only") and not torch.backends.mkldnn.is_available():
             return f"torch {torch.__version__} was built without oneDNN (mkldnn)"
-        if opts.get("autocast") == "bfloat16" and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
-            return "this CPU has no bfloat16 support in oneDNN (needs avx512_bf16, AMX or similar)"
+        needs_onednn_bf16 = opts.get("autocast") == "bfloat16" and opts.get("mkldnn") is not False
+        if needs_onednn_bf16 and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+            return (
+                "this CPU has no bfloat16 support in oneDNN (needs avx512_bf16, AMX or similar); torch still sends "
+                "autocast(bfloat16) LSTMs to oneDNN there, which raises 'could not create a primitive descriptor' "
+                "(torch-cpu-native-autocast-bf16 is the bf16 path of such CPUs)"
+            )
     return None
 
 
