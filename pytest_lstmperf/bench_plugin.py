@@ -739,12 +739,13 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
                     state.messages.append("recorded under pytest-xdist: workers shared the machine while timing")
             except BaselineError as exc:
                 state.errors.append(str(exc))
-    json_path = config.getoption("benchmark_json", None)
-    if json_path and measured and _xdist_active(config):
+    json_target = config.getoption("benchmark_json", None)
+    if json_target and measured and _xdist_active(config):
         try:
-            state.messages.append(_write_xdist_json(config, Path(json_path), measured))
-        except OSError as exc:
-            state.errors.append(f"--benchmark-json={json_path}: could not write the merged results: {exc}")
+            state.messages.append(_write_xdist_json(config, json_target, measured))
+        except (OSError, TypeError, ValueError) as exc:
+            name = getattr(json_target, "name", json_target)
+            state.errors.append(f"--benchmark-json={name}: could not write the merged results: {exc}")
     if state.baseline is not None:
         state.gate = run_gate(config, state)
     report_dir = _setting(config, "lstmperf_report").value
@@ -766,9 +767,10 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
-def _write_xdist_json(config: pytest.Config, path: Path, records: list[dict[str, Any]]) -> str:
+def _write_xdist_json(config: pytest.Config, target: Any, records: list[dict[str, Any]]) -> str:
     """pytest-benchmark writes no ``--benchmark-json`` under pytest-xdist (it disables itself there): write
-    every worker's records into it, in pytest-benchmark's layout, atomically."""
+    every worker's records into it, in pytest-benchmark's layout. ``target`` is a path (pytest-benchmark
+    5.3 and later: written atomically) or the binary file pytest-benchmark opened (earlier versions)."""
     from .baseline import _atomic_write, bench_entry
 
     header = _header(config)
@@ -780,8 +782,15 @@ def _write_xdist_json(config: pytest.Config, path: Path, records: list[dict[str,
         "version": header["version"],
     }
     pytest_benchmark_update_json(config, data["benchmarks"], data)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    _atomic_write(path, json.dumps(data, indent=1, default=str) + "\n")
+    payload = json.dumps(data, indent=1, default=str) + "\n"
+    if hasattr(target, "write"):
+        target.write(payload.encode())
+        target.flush()
+        path = Path(target.name)
+    else:
+        path = Path(target)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _atomic_write(path, payload)
     devices = sorted({str(r["extra_info"].get("device", "?")) for r in records})
     return (
         f"--benchmark-json: {len(records)} benchmarks of every pytest-xdist worker written to {path} "

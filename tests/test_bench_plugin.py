@@ -437,3 +437,16 @@ def test_baseline_timed_with_another_timer_is_inconclusive(gate) -> None:
     result.stdout.fnmatch_lines(
         ["*speed gate against*1 inconclusive*", "*timed with time.perf_counter, the baseline with time.thread_time*"]
     )
+
+
+def test_xdist_json_written_into_the_file_older_pytest_benchmark_opened(pytestconfig, tmp_path: Path) -> None:
+    """pytest-benchmark before 5.3 hands ``--benchmark-json`` over as an open binary file, not a path."""
+    from pytest_lstmperf.bench_plugin import _write_xdist_json
+
+    record = {"fullname": "t.py::test_a[x]", "name": "test_a[x]", "data": [0.002, 0.003, 0.0025],
+              "extra_info": {"device": "cuda:1"}}  # fmt: skip
+    with open(tmp_path / "run.json", "wb") as handle:
+        message = _write_xdist_json(pytestconfig, handle, [record])
+    assert message.endswith(f"written to {tmp_path / 'run.json'} (devices: cuda:1)")
+    (written,) = json.loads((tmp_path / "run.json").read_text())["benchmarks"]
+    assert written["fullname"] == "t.py::test_a[x]" and written["stats"]["data"] == [0.002, 0.003, 0.0025]
