@@ -83,7 +83,7 @@ def sections(rows: list[dict[str, Any]]) -> dict[str, tuple[list[str], list[list
             for r in sorted(by_kind["overhead"], key=lambda r: (r["shape"], r.get("framework", "torch")))
         ]  # fmt: skip
         header = ["shape", "device", "framework", "ran", "call ms", "aten op ms", "raw ms", "call/raw",
-                  "above raw ms", "kernels"]  # fmt: skip
+                  "above raw ms", "distinct kernels"]  # fmt: skip
         out["overhead"] = (header, table)
     if by_kind["precision"]:
         fp32 = {r["shape"]: r for r in by_kind["precision"] if r["claimed"].endswith("/fp32")}
@@ -242,34 +242,45 @@ def _plot_scaling(out: Path, rows: list[dict[str, Any]]) -> Path | None:
 
 
 def _plot_overhead(out: Path, rows: list[dict[str, Any]]) -> Path | None:
-    """Per shape, each framework's call time over the raw cost (1.0 = no overhead), log scale."""
+    """Each framework's call time over the raw cost (1.0 = no overhead) against the raw cost, one point per
+    shape and framework (log scales): the overhead falls as the device work grows."""
     import matplotlib
     import matplotlib.ticker
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    shapes = sorted({r["shape"] for r in rows})
-    frameworks = sorted({r.get("framework", "torch") for r in rows}, key=lambda f: (f != "torch", f))
-    if not shapes:
+    rows = [r for r in rows if r.get("raw_s") and r.get("ratio")]
+    if not rows:
         return None
-    fig, ax = plt.subplots(figsize=(max(6.0, 1.3 * len(shapes) + 2), 4.5))
-    width = 0.8 / len(frameworks)
-    for i, framework in enumerate(frameworks):
-        ratios = {r["shape"]: r["ratio"] for r in rows if r.get("framework", "torch") == framework}
-        xs = [x + (i - (len(frameworks) - 1) / 2) * width for x in range(len(shapes))]
-        ax.bar(xs, [ratios.get(s, 0) for s in shapes], width, label=framework)
+    frameworks = sorted({r.get("framework", "torch") for r in rows}, key=lambda f: (f != "torch", f))
+    fig, ax = plt.subplots(figsize=(8, 5))
+    markers = {"lstm": "o", "gru": "s"}
+    for framework in frameworks:
+        mine = [r for r in rows if r.get("framework", "torch") == framework]
+        color = None
+        for cell in sorted({r["shape"].split("-")[0] for r in mine}):
+            pts = [r for r in mine if r["shape"].startswith(cell + "-")]
+            xs, ys = [r["raw_s"] * 1e3 for r in pts], [r["ratio"] for r in pts]
+            drawn = ax.scatter(xs, ys, color=color, marker=markers.get(cell, "o"), s=30, alpha=0.8,
+                               label=f"{framework} ({cell})")  # fmt: skip
+            color = drawn.get_facecolor()[0]
+        if len(mine) <= 8:  # few points: name their shapes
+            for r in mine:
+                ax.annotate(r["shape"], (r["raw_s"] * 1e3, r["ratio"]), fontsize=6, xytext=(3, 3),
+                            textcoords="offset points")  # fmt: skip
     ax.axhline(1.0, color="grey", linestyle="--", label="raw cost")
+    ax.set_xscale("log")
     ax.set_yscale("log")
     times = matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}x")
     ax.yaxis.set_major_formatter(times)
     ax.yaxis.set_minor_formatter(times)
     ax.tick_params(axis="y", which="minor", labelsize=7)
-    ax.set_xticks(range(len(shapes)))
-    ax.set_xticklabels(shapes, fontsize=7, rotation=20)
+    on_gpu = any(r.get("graph_s") for r in rows)
+    ax.set_xlabel("raw cost, ms (" + ("CUDA-graph replay of the cuDNN call" if on_gpu else "ATen op") + ")")
     ax.set_ylabel("forward call time / raw cost")
+    ax.grid(True, which="both", alpha=0.25)
     ax.legend(fontsize=8)
-    ax.grid(True, axis="y", alpha=0.3)
     fig.tight_layout()
     path = out / "overhead.png"
     fig.savefig(path, dpi=110)
@@ -280,6 +291,7 @@ def _plot_overhead(out: Path, rows: list[dict[str, Any]]) -> Path | None:
 def _plot_precision(out: Path, rows: list[dict[str, Any]]) -> Path | None:
     """Per shape, forward time against error for every precision path (what precision buys and costs)."""
     import matplotlib
+    import matplotlib.ticker
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -287,23 +299,35 @@ def _plot_precision(out: Path, rows: list[dict[str, Any]]) -> Path | None:
     shapes = sorted({r["shape"] for r in rows})
     if not shapes:
         return None
-    fig, axes = plt.subplots(1, len(shapes), figsize=(5.5 * len(shapes), 4.5), squeeze=False)
+    fig, axes = plt.subplots(1, len(shapes), figsize=(5 * len(shapes) + 2.5, 4.5), squeeze=False)
+    paths = sorted({r["path"] for r in rows})
+    colors = {name: f"C{i % 10}" for i, name in enumerate(paths)}
+    labelled: set[str] = set()
     for ax, shape in zip(axes[0], shapes, strict=True):
         for r in (r for r in rows if r["shape"] == shape):
             seconds = r.get("device_s") or r.get("seconds")  # the device cost where a GPU measured it
             if not seconds or not r.get("error"):
                 continue
-            ax.scatter(seconds * 1e3, r["error"], s=40, marker="o" if r.get("kernel_ok", True) else "x")
-            ax.annotate(f"{r['path']}\n({r['observed']})", (seconds * 1e3, r["error"]), fontsize=7,
-                        xytext=(4, 4), textcoords="offset points")  # fmt: skip
+            label = f"{r['path']} (ran {r['observed']})"
+            ax.scatter(seconds * 1e3, r["error"], s=50, color=colors[r["path"]], alpha=0.8,
+                       marker="o" if r.get("kernel_ok", True) else "X",
+                       label=None if label in labelled else label)  # fmt: skip
+            labelled.add(label)
         ax.set_xscale("log")
         ax.set_yscale("log")
+        plain = matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}")
+        ax.xaxis.set_major_formatter(plain)
+        ax.xaxis.set_minor_formatter(plain)
+        ax.tick_params(axis="x", which="minor", labelsize=7)
+        ax.margins(x=0.2, y=0.2)
         on_gpu = any(r.get("device_s") for r in rows if r["shape"] == shape)
         ax.set_xlabel("forward ms, device time (CUDA-graph replay)" if on_gpu else "forward ms per call")
         ax.set_ylabel("max relative error vs float64")
         ax.set_title(shape, fontsize=9)
-        ax.grid(True, alpha=0.3)
-    fig.tight_layout()
+        ax.grid(True, which="both", alpha=0.25)
+    fig.legend(loc="center right", fontsize=8, title="path (X: not the claimed kernel/precision)",
+               title_fontsize=8)  # fmt: skip
+    fig.tight_layout(rect=(0, 0, 0.78 if len(shapes) > 1 else 0.62, 1))
     path = out / "precision.png"
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -17,7 +17,8 @@ if ! "$PYTHON" -c "import importlib.metadata as m, sys; sys.exit(0 if any(e.name
 fi
 SELECT_ARGS=()
 if [ -n "${SELECT:-}" ]; then SELECT_ARGS=(-k "$SELECT"); fi
-"$PYTHON" -c "import keras; print('keras', keras.__version__)" 2>/dev/null || echo "keras not importable: no Keras rows"
+KERAS_BACKEND=torch "$PYTHON" -c "import keras; print('keras', keras.__version__, 'importable (torch backend)')" \
+  2>/dev/null || echo "keras not importable on the torch backend: its Keras rows will skip with the reason"
 if [ "${CROSSOVER:-1}" != 0 ]; then
   echo "== lstmperf crossover"
   t0=$(date +%s)
