@@ -173,11 +173,24 @@ def write_workload_report(out: Path, rows: list[dict[str, Any]]) -> Path:
     return path
 
 
-def _plot_bucketing(out: Path, rows: list[dict[str, Any]]) -> Path | None:
+def _pyplot() -> Any:
+    """matplotlib's pyplot on the file-only Agg backend (reports are written on headless CI runners)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(plt: Any, fig: Any, path: Path) -> Path:
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _plot_bucketing(out: Path, rows: list[dict[str, Any]]) -> Path | None:
+    plt = _pyplot()
 
     workloads = sorted({r["workload"] for r in rows})
     if not workloads:
@@ -200,19 +213,13 @@ def _plot_bucketing(out: Path, rows: list[dict[str, Any]]) -> Path | None:
         ax.set_ylabel(label)
         ax.legend(fontsize=8)
     fig.tight_layout()
-    path = out / "bucketing.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, out / "bucketing.png")
 
 
 def _plot_scaling(out: Path, rows: list[dict[str, Any]]) -> Path | None:
     """Speedup against the number of ranks per strategy and data, with the ideal line; and throughput over
     plain single-device training of the same batch (above 1: the GPUs paid off)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
 
     if not rows:
         return None
@@ -235,20 +242,15 @@ def _plot_scaling(out: Path, rows: list[dict[str, Any]]) -> Path | None:
         a.grid(True, alpha=0.3)
         a.legend(fontsize=7)
     fig.tight_layout()
-    path = out / "scaling.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, out / "scaling.png")
 
 
 def _plot_overhead(out: Path, rows: list[dict[str, Any]]) -> Path | None:
     """Each framework's call time over the raw cost (1.0 = no overhead) against the raw cost, one point per
     shape and framework (log scales): the overhead falls as the device work grows."""
-    import matplotlib
     import matplotlib.ticker
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
 
     rows = [r for r in rows if r.get("raw_s") and r.get("ratio")]
     if not rows:
@@ -282,19 +284,14 @@ def _plot_overhead(out: Path, rows: list[dict[str, Any]]) -> Path | None:
     ax.grid(True, which="both", alpha=0.25)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    path = out / "overhead.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, out / "overhead.png")
 
 
 def _plot_precision(out: Path, rows: list[dict[str, Any]]) -> Path | None:
     """Per shape, forward time against error for every precision path (what precision buys and costs)."""
-    import matplotlib
     import matplotlib.ticker
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = _pyplot()
 
     shapes = sorted({r["shape"] for r in rows})
     if not shapes:
@@ -328,7 +325,4 @@ def _plot_precision(out: Path, rows: list[dict[str, Any]]) -> Path | None:
     fig.legend(loc="center right", fontsize=8, title="path (X: not the claimed kernel/precision)",
                title_fontsize=8)  # fmt: skip
     fig.tight_layout(rect=(0, 0, 0.78 if len(shapes) > 1 else 0.62, 1))
-    path = out / "precision.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, out / "precision.png")
