@@ -175,6 +175,20 @@ class LocalKerasRun:
             samples.append(time.perf_counter() - start)
         return samples
 
+    def device_time(self, kind: str, samples: int) -> Any:
+        """Device seconds per call of ``forward`` or ``train_step`` (:func:`pytest_lstmperf.timing.device_time`)."""
+        from .timing import DeviceTime, device_time
+
+        if self.options.backend != "torch" and self.device == "cuda":
+            return DeviceTime(
+                "none",
+                (),
+                "Keras on TensorFlow launches its kernels on TensorFlow's own CUDA streams, which torch's CUDA "
+                "graphs and events do not see: no device time (the time per call decides)",
+            )
+        call = self.forward if kind == "forward" else self.train_step
+        return device_time(call, "cuda:0" if self.device == "cuda" else "cpu", samples)
+
 
 class _Impl:
     def run(self) -> dict[str, Any]: ...

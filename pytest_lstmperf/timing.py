@@ -29,6 +29,7 @@ import statistics
 import subprocess
 import threading
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -183,8 +184,14 @@ def _graph_replay_times(torch: Any, dev: Any, call: Callable[[], object], sample
     torch.cuda.synchronize(dev)
     graph = torch.cuda.CUDAGraph()
     try:
-        with torch.cuda.graph(graph):
-            call()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with torch.cuda.graph(graph):
+                call()
+        if any("graph is empty" in str(w.message).lower() for w in caught):
+            # the call launched nothing on this process's capture stream (its kernels ran elsewhere, e.g.
+            # in another process): replaying the empty graph would time nothing
+            raise RuntimeError("the captured CUDA graph is empty: the call launched no kernels on this stream")
         graph.replay()
         torch.cuda.synchronize(dev)
         out = []

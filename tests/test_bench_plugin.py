@@ -90,6 +90,13 @@ if "spin-onednn" not in registry.REGISTRY:
         description="nn.LSTM on oneDNN plus a fixed spin", prepare_ref="spinpath:prepare",
         available_ref="spinpath:available", supports_ref="spinpath:supports",
     ))
+if "spin-known" not in registry.REGISTRY:  # the same path, with the fallback documented as a known finding
+    registry.register(ExecutionPath(
+        name="spin-known", framework="torch", device="cpu", kernel="onednn", precision="fp32",
+        description="nn.LSTM on oneDNN plus a fixed spin", prepare_ref="spinpath:prepare",
+        available_ref="spinpath:available", supports_ref="spinpath:supports",
+        options={"known_findings": {("kernel", "cpu-native"): "planted: documented fallback to the native kernel"}},
+    ))
 """
 
 BASE_ARGS = [
@@ -187,6 +194,44 @@ def test_lifecycle_record_compare_regress_update(gate) -> None:
     assert result.ret == 0
     result.stdout.fnmatch_lines(["*baseline *.json written: 3 updated*"])
     assert path.read_bytes() != before
+
+
+def test_known_kernel_finding_is_an_xfail_and_a_listed_finding(gate) -> None:
+    """A mismatch documented in the path's known_findings is an xfail that names it, listed among the
+    findings; the same mismatch on a path without the entry fails (step 6 above), and so does one the entry
+    does not cover."""
+    plant = ("-p", "pytest_lstmperf.testing.faults", "--lstmperf-plant=onednn-off")
+    result = gate("--lstmperf-paths=spin-known", *plant, "-rx")
+    assert result.ret == 0, result.stdout.str()
+    result.stdout.fnmatch_lines(
+        [
+            "*lstmperf FINDINGS: 1*",
+            "*spin-known [[]known[]]*planted: documented fallback*",
+            "*XFAIL*known finding on spin-known (lstm-I32-H64-L1-B1-T20): planted: documented fallback*"
+            "[[]spin-known: expected kernel onednn/fp32, observed cpu-native/fp32*",
+        ]
+    )
+    assert "3 xfailed" in result.stdout.str()
+    result = gate("--lstmperf-paths=spin-onednn", *plant)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines(["*lstmperf FINDINGS: 1*", "*spin-onednn [[]kernel[]]*expected kernel onednn/fp32*"])
+
+
+def test_known_kernel_finding_needs_every_difference_explained() -> None:
+    from types import SimpleNamespace
+
+    from pytest_lstmperf.paths import ExecutionPath
+
+    path = ExecutionPath(
+        name="p", framework="torch", device="cuda", kernel="cudnn", precision="bf16", description="",
+        prepare_ref="x:y", available_ref="x:y", supports_ref="x:y",
+        options={"known_findings": {("precision", "fp16"): "autocast casts to half"}},
+    )  # fmt: skip
+    trace = SimpleNamespace
+    assert bench_plugin.known_kernel_finding(path, trace(family="cudnn", precision="fp16")) == "autocast casts to half"
+    assert bench_plugin.known_kernel_finding(path, trace(family="cuda-generic", precision="fp16")) is None
+    assert bench_plugin.known_kernel_finding(path, trace(family="cudnn", precision="fp32")) is None
+    assert bench_plugin.known_kernel_finding(path, trace(family="cudnn", precision="bf16")) is None
 
 
 def test_per_test_threshold_marker_and_compare_fail(gate) -> None:
@@ -392,6 +437,66 @@ def test_cpu_device_time_and_clock_degrade_with_reasons() -> None:
     assert timing.host_overhead(2e-3, 5e-4) == pytest.approx(0.75)
 
 
+def _fake_cuda_torch(launches: bool):
+    """Just enough of ``torch.cuda`` for ``timing._graph_replay_times``: 2 ms per replay; a capture that
+    launched nothing warns the way torch's ``CUDAGraph.capture_end`` does."""
+    import contextlib
+    import types
+    import warnings
+
+    class Stream:
+        def __init__(self, dev=None):
+            pass
+
+        def wait_stream(self, other):
+            pass
+
+    class Event:
+        def __init__(self, enable_timing=False):
+            pass
+
+        def record(self):
+            pass
+
+        def synchronize(self):
+            pass
+
+        def elapsed_time(self, end):
+            return 2.0 * 5  # ms for the 5 replays between the two events
+
+    @contextlib.contextmanager
+    def graph(g):
+        yield
+        if not launches:
+            warnings.warn("The CUDA Graph is empty. This usually means that the graph was attempted to be "
+                          "captured on wrong device or stream.", UserWarning, stacklevel=2)  # fmt: skip
+
+    cuda = types.SimpleNamespace(
+        Stream=Stream, Event=Event, graph=graph, current_stream=lambda dev: Stream(),
+        stream=lambda s: contextlib.nullcontext(), synchronize=lambda dev=None: None,
+        CUDAGraph=lambda: types.SimpleNamespace(replay=lambda: None),
+    )  # fmt: skip
+    return types.SimpleNamespace(cuda=cuda)
+
+
+def test_device_time_refuses_an_empty_cuda_graph(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A call whose kernels run elsewhere (another process) captures an empty graph: no device time from it."""
+    fine = timing._graph_replay_times(_fake_cuda_torch(launches=True), "cuda:0", lambda: None, 3, 5)
+    assert fine == pytest.approx([2e-3] * 3)
+    with pytest.raises(RuntimeError, match="captured CUDA graph is empty"):
+        timing._graph_replay_times(_fake_cuda_torch(launches=False), "cuda:0", lambda: None, 3, 5)
+    # device_time then falls back to events around each call, and says why
+    monkeypatch.setattr(
+        timing,
+        "_graph_replay_times",
+        lambda *a: (_ for _ in ()).throw(RuntimeError("the captured CUDA graph is empty")),
+    )
+    monkeypatch.setattr(timing, "_event_times", lambda torch, dev, call, samples: [3e-3] * samples)
+    dev = timing.device_time(lambda: None, "cuda:0", samples=4)
+    assert dev.method == "cuda-events" and dev.samples == (3e-3,) * 4
+    assert "CUDA graph capture failed (RuntimeError: the captured CUDA graph is empty)" in dev.note
+
+
 def test_measured_peak_on_cpu() -> None:
     peak = timing.measured_peak_flops("cpu", "fp32")
     assert peak is not None and peak > 1e8
@@ -450,3 +555,33 @@ def test_xdist_json_written_into_the_file_older_pytest_benchmark_opened(pytestco
     assert message.endswith(f"written to {tmp_path / 'run.json'} (devices: cuda:1)")
     (written,) = json.loads((tmp_path / "run.json").read_text())["benchmarks"]
     assert written["fullname"] == "t.py::test_a[x]" and written["stats"]["data"] == [0.002, 0.003, 0.0025]
+
+
+def test_keras_device_time_is_measured_in_its_worker() -> None:
+    """Keras layers launch their kernels in the worker process: the benchmark asks the run for its device
+    time (measured there), never a graph of the pipe round trip; on the CPU that is the host method."""
+    from types import SimpleNamespace
+
+    from pytest_lstmperf import paths as registry
+    from pytest_lstmperf.case import make_case
+    from pytest_lstmperf.device import resolve_device
+    from pytest_lstmperf.keras_worker import LocalKerasRun
+    from pytest_lstmperf.spec import LayerSpec
+
+    path = registry.get("keras-torch-cpu")
+    device = resolve_device("cpu")
+    spec = LayerSpec(cell="lstm", input_size=4, hidden_size=5, batch=2, seq_len=3)
+    if path.available(device):
+        pytest.skip(f"keras-torch-cpu: {path.available(device)}")
+    run = path.prepare(make_case(spec, 0), device)
+    try:
+        measured = run.device_time("forward", 3)
+    finally:
+        run.close()
+    assert isinstance(measured, timing.DeviceTime)
+    assert measured.method == "host" and "CPU" in measured.note
+    # TensorFlow's kernels run on its own CUDA streams: no torch graph or event can time them
+    tf_gpu = LocalKerasRun.__new__(LocalKerasRun)
+    tf_gpu.options, tf_gpu.device = SimpleNamespace(backend="tensorflow"), "cuda"
+    result = LocalKerasRun.device_time(tf_gpu, "forward", 3)
+    assert result.method == "none" and "TensorFlow's own CUDA streams" in result.note

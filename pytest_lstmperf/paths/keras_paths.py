@@ -393,6 +393,11 @@ class KerasRun:
         """Seconds per synchronised call measured inside the worker (no pipe round trip in the figure)."""
         return self._call("time", kind, repeats, warmup)
 
+    def device_time(self, kind: str, samples: int) -> Any:
+        """:class:`pytest_lstmperf.timing.DeviceTime` of ``forward`` or ``train_step``, measured in the worker,
+        whose process launches the kernels (a CUDA graph captured here would be empty)."""
+        return self._call("device_time", kind, samples)
+
     def close(self) -> None:
         """Free the worker's copy (deferred to the next request: no pipe traffic from a finaliser)."""
         if self.handle is not None:
