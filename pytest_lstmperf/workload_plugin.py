@@ -248,8 +248,6 @@ def _plot_scaling(out: Path, rows: list[dict[str, Any]]) -> Path | None:
 def _plot_overhead(out: Path, rows: list[dict[str, Any]]) -> Path | None:
     """Each framework's call time over the raw cost (1.0 = no overhead) against the raw cost, one point per
     shape and framework (log scales): the overhead falls as the device work grows."""
-    import matplotlib.ticker
-
     plt = _pyplot()
 
     rows = [r for r in rows if r.get("raw_s") and r.get("ratio")]
@@ -272,12 +270,7 @@ def _plot_overhead(out: Path, rows: list[dict[str, Any]]) -> Path | None:
                 ax.annotate(r["shape"], (r["raw_s"] * 1e3, r["ratio"]), fontsize=6, xytext=(3, 3),
                             textcoords="offset points")  # fmt: skip
     ax.axhline(1.0, color="grey", linestyle="--", label="raw cost")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    times = matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}x")
-    ax.yaxis.set_major_formatter(times)
-    ax.yaxis.set_minor_formatter(times)
-    ax.tick_params(axis="y", which="minor", labelsize=7)
+    _log_log(ax, labelled="y", suffix="x")
     on_gpu = any(r.get("graph_s") for r in rows)
     ax.set_xlabel("raw cost, ms (" + ("CUDA-graph replay of the cuDNN call" if on_gpu else "ATen op") + ")")
     ax.set_ylabel("forward call time / raw cost")
@@ -287,10 +280,22 @@ def _plot_overhead(out: Path, rows: list[dict[str, Any]]) -> Path | None:
     return _save(plt, fig, out / "overhead.png")
 
 
-def _plot_precision(out: Path, rows: list[dict[str, Any]]) -> Path | None:
-    """Per shape, forward time against error for every precision path (what precision buys and costs)."""
+def _log_log(ax: Any, labelled: str, suffix: str = "") -> None:
+    """Log scales on both axes; the ``labelled`` axis ("x" or "y") names its minor ticks too (plain numbers
+    plus ``suffix``), as a log axis spanning less than a decade otherwise shows no number at all."""
     import matplotlib.ticker
 
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    numbers = matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}{suffix}")
+    axis = ax.xaxis if labelled == "x" else ax.yaxis
+    axis.set_major_formatter(numbers)
+    axis.set_minor_formatter(numbers)
+    ax.tick_params(axis=labelled, which="minor", labelsize=7)
+
+
+def _plot_precision(out: Path, rows: list[dict[str, Any]]) -> Path | None:
+    """Per shape, forward time against error for every precision path (what precision buys and costs)."""
     plt = _pyplot()
 
     shapes = sorted({r["shape"] for r in rows})
@@ -310,12 +315,7 @@ def _plot_precision(out: Path, rows: list[dict[str, Any]]) -> Path | None:
                        marker="o" if r.get("kernel_ok", True) else "X",
                        label=None if label in labelled else label)  # fmt: skip
             labelled.add(label)
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        plain = matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}")
-        ax.xaxis.set_major_formatter(plain)
-        ax.xaxis.set_minor_formatter(plain)
-        ax.tick_params(axis="x", which="minor", labelsize=7)
+        _log_log(ax, labelled="x")
         ax.margins(x=0.2, y=0.2)
         on_gpu = any(r.get("device_s") for r in rows if r["shape"] == shape)
         ax.set_xlabel("forward ms, device time (CUDA-graph replay)" if on_gpu else "forward ms per call")
