@@ -11,9 +11,11 @@ the run that last updated it. Each benchmark entry also carries its own ``record
 The file name is derived from the comparable fields, so ``--benchmark-compare`` with no argument finds
 this device's file, and a file of another device is refused with the differing fields named.
 
-Writes are explicit, atomic (temporary file in the same folder, fsync, ``os.replace``) and serialised by
-an exclusive lock on ``<dir>/.lstmperf.lock``, so two processes recording at once neither lose nor
-interleave entries and an interrupt leaves the previous file intact.
+Writes are explicit, atomic (temporary file in the same folder, fsync, ``os.replace``), take the permissions
+of the file they replace (or of the folder's other baselines) and are serialised by an exclusive ``flock`` on
+the baselines folder itself (no lock file is left behind), so two processes recording at once neither lose
+nor interleave entries and an interrupt leaves the previous file intact. A file that cannot be read as a
+baseline is replaced only by ``--lstmperf-update-baseline``, and kept beside as ``<name>.broken``.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import contextlib
 import json
 import os
 import re
+import stat
 import tempfile
 import time
 from collections.abc import Iterable, Iterator, Mapping
@@ -31,7 +34,7 @@ from typing import Any
 
 #: version of the ``lstmperf`` section; bump when its meaning changes
 FORMAT = 1
-LOCK_NAME = ".lstmperf.lock"
+BROKEN_SUFFIX = ".broken"
 LOCK_TIMEOUT_S = 120.0
 
 #: fingerprint fields that must agree for timings to be comparable
@@ -159,6 +162,13 @@ def _hint(record_hint: str) -> str:
     return f" Record one with: {record_hint}" if record_hint else ""
 
 
+def replace_command(record_hint: str) -> str:
+    """The recording command that replaces entries (and a broken file): ``--lstmperf-update-baseline``."""
+    if "--lstmperf-save-baseline" in record_hint:
+        return record_hint.replace("--lstmperf-save-baseline", "--lstmperf-update-baseline")
+    return record_hint
+
+
 def load(path: Path, record_hint: str = "") -> Baseline:
     """Read and validate one baseline file; :class:`BaselineError` names the problem and the fix."""
     path = Path(path)
@@ -166,10 +176,15 @@ def load(path: Path, record_hint: str = "") -> Baseline:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise BaselineError(f"baseline {path} does not exist.{_hint(record_hint)}") from None
+    except IsADirectoryError:
+        raise BaselineError(f"baseline {path} is a folder, not a file.{_hint(record_hint)}") from None
     except (OSError, UnicodeDecodeError) as exc:
-        raise BaselineError(f"baseline {path} cannot be read: {exc}") from None
-    restore = f" Restore it from version control (git checkout -- {path}) or record it again"
-    restore += f" with: {record_hint}" if record_hint else "."
+        raise BaselineError(f"baseline {path} cannot be read: {exc.strerror or exc}") from None
+    restore = (
+        f" Restore it from version control (git checkout -- {path}), or record it again, replacing it (the "
+        f"broken file is kept as {path.name}{BROKEN_SUFFIX})"
+    )
+    restore += f", with: {replace_command(record_hint)}" if record_hint else " with --lstmperf-update-baseline."
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -214,11 +229,26 @@ def load(path: Path, record_hint: str = "") -> Baseline:
     return Baseline(path, data)
 
 
+def file_mode(path: Path) -> int:
+    """The permissions a file written at ``path`` gets: those of the file it replaces, else of a neighbour
+    of the same kind (another ``*.json`` in the folder), else the umask's default for a new file."""
+    for candidate in (path, *sorted(path.parent.glob(f"*{path.suffix}"))):
+        with contextlib.suppress(OSError):
+            if candidate.is_file():
+                return stat.S_IMODE(candidate.stat().st_mode)
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
 def _atomic_write(path: Path, payload: str) -> None:
-    """Write ``payload`` to ``path`` atomically: readers see the old file or the new one, never half."""
+    """Write ``payload`` to ``path`` atomically: readers see the old file or the new one, never half; the
+    file keeps the permissions of the one it replaces (see :func:`file_mode`)."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    mode = file_mode(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.chmod(tmp, mode)
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(payload)
             handle.flush()
@@ -238,31 +268,34 @@ def _atomic_write(path: Path, payload: str) -> None:
 
 @contextlib.contextmanager
 def locked(directory: Path, timeout: float = LOCK_TIMEOUT_S) -> Iterator[None]:
-    """Hold an exclusive lock on ``directory/.lstmperf.lock`` (POSIX ``flock``; a no-op elsewhere)."""
+    """Hold an exclusive ``flock`` on the folder itself (POSIX; a no-op elsewhere): no lock file to leave
+    behind or to show up as untracked."""
     directory.mkdir(parents=True, exist_ok=True)
     try:
         import fcntl
     except ImportError:  # pragma: no cover - Windows: single-writer assumption
         yield
         return
-    lock_path = directory / LOCK_NAME
-    with open(lock_path, "a+") as handle:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
         deadline = time.monotonic() + timeout
         while True:
             try:
-                fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 break
             except BlockingIOError:
                 if time.monotonic() > deadline:
                     raise BaselineError(
-                        f"another process has held {lock_path} for over {timeout:.0f} s; is a recording still "
-                        f"running? If not, delete the lock file."
+                        f"another process has held the lock on {directory} for over {timeout:.0f} s; is a "
+                        f"recording still running?"
                     ) from None
                 time.sleep(0.05)
         try:
             yield
         finally:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
 
 
 @dataclass
@@ -274,6 +307,8 @@ class SaveReport:
     untouched: int = 0  # entries of the file this run did not measure
     new_file: bool = False
     replaced_format: int | None = None
+    broken: Path | None = None  # where an unreadable file this run replaced was kept
+    flags: list[str] = field(default_factory=list)  # bimodal entries, said at recording time
 
     def describe(self) -> str:
         parts = []
@@ -291,6 +326,8 @@ class SaveReport:
         text = f"baseline {self.path} {what}: " + (", ".join(parts) or "nothing to record")
         if self.replaced_format is not None:
             text += f" (replaced a format-{self.replaced_format} file)"
+        if self.broken is not None:
+            text += f" (replaced an unreadable file, kept as {self.broken})"
         return text
 
 
@@ -355,59 +392,92 @@ class BaselineStore:
         """Merge ``records`` into this device's file under the lock and write it atomically.
 
         Without ``update`` entries already in the file are kept (never overwritten); with it they are
-        replaced. Entries not measured in this run stay. ``header`` gives pytest-benchmark's top-level keys
-        (``machine_info``, ``commit_info``, ``version``).
+        replaced, and so is a file that cannot be read as a baseline (kept beside as ``<name>.broken``).
+        Entries not measured in this run stay. ``header`` gives pytest-benchmark's top-level keys
+        (``machine_info``, ``commit_info``, ``version``). A file-system error is a :class:`BaselineError`
+        naming the path and the cause; the previous file is then untouched.
         """
-        records = list(records)
         path = self.path_for(fields)
+        try:
+            with locked(self.directory):
+                return self._save_locked(path, list(records), fields, fingerprint, provenance, header, update)
+        except OSError as exc:
+            where = exc.filename or path
+            raise BaselineError(
+                f"not recording: cannot write the baseline {path}: {exc.strerror or exc} ({where}). Make the "
+                f"folder writable, or record into another folder with --lstmperf-baselines=DIR."
+            ) from None
+
+    def _existing(self, path: Path, update: bool, report: SaveReport) -> dict[str, Any] | None:
+        """The file's current content; a broken file is an error, or (``update``) moved aside."""
+        if not path.exists():
+            return None
+        try:
+            return load(path, self.record_hint).data
+        except BaselineError as exc:
+            if not update:
+                raise BaselineError(f"not recording: {exc}") from None
+            report.replaced_format = _old_format(path)
+            if report.replaced_format is None:  # unreadable: keep it beside, replaced by this run
+                report.broken = path.with_name(path.name + BROKEN_SUFFIX)
+                os.replace(path, report.broken)
+            return None
+
+    def _save_locked(
+        self,
+        path: Path,
+        records: list[Mapping[str, Any]],
+        fields: Mapping[str, str],
+        fingerprint: Mapping[str, str],
+        provenance: Mapping[str, Any],
+        header: Mapping[str, Any],
+        update: bool,
+    ) -> SaveReport:
+        from .regression import noise_record
+
         report = SaveReport(path)
         recorded = {k: provenance.get(k) for k in ("commit", "dirty", "date", "machine")}
-        with locked(self.directory):
-            existing: dict[str, Any] | None = None
-            if path.exists():
-                try:
-                    existing = load(path, self.record_hint).data
-                except BaselineError as exc:
-                    old = _old_format(path)
-                    if not (update and old is not None):
-                        raise BaselineError(f"not recording: {exc}") from None
-                    report.replaced_format = old  # an explicit update replaces an older-format file
-                if existing is not None:
-                    diff = differences(existing["lstmperf"]["comparable"], dict(fields))
-                    if diff:
-                        raise BaselineError(f"not recording: {path} is for another device: {'; '.join(diff)}")
-            report.new_file = existing is None
-            entries = {} if existing is None else {b["fullname"]: b for b in existing["benchmarks"]}
-            measured = set()
-            for record in records:
-                name = record["fullname"]
-                measured.add(name)
-                if name in entries and not update:
-                    report.kept.append(name)
-                    continue
-                (report.updated if name in entries else report.created).append(name)
-                entries[name] = bench_entry(record, recorded)
-            report.untouched = len(set(entries) - measured)
-            if not report.created and not report.updated:
-                return report
-            section = {
-                "format": FORMAT,
-                "device_key": device_key(fields),
-                "comparable": dict(fields),
-                "fingerprint": dict(fingerprint),
-                "frameworks": framework_versions(),
-                "created": (existing or {}).get("lstmperf", {}).get("created", dict(provenance)),
-                "updated": dict(provenance),
-            }
-            data = {
-                "machine_info": header.get("machine_info", {}),
-                "commit_info": header.get("commit_info", {}),
-                "benchmarks": [entries[name] for name in sorted(entries)],
-                "datetime": provenance.get("date"),
-                "version": header.get("version"),
-                "lstmperf": section,
-            }
-            _atomic_write(path, json.dumps(data, indent=1, sort_keys=False, default=str) + "\n")
+        existing = self._existing(path, update, report)
+        if existing is not None:
+            diff = differences(existing["lstmperf"]["comparable"], dict(fields))
+            if diff:
+                raise BaselineError(f"not recording: {path} is for another device: {'; '.join(diff)}")
+        report.new_file = existing is None
+        entries = {} if existing is None else {b["fullname"]: b for b in existing["benchmarks"]}
+        measured = set()
+        for record in records:
+            name = record["fullname"]
+            measured.add(name)
+            if name in entries and not update:
+                report.kept.append(name)
+                continue
+            (report.updated if name in entries else report.created).append(name)
+            entries[name] = bench_entry(record, recorded)
+            noise = noise_record(entries[name]["extra_info"], entries[name]["stats"]["data"])
+            entries[name]["extra_info"]["noise_band"] = noise
+            if noise.get("bimodal"):
+                report.flags.append(f"{name}: {noise['bimodal']}")
+        report.untouched = len(set(entries) - measured)
+        if not report.created and not report.updated:
+            return report
+        section = {
+            "format": FORMAT,
+            "device_key": device_key(fields),
+            "comparable": dict(fields),
+            "fingerprint": dict(fingerprint),
+            "frameworks": framework_versions(),
+            "created": (existing or {}).get("lstmperf", {}).get("created", dict(provenance)),
+            "updated": dict(provenance),
+        }
+        data = {
+            "machine_info": header.get("machine_info", {}),
+            "commit_info": header.get("commit_info", {}),
+            "benchmarks": [entries[name] for name in sorted(entries)],
+            "datetime": provenance.get("date"),
+            "version": header.get("version"),
+            "lstmperf": section,
+        }
+        _atomic_write(path, json.dumps(data, indent=1, sort_keys=False, default=str) + "\n")
         return report
 
 

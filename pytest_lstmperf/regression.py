@@ -24,18 +24,22 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 #: verdicts that fail the session
-FAILING = ("regressed", "kernel-changed", "path-lost")
+FAILING = ("regressed", "kernel-changed", "host-work-changed", "path-lost")
+#: verdicts that say the benchmark was compared (a run with none of them compared nothing)
+COMPARED = ("regressed", "kernel-changed", "host-work-changed", "improved", "unchanged")
 VERDICTS = (
     "regressed",  # slower past the minimum effect and significant
     "kernel-changed",  # observed kernel family or precision differs from the baseline's
+    "host-work-changed",  # ATen ops, GPU kernels or synchronisations per call (or allocated bytes) changed
     "path-lost",  # the baseline measured this path, this run could not (unavailable now)
     "improved",  # faster past the minimum effect and significant
     "unchanged",  # neither
-    "inconclusive",  # too few usable samples (throttling, a failed benchmark)
+    "inconclusive",  # too few usable samples (throttling, a failed benchmark, not timed)
     "new",  # measured now, absent from the baseline
     "not-run",  # in the baseline, not measured in this run (deselected)
 )
@@ -78,6 +82,7 @@ class Decision:
     notes: tuple[str, ...] = ()
     metric: str = "per-call"  # which samples decided: "device" (CUDA-graph replay) or "per-call"
     per_call_ratio: float | None = None  # median(now) / median(baseline) of the per-call times, for the table
+    checks: tuple[str, ...] = ()  # one line per metric that was decided on (device, per-call, host counters)
 
     @property
     def failed(self) -> bool:
@@ -100,6 +105,7 @@ class Decision:
             "notes": list(self.notes),
             "metric": self.metric,
             "per_call_ratio": self.per_call_ratio,
+            "checks": list(self.checks),
         }
 
 
@@ -274,6 +280,140 @@ def drift_ratio(base: Sequence[float], now: Sequence[float]) -> float | None:
     return statistics.median(n) / statistics.median(b)
 
 
+# ------------------------------------------------------------------------------------- host counters
+#: host counters compared exactly: per call, counted in one untimed call after warm-up
+EXACT_COUNTERS = ("aten_ops", "kernels", "syncs")
+ALLOC_TOLERANCE = (0.05, 4096)  # relative, absolute (bytes): allocator rounding moves a few KiB
+
+
+def host_counter_changes(then: Mapping[str, Any] | None, now: Mapping[str, Any] | None) -> list[str]:
+    """What moved between the baseline's host counters and this run's: ATen ops, GPU kernels launched and
+    host-device synchronisations per call exactly, bytes allocated per call within +-5% or 4 KiB.
+
+    A counter absent on either side (an old baseline, ``kernels``/``syncs`` on the CPU) is not compared.
+    """
+    if not then or not now:
+        return []
+    changes = []
+    for name in EXACT_COUNTERS:
+        if name in then and name in now and int(then[name]) != int(now[name]):
+            changes.append(f"{name} per call {int(then[name])} -> {int(now[name])}")
+    a, b = then.get("alloc_bytes"), now.get("alloc_bytes")
+    if a is not None and b is not None:
+        rel, absolute = ALLOC_TOLERANCE
+        if abs(int(b) - int(a)) > max(rel * abs(int(a)), absolute):
+            changes.append(f"alloc_bytes per call {int(a)} -> {int(b)} (tolerance +-{rel:.0%} or {absolute} B)")
+    return changes
+
+
+# ---------------------------------------------------------------------------------------- noise band
+NOISE_K = 2.0  # the per-call threshold is at least 1 + NOISE_K x the recorded relative spread
+
+
+def relative_spread(medians: Sequence[float]) -> float | None:
+    """(max - min) / median of the per-call medians of independent measurements; None with fewer than 2."""
+    values = [float(m) for m in medians if m is not None and math.isfinite(float(m)) and float(m) > 0]
+    if len(values) < 2:
+        return None
+    return (max(values) - min(values)) / statistics.median(values)
+
+
+def chunk_medians(samples: Sequence[float], chunks: int = 3) -> list[float]:
+    """Medians of ``chunks`` consecutive slices of one run's samples (a fallback where no independent
+    measurements were stored: it sees drift within the run, not between runs)."""
+    values = [float(x) for x in samples if x and x > 0]
+    size = len(values) // chunks
+    if size < 3:
+        return []
+    return [statistics.median(values[i * size : (i + 1) * size]) for i in range(chunks)]
+
+
+def noise_threshold(ratio: float, spread: float | None, k: float = NOISE_K) -> float:
+    """The per-call threshold: the configured ratio, or more where the baseline's own runs spread wider."""
+    if spread is None:
+        return ratio
+    return max(ratio, 1.0 + k * spread)
+
+
+def bimodal(samples: Sequence[float], min_share: float = 0.2, gap: float = 1.05, apart: float = 1.10) -> str:
+    """A description when the samples fall into two clusters, else ''.
+
+    Split the sorted samples at their widest gap (each side holding at least ``min_share`` of them and 3
+    samples): bimodal when that gap is at least ``gap`` (ratio of neighbours) and the two clusters' medians
+    are at least ``apart`` apart, e.g. half the rounds at 1.0 ms and half at 1.3 ms.
+    """
+    values = sorted(float(x) for x in samples if x and x > 0)
+    low = max(3, math.ceil(min_share * len(values)))
+    if len(values) < 2 * low:
+        return ""
+    widest = max(range(low, len(values) - low + 1), key=lambda i: values[i] / values[i - 1])
+    lower, upper = values[:widest], values[widest:]
+    step = upper[0] / lower[-1]
+    ratio = statistics.median(upper) / statistics.median(lower)
+    if step < gap or ratio < apart:
+        return ""
+    return (
+        f"bimodal: {len(lower)} samples around {format_seconds(statistics.median(lower))} and {len(upper)} around "
+        f"{format_seconds(statistics.median(upper))} ({ratio:.2f}x apart)"
+    )
+
+
+def noise_record(extra: Mapping[str, Any], data: Sequence[float]) -> dict[str, Any]:
+    """What a baseline entry stores about its own noise, at recording time.
+
+    ``per_call_spread``/``device_spread``: the relative spread of the per-call medians of independent
+    batches of rounds (``extra_info.run_medians``/``device_run_medians``, from the measurement), or, where
+    the record has none, of three consecutive chunks of the samples (``source`` says which); ``bimodal``:
+    a description when the per-call samples fall into two clusters (see :func:`bimodal`), else ''.
+    """
+    runs = list(extra.get("run_medians") or [])
+    source = "independent runs" if len(runs) >= 2 else "chunks of one run"
+    per_call = relative_spread(runs if len(runs) >= 2 else chunk_medians(data))
+    device = relative_spread(extra.get("device_run_medians") or [])
+    return {
+        "per_call_spread": per_call,
+        "device_spread": device,
+        "source": source,
+        "runs": len(runs),
+        "bimodal": bimodal(data),
+    }
+
+
+def per_call_spread(base_extra: Mapping[str, Any], base_data: Sequence[float]) -> tuple[float | None, str]:
+    """The baseline's per-call noise band (relative spread) and where it came from."""
+    stored = base_extra.get("noise_band")
+    if isinstance(stored, Mapping) and stored.get("per_call_spread") is not None:
+        return float(stored["per_call_spread"]), str(stored.get("source", "recorded"))
+    record = noise_record(base_extra, base_data)
+    return record["per_call_spread"], str(record["source"])
+
+
+# ----------------------------------------------------------------------------------- combining metrics
+#: which verdict wins when several metrics (device time, per-call time, host counters) decide one benchmark
+PRECEDENCE = ("kernel-changed", "regressed", "host-work-changed", "path-lost", "inconclusive", "improved", "unchanged")
+
+
+def combine(decisions: Sequence[Decision], extra_checks: Sequence[str] = ()) -> Decision:
+    """One decision from the per-metric ones: the most severe verdict wins and keeps its numbers; every
+    metric's outcome is listed in ``checks``."""
+    if not decisions:
+        raise ValueError("nothing to combine")
+    rank = {v: i for i, v in enumerate(PRECEDENCE)}
+    worst = min(decisions, key=lambda d: rank.get(d.verdict, len(PRECEDENCE)))
+    # the table shows the numbers of the deciding metric, or of the first timed one (host counters have none)
+    numbers = worst if worst.ratio is not None else next((d for d in decisions if d.ratio is not None), worst)
+    checks = tuple(f"{d.metric}: {_check_text(d)}" for d in decisions if d.metric != "host") + tuple(extra_checks)
+    notes = tuple(dict.fromkeys(n for d in decisions for n in d.notes))
+    return replace(numbers, verdict=worst.verdict, checks=checks, notes=notes)
+
+
+def _check_text(d: Decision) -> str:
+    ratio = "-" if d.ratio is None else f"{d.ratio:.3f}x"
+    p = "" if d.pvalue is None else f", p {d.pvalue:.2g}"
+    limit = "" if d.threshold is None else f" (threshold {d.threshold:.3f})"
+    return f"{d.verdict} at {ratio}{p}{limit}"
+
+
 @dataclass
 class GateResult:
     """All decisions of one run against one baseline."""
@@ -286,6 +426,24 @@ class GateResult:
 
     def count(self, verdict: str) -> int:
         return sum(1 for d in self.decisions if d.verdict == verdict)
+
+    @property
+    def inconclusive(self) -> list[Decision]:
+        return [d for d in self.decisions if d.verdict == "inconclusive"]
+
+    @property
+    def compared(self) -> int:
+        """How many benchmarks were actually compared with the baseline."""
+        return sum(1 for d in self.decisions if d.verdict in COMPARED)
+
+    def unsettled(self) -> list[str]:
+        """Why this run is not a pass although nothing regressed: inconclusive benchmarks, nothing compared."""
+        out = []
+        if self.inconclusive:
+            out.append(f"{len(self.inconclusive)} benchmark(s) inconclusive")
+        if not self.compared:
+            out.append("nothing was compared with the baseline")
+        return out
 
     def summary(self) -> str:
         parts = [f"{self.count(v)} {v}" for v in VERDICTS if self.count(v)]

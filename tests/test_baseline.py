@@ -143,13 +143,95 @@ def test_bad_files_are_named(tmp_path: Path, content: str, expected: str) -> Non
 
 
 def test_bad_existing_file_is_not_overwritten(tmp_path: Path) -> None:
+    """Recording missing entries never touches a broken file; the advice names the option that replaces it."""
+    store = bl.BaselineStore(tmp_path, record_hint="pytest suites/ --lstmperf-save-baseline")
+    path = store.path_for(fields())
+    path.write_text('{"benchmarks": [')
+    with pytest.raises(bl.BaselineError, match=r"not recording: .* truncated.*--lstmperf-update-baseline") as exc:
+        save(store, [record("a")])
+    assert "kept as" in str(exc.value) and path.name + ".broken" in str(exc.value)
+    assert path.read_text() == '{"benchmarks": ['
+
+
+def test_update_replaces_a_broken_file_and_keeps_it_beside(tmp_path: Path) -> None:
+    """The advice works: --lstmperf-update-baseline replaces an unreadable file, which is kept as .broken."""
     store = bl.BaselineStore(tmp_path)
     path = store.path_for(fields())
     path.write_text('{"benchmarks": [')
-    for update in (False, True):
-        with pytest.raises(bl.BaselineError, match=r"not recording: .* truncated"):
-            save(store, [record("a")], update=update)
-    assert path.read_text() == '{"benchmarks": ['
+    report = save(store, [record("a")], update=True)
+    broken = path.with_name(path.name + ".broken")
+    assert report.broken == broken and "kept as" in report.describe()
+    assert broken.read_text() == '{"benchmarks": ['
+    assert list(store.find(fields()).entries) == [record("a")["fullname"]]
+
+
+def test_written_files_take_their_neighbours_permissions(tmp_path: Path) -> None:
+    """mkstemp's 0600 is not what a baseline gets: a new file takes the umask default (or a neighbour's mode),
+    a rewritten file keeps its own, read-only included."""
+    store = bl.BaselineStore(tmp_path)
+    old_umask = os.umask(0o022)
+    try:
+        path = save(store, [record("a")]).path
+        assert path.stat().st_mode & 0o777 == 0o644
+        path.chmod(0o664)
+        other = save(store, [record("a")], fp={**H100, "gpu": "NVIDIA A100-SXM4-40GB"}).path
+        assert other.stat().st_mode & 0o777 == 0o664  # the neighbour's mode
+        path.chmod(0o444)
+        save(store, [record("b")])
+        assert path.stat().st_mode & 0o777 == 0o444
+    finally:
+        os.umask(old_umask)
+
+
+def test_no_lock_file_is_left_behind(tmp_path: Path) -> None:
+    store = bl.BaselineStore(tmp_path)
+    save(store, [record("a")])
+    assert sorted(p.name for p in tmp_path.iterdir()) == [store.path_for(fields()).name]
+
+
+@pytest.mark.skipif(os.name != "posix" or os.geteuid() == 0, reason="root ignores file permissions")
+def test_read_only_folder_is_a_clear_error(tmp_path: Path) -> None:
+    store = bl.BaselineStore(tmp_path)
+    save(store, [record("a")])
+    before = store.path_for(fields()).read_bytes()
+    tmp_path.chmod(0o555)
+    try:
+        with pytest.raises(bl.BaselineError, match=r"not recording: cannot write .*Permission denied.*--lstmperf-"):
+            save(store, [record("b")])
+    finally:
+        tmp_path.chmod(0o755)
+    assert store.path_for(fields()).read_bytes() == before
+
+
+def test_read_only_folder_error_when_the_write_fails(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same error, planted where the platform ignores permissions (root): the write raises EACCES."""
+    store = bl.BaselineStore(tmp_path)
+    save(store, [record("a")])
+    before = store.path_for(fields()).read_bytes()
+
+    def denied(*args: object, **kwargs: object) -> None:
+        raise PermissionError(13, "Permission denied", str(tmp_path))
+
+    monkeypatch.setattr(bl.tempfile, "mkstemp", denied)
+    with pytest.raises(bl.BaselineError, match=r"not recording: cannot write .*Permission denied.*baselines=DIR"):
+        save(store, [record("b")])
+    assert store.path_for(fields()).read_bytes() == before
+
+
+def test_recording_stores_the_noise_band_and_flags_a_bimodal_baseline(tmp_path: Path) -> None:
+    store = bl.BaselineStore(tmp_path)
+    steady = record("steady")
+    steady["extra_info"]["run_medians"] = [1.0e-3, 1.05e-3, 1.02e-3]
+    two = record("two")
+    two["data"] = [1e-3 + i * 1e-7 for i in range(10)] + [1.4e-3 + i * 1e-7 for i in range(10)]
+    report = save(store, [steady, two])
+    entries = store.find(fields()).entries
+    band = entries[steady["fullname"]]["extra_info"]["noise_band"]
+    assert band["source"] == "independent runs" and band["runs"] == 3
+    assert band["per_call_spread"] == pytest.approx(0.05e-3 / 1.02e-3)
+    assert band["bimodal"] == ""
+    assert "bimodal: 10 samples" in entries[two["fullname"]]["extra_info"]["noise_band"]["bimodal"]
+    assert report.flags == [f"{two['fullname']}: {entries[two['fullname']]['extra_info']['noise_band']['bimodal']}"]
 
 
 def test_update_replaces_an_older_format_file(tmp_path: Path) -> None:

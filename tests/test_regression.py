@@ -211,3 +211,68 @@ def test_baseline_plot_with_gate_decisions_and_without(tmp_path) -> None:
     path = _plot_baseline(tmp_path, records, baseline, gate)
     assert path is not None and path.stat().st_size > 1000
     assert _plot_baseline(tmp_path, records, [], None) is None
+
+
+# ------------------------------------------------------------------------ host counters, noise band, verdicts
+def test_host_counters_compared_exactly_and_allocations_within_tolerance() -> None:
+    from pytest_lstmperf.regression import host_counter_changes
+
+    then = {"aten_ops": 40, "kernels": 12, "syncs": 1, "alloc_bytes": 200_000}
+    assert host_counter_changes(then, dict(then)) == []
+    # the smallest planted change each counter catches: one op, one kernel launch, one synchronisation
+    assert host_counter_changes(then, {**then, "aten_ops": 41}) == ["aten_ops per call 40 -> 41"]
+    assert host_counter_changes(then, {**then, "kernels": 13}) == ["kernels per call 12 -> 13"]
+    assert host_counter_changes(then, {**then, "syncs": 2}) == ["syncs per call 1 -> 2"]
+    # bytes: +-5% or 4 KiB, whichever is larger
+    assert host_counter_changes(then, {**then, "alloc_bytes": 209_999}) == []
+    assert "alloc_bytes per call 200000 -> 210001" in host_counter_changes(then, {**then, "alloc_bytes": 210_001})[0]
+    small = {"aten_ops": 5, "alloc_bytes": 1000}
+    assert host_counter_changes(small, {**small, "alloc_bytes": 5000}) == []
+    assert host_counter_changes(small, {**small, "alloc_bytes": 5097}) != []
+    # absent counters (old baselines, kernels/syncs on the CPU) are not compared
+    assert host_counter_changes(None, then) == [] and host_counter_changes({"aten_ops": 40}, {"kernels": 3}) == []
+
+
+def test_noise_band_raises_the_per_call_threshold() -> None:
+    from pytest_lstmperf.regression import chunk_medians, noise_threshold, relative_spread
+
+    assert relative_spread([1.0, 1.1, 1.05]) == pytest.approx(0.1 / 1.05)
+    assert relative_spread([1.0]) is None
+    assert noise_threshold(1.10, None) == 1.10
+    assert noise_threshold(1.10, 0.02) == 1.10  # a quiet baseline keeps the configured ratio
+    assert noise_threshold(1.10, 0.10) == pytest.approx(1.20)
+    assert chunk_medians([1.0] * 5) == []  # too few samples for three chunks of three
+    assert chunk_medians([1.0] * 3 + [2.0] * 3 + [3.0] * 3) == [1.0, 2.0, 3.0]
+
+
+def test_bimodal_samples_are_flagged_and_unimodal_ones_not() -> None:
+    from pytest_lstmperf.regression import bimodal
+
+    rng = np.random.default_rng(3)
+    assert bimodal(noisy(rng, 1e-3, 40, spread=0.05, outliers=2)) == ""
+    two = noisy(rng, 1e-3, 20, spread=0.01) + noisy(rng, 1.3e-3, 20, spread=0.01)
+    assert bimodal(two).startswith("bimodal: 20 samples around")
+    # a few slow outliers are not a second mode
+    assert bimodal(noisy(rng, 1e-3, 40, spread=0.01) + [2e-3, 2.1e-3]) == ""
+
+
+def test_combine_keeps_the_most_severe_verdict_and_every_check() -> None:
+    from pytest_lstmperf.regression import combine
+
+    device = Decision("t", "unchanged", ratio=1.01, metric="device", threshold=1.1)
+    per_call = Decision("t", "regressed", ratio=1.3, pvalue=1e-6, metric="per-call", threshold=1.1)
+    host = Decision("t", "host-work-changed", metric="host", notes=("host work per call changed: syncs 1 -> 2",))
+    merged = combine([device, per_call, host], ["host: ..."])
+    assert merged.verdict == "regressed" and merged.ratio == 1.3 and merged.metric == "per-call"
+    assert merged.checks[0].startswith("device: unchanged at 1.010x") and merged.checks[-1] == "host: ..."
+    merged = combine([device, host])
+    assert merged.verdict == "host-work-changed" and merged.ratio == 1.01  # the timed numbers stay in the table
+    assert merged.failed
+
+
+def test_inconclusive_and_compared_nothing_are_not_a_pass() -> None:
+    gate = GateResult([Decision("a", "unchanged"), Decision("b", "inconclusive")])
+    assert not gate.failed and gate.unsettled() == ["1 benchmark(s) inconclusive"]
+    nothing = GateResult([Decision("a", "not-run"), Decision("b", "not-run")])
+    assert nothing.compared == 0 and nothing.unsettled() == ["nothing was compared with the baseline"]
+    assert GateResult([Decision("a", "unchanged")]).unsettled() == []
