@@ -1220,12 +1220,19 @@ def _print_gate(tr: Any, config: pytest.Config, state: GateState) -> None:
             "no drift-probe samples for them (record with --lstmperf-drift=probe)",
             yellow=True,
         )
+    no_counters = [d for d in gate.decisions if any(c.startswith("host: not compared") for c in d.checks)]
+    if no_counters:
+        tr.write_line(
+            f"host counters not compared for {len(no_counters)} benchmark(s): the baseline or this run has none "
+            "(record the baseline again to gate host work)",
+            yellow=True,
+        )
     for decision in gate.decisions:
         remeasured = any("re-measurement" in n for n in decision.notes)
         if not (decision.failed or decision.verdict == "inconclusive" or remeasured or (verbose and decision.checks)):
             continue
         for line in (*decision.checks, *decision.notes):
-            if "no drift correction" in line:
+            if "no drift correction" in line or line.startswith("host: not compared"):
                 continue
             tr.write_line(f"  {decision.name}: {line}", red=decision.failed, yellow=not decision.failed)
 

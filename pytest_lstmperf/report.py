@@ -152,7 +152,12 @@ def _plot_baseline(
     rows.sort()
     metrics = sorted({decided[r["fullname"]].metric for r in records if r["fullname"] in decided})
     fig, ax = plt.subplots(figsize=(9, max(3.0, 0.28 * len(rows) + 1)))
-    colors = {"regressed": "tab:red", "kernel-changed": "tab:red", "improved": "tab:green"}
+    colors = {
+        "regressed": "tab:red",
+        "kernel-changed": "tab:red",
+        "host-work-changed": "tab:red",
+        "improved": "tab:green",
+    }
     ax.barh(range(len(rows)), [ratio for _, ratio, _ in rows], color=[colors.get(v, "tab:grey") for *_, v in rows])
     ax.axvline(1.0, color="black", linewidth=0.8)
     ax.set_yticks(range(len(rows)))

@@ -176,7 +176,7 @@ def test_lifecycle_record_compare_regress_update(gate) -> None:
             "*speed gate against*3 regressed*",
             "test*baseline*now*ratio*p-value*drift*kernel then*kernel now*verdict*",
             "*test_inference*spin-onednn-lstm-I32-H64-L1-B1-T20*onednn/fp32*onednn/fp32*regressed*",
-            "*SPEED GATE FAILED: 3 regression(s)*--lstmperf-update-baseline*",
+            "*SPEED GATE FAILED: 3 benchmark(s) regressed*--lstmperf-update-baseline*",
         ]
     )
     assert "3 passed" in result.stdout.str()  # the tests pass; the session fails
@@ -538,9 +538,14 @@ def test_summary_lines_speedup_over_generic() -> None:
 def test_baseline_timed_with_another_timer_is_inconclusive(gate) -> None:
     assert gate("--lstmperf-save-baseline").ret == 0
     result = gate("--benchmark-compare", "--benchmark-timer=time.perf_counter", "-k", "B1-")
-    assert result.ret == 0, result.stdout.str()
+    # inconclusive is not a pass (it used to exit 0): the run fails unless accepted
+    assert result.ret == pytest.ExitCode.TESTS_FAILED, result.stdout.str()
     result.stdout.fnmatch_lines(
-        ["*speed gate against*1 inconclusive*", "*timed with time.perf_counter, the baseline with time.thread_time*"]
+        [
+            "*speed gate against*1 inconclusive*",
+            "*timed with time.perf_counter, the baseline with time.thread_time*",
+            "SPEED GATE NOT PASSED: 1 benchmark(s) inconclusive*--lstmperf-accept-inconclusive*",
+        ]
     )
 
 
@@ -585,3 +590,203 @@ def test_keras_device_time_is_measured_in_its_worker() -> None:
     tf_gpu.options, tf_gpu.device = SimpleNamespace(backend="tensorflow"), "cuda"
     result = LocalKerasRun.device_time(tf_gpu, "forward", 3)
     assert result.method == "none" and "TensorFlow's own CUDA streams" in result.note
+
+
+# ------------------------------------------------------------------ the decision per record (no subprocess)
+KNOBS = bench_plugin.GateKnobs(metric="auto", ratio=1.10, pvalue=0.002, probe=False)
+
+
+def _spread(median: float, n: int = 30, step: float = 0.002) -> list[float]:
+    """Deterministic samples around ``median`` (+-3%)."""
+    return [median * (1 + step * (i - n // 2)) for i in range(n)]
+
+
+def _gpu_record(per_call: float, device: float, counters: dict | None = None, **extra: object) -> dict:
+    info = {
+        "kernel": "cudnn",
+        "precision": "fp32",
+        "device_time_method": "cuda-graph",
+        "device_samples": _spread(device),
+        "device_time_s": device,
+        **extra,
+    }
+    if counters is not None:
+        info["host_counters"] = counters
+    return {"fullname": "t[x]", "extra_info": info, "data": _spread(per_call), "thresholds": {}}
+
+
+def _entry(record: dict, **noise: object) -> dict:
+    extra = dict(record["extra_info"])
+    if noise:
+        extra["noise_band"] = {"per_call_spread": noise["spread"], "source": "independent runs"}
+    return {"extra_info": extra, "stats": {"data": list(record["data"])}}
+
+
+COUNTERS = {"aten_ops": 40, "kernels": 12, "syncs": 1, "alloc_bytes": 100_000}
+
+
+def test_gpu_host_side_slowdown_is_gated_beside_device_time() -> None:
+    """On a GPU a slowdown of the host part alone (device time unchanged) used to pass: now per-call decides too."""
+    base = _entry(_gpu_record(1e-3, 2e-4, COUNTERS))
+    clean = bench_plugin.decide_record(_gpu_record(1e-3, 2e-4, COUNTERS), base, KNOBS)
+    assert clean.verdict == "unchanged", clean
+    assert [c.split(":")[0] for c in clean.checks] == ["device", "per-call", "host"]
+    slow_host = bench_plugin.decide_record(_gpu_record(1.25e-3, 2e-4, COUNTERS), base, KNOBS)
+    assert slow_host.verdict == "regressed" and slow_host.metric == "per-call", slow_host
+    assert slow_host.checks[0].startswith("device: unchanged")
+    slow_device = bench_plugin.decide_record(_gpu_record(1e-3, 2.5e-4, COUNTERS), base, KNOBS)
+    assert slow_device.verdict == "regressed" and slow_device.metric == "device"
+    # the device-only metric is still there for hosts too noisy for per-call gating
+    only = bench_plugin.GateKnobs("device", 1.10, 0.002, False)
+    assert bench_plugin.decide_record(_gpu_record(1.25e-3, 2e-4), base, only).verdict == "unchanged"
+
+
+def test_per_call_threshold_is_at_least_the_recorded_noise_band() -> None:
+    """The CPU false alarm (1.132x seconds after recording): a baseline whose own runs spread 8% gates per-call
+    at 1 + 2 x 8% = 1.16, so 1.13x is unchanged while 1.25x still fails."""
+    base = _entry(_gpu_record(1e-3, 2e-4), spread=0.08)
+    near = bench_plugin.decide_record(_gpu_record(1.13e-3, 2e-4), base, KNOBS)
+    assert near.verdict == "unchanged", near
+    assert any("per-call threshold 1.160" in n for n in near.notes)
+    assert bench_plugin.decide_record(_gpu_record(1.25e-3, 2e-4), base, KNOBS).verdict == "regressed"
+    quiet = _entry(_gpu_record(1e-3, 2e-4), spread=0.01)  # a quiet baseline keeps the configured 1.10
+    assert bench_plugin.decide_record(_gpu_record(1.13e-3, 2e-4), quiet, KNOBS).verdict == "regressed"
+
+
+def test_host_counter_change_fails_with_the_counter_named() -> None:
+    base = _entry(_gpu_record(1e-3, 2e-4, COUNTERS))
+    moved = bench_plugin.decide_record(_gpu_record(1e-3, 2e-4, {**COUNTERS, "syncs": 2}), base, KNOBS)
+    assert moved.verdict == "host-work-changed" and moved.failed
+    assert "host work per call changed: syncs per call 1 -> 2" in moved.notes
+    # an old baseline without counters: said, not failed
+    old = _entry(_gpu_record(1e-3, 2e-4))
+    note = bench_plugin.decide_record(_gpu_record(1e-3, 2e-4, COUNTERS), old, KNOBS)
+    assert note.verdict == "unchanged" and "host: not compared (the baseline has no host counters" in note.checks[-1]
+
+
+def test_remeasured_suspect_is_decided_on_the_remeasurement() -> None:
+    base = _entry(_gpu_record(1e-3, 2e-4))
+    noise = {"confirmed": False, "first_ratio": 1.3, "data": _spread(1e-3), "device_samples": _spread(2e-4)}
+    record = _gpu_record(1.3e-3, 2e-4, remeasured=noise)
+    decision = bench_plugin.decide_record(record, base, KNOBS)
+    assert decision.verdict == "unchanged"
+    assert "not confirmed by re-measurement: the first measurement (1.300x) was noise" in decision.notes
+    real = {"confirmed": True, "first_ratio": 1.3, "data": _spread(1.3e-3), "device_samples": _spread(2e-4)}
+    decision = bench_plugin.decide_record(_gpu_record(1.3e-3, 2e-4, remeasured=real), base, KNOBS)
+    assert decision.verdict == "regressed" and any(n.startswith("confirmed by re-measurement") for n in decision.notes)
+
+
+def test_untimed_benchmark_is_inconclusive_not_skipped() -> None:
+    base = _entry(_gpu_record(1e-3, 2e-4))
+    record = {**_gpu_record(1e-3, 2e-4), "data": []}
+    decision = bench_plugin.decide_record(record, base, KNOBS)
+    assert decision.verdict == "inconclusive" and "not timed in this run" in decision.notes[0]
+
+
+# ------------------------------------------------------------------ end to end: outcome, order, bad input
+def _last_lines(result: pytest.RunResult, n: int) -> list[str]:
+    return [line for line in result.stdout.lines if line.strip()][-n:]
+
+
+def test_failed_gate_is_printed_last_and_counted_in_the_final_line(gate) -> None:
+    assert gate("--lstmperf-save-baseline", "-k", "test_inference").ret == 0
+    result = gate(
+        "--benchmark-compare", "-k", "test_inference", "-p", "pytest_lstmperf.testing.faults",
+        "--lstmperf-plant=slowdown:1.5",
+    )  # fmt: skip
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    out = result.stdout.str()
+    # after pytest-benchmark's wide tables, the verdict, then pytest's final line with the gate's count
+    assert out.index("benchmark") < out.index("Legend:") < out.index("SPEED GATE FAILED")
+    last = _last_lines(result, 2)
+    assert last[0].startswith("SPEED GATE FAILED: 2 benchmark(s) regressed"), last
+    assert "2 passed" in last[1] and "2 speed-regression" in last[1], last
+
+
+def test_untimed_and_skipped_runs_are_not_a_pass(gate) -> None:
+    assert gate("--lstmperf-save-baseline", "-k", "test_inference").ret == 0
+    # --benchmark-disable: the tests run once, nothing is timed
+    result = gate("--benchmark-compare", "--benchmark-disable", "-k", "test_inference")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED, result.stdout.str()
+    result.stdout.fnmatch_lines(["*speed gate against*2 inconclusive*", "*not timed in this run*"])
+    last = _last_lines(result, 3)
+    assert last[0].startswith("SPEED GATE NOT PASSED: 2 benchmark(s) inconclusive"), last
+    assert last[1].startswith("SPEED GATE NOT PASSED: nothing was compared"), last
+    assert "2 speed-inconclusive" in last[2], last
+    # every benchmark skipped: nothing compared
+    result = gate("--benchmark-compare", "--benchmark-skip", "-k", "test_inference")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    assert _last_lines(result, 2)[0].startswith("SPEED GATE NOT PASSED: nothing was compared"), result.stdout.str()
+    # accepted explicitly (option or environment): a statement, exit 0
+    result = gate("--benchmark-compare", "--benchmark-skip", "-k", "test_inference", "--lstmperf-accept-inconclusive")
+    assert result.ret == 0
+    result.stdout.fnmatch_lines(["*speed gate: nothing was compared with the baseline, accepted*"])
+
+
+def test_bad_input_is_a_clear_error_and_loses_nothing(gate) -> None:
+    root = gate.path
+    result = gate("--benchmark-compare=missing.json")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["ERROR: --benchmark-compare=missing.json: no such file*Valid: an existing baseline*"])
+    assert "Traceback" not in result.stdout.str() + result.stderr.str()
+    assert gate("--lstmperf-save-baseline", "-k", "B1-").ret == 0
+    (path,) = _baseline_files(root)
+    good = path.read_text()
+    # a corrupt file: the advice names the option that replaces it, and that option works
+    path.write_text(good[:100])
+    result = gate("--benchmark-compare", "-k", "B1-")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*is truncated*kept as *.json.broken*--lstmperf-update-baseline*"])
+    result = gate("--lstmperf-update-baseline", "-k", "B1-")
+    assert result.ret == 0, result.stdout.str()
+    result.stdout.fnmatch_lines(["*replaced an unreadable file, kept as *.json.broken*"])
+    assert path.with_name(path.name + ".broken").read_text() == good[:100]
+    assert gate("--benchmark-compare", "-k", "B1-").ret == 0
+    # a recording interrupted by a failing test writes nothing
+    after = path.read_bytes()
+    root.joinpath("test_zz_fails.py").write_text("def test_fails():\n    assert False, 'planted'\n")
+    result = gate("--lstmperf-update-baseline", "-k", "B1- or fails")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED
+    result.stdout.fnmatch_lines(["*ERROR: not recording: this run did not complete*1 test(s) failed*"])
+    assert path.read_bytes() == after
+    # ... and so does one interrupted (Ctrl-C is a KeyboardInterrupt inside a test)
+    root.joinpath("test_zz_fails.py").write_text("def test_interrupt():\n    raise KeyboardInterrupt\n")
+    result = gate("--lstmperf-update-baseline", "-k", "B1- or interrupt")
+    assert result.ret == pytest.ExitCode.INTERRUPTED
+    result.stdout.fnmatch_lines(["*not recording: this run did not complete (it was interrupted)*"])
+    assert path.read_bytes() == after
+    assert sorted(p.name for p in (root / "baselines").iterdir()) == sorted([path.name, path.name + ".broken"])
+
+
+PLAIN_PROJECT = """
+import sys
+
+
+def test_plain(benchmark):
+    benchmark(sum, range(1000))
+
+
+def test_torch_was_not_imported():
+    assert "torch" not in sys.modules, "pytest-lstmperf imported torch in a project that does not use it"
+"""
+
+
+def test_projects_without_lstmperf_benchmarks_keep_plain_pytest_benchmark(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Installing the plugin changes nothing for another project's benchmarks: --benchmark-compare compares with
+    its own saved run, no torch import, no lstmperf section in its JSON."""
+    for name in ("PYTEST_ADDOPTS", "PYTEST_LSTMPERF_DEVICE", "PYTEST_LSTMPERF_PATHS"):
+        monkeypatch.delenv(name, raising=False)
+    pytester.makepyfile(test_plain=PLAIN_PROJECT)
+    args = ("-p", "no:cacheprovider", "-p", "no:randomly", "--benchmark-min-rounds=3", "--benchmark-max-time=0.05")
+    result = pytester.runpytest_subprocess(*args, "--benchmark-autosave", "--benchmark-json=first.json")
+    assert result.ret == 0, result.stdout.str()
+    first = json.loads((pytester.path / "first.json").read_text())
+    assert "lstmperf" not in first and "lstmperf" not in first["machine_info"]
+    result = pytester.runpytest_subprocess(*args, "--benchmark-compare", "--benchmark-compare-fail=mean:1000%")
+    assert result.ret == 0, result.stdout.str() + result.stderr.str()
+    result.stdout.fnmatch_lines(["*test_plain (0001*", "*test_plain (NOW)*"])
+    out = result.stdout.str() + result.stderr.str()
+    assert "lstmperf" not in out and "no baseline for this device" not in out
+    assert not (pytester.path / "baselines").exists()
