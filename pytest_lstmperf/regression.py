@@ -350,7 +350,9 @@ def bimodal(samples: Sequence[float], min_share: float = 0.2, gap: float = 1.05,
     lower, upper = values[:widest], values[widest:]
     step = upper[0] / lower[-1]
     ratio = statistics.median(upper) / statistics.median(lower)
-    if step < gap or ratio < apart:
+    # two modes: the gap is wide against the clusters' own spread (a broad unimodal spread has no such gap)
+    inner = max(_log_iqr(lower), _log_iqr(upper))
+    if step < gap or ratio < apart or math.log(step) < 2 * inner:
         return ""
     return (
         f"bimodal: {len(lower)} samples around {format_seconds(statistics.median(lower))} and {len(upper)} around "
@@ -386,6 +388,12 @@ def per_call_spread(base_extra: Mapping[str, Any], base_data: Sequence[float]) -
         return float(stored["per_call_spread"]), str(stored.get("source", "recorded"))
     record = noise_record(base_extra, base_data)
     return record["per_call_spread"], str(record["source"])
+
+
+def _log_iqr(values: Sequence[float]) -> float:
+    """Interquartile range of log(values) (sorted, positive)."""
+    q = statistics.quantiles([math.log(v) for v in values], n=4, method="inclusive")
+    return q[2] - q[0]
 
 
 # ----------------------------------------------------------------------------------- combining metrics
