@@ -271,3 +271,35 @@ def test_user_benchmark_is_recorded_and_gated(user) -> None:
     )
     result = user(*slowed)
     assert result.ret == 0, result.stdout.str()
+
+
+def test_trust_table_counts_detections_and_false_alarms(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """scripts/gate_trust.py: a verdict per benchmark from the gate rows (a failed test without a row is an
+    alarm); alarms on targeted benchmarks are detections, anywhere else false alarms."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gate_trust", Path(__file__).parents[1] / "scripts/gate_trust.py")
+    trust = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(trust)
+    a, b = "suites/t.py::test_inference[torch-x]", "suites/t.py::test_inference[keras-y]"
+    baseline = tmp_path / "base.json"
+    baseline.write_text(json.dumps({"benchmarks": [
+        {"fullname": a, "extra_info": {"framework": "torch", "expected_kernel": "cudnn"}},
+        {"fullname": b, "extra_info": {"framework": "keras-torch", "expected_kernel": "cudnn"}},
+    ]}))  # fmt: skip
+    clean = tmp_path / "clean.log"
+    clean.write_text(f"{a}  device  1.0  1.0  1.000  0.5  unchanged\n{b}  per-call  1.0  1.3  1.300  1e-5  regressed\n")
+    slow = tmp_path / "slow.log"
+    slow.write_text(f"{a}  device  1.0  1.1  1.100  1e-4  regressed\n{b}  device  1.0  1.0  1.000  0.5  unchanged\n")
+    fallback = tmp_path / "fallback.log"
+    fallback.write_text(f"FAILED {a} - expected kernel cudnn/fp32, observed cuda-generic/fp32\n")
+    out = tmp_path / "trust.json"
+    runs = [f"clean#1={clean}", f"device-slowdown:1.10#1={slow}", f"fallback={fallback}"]
+    assert trust.main([str(baseline), str(out), *runs]) == 0
+    table = capsys.readouterr().out
+    assert f"false alarm: clean#1: {b} -> regressed" in table
+    rows = {line.split()[0]: line.split()[1:] for line in table.splitlines()[-3:]}
+    assert rows["clean"] == ["1", "-", "1/2"]
+    assert rows["device-slowdown:1.10"] == ["1", "1/1", "0/1"]
+    assert rows["fallback"] == ["1", "1/1", "0/0"]
+    assert len(json.loads(out.read_text())["verdicts"]) == 5
