@@ -6,8 +6,11 @@
   pytest-xdist it disables itself and :func:`time_rounds` takes them the same way.
 * **Device time**: a CUDA graph of one call is captured and replayed; CUDA events around the replays time the
   kernels without the host (the graph launches them back to back). When capture fails (an op that
-  synchronises, a CPU fallback inside the call) the call itself is timed with CUDA events, a note says so:
-  that figure also holds the gaps where the GPU waited for launches, so it is an upper bound.
+  synchronises, a CPU fallback inside the call) the call itself is timed with CUDA events around several
+  back-to-back calls (their mean is one sample), a note says so: that figure also holds the gaps where the
+  GPU waited for launches, so it is an upper bound.
+* **Host counters** (:func:`host_counters`): per call, ATen ops dispatched, GPU kernels launched,
+  host-device synchronisations and bytes allocated, counted in one untimed call: exact, whatever the load.
 * **Host overhead share**: ``1 - device / per call``.
 * **Achieved FLOP/s** against the device's *measured* peak: a large matmul in the same precision, timed
   once per session (:func:`measured_peak_flops`).

@@ -44,10 +44,10 @@ if ls .whl/*.whl >/dev/null 2>&1; then
   "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
-# the plugin through its entry point when installed, else from this checkout
+# the plugin of this checkout (first on the path), through its entry point when one is installed
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 PLUGIN_ARGS=()
 if ! "$PYTHON" -c "import importlib.metadata as m, sys; sys.exit(0 if any(e.name == 'lstmperf' for e in m.entry_points(group='pytest11')) else 1)"; then
-  export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
   PLUGIN_ARGS=(-p pytest_lstmperf.plugin)
 fi
 export PYTHONUNBUFFERED=1
@@ -56,7 +56,7 @@ FAULTS=(-p pytest_lstmperf.testing.faults)
 
 {
   echo "== environment"
-  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader 2>&1 | head -2
+  command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader | head -2
   "$PYTHON" -c "import torch, pytest_benchmark as b; print('torch', torch.__version__, 'cuDNN', torch.backends.cudnn.version(), 'pytest-benchmark', b.__version__)"
   "$PYTHON" -c "import keras; print('keras', keras.__version__)" 2>&1 | tail -1
 } | tee -a "$LOG"
