@@ -285,7 +285,7 @@ def host_counters(call: Callable[[], object], device: str) -> dict[str, Any]:
         for event in profiler.events():
             kind = str(getattr(event, "device_type", ""))
             if "CUDA" in kind:
-                kernels += 1
+                kernels += not event.name.startswith(("Memcpy", "Memset"))  # copies and fills are no launches
             elif event.name.split("_v")[0] in SYNC_EVENTS:  # runtime names may carry a version suffix
                 syncs += 1
         after = torch.cuda.memory_stats(device).get("allocated_bytes.all.allocated", 0)
