@@ -2,13 +2,14 @@
 
     python scripts/gate_trust.py BASELINE.json OUT.json SCENARIO=LOG [SCENARIO=LOG ...]
 
-``SCENARIO`` is ``clean``, ``fallback``, ``device-slowdown:F``, ``host-work:N`` or ``full-suite``, with an
-optional ``#k`` run suffix (``clean#3``); ``LOG`` is the run's terminal output with ``-v`` (every gate row
-shown). A benchmark's verdict is the last word of its row in the gate table; a benchmark without a row but
-with a ``FAILED``/``ERROR`` line counts as an alarm (the test itself failed, e.g. on a kernel mismatch).
+``SCENARIO`` is ``clean``, ``fallback``, ``kernel-slowdown:F`` (``slowdown:F`` on a CPU), ``host-work:N`` or
+``full-suite``, with an optional ``#k`` run suffix (``clean#3``); ``LOG`` is the run's terminal output with
+``-v`` (every gate row shown). A benchmark's verdict is the last word of its row in the gate table; a benchmark
+without a row but with a ``FAILED``/``ERROR`` line counts as an alarm (the test itself failed, e.g. on a kernel
+mismatch).
 
 Which benchmarks a fault targets is read from the baseline's entries: ``fallback`` (cuDNN or oneDNN off)
-targets benchmarks whose expected kernel is ``cudnn``/``onednn``; ``device-slowdown`` and ``host-work`` (both
+targets benchmarks whose expected kernel is ``cudnn``/``onednn``; slowdowns and ``host-work`` (all
 planted in ``torch.nn.LSTM``/``GRU``) target the ``torch`` framework's benchmarks. An alarm on a targeted
 benchmark is a detection; an alarm anywhere else (every benchmark of a clean run) is a false alarm.
 Writes every verdict into ``OUT.json`` and prints the table last.
@@ -29,7 +30,7 @@ def targeted(scenario: str, extra: dict) -> bool:
     kind = scenario.split("#")[0].split(":")[0]
     if kind == "fallback":
         return extra.get("expected_kernel") in ("cudnn", "onednn")
-    if kind in ("device-slowdown", "host-slowdown", "host-work"):
+    if kind in ("kernel-slowdown", "device-slowdown", "slowdown", "host-work"):
         return extra.get("framework") == "torch"
     return False
 
