@@ -294,5 +294,5 @@ def test_trust_table_counts_detections_and_false_alarms(tmp_path: Path, capsys: 
     rows = {line.split()[0]: line.split()[1:] for line in table.splitlines()[-3:]}
     assert rows["clean"] == ["1", "-", "1/2"]
     assert rows["device-slowdown:1.10"] == ["1", "1/1", "0/1"]
-    assert rows["fallback"] == ["1", "1/1", "0/0"]
+    assert rows["fallback"] == ["1", "1/1", "0/0"]  # the Keras benchmark (its own process) is not a target
     assert len(json.loads(out.read_text())["verdicts"]) == 5
