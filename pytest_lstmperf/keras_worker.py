@@ -189,6 +189,19 @@ class LocalKerasRun:
         call = self.forward if kind == "forward" else self.train_step
         return device_time(call, "cuda:0" if self.device == "cuda" else "cpu", samples)
 
+    def host_counters(self, kind: str) -> dict[str, Any]:
+        """Host counters of one ``forward`` or ``train_step`` (:func:`pytest_lstmperf.timing.host_counters`),
+        counted in this process, which dispatches the ops; TensorFlow's ops are no ATen ops: a note only."""
+        if self.options.backend != "torch":
+            return {
+                "note": "Keras on TensorFlow dispatches TensorFlow ops, which the ATen counters do not see: "
+                "no host counters (the time per call decides)"
+            }
+        from .timing import host_counters
+
+        call = self.forward if kind == "forward" else self.train_step
+        return host_counters(call, "cuda:0" if self.device == "cuda" else "cpu")
+
 
 class _Impl:
     def run(self) -> dict[str, Any]: ...

@@ -6,8 +6,11 @@
   pytest-xdist it disables itself and :func:`time_rounds` takes them the same way.
 * **Device time**: a CUDA graph of one call is captured and replayed; CUDA events around the replays time the
   kernels without the host (the graph launches them back to back). When capture fails (an op that
-  synchronises, a CPU fallback inside the call) the call itself is timed with CUDA events, a note says so:
-  that figure also holds the gaps where the GPU waited for launches, so it is an upper bound.
+  synchronises, a CPU fallback inside the call) the call itself is timed with CUDA events around several
+  back-to-back calls (their mean is one sample), a note says so: that figure also holds the gaps where the
+  GPU waited for launches, so it is an upper bound.
+* **Host counters** (:func:`host_counters`): per call, ATen ops dispatched, GPU kernels launched,
+  host-device synchronisations and bytes allocated, counted in one untimed call: exact, whatever the load.
 * **Host overhead share**: ``1 - device / per call``.
 * **Achieved FLOP/s** against the device's *measured* peak: a large matmul in the same precision, timed
   once per session (:func:`measured_peak_flops`).
@@ -151,7 +154,11 @@ class DeviceTime:
 
 
 def device_time(call: Callable[[], object], device: str, samples: int = 15, replays: int = 5) -> DeviceTime:
-    """Device-side seconds per call of ``call`` (which must *not* synchronise) on ``device``."""
+    """Device-side seconds per call of ``call`` (which must *not* synchronise) on ``device``.
+
+    Each sample is the mean of ``replays`` back-to-back graph replays or, where capture fails, of ``replays``
+    back-to-back calls between one pair of CUDA events (queued without a synchronisation, so the GPU works
+    through them while the host launches the next ones: per-call event noise averages out over the batch)."""
     if not device.startswith("cuda"):
         return DeviceTime("host", (), "on the CPU the host runs the kernels: device time is the time per call")
     import torch
@@ -164,11 +171,11 @@ def device_time(call: Callable[[], object], device: str, samples: int = 15, repl
             torch.cuda.synchronize(dev)
         reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:200]
         note = (
-            f"CUDA graph capture failed ({reason}); device time from CUDA events around each call "
-            f"(kernels plus launch gaps: an upper bound)"
+            f"CUDA graph capture failed ({reason}); device time from CUDA events around {replays} back-to-back "
+            f"calls per sample (kernels plus launch gaps: an upper bound)"
         )
     try:
-        return DeviceTime("cuda-events", tuple(_event_times(torch, dev, call, samples)), note)
+        return DeviceTime("cuda-events", tuple(_event_times(torch, dev, call, samples, replays)), note)
     except Exception as exc:
         return DeviceTime("none", (), f"{note}; event timing failed too ({type(exc).__name__}: {exc})")
 
@@ -209,18 +216,118 @@ def _graph_replay_times(torch: Any, dev: Any, call: Callable[[], object], sample
         del graph
 
 
-def _event_times(torch: Any, dev: Any, call: Callable[[], object], samples: int) -> list[float]:
+def _event_times(torch: Any, dev: Any, call: Callable[[], object], samples: int, calls: int = 1) -> list[float]:
     out = []
+    call()  # warm-up, untimed
     torch.cuda.synchronize(dev)
     for _ in range(samples):
         start = torch.cuda.Event(enable_timing=True)
         end = torch.cuda.Event(enable_timing=True)
         start.record()
-        call()
+        for _ in range(calls):
+            call()
         end.record()
         end.synchronize()
-        out.append(start.elapsed_time(end) / 1000.0)
+        out.append(start.elapsed_time(end) / 1000.0 / calls)
     return out
+
+
+def batch_medians(samples: Sequence[float], batches: int = 3) -> list[float]:
+    """Medians of ``batches`` consecutive, equal-sized batches of ``samples`` (the last takes the remainder):
+    how far the median of one run moves between runs, for the noise band of a baseline. Empty when there
+    are fewer samples than batches."""
+    if len(samples) < batches or batches < 1:
+        return []
+    size = len(samples) // batches
+    cuts = [samples[i * size : (i + 1) * size] for i in range(batches - 1)]
+    cuts.append(samples[(batches - 1) * size :])
+    return [statistics.median(cut) for cut in cuts]
+
+
+# ---------------------------------------------------------------------------------------- host counters
+#: ``torch.profiler`` runtime events that make the host wait for the device
+SYNC_EVENTS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy")
+
+
+def host_counters(call: Callable[[], object], device: str) -> dict[str, Any]:
+    """What one call of ``call`` (which must *not* synchronise) asks of the host, counted in one untimed call.
+
+    ``aten_ops``: ATen ops dispatched below autograd (a ``TorchDispatchMode``, which autograd propagates to
+    its backward threads); ``alloc_bytes``: on CUDA the caching allocator's ``allocated_bytes`` growth
+    during the call (workspaces included), on the CPU the bytes of the fresh storages the ops return (the
+    mode sees each op's outputs; views and in-place results, which allocate nothing, are not counted);
+    ``kernels`` and ``syncs`` (CUDA only; 0 on the CPU, which launches no GPU work): GPU kernels launched and
+    host-device synchronisations (``cudaStreamSynchronize``, ``cudaDeviceSynchronize``,
+    ``cudaEventSynchronize``, ``cudaMemcpy`` runtime calls) seen by ``torch.profiler``. Counts are exact
+    and do not depend on the machine's load; the caller counts after warm-up, never during timed rounds.
+    """
+    import torch
+
+    cuda = device.startswith("cuda")
+    counter = _OpCounter()
+    profiler = None
+    if cuda:
+        from torch.profiler import ProfilerActivity, profile
+
+        torch.cuda.synchronize(device)
+        profiler = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
+        before = torch.cuda.memory_stats(device).get("allocated_bytes.all.allocated", 0)
+    with contextlib.ExitStack() as stack:
+        if profiler is not None:
+            stack.enter_context(profiler)
+        stack.enter_context(_counting_mode(counter))
+        call()
+        if cuda:
+            torch.cuda.synchronize(device)
+    out = {"aten_ops": counter.ops, "kernels": 0, "syncs": 0, "alloc_bytes": counter.fresh_bytes}
+    if profiler is not None:
+        kernels = syncs = 0
+        for event in profiler.events():
+            kind = str(getattr(event, "device_type", ""))
+            if "CUDA" in kind:
+                kernels += not event.name.startswith(("Memcpy", "Memset"))  # copies and fills are no launches
+            elif event.name.split("_v")[0] in SYNC_EVENTS:  # runtime names may carry a version suffix
+                syncs += 1
+        after = torch.cuda.memory_stats(device).get("allocated_bytes.all.allocated", 0)
+        # the synchronisation that closes the counted call is ours, not the call's
+        out.update(kernels=kernels, syncs=max(0, syncs - 1), alloc_bytes=int(after - before))
+    return out
+
+
+class _OpCounter:
+    def __init__(self) -> None:
+        self.ops = 0
+        self.fresh_bytes = 0
+
+
+@contextlib.contextmanager
+def _counting_mode(counter: _OpCounter) -> Any:
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves
+
+    class Counting(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            kwargs = kwargs or {}
+            inputs = {
+                t.untyped_storage().data_ptr()
+                for t in tree_leaves((args, kwargs))
+                if isinstance(t, torch.Tensor) and not t.is_meta
+            }
+            result = func(*args, **kwargs)
+            counter.ops += 1
+            seen: set[int] = set()
+            for t in tree_leaves(result):
+                if isinstance(t, torch.Tensor) and t.device.type == "cpu":
+                    storage = t.untyped_storage()
+                    ptr = storage.data_ptr()
+                    if ptr and ptr not in inputs and ptr not in seen:
+                        seen.add(ptr)
+                        counter.fresh_bytes += storage.nbytes()
+            return result
+
+    with Counting():
+        yield
 
 
 def host_overhead(per_call_s: float | None, device_s: float | None) -> float | None:

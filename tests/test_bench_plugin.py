@@ -491,7 +491,7 @@ def test_device_time_refuses_an_empty_cuda_graph(monkeypatch: pytest.MonkeyPatch
         "_graph_replay_times",
         lambda *a: (_ for _ in ()).throw(RuntimeError("the captured CUDA graph is empty")),
     )
-    monkeypatch.setattr(timing, "_event_times", lambda torch, dev, call, samples: [3e-3] * samples)
+    monkeypatch.setattr(timing, "_event_times", lambda torch, dev, call, samples, calls=1: [3e-3] * samples)
     dev = timing.device_time(lambda: None, "cuda:0", samples=4)
     assert dev.method == "cuda-events" and dev.samples == (3e-3,) * 4
     assert "CUDA graph capture failed (RuntimeError: the captured CUDA graph is empty)" in dev.note

@@ -398,6 +398,10 @@ class KerasRun:
         whose process launches the kernels (a CUDA graph captured here would be empty)."""
         return self._call("device_time", kind, samples)
 
+    def host_counters(self, kind: str) -> dict[str, Any]:
+        """Host counters of ``forward`` or ``train_step``, counted in the worker, which dispatches the ops."""
+        return self._call("host_counters", kind)
+
     def close(self) -> None:
         """Free the worker's copy (deferred to the next request: no pipe traffic from a finaliser)."""
         if self.handle is not None:

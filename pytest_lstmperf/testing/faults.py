@@ -36,6 +36,12 @@ session resolves its paths: "behind the suite's back") and undone at ``pytest_un
     ``(F - 1) * t_b``. The sleep is host time, so the per-call time users feel grows by ``F`` while CUDA-graph
     device time does not (the wrapper stands aside while a stream is capturing). The synchronisation it
     adds is the one the benchmarks already do after each call.
+``host-work:N``
+    Each ``torch.nn.LSTM``/``GRU`` call allocates one extra scratch tensor on the input's device and runs
+    ``N`` extra in-place ATen ops on it (on a GPU, ``N`` extra small kernel launches): a host-side slowdown
+    that adds work per call, as a careless change to a model's Python does. The host counters
+    (``aten_ops``, ``kernels``, ``alloc_bytes``) grow by ``N + 1``, ``N`` (CUDA) and the allocation; the
+    time per call grows by the host cost of the ops. Outputs are unchanged. CPU and CUDA.
 
 The slowdown measures and waits on a clock: ``wall`` (default; ``time.perf_counter``, the clock
 pytest-benchmark times with) or ``thread`` (``time.thread_time``, the CPU time of the calling thread, spun
@@ -60,7 +66,7 @@ import pytest
 
 ENV = "PYTEST_LSTMPERF_PLANT"
 CLOCK_ENV = "PYTEST_LSTMPERF_PLANT_CLOCK"
-VALID = "cudnn-off, onednn-off, perturb:EPS, slowdown:F, kernel-slowdown:F, wrong-precision"
+VALID = "cudnn-off, onednn-off, perturb:EPS, slowdown:F, kernel-slowdown:F, host-work:N, wrong-precision"
 #: the clocks the slowdown measures and waits on
 CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "thread": time.thread_time}
 
@@ -93,7 +99,7 @@ def parse_faults(raw: str) -> list[Fault]:
             if arg:
                 raise ValueError(f"{part!r}: {kind} takes no value (valid: {VALID})")
             faults.append(Fault(kind))
-        elif kind in ("perturb", "slowdown", "kernel-slowdown"):
+        elif kind in ("perturb", "slowdown", "kernel-slowdown", "host-work"):
             try:
                 value = float(arg)
             except ValueError:
@@ -103,6 +109,8 @@ def parse_faults(raw: str) -> list[Fault]:
                 ) from None
             if kind != "perturb" and not value >= 1.0:
                 raise ValueError(f"{part!r}: the slowdown factor must be >= 1 (valid: {VALID})")
+            if kind == "host-work" and value != int(value):
+                raise ValueError(f"{part!r}: host-work needs a whole number of extra ops (valid: {VALID})")
             faults.append(Fault(kind, value))
         else:
             raise ValueError(f"unknown fault {part!r} (valid: {VALID})")
@@ -378,6 +386,25 @@ def _plant_kernel_slowdown(factor: float) -> Callable[[], None]:
     return _patch_forward(wrap, state)
 
 
+def _plant_host_work(ops: int) -> Callable[[], None]:
+    """Each ``LSTM``/``GRU`` call first allocates a 256-float scratch tensor on the input's device and runs
+    ``ops`` in-place adds on it: host-side work per call (dispatch, and on a GPU one small kernel launch per
+    op), the kind a careless change to a model's Python adds. Outputs are unchanged."""
+    import torch
+
+    def wrap(original: Callable[..., Any]) -> Callable[..., Any]:
+        def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+            tensor = _first_tensor(args)
+            scratch = torch.zeros(256, device=tensor.device if tensor is not None else "cpu")
+            for _ in range(ops):
+                scratch.add_(1.0)
+            return original(self, *args, **kwargs)
+
+        return forward
+
+    return _patch_forward(wrap)
+
+
 def plant(faults: list[Fault], clock: str = "wall") -> Callable[[], None]:
     """Apply ``faults``; returns a function that undoes them (in reverse order). ``clock`` is the one the
     slowdown measures and waits on (see the module docstring)."""
@@ -396,6 +423,8 @@ def plant(faults: list[Fault], clock: str = "wall") -> Callable[[], None]:
                 undos.append(_plant_slowdown(float(fault.value or 1.0), clock))
             elif fault.kind == "kernel-slowdown":
                 undos.append(_plant_kernel_slowdown(float(fault.value or 1.0)))
+            elif fault.kind == "host-work":
+                undos.append(_plant_host_work(int(fault.value or 1)))
     except BaseException:
         for undo in reversed(undos):
             undo()

@@ -1,0 +1,298 @@
+"""How a benchmark is measured: host counters, run medians, device time, the second measurement of a suspected
+regression, and a user's own callable through ``lstmperf_benchmark(fn)``.
+
+The end-to-end runs use the spin path of ``test_bench_plugin`` (a real oneDNN ``nn.LSTM`` plus a fixed CPU
+spin, timed on the thread clock), so verdicts do not depend on how busy the machine is.
+"""
+
+from __future__ import annotations
+
+import json
+import types
+from pathlib import Path
+
+import pytest
+from test_bench_plugin import BASE_ARGS, SPIN_MODULE, SUITE
+
+from pytest_lstmperf import timing
+
+torch = pytest.importorskip("torch")
+
+USER_ARGS = [
+    "-p",
+    "no:cacheprovider",
+    "--device=cpu",
+    "-p",
+    "no:randomly",
+    "--benchmark-timer=time.thread_time",
+    "--lstmperf-drift=off",
+]
+
+USER_TEST = """
+import time
+
+import pytest
+import torch
+
+
+class SpinLSTM(torch.nn.LSTM):
+    def check_forward_args(self, *args, **kwargs):  # inside LSTM.forward: a fixed 20 ms of CPU time
+        deadline = time.thread_time() + 0.02
+        while time.thread_time() < deadline:
+            pass
+        return super().check_forward_args(*args, **kwargs)
+
+
+class Tagger(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.rnn = SpinLSTM(8, 16, batch_first=True)
+        self.head = torch.nn.Linear(16, 3)
+
+    def forward(self, x):
+        out, _ = self.rnn(x)
+        return self.head(out)
+
+
+@pytest.fixture
+def model():
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    return Tagger().eval(), torch.randn(4, 10, 8)
+
+
+def test_tagger_forward(lstmperf_benchmark, model):
+    net, x = model
+
+    def forward():
+        with torch.no_grad():
+            return net(x)
+
+    out = lstmperf_benchmark(forward, label="forward")
+    assert out.shape == (4, 10, 3)
+"""
+
+
+def _env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("PYTEST_ADDOPTS", raising=False)
+    for name in ("PYTEST_LSTMPERF_PLANT", "PYTEST_LSTMPERF_DEVICE", "PYTEST_LSTMPERF_PATHS"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("PYTEST_LSTMPERF_PLANT_CLOCK", "thread")
+    for name in ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_TESTRUNUID"):
+        monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture
+def spin(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch):
+    """The real benchmark suite with the spin path only."""
+    pytester.makepyfile(spinpath=SPIN_MODULE)
+    pytester.makeconftest("import spinpath  # noqa: F401 - registers the spin path\n")
+    pytester.makepyfile(test_benchmarks=SUITE.read_text())
+    _env(monkeypatch)
+
+    def run(*args: str) -> pytest.RunResult:
+        return pytester.runpytest_subprocess(*BASE_ARGS, *args, timeout=300)
+
+    run.path = pytester.path  # type: ignore[attr-defined]
+    return run
+
+
+@pytest.fixture
+def user(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch):
+    """A user's project: one test benchmarking its own small nn.LSTM model."""
+    pytester.makepyfile(test_user=USER_TEST)
+    _env(monkeypatch)
+
+    def run(*args: str) -> pytest.RunResult:
+        return pytester.runpytest_subprocess(*USER_ARGS, *args, timeout=300)
+
+    run.path = pytester.path  # type: ignore[attr-defined]
+    return run
+
+
+def _records(path: Path) -> dict[str, dict]:
+    return {b["name"]: b for b in json.loads(path.read_text())["benchmarks"]}
+
+
+def _tiny_lstm():
+    torch.manual_seed(0)
+    module = torch.nn.LSTM(8, 16, batch_first=True)
+    x = torch.randn(2, 5, 8)
+
+    def forward() -> None:
+        with torch.no_grad():
+            module(x)
+
+    def train() -> None:
+        out, _ = module(x)
+        out.sum().backward()
+
+    return forward, train
+
+
+# -------------------------------------------------------------------------------------------- units
+def test_host_counters_are_exact_and_see_the_host_work_fault() -> None:
+    """Counts repeat exactly; ``host-work:N`` adds N + 1 ATen ops (its allocation and N adds) and the scratch
+    tensor's bytes per LSTM call: the smallest host fault the counters catch is one extra op."""
+    from pytest_lstmperf.testing.faults import planted
+
+    for call in _tiny_lstm():
+        call()  # warm-up: .grad exists from here on
+        clean = [timing.host_counters(call, "cpu") for _ in range(3)]
+        assert clean[0] == clean[1] == clean[2]
+        assert clean[0]["aten_ops"] > 0 and clean[0]["alloc_bytes"] > 0
+        assert clean[0]["kernels"] == 0 and clean[0]["syncs"] == 0  # the CPU launches no GPU work
+        with planted("host-work:1"):
+            one = timing.host_counters(call, "cpu")
+        with planted("host-work:7"):
+            seven = timing.host_counters(call, "cpu")
+        assert one["aten_ops"] > clean[0]["aten_ops"]
+        assert seven["aten_ops"] - one["aten_ops"] == 6
+        assert one["alloc_bytes"] - clean[0]["alloc_bytes"] >= 256 * 4
+        assert timing.host_counters(call, "cpu") == clean[0]  # the fault undone, the counts are back
+
+
+def test_batch_medians() -> None:
+    assert timing.batch_medians([1, 2, 3, 4, 5, 6, 7, 8, 9, 10]) == [2, 5, 8.5]
+    assert timing.batch_medians([1.0, 2.0]) == []
+
+
+def _fake_events_torch(per_call_ms: float, calls_seen: list[int]):
+    class Event:
+        def __init__(self, enable_timing=False):
+            pass
+
+        def record(self):
+            calls_seen.append(-1)  # a marker between batches
+
+        def synchronize(self):
+            pass
+
+        def elapsed_time(self, end):
+            return per_call_ms * batch[0]
+
+    batch = [0]
+    cuda = types.SimpleNamespace(Event=Event, synchronize=lambda dev=None: None)
+    return types.SimpleNamespace(cuda=cuda), batch
+
+
+def test_event_device_time_averages_back_to_back_calls() -> None:
+    """Where capture fails, each device sample is one pair of events around several queued calls (per-call
+    event noise averages out), divided back to seconds per call, after an untimed warm-up call."""
+    seen: list[int] = []
+    fake, batch = _fake_events_torch(2.0, seen)
+    count = [0]
+
+    def call() -> None:
+        count[0] += 1
+        batch[0] = 5
+
+    out = timing._event_times(fake, "cuda:0", call, samples=4, calls=5)
+    assert out == pytest.approx([2e-3] * 4)
+    assert count[0] == 1 + 4 * 5
+
+
+# ----------------------------------------------------------------------------------------- end to end
+def test_every_record_says_how_it_was_measured(spin, tmp_path: Path) -> None:
+    """Two clean runs of the same benchmarks (inference and a training step): identical host counters; run
+    medians from three batches; on the CPU the device time is stated as the host's (method ``host``, no
+    device samples). A third run with ``host-work:20`` planted: every benchmark's counters grow by the 20
+    extra ops at least, and by the scratch allocation."""
+    runs = []
+    for k, plant in enumerate(((), ("-p", "pytest_lstmperf.testing.faults", "--lstmperf-plant=host-work:20"))):
+        for _ in range(2 - k):
+            target = tmp_path / f"run{len(runs)}.json"
+            result = spin(f"--benchmark-json={target}", *plant)
+            assert result.ret == 0, result.stdout.str()
+            runs.append(_records(target))
+    clean, again, faulty = runs
+    assert clean.keys() == again.keys() == faulty.keys() and len(clean) == 3
+    for name, bench in clean.items():
+        extra = bench["extra_info"]
+        counts = extra["host_counters"]
+        assert counts == again[name]["extra_info"]["host_counters"], name
+        assert set(counts) == {"aten_ops", "kernels", "syncs", "alloc_bytes"}
+        assert len(extra["run_medians"]) == 3
+        assert extra["device_time_method"] == "host" and extra["device_samples"] == []
+        assert "CPU" in extra["device_time_note"] and extra["device_run_medians"] == []
+        assert "remeasured" not in extra  # nothing compared
+        planted = faulty[name]["extra_info"]["host_counters"]
+        assert planted["aten_ops"] >= counts["aten_ops"] + 20, name
+        assert planted["alloc_bytes"] > counts["alloc_bytes"], name
+
+
+def test_suspected_regression_is_measured_again(spin, tmp_path: Path) -> None:
+    """Compared against a baseline, a benchmark over the threshold is timed a second time (fresh warm-up,
+    twice the rounds); both ratios are recorded; a clean one is not re-measured."""
+    assert spin("--lstmperf-save-baseline", "-k", "B1-").ret == 0
+    clean = tmp_path / "clean.json"
+    spin("--benchmark-compare", "-k", "B1-", f"--benchmark-json={clean}")
+    (bench,) = _records(clean).values()
+    assert "remeasured" not in bench["extra_info"]
+    slow = tmp_path / "slow.json"
+    spin(
+        "--benchmark-compare", "-k", "B1-", f"--benchmark-json={slow}", "-p", "pytest_lstmperf.testing.faults",
+        "--lstmperf-plant=slowdown:1.5",
+    )  # fmt: skip
+    (bench,) = _records(slow).values()
+    again = bench["extra_info"]["remeasured"]
+    assert again["confirmed"] is True and again["metric"] == "per-call"
+    assert again["first_ratio"] > 1.3 and again["second_ratio"] > 1.3
+    assert len(again["data"]) == 2 * len(bench["stats"]["data"])
+
+
+def test_user_benchmark_is_recorded_and_gated(user) -> None:
+    """A user's own model through ``lstmperf_benchmark(fn)``: recorded into the device's baseline with its
+    observed kernel and host counters (no FLOP figure made up), compared clean, failed when its LSTM is
+    slowed 1.5x, and passed under ``@pytest.mark.lstmperf_threshold(2.0)``."""
+    result = user("--lstmperf-save-baseline")
+    assert result.ret == 0, result.stdout.str()
+    (path,) = sorted((user.path / "baselines").glob("*.json"))
+    (entry,) = json.loads(path.read_text())["benchmarks"]
+    extra = entry["extra_info"]
+    assert entry["name"] == "test_tagger_forward" and extra["path"] == "user" and extra["mode"] == "forward"
+    assert extra["kernel"] == "onednn" and extra["host_counters"]["aten_ops"] > 0
+    assert "flops" not in extra and len(entry["stats"]["data"]) >= 15
+    assert user("--benchmark-compare").ret == 0
+    slowed = ("--benchmark-compare", "-p", "pytest_lstmperf.testing.faults", "--lstmperf-plant=slowdown:1.5")
+    result = user(*slowed)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED, result.stdout.str()
+    assert "test_tagger_forward" in result.stdout.str()
+    source = (user.path / "test_user.py").read_text()
+    (user.path / "test_user.py").write_text(
+        source.replace("def test_tagger_forward", "@pytest.mark.lstmperf_threshold(2.0)\ndef test_tagger_forward")
+    )
+    result = user(*slowed)
+    assert result.ret == 0, result.stdout.str()
+
+
+def test_trust_table_counts_detections_and_false_alarms(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """scripts/gate_trust.py: a verdict per benchmark from the gate rows (a failed test without a row is an
+    alarm); alarms on targeted benchmarks are detections, anywhere else false alarms."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gate_trust", Path(__file__).parents[1] / "scripts/gate_trust.py")
+    trust = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(trust)
+    a, b = "suites/t.py::test_inference[torch-x]", "suites/t.py::test_inference[keras-y]"
+    baseline = tmp_path / "base.json"
+    baseline.write_text(json.dumps({"benchmarks": [
+        {"fullname": a, "extra_info": {"framework": "torch", "expected_kernel": "cudnn"}},
+        {"fullname": b, "extra_info": {"framework": "keras-torch", "expected_kernel": "cudnn"}},
+    ]}))  # fmt: skip
+    clean = tmp_path / "clean.log"
+    clean.write_text(f"{a}  device  1.0  1.0  1.000  0.5  unchanged\n{b}  per-call  1.0  1.3  1.300  1e-5  regressed\n")
+    slow = tmp_path / "slow.log"
+    slow.write_text(f"{a}  device  1.0  1.1  1.100  1e-4  regressed\n{b}  device  1.0  1.0  1.000  0.5  unchanged\n")
+    fallback = tmp_path / "fallback.log"
+    fallback.write_text(f"FAILED {a} - expected kernel cudnn/fp32, observed cuda-generic/fp32\n")
+    out = tmp_path / "trust.json"
+    runs = [f"clean#1={clean}", f"device-slowdown:1.10#1={slow}", f"fallback={fallback}"]
+    assert trust.main([str(baseline), str(out), *runs]) == 0
+    table = capsys.readouterr().out
+    assert f"false alarm: clean#1: {b} -> regressed" in table
+    rows = {line.split()[0]: line.split()[1:] for line in table.splitlines()[-3:]}
+    assert rows["clean"] == ["1", "-", "1/2"]
+    assert rows["device-slowdown:1.10"] == ["1", "1/1", "0/1"]
+    assert rows["fallback"] == ["1", "1/1", "0/0"]  # the Keras benchmark (its own process) is not a target
+    assert len(json.loads(out.read_text())["verdicts"]) == 5
