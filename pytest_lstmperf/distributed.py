@@ -458,11 +458,12 @@ def _entry(rank: int, world: int, strategy: str, cfg: TrainConfig, backend: str,
 
 
 def _end_process(status: int) -> None:
-    """End a rank's process without the interpreter's teardown. By now the result is written and the group
-    destroyed; what is left is interpreter finalization and C++ static destructors, which run while threads
-    of the c10d/gloo libraries (and OpenMP's) may still be alive: a std::thread destroyed while joinable there
-    calls std::terminate ("terminate called without an active exception", SIGABRT) now and then on a loaded
-    machine. Nothing remains to clean up, so skip it: flush what the rank printed and leave."""
+    """End a rank's process without the interpreter's teardown. By now the result is written, every rank has
+    passed the last barrier and the group is destroyed; what is left is interpreter finalization and C++ static
+    destructors, which run while threads of the native libraries (c10d, gloo, OpenMP) may still be alive. A
+    ``std::thread`` destroyed while joinable there calls std::terminate ("terminate called without an active
+    exception", SIGABRT: the abort CI saw once). Nothing remains to clean up, so skip it: flush what the rank
+    printed and leave."""
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()

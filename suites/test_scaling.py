@@ -83,7 +83,7 @@ def test_trained_weights_match_single_process(lstmperf: Any, pytestconfig: pytes
     bound = pairwise_tolerance(_precision(lstmperf.device.kind), "backward", spec)
     failures = []
     for world in worlds:
-        result = _launch(pytestconfig, strategy, world, cfg, backend, "equivalence")
+        result = _launch(pytestconfig, strategy, world, cfg, backend, "equivalence check")
         err, name = dist.max_relative_difference(
             dist.updates(result.weights, cfg), dist.updates(reference.weights, cfg)
         )
@@ -127,7 +127,7 @@ def test_scaling_throughput(
     check_tokens(plain, expected)
     runs = []
     for world in [1, *worlds]:
-        result = _launch(pytestconfig, strategy, world, cfg, backend, data)
+        result = _launch(pytestconfig, strategy, world, cfg, backend, f"{data} data")
         check_tokens(result, expected)
         runs.append(result)
     model = f"{layers}x LSTM {input_size}->{hidden}, batch {batch}, T<={seq}"
@@ -137,11 +137,11 @@ def test_scaling_throughput(
 
 
 def _launch(config: pytest.Config, strategy: str, world: int, cfg: dist.TrainConfig, backend: str,
-            data: str) -> dist.RunResult:  # fmt: skip
+            what: str) -> dist.RunResult:  # fmt: skip
     start = time.monotonic()
     result = dist.launch(strategy, world, cfg, backend)
     stages = f", stages {result.stages}" if result.stages and world > 1 else ""
-    progress(config, f"{strategy}, {data} data, {world} rank{'s' if world > 1 else ''} ({backend}): "
+    progress(config, f"{strategy}, {what}, {world} rank{'s' if world > 1 else ''} ({backend}): "
                      f"{result.throughput:.3g} steps/s{stages} [{time.monotonic() - start:.0f} s]")  # fmt: skip
     return result
 
@@ -193,7 +193,7 @@ def test_ddp_weak_scaling(lstmperf: Any, pytestconfig: pytest.Config, request: p
                                steps=STEPS[kind], seed=lstmperf.seed, timed_passes=_timed_passes(lstmperf))  # fmt: skip
         if plain is None:
             plain = dist.single_process(cfg, "cuda:0" if backend == "nccl" else "cpu")
-        result = _launch(pytestconfig, "ddp", world, cfg, backend, "fixed-length, weak")
+        result = _launch(pytestconfig, "ddp", world, cfg, backend, "fixed-length data, weak scaling")
         check_tokens(result, cfg.steps * cfg.batch * seq)
         runs.append(result)
     assert plain is not None

@@ -210,6 +210,8 @@ def test_suite_equivalence_fails_when_workers_compute_wrong(
     assert result.ret == pytest.ExitCode.TESTS_FAILED, result.stdout.str()
     result.stdout.fnmatch_lines(["*ddp on 2 ranks (gloo): weight updates differ from the single-process run by*"])
     result.stdout.fnmatch_lines(["*pipeline on 2 ranks (gloo): weight updates differ*"])
+    # a progress line per launch, on the terminal while the test runs (not in the captured output)
+    result.stdout.fnmatch_lines(["scaling: ddp, equivalence check, 2 ranks (gloo): * steps/s [[]* s[]]"])
 
 
 def test_token_check_sees_a_lost_batch() -> None:
