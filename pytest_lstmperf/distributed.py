@@ -2,8 +2,9 @@
 layers split into pipeline stages, one per rank, micro-batches flowing through them), on NCCL across GPUs or
 on gloo across CPU processes.
 
-Started by the plugin (:func:`launch`: ``torch.multiprocessing`` with a free port, one process per rank) or
-by torchrun, the way users start it::
+Started by the plugin (:func:`launch`: one process per rank running this module's entry point, the way
+torchrun runs it, with the rendezvous store hosted by the launcher on a port the system chose) or by
+torchrun, the way users start it::
 
     torchrun --nproc-per-node 2 -m pytest_lstmperf.distributed --strategy ddp --out result.pt
 
@@ -23,18 +24,24 @@ import argparse
 import contextlib
 import gc
 import os
+import signal
 import socket
+import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+import traceback
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
 
 STRATEGIES = ("ddp", "pipeline")
+BALANCES = ("equal", "measured")
 WORKER_PLANT_ENV = "PYTEST_LSTMPERF_WORKER_PLANT"
+# a rank that fails raises this in the worker processes only (tests of the launcher's failure report)
+WORKER_RAISE_ENV = "PYTEST_LSTMPERF_WORKER_RAISE"
 
 
 @dataclass(frozen=True)
@@ -53,11 +60,14 @@ class TrainConfig:
     bucketing: bool = False  # variable-length data batched by automatic length buckets instead of padded
     sequences: int = 0  # variable-length dataset size (0: fixed-length batches of seq_len)
     timed_passes: int = 1  # passes over the batches timed after the warm-up pass; the median pass counts
+    balance: str = "equal"  # pipeline stages: equal layer counts, or balanced by measured per-layer time
 
     def __post_init__(self) -> None:
         for name in ("layers", "input_size", "hidden", "seq_len", "batch", "steps", "micro_batches", "timed_passes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.balance not in BALANCES:
+            raise ValueError(f"unknown balance {self.balance!r} (valid: {', '.join(BALANCES)})")
 
     def check_world(self, strategy: str, world: int) -> None:
         if strategy not in STRATEGIES:
@@ -80,6 +90,7 @@ class RunResult:
     seconds: float  # wall time of the timed steps (after one warm-up pass), slowest rank
     comm_seconds: float | None = None  # DDP: time with gradient sync minus time without
     notes: list[str] = field(default_factory=list)
+    stages: list[tuple[int, int]] | None = None  # pipeline: the layer range [lo, hi) of each rank
 
     @property
     def throughput(self) -> float:
@@ -299,13 +310,74 @@ def stage_bounds(layers: int, world: int) -> list[tuple[int, int]]:
     return bounds
 
 
+def balanced_bounds(layer_seconds: Sequence[float], stages: int) -> list[tuple[int, int]]:
+    """Contiguous layer ranges, one per stage, that minimise the slowest stage's total time (the pipeline's
+    throughput is set by its slowest stage). Exact: dynamic programming over split points; among equally
+    slow splits, the one whose stages are most even in layer count."""
+    times = [float(t) for t in layer_seconds]
+    if stages < 1 or len(times) < stages:
+        raise ValueError(f"{len(times)} layers cannot fill {stages} pipeline stages (each needs at least one)")
+    if not all(t > 0 and t < float("inf") for t in times):
+        raise ValueError(f"layer times must be positive and finite, got {times}")
+    prefix = np.concatenate([[0.0], np.cumsum(times)])
+    n = len(times)
+    # best[k][j]: (slowest stage, layer-count spread) of the first j layers in k stages; cut[k][j]: last split
+    best = [[(float("inf"), 0)] * (n + 1) for _ in range(stages + 1)]
+    cut = [[0] * (n + 1) for _ in range(stages + 1)]
+    best[0][0] = (0.0, 0)
+    for k in range(1, stages + 1):
+        for j in range(k, n - (stages - k) + 1):
+            for i in range(k - 1, j):
+                slowest = max(best[k - 1][i][0], prefix[j] - prefix[i])
+                candidate = (slowest, max(best[k - 1][i][1], abs((j - i) - n / stages)))
+                if candidate < best[k][j]:
+                    best[k][j], cut[k][j] = candidate, i
+    bounds, j = [], n
+    for k in range(stages, 0, -1):
+        bounds.append((cut[k][j], j))
+        j = cut[k][j]
+    return bounds[::-1]
+
+
+def measure_layer_seconds(cfg: TrainConfig, device: Any, repeats: int = 3) -> list[float]:
+    """Median seconds of one training pass (forward and backward) of each layer on one micro-batch, measured
+    on ``device``: what a stage of those layers costs per micro-batch."""
+    import torch
+
+    mb = cfg.batch // cfg.micro_batches
+    out = []
+    for i, layer in enumerate(build_layers(cfg)):
+        layer = layer.to(device)
+        x = torch.randn(mb, cfg.seq_len, cfg.input_size if i == 0 else cfg.hidden, device=device, requires_grad=True)
+        samples = []
+        for _ in range(repeats + 1):  # the first pass warms up (allocations, algorithm choice)
+            _sync(device)
+            start = time.perf_counter()
+            layer(x)[0].sum().backward()
+            _sync(device)
+            samples.append(time.perf_counter() - start)
+        out.append(float(np.median(samples[1:])))
+    return out
+
+
+def _pipeline_bounds(cfg: TrainConfig, world: int, rank: int, dev: Any, dist: Any) -> list[tuple[int, int]]:
+    """Every rank's layer range: equal layer counts, or (``balance="measured"``) balanced by the per-layer
+    times rank 0 measures on its device and sends to every rank (so all ranks split the model the same way)."""
+    if cfg.balance == "equal" or world == 1:
+        return stage_bounds(cfg.layers, world)
+    shared: list[Any] = [measure_layer_seconds(cfg, dev) if rank == 0 else None]
+    dist.broadcast_object_list(shared, src=0)
+    return balanced_bounds(shared[0], world)
+
+
 def pipeline_worker(rank: int, world: int, cfg: TrainConfig, backend: str) -> RunResult:
     """GPipe schedule: every micro-batch forward through the stages, then every backward in reverse."""
     import torch
     import torch.distributed as dist
 
     dev = _device_for(rank, backend)
-    lo, hi = stage_bounds(cfg.layers, world)[rank]
+    bounds = _pipeline_bounds(cfg, world, rank, dev, dist)
+    lo, hi = bounds[rank]
     layers = [layer.to(dev) for layer in build_layers(cfg)[lo:hi]]
     params = [p for layer in layers for p in layer.parameters()]
     opt = torch.optim.SGD(params, lr=cfg.lr)
@@ -350,7 +422,7 @@ def pipeline_worker(rank: int, world: int, cfg: TrainConfig, backend: str) -> Ru
     weights = _weights(layers, offset=lo)
     seconds, tokens = _timed_pass(step, batches, dev, cfg.timed_passes)
     times = _gather_max(torch.tensor([seconds], dtype=torch.float64, device=dev), dist)
-    return RunResult("pipeline", world, backend, weights, tokens, float(times[0]))
+    return RunResult("pipeline", world, backend, weights, tokens, float(times[0]), stages=bounds)
 
 
 WORKERS = {"ddp": ddp_worker, "pipeline": pipeline_worker}
@@ -358,29 +430,44 @@ WORKERS = {"ddp": ddp_worker, "pipeline": pipeline_worker}
 
 # --------------------------------------------------------------------------------------------- launching
 def _entry(rank: int, world: int, strategy: str, cfg: TrainConfig, backend: str, init: str, out: str) -> None:
+    """One rank's whole life in the process group: train, merge every rank's weights into rank 0's result file,
+    wait for every rank, destroy the group. Raises on any failure (the caller ends the process)."""
     import torch
     import torch.distributed as dist
 
     undo = _plant_from_env()
     dist.init_process_group(backend, init_method=init, rank=rank, world_size=world)
-    try:
-        result = WORKERS[strategy](rank, world, cfg, backend)
-        # every rank's weights reach rank 0 (pipeline stages hold different layers; DDP replicas agree)
-        gathered: list[Any] = [None] * world
-        dist.all_gather_object(gathered, result.weights)
-        if rank == 0:
-            merged: dict[str, np.ndarray] = {}
-            for part in gathered:
-                for name, value in part.items():
-                    merged.setdefault(name, value)
-            result.weights = merged
-            torch.save(asdict(result), out)
-        dist.barrier()  # every rank done with the group before any destroys it
-    finally:
-        gc.collect()
-        dist.destroy_process_group()
-        if undo is not None:
-            undo()
+    if os.environ.get(WORKER_RAISE_ENV) == str(rank):
+        raise RuntimeError(f"planted failure in rank {rank} ({WORKER_RAISE_ENV}={rank})")
+    result = WORKERS[strategy](rank, world, cfg, backend)
+    # every rank's weights reach rank 0 (pipeline stages hold different layers; DDP replicas agree)
+    gathered: list[Any] = [None] * world
+    dist.all_gather_object(gathered, result.weights)
+    if rank == 0:
+        merged: dict[str, np.ndarray] = {}
+        for part in gathered:
+            for name, value in part.items():
+                merged.setdefault(name, value)
+        result.weights = merged
+        torch.save(asdict(result), out)
+    dist.barrier()  # every rank done with the group before any destroys it
+    gc.collect()
+    dist.destroy_process_group()
+    if undo is not None:
+        undo()
+
+
+def _end_process(status: int) -> None:
+    """End a rank's process without the interpreter's teardown. By now the result is written, every rank has
+    passed the last barrier and the group is destroyed; what is left is interpreter finalization and C++ static
+    destructors, which run while threads of the native libraries (c10d, gloo, OpenMP) may still be alive. A
+    ``std::thread`` destroyed while joinable there calls std::terminate ("terminate called without an active
+    exception", SIGABRT: the abort CI saw once). Nothing remains to clean up, so skip it: flush what the rank
+    printed and leave."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(status)
 
 
 def free_port() -> int:
@@ -389,28 +476,121 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+class RankFailure(RuntimeError):
+    """A rank process failed: the message names the rank, its exit code or signal and its last output lines."""
+
+
+TAIL_LINES = 8
+
+
+def _tail(path: str, lines: int = TAIL_LINES) -> list[str]:
+    try:
+        with open(path, errors="replace") as fh:
+            text = fh.read()
+    except OSError as exc:
+        return [f"(its output could not be read: {exc})"]
+    kept = [line for line in text.splitlines() if line.strip()]
+    return kept[-lines:] or ["(it printed nothing)"]
+
+
+def _how_it_ended(code: int) -> str:
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return f"was killed by {signal.Signals(-code).name}"
+        return f"was killed by signal {-code}"
+    return f"exited with status {code}"
+
+
+def _rank_command(strategy: str, cfg: TrainConfig, backend: str, out: str) -> list[str]:
+    args = [sys.executable, "-m", "pytest_lstmperf.distributed", "--strategy", strategy, "--backend", backend,
+            "--out", out]  # fmt: skip
+    for name, value in asdict(cfg).items():
+        args += [f"--{name.replace('_', '-')}", str(value).lower() if isinstance(value, bool) else str(value)]
+    return args
+
+
+def _rank_env(rank: int, world: int, port: int, backend: str) -> dict[str, str]:
+    package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world),
+           "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+           # the launcher hosts the store, as torchrun's agent does: every rank is a client of it
+           "TORCHELASTIC_USE_AGENT_STORE": "True",
+           "PYTHONPATH": os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p)}  # fmt: skip
+    if backend == "gloo":  # ranks share the host's cores instead of each starting one thread per core
+        env["OMP_NUM_THREADS"] = str(max(1, available_cores() // world))
+    return env
+
+
+def available_cores() -> int:
+    """CPU cores this process may run on (its affinity mask, which containers and taskset narrow)."""
+    with contextlib.suppress(AttributeError, OSError):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def _watch(procs: list[subprocess.Popen], logs: list[str], what: str, timeout_s: float) -> None:
+    """Wait for every rank to exit 0. The first rank to fail (or the deadline) stops the others, and the error
+    says which rank failed, how, and its last output lines."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        codes = [p.poll() for p in procs]
+        failed = [rank for rank, code in enumerate(codes) if code not in (None, 0)]
+        if failed or all(code == 0 for code in codes) or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    stopped = _stop(procs)
+    if failed:
+        lines = [f"{what} failed: rank {rank} {_how_it_ended(codes[rank])}" for rank in failed]
+        if stopped:
+            lines[0] += f" (stopped rank{'s' if len(stopped) > 1 else ''} {', '.join(map(str, stopped))})"
+        for rank in failed:
+            lines += [f"  rank {rank}, last lines of its output:", *(f"    {x}" for x in _tail(logs[rank]))]
+        raise RankFailure("\n".join(lines))
+    if stopped:
+        raise TimeoutError(f"{what} did not finish in {timeout_s:.0f} s (stopped ranks {stopped}); last lines of "
+                           f"rank 0: {' | '.join(_tail(logs[0], 3))}")  # fmt: skip
+
+
+def _stop(procs: list[subprocess.Popen]) -> list[int]:
+    stopped = [rank for rank, p in enumerate(procs) if p.poll() is None]
+    for rank in stopped:
+        procs[rank].kill()
+    for p in procs:
+        p.wait()
+    return stopped
+
+
 def launch(strategy: str, world: int, cfg: TrainConfig, backend: str = "gloo", timeout_s: float = 600) -> RunResult:
-    """Run ``strategy`` on ``world`` processes (gloo: CPU; nccl: one GPU each) and return rank 0's result."""
+    """Run ``strategy`` on ``world`` processes (gloo: CPU; nccl: one GPU each) and return rank 0's result.
+    A rank that fails raises :class:`RankFailure` with that rank's own error."""
     import torch
-    import torch.multiprocessing as mp
+    import torch.distributed as tdist
 
     cfg.check_world(strategy, world)
     if backend not in ("gloo", "nccl"):
         raise ValueError(f"unknown backend {backend!r} (valid: gloo, nccl)")
     if backend == "nccl" and torch.cuda.device_count() < world:
         raise ValueError(f"nccl with {world} ranks needs {world} GPUs, {torch.cuda.device_count()} usable")
+    from datetime import timedelta
+
+    what = f"{strategy} on {world} rank{'s' if world > 1 else ''} ({backend})"
     with tempfile.TemporaryDirectory(prefix="lstmperf-dist-") as tmp:
         out = os.path.join(tmp, "result.pt")
-        init = f"tcp://127.0.0.1:{free_port()}"
-        context = mp.start_processes(
-            _entry, args=(world, strategy, cfg, backend, init, out), nprocs=world, join=False, start_method="spawn"
-        )
-        deadline = time.monotonic() + timeout_s
-        while not context.join(timeout=1.0):
-            if time.monotonic() > deadline:
-                for process in context.processes:
-                    process.kill()
-                raise TimeoutError(f"{strategy} on {world} ranks ({backend}) did not finish in {timeout_s:.0f} s")
+        # port 0: the system picks a free port while the store listens on it (no window for another process)
+        store = tdist.TCPStore("127.0.0.1", 0, world, is_master=True, wait_for_workers=False,
+                               timeout=timedelta(seconds=timeout_s))  # fmt: skip
+        logs = [os.path.join(tmp, f"rank{rank}.log") for rank in range(world)]
+        procs = []
+        try:
+            for rank in range(world):
+                with open(logs[rank], "w") as log:
+                    procs.append(subprocess.Popen(
+                        _rank_command(strategy, cfg, backend, out), env=_rank_env(rank, world, store.port, backend),
+                        stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT))  # fmt: skip
+            _watch(procs, logs, what, timeout_s)
+        finally:
+            _stop(procs)
+            del store
         data = torch.load(out, weights_only=False)
     return RunResult(**data)
 
@@ -457,19 +637,26 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if "RANK" not in os.environ:
         parser.error("run under torchrun (RANK and WORLD_SIZE unset)")
+    world, rank = int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"])
+    try:
+        cfg = TrainConfig(**{k: getattr(args, k) for k in asdict(TrainConfig())})
+        cfg.check_world(args.strategy, world)
+    except ValueError as exc:
+        parser.error(str(exc))
     import torch
 
     backend = args.backend or ("nccl" if torch.cuda.is_available() else "gloo")
-    cfg = TrainConfig(**{k: getattr(args, k) for k in asdict(TrainConfig())})
-    world = int(os.environ["WORLD_SIZE"])
-    cfg.check_world(args.strategy, world)
-    rank = int(os.environ["RANK"])
-    _entry(rank, world, args.strategy, cfg, backend, "env://", args.out)
+    try:
+        _entry(rank, world, args.strategy, cfg, backend, "env://", args.out)
+    except BaseException:
+        traceback.print_exc()
+        _end_process(1)
     if rank == 0:
         result = RunResult(**torch.load(args.out, weights_only=False))
         comm = "" if result.comm_share is None else f", communication {100 * result.comm_share:.0f}% of the step time"
         print(f"{args.strategy} on {world} ranks ({backend}): {result.tokens} time steps in {result.seconds:.3f} s "
               f"= {result.throughput:.4g} steps/s{comm}; result written to {args.out}", flush=True)  # fmt: skip
+    _end_process(0)
     return 0
 
 

@@ -105,11 +105,12 @@ def sections(rows: list[dict[str, Any]]) -> dict[str, tuple[list[str], list[list
         table = [
             [r["strategy"], r["data"], r["backend"], str(r["world"]), f"{r['throughput']:.4g}", f"{r['speedup']:.2f}x",
              f"{100 * r['efficiency']:.0f}%", f"{r['vs_plain']:.2f}x" if r.get("vs_plain") else "-",
-             "-" if r.get("comm_share") is None else f"{100 * r['comm_share']:.0f}%", r["model"]]
+             "-" if r.get("comm_share") is None else f"{100 * r['comm_share']:.0f}%", r["model"],
+             r.get("note") or "-"]
             for r in sorted(by_kind["scaling"], key=lambda r: (r["strategy"], r["data"], r["world"]))
         ]  # fmt: skip
         header = ["strategy", "data", "backend", "ranks", "steps/s", "speedup", "efficiency", "vs plain", "comm",
-                  "model"]  # fmt: skip
+                  "model", "note"]  # fmt: skip
         out["scaling"] = (header, table)
     return out
 

@@ -13,11 +13,19 @@ of layer stages with micro-batches) on several processes, against the single-pro
   the dataset's time steps.
 
 On CUDA the world sizes are 2..(usable GPUs) (NCCL); with fewer than 2 GPUs the GPU tests skip with that
-reason. On the CPU they run on 2 gloo processes (the launcher and the merge of rank results, as in CI).
+reason. On the CPU they run on 2 gloo processes (the launcher and the merge of rank results, as in CI): the
+ranks share the cores the one-rank run had to itself, so the CPU figures carry a note that they are not
+scaling figures. Each launch prints a progress line (``scaling: ...``) as it ends.
+
+The thorough CUDA set is sized so that a pipeline stage's compute dominates kernel launches and the transfer
+of activations between GPUs (docs/scaling.md gives the arithmetic); its pipeline runs 8 micro-batches with
+stages balanced by measured per-layer time.
 """
 
 from __future__ import annotations
 
+import contextlib
+import time
 from typing import Any
 
 import pytest
@@ -33,13 +41,19 @@ from pytest_lstmperf.tolerance import pairwise_tolerance  # noqa: E402
 
 # (layers, input, hidden, seq_len, batch, steps) for the equivalence runs
 EQUIV = {"cpu": (4, 16, 32, 12, 8, 3), "cuda": (8, 256, 512, 50, 64, 3)}
-# throughput runs: (layers, input, hidden, seq_len / max length, batch, sequences for the bucketed data)
+# throughput runs: (layers, input, hidden, seq_len / max length, batch, sequences for the variable-length data)
 THROUGHPUT = {
-    ("cpu", "gate"): (4, 32, 64, 40, 16, 256),
+    # CPU: what the runs check (every time step trained on, the launcher, the merge, the rows) needs no size;
+    # the figures there are not scaling figures anyway (ranks share the cores)
+    ("cpu", "gate"): (4, 16, 32, 24, 16, 128),
     ("cpu", "thorough"): (8, 64, 128, 100, 32, 1024),
     ("cuda", "gate"): (8, 256, 512, 100, 64, 2048),
-    ("cuda", "thorough"): (8, 512, 1024, 200, 128, 8192),
+    # per stage and micro-batch, compute far above launch and transfer cost on H200-class GPUs (docs/scaling.md)
+    ("cuda", "thorough"): (8, 1024, 2048, 100, 512, 4096),
 }
+# the pipeline's schedule per set: (micro-batches, stage balance)
+SCHEDULE = {"gate": (4, "equal"), "thorough": (8, "measured")}
+STEPS = {"cpu": 4, "cuda": 8}  # fixed-length batches per pass
 
 
 def _worlds(lstmperf: Any) -> tuple[str, list[int], str | None]:
@@ -57,7 +71,7 @@ def _precision(kind: str) -> str:
 
 
 @pytest.mark.parametrize("strategy", dist.STRATEGIES)
-def test_trained_weights_match_single_process(lstmperf: Any, strategy: str) -> None:
+def test_trained_weights_match_single_process(lstmperf: Any, pytestconfig: pytest.Config, strategy: str) -> None:
     backend, worlds, reason = _worlds(lstmperf)
     if reason:
         pytest.skip(reason)
@@ -69,7 +83,7 @@ def test_trained_weights_match_single_process(lstmperf: Any, strategy: str) -> N
     bound = pairwise_tolerance(_precision(lstmperf.device.kind), "backward", spec)
     failures = []
     for world in worlds:
-        result = dist.launch(strategy, world, cfg, backend)
+        result = _launch(pytestconfig, strategy, world, cfg, backend, "equivalence check")
         err, name = dist.max_relative_difference(
             dist.updates(result.weights, cfg), dist.updates(reference.weights, cfg)
         )
@@ -99,10 +113,12 @@ def test_scaling_throughput(
     backend, worlds, reason = _worlds(lstmperf)
     if reason:
         pytest.skip(reason)
-    layers, input_size, hidden, seq, batch, sequences = THROUGHPUT[(lstmperf.device.kind, bench_set(pytestconfig))]
+    kind, bset = lstmperf.device.kind, bench_set(pytestconfig)
+    layers, input_size, hidden, seq, batch, sequences = THROUGHPUT[(kind, bset)]
+    micro_batches, balance = SCHEDULE[bset]
     cfg = dist.TrainConfig(layers=layers, input_size=input_size, hidden=hidden, seq_len=seq, batch=batch,
-                           steps=8, micro_batches=4, seed=lstmperf.seed, bucketing=data == "bucketed",
-                           timed_passes=_timed_passes(lstmperf),
+                           steps=STEPS[kind], micro_batches=micro_batches, balance=balance, seed=lstmperf.seed,
+                           bucketing=data == "bucketed", timed_passes=_timed_passes(lstmperf),
                            sequences=0 if data == "fixed-length" else sequences)  # fmt: skip
     expected = int(sum(int(n.sum()) for _, _, n in dist.make_batches(cfg)))
     # plain training in this process (the whole model, the whole batch, no micro-batches): what either
@@ -111,10 +127,44 @@ def test_scaling_throughput(
     check_tokens(plain, expected)
     runs = []
     for world in [1, *worlds]:
-        result = dist.launch(strategy, world, cfg, backend)
+        result = _launch(pytestconfig, strategy, world, cfg, backend, f"{data} data")
         check_tokens(result, expected)
         runs.append(result)
-    _rows(request, runs, plain, data, f"{layers}x LSTM {input_size}->{hidden}, batch {batch}, T<={seq}")
+    model = f"{layers}x LSTM {input_size}->{hidden}, batch {batch}, T<={seq}"
+    if strategy == "pipeline":
+        model += f", {micro_batches} micro-batches, {balance} stages"
+    _rows(request, runs, plain, data, model)
+
+
+def _launch(config: pytest.Config, strategy: str, world: int, cfg: dist.TrainConfig, backend: str,
+            what: str) -> dist.RunResult:  # fmt: skip
+    start = time.monotonic()
+    result = dist.launch(strategy, world, cfg, backend)
+    stages = f", stages {result.stages}" if result.stages and world > 1 else ""
+    progress(config, f"{strategy}, {what}, {world} rank{'s' if world > 1 else ''} ({backend}): "
+                     f"{result.throughput:.3g} steps/s{stages} [{time.monotonic() - start:.0f} s]")  # fmt: skip
+    return result
+
+
+def progress(config: pytest.Config, message: str) -> None:
+    """A line on the terminal while a long test runs (pytest itself shows one dot per finished test)."""
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is None or hasattr(config, "workerinput") or config.get_verbosity() < -1:
+        return
+    capman = config.pluginmanager.get_plugin("capturemanager")
+    with capman.global_and_fixture_disabled() if capman else contextlib.nullcontext():
+        reporter.ensure_newline()
+        reporter.write_line(f"scaling: {message}")
+
+
+def core_note(result: dist.RunResult, cores: int | None = None) -> str:
+    """Why a CPU figure is not a scaling figure: gloo ranks share the host's cores, which the one-rank run
+    (and plain training) had to itself."""
+    if result.backend != "gloo" or result.world < 2:
+        return ""
+    cores = dist.available_cores() if cores is None else cores
+    return (f"not a scaling figure: {result.world} ranks share {cores} available CPU core{'s' if cores != 1 else ''} "
+            f"(os.sched_getaffinity), about {cores / result.world:.3g} per rank, where 1 rank had {cores}")  # fmt: skip
 
 
 def _rows(request: pytest.FixtureRequest, runs: list, plain: dist.RunResult, data: str, model: str) -> None:
@@ -124,7 +174,8 @@ def _rows(request: pytest.FixtureRequest, runs: list, plain: dist.RunResult, dat
                 world=result.world, backend=result.backend, throughput=result.throughput,
                 speedup=result.throughput / one, efficiency=result.throughput / one / result.world,
                 vs_plain=result.throughput / plain.throughput,
-                comm_share=result.comm_share if result.world > 1 else None, model=model)  # fmt: skip
+                comm_share=result.comm_share if result.world > 1 else None, model=model,
+                note=core_note(result))  # fmt: skip
 
 
 def test_ddp_weak_scaling(lstmperf: Any, pytestconfig: pytest.Config, request: pytest.FixtureRequest) -> None:
@@ -133,15 +184,16 @@ def test_ddp_weak_scaling(lstmperf: Any, pytestconfig: pytest.Config, request: p
     backend, worlds, reason = _worlds(lstmperf)
     if reason:
         pytest.skip(reason)
-    layers, input_size, hidden, seq, batch, _ = THROUGHPUT[(lstmperf.device.kind, bench_set(pytestconfig))]
+    kind = lstmperf.device.kind
+    layers, input_size, hidden, seq, batch, _ = THROUGHPUT[(kind, bench_set(pytestconfig))]
     runs = []
     plain = None
     for world in [1, *worlds]:
         cfg = dist.TrainConfig(layers=layers, input_size=input_size, hidden=hidden, seq_len=seq, batch=batch * world,
-                               steps=8, seed=lstmperf.seed, timed_passes=_timed_passes(lstmperf))  # fmt: skip
+                               steps=STEPS[kind], seed=lstmperf.seed, timed_passes=_timed_passes(lstmperf))  # fmt: skip
         if plain is None:
             plain = dist.single_process(cfg, "cuda:0" if backend == "nccl" else "cpu")
-        result = dist.launch("ddp", world, cfg, backend)
+        result = _launch(pytestconfig, "ddp", world, cfg, backend, "fixed-length data, weak scaling")
         check_tokens(result, cfg.steps * cfg.batch * seq)
         runs.append(result)
     assert plain is not None

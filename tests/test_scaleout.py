@@ -3,6 +3,7 @@ when a fault is planted in the workers, and pytest-xdist's one-worker-per-GPU pi
 
 from __future__ import annotations
 
+import itertools
 import os
 import subprocess
 import sys
@@ -25,6 +26,56 @@ def test_stage_bounds_cover_every_layer_once() -> None:
     assert dist.stage_bounds(3, 3) == [(0, 1), (1, 2), (2, 3)]
 
 
+def _slowest(times: list[float], bounds: list[tuple[int, int]]) -> float:
+    return max(sum(times[lo:hi]) for lo, hi in bounds)
+
+
+@pytest.mark.parametrize(("times", "stages", "expected"), [
+    ([1.0] * 8, 2, [(0, 4), (4, 8)]),  # equal layers: equal counts
+    ([1.0] * 8, 4, [(0, 2), (2, 4), (4, 6), (6, 8)]),
+    ([0.25, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0], 2, [(0, 4), (4, 8)]),  # a cheap first layer: equal is best here
+    ([4.0, 1.0, 1.0, 1.0, 1.0], 2, [(0, 1), (1, 5)]),  # one expensive layer gets a stage of its own
+    ([1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 4.0], 4, [(0, 2), (2, 4), (4, 7), (7, 8)]),  # an expensive last layer
+    ([2.0, 1.0, 1.0], 3, [(0, 1), (1, 2), (2, 3)]),  # as many stages as layers
+])  # fmt: skip
+def test_balanced_bounds_minimise_the_slowest_stage(times: list[float], stages: int, expected: list) -> None:
+    bounds = dist.balanced_bounds(times, stages)
+    assert bounds == expected
+    assert bounds[0][0] == 0 and bounds[-1][1] == len(times)
+    assert all(a[1] == b[0] and a[0] < a[1] for a, b in itertools.pairwise(bounds))
+    # no contiguous split is faster (brute force over every split)
+    best = min(
+        _slowest(times, list(zip((0, *cuts), (*cuts, len(times)), strict=True)))
+        for cuts in itertools.combinations(range(1, len(times)), stages - 1)
+    )
+    assert _slowest(times, bounds) == best
+
+
+def test_balanced_bounds_beat_equal_counts_on_unequal_layers() -> None:
+    times = [4.0, 1.0, 1.0, 1.0, 1.0]
+    assert _slowest(times, dist.balanced_bounds(times, 2)) == 4.0 < _slowest(times, dist.stage_bounds(5, 2)) == 6.0
+    times = [1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 4.0]
+    assert _slowest(times, dist.balanced_bounds(times, 4)) == 4.0 < _slowest(times, dist.stage_bounds(8, 4)) == 5.0
+
+
+@pytest.mark.parametrize(("times", "stages", "message"), [
+    ([1.0, 1.0], 3, "2 layers cannot fill 3 pipeline stages"),
+    ([1.0, 0.0, 1.0], 2, "layer times must be positive and finite"),
+    ([1.0, float("nan")], 2, "layer times must be positive and finite"),
+    ([1.0, 2.0], 0, "cannot fill 0 pipeline stages"),
+])  # fmt: skip
+def test_balanced_bounds_refuse_bad_input(times: list[float], stages: int, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        dist.balanced_bounds(times, stages)
+
+
+def test_layer_times_are_measured_for_every_layer() -> None:
+    """One positive time per layer (their values are the machine's: no bound on them in a unit test)."""
+    cfg = dist.TrainConfig(layers=3, input_size=4, hidden=64, seq_len=8, batch=4, micro_batches=2)
+    times = dist.measure_layer_seconds(cfg, torch.device("cpu"), repeats=1)
+    assert len(times) == 3 and all(t > 0 for t in times)
+
+
 @pytest.mark.parametrize(("strategy", "world", "kwargs", "message"), [
     ("ddp", 3, {"batch": 8}, "divisible by the world size"),
     ("pipeline", 4, {"layers": 2}, "needs at least 4 layers"),
@@ -36,6 +87,8 @@ def test_bad_configurations(strategy: str, world: int, kwargs: dict, message: st
         dist.TrainConfig(**kwargs).check_world(strategy, world)
     with pytest.raises(ValueError, match="layers must be >= 1"):
         dist.TrainConfig(layers=0)
+    with pytest.raises(ValueError, match=r"unknown balance 'fast' \(valid: equal, measured\)"):
+        dist.TrainConfig(balance="fast")
 
 
 def test_relative_difference_needs_the_same_tensors() -> None:
@@ -49,15 +102,72 @@ def test_relative_difference_needs_the_same_tensors() -> None:
 
 @pytest.mark.parametrize("strategy", dist.STRATEGIES)
 def test_gloo_two_ranks_match_single_process(strategy: str) -> None:
-    cfg = dist.TrainConfig(layers=2, input_size=4, hidden=8, seq_len=5, batch=4, steps=2, micro_batches=2)
+    # the pipeline splits its 3 layers by time rank 0 measures and sends to rank 1
+    cfg = dist.TrainConfig(layers=3, input_size=4, hidden=8, seq_len=5, batch=4, steps=2, micro_batches=2,
+                           balance="measured")  # fmt: skip
     result = dist.launch(strategy, 2, cfg, "gloo", timeout_s=300)
     reference = dist.single_process(cfg)
     err, _ = dist.update_difference(result, reference, cfg)
     assert err < 1e-4 and result.tokens == reference.tokens == 2 * 4 * 5
+    if strategy == "pipeline":
+        assert result.stages in ([(0, 1), (1, 3)], [(0, 2), (2, 3)])
     # the comparison is not blind: one step less training is far off
     fewer = dist.single_process(dist.TrainConfig(**{**cfg.__dict__, "steps": 1}))
     err_fewer, _ = dist.update_difference(fewer, reference, cfg)
     assert err_fewer > 0.1
+
+
+def test_a_failing_rank_is_reported_in_a_few_lines_with_its_own_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rank 1 raises right after joining the group; rank 0 then waits for it in the first collective: the
+    launcher stops rank 0 and says which rank failed, how, and the rank's own last lines, not the launcher's
+    internals."""
+    monkeypatch.setenv(dist.WORKER_RAISE_ENV, "1")
+    cfg = dist.TrainConfig(layers=2, input_size=4, hidden=8, seq_len=5, batch=4, steps=1, micro_batches=2)
+    with pytest.raises(dist.RankFailure) as info:
+        dist.launch("pipeline", 2, cfg, "gloo", timeout_s=300)
+    lines = str(info.value).splitlines()
+    assert lines[0] == "pipeline on 2 ranks (gloo) failed: rank 1 exited with status 1 (stopped rank 0)", lines
+    assert lines[-1] == f"    RuntimeError: planted failure in rank 1 ({dist.WORKER_RAISE_ENV}=1)"
+    assert len(lines) <= 2 + dist.TAIL_LINES and "multiprocessing" not in str(info.value)
+
+
+def test_failure_report_names_a_signal(tmp_path: Path) -> None:
+    """A rank killed by a signal (as an abort in native code kills it) is named by the signal."""
+    log = tmp_path / "rank0.log"
+    log.write_text("".join(f"line {i}\n" for i in range(30)) + "terminate called without an active exception\n")
+    procs = [subprocess.Popen([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGABRT)"]),
+             subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])]  # fmt: skip
+    with pytest.raises(dist.RankFailure) as info:
+        dist._watch(procs, [str(log), str(log)], "ddp on 2 ranks (gloo)", timeout_s=120)
+    lines = str(info.value).splitlines()
+    assert lines[0] == "ddp on 2 ranks (gloo) failed: rank 0 was killed by SIGABRT (stopped rank 1)"
+    assert lines[-1] == "    terminate called without an active exception" and len(lines) == 2 + dist.TAIL_LINES
+    assert procs[1].returncode is not None  # the survivor was stopped, not left running
+
+
+def test_a_hung_rank_times_out_and_is_stopped(tmp_path: Path) -> None:
+    log = tmp_path / "rank0.log"
+    log.write_text("waiting in recv\n")
+    procs = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])]
+    with pytest.raises(TimeoutError, match=r"did not finish in 1 s \(stopped ranks \[0\]\).*waiting in recv"):
+        dist._watch(procs, [str(log)], "pipeline on 1 rank (gloo)", timeout_s=1)
+    assert procs[0].returncode is not None
+
+
+def test_cpu_figures_carry_the_core_note() -> None:
+    sys.path.insert(0, str(ROOT / "suites"))
+    try:
+        import test_scaling as suite
+    finally:
+        sys.path.pop(0)
+    two = dist.RunResult("ddp", 2, "gloo", {}, tokens=80, seconds=1.0)
+    assert suite.core_note(two, cores=2) == (
+        "not a scaling figure: 2 ranks share 2 available CPU cores (os.sched_getaffinity), about 1 per rank, "
+        "where 1 rank had 2"
+    )
+    assert suite.core_note(dist.RunResult("ddp", 1, "gloo", {}, tokens=80, seconds=1.0), cores=2) == ""
+    assert suite.core_note(dist.RunResult("ddp", 2, "nccl", {}, tokens=80, seconds=1.0), cores=2) == ""
+    assert suite.core_note(two) != ""  # the real affinity mask is read when no count is given
 
 
 def test_torchrun_entry_point(tmp_path: Path) -> None:
@@ -100,6 +210,8 @@ def test_suite_equivalence_fails_when_workers_compute_wrong(
     assert result.ret == pytest.ExitCode.TESTS_FAILED, result.stdout.str()
     result.stdout.fnmatch_lines(["*ddp on 2 ranks (gloo): weight updates differ from the single-process run by*"])
     result.stdout.fnmatch_lines(["*pipeline on 2 ranks (gloo): weight updates differ*"])
+    # a progress line per launch, on the terminal while the test runs (not in the captured output)
+    result.stdout.fnmatch_lines(["scaling: ddp, equivalence check, 2 ranks (gloo): * steps/s [[]* s[]]"])
 
 
 def test_token_check_sees_a_lost_batch() -> None:
