@@ -159,6 +159,26 @@ def median_time(
     return statistics.median(times)
 
 
+def paired_median_times(
+    calls: Sequence[Callable[[], object]], synchronize: Callable[[], None], repeats: int = 15, warmup: int = 2
+) -> list[float]:
+    """Median wall seconds of each of ``calls`` (each followed by ``synchronize``), timed in alternation:
+    round ``r`` times every call once, so a change of load on the machine (a neighbour, another pytest-xdist
+    worker) moves every figure alike and their ratios stay meaningful."""
+    for _ in range(warmup):
+        for call in calls:
+            call()
+            synchronize()
+    times: list[list[float]] = [[] for _ in calls]
+    for _ in range(max(repeats, 1)):
+        for call, samples in zip(calls, times, strict=True):
+            start = time.perf_counter()
+            call()
+            synchronize()
+            samples.append(time.perf_counter() - start)
+    return [statistics.median(samples) for samples in times]
+
+
 def _sync(torch: Any, device: Any) -> Callable[[], None]:
     if device.type == "cuda":
         return lambda: torch.cuda.synchronize(device)
@@ -457,8 +477,7 @@ def measure_overhead(cell: str, input_size: int, hidden: int, layers: int, batch
             else:
                 torch._VF.gru(x, h0, weights, True, layers, 0.0, False, False, True)
 
-    module_s = median_time(call_module, sync, repeats)
-    op_s = median_time(call_op, sync, repeats)
+    module_s, op_s = paired_median_times([call_module, call_op], sync, repeats)
     graph_s = None
     if dev.type == "cuda":
         measured = timing.device_time(call_module, device)
