@@ -677,7 +677,14 @@ def _collect_record(config: pytest.Config, value: object) -> None:
         _state(config).records.append(value)
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_unconfigure(config: pytest.Config) -> None:
+    if _is_worker(config):
+        # pytest-benchmark warns from a pytest-xdist worker as it exits, onto the terminal in the middle of the
+        # progress dots; the run's summary says how its figures were timed under pytest-xdist instead
+        import warnings
+
+        warnings.filterwarnings("ignore", message="Benchmarks are automatically disabled because xdist")
     state = config.stash.get(STATE_KEY, None)
     if state is not None and state.sampler is not None:
         state.sampler.stop()

@@ -83,6 +83,7 @@ class PartProgress:
     def pytest_xdist_node_collection_finished(self, node: Any, ids: list[str]) -> None:
         self._count(list(ids))
 
+    @pytest.hookimpl(tryfirst=True)  # before the terminal reporter writes the test file's name
     def pytest_runtest_logstart(self, nodeid: str, location: Any) -> None:
         part = self.part(nodeid)
         reporter = self.config.pluginmanager.get_plugin("terminalreporter")
@@ -90,7 +91,8 @@ class PartProgress:
             return
         self.announced.add(part)
         count = self.counts.get(part)
-        reporter.ensure_newline()
+        if getattr(getattr(reporter, "_tw", None), "width_of_current_line", 0):
+            reporter.write("\n")  # after progress dots (pytest-xdist writes them without a file name)
         tests = f" ({count} test{'s' if count > 1 else ''})" if count else ""
         reporter.write_line(f"lstmperf workloads: {PARTS[part]}{tests}")
         reporter.currentfspath = None  # the next progress dot starts a fresh line with its file name

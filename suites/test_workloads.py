@@ -285,9 +285,11 @@ def test_precision_speed_and_error(lstmperf: Any, precision_case: tuple, request
     run = path.prepare(case, lstmperf.device)  # its forward() runs without autograd, as the speed suite's
     fp32_path = registry.get(FP32_REFERENCE[lstmperf.device.kind])
     calls = [run.forward]
-    if not (fp32_path.available(lstmperf.device) or fp32_path.supports(spec)):
+    if name != fp32_path.name and not (fp32_path.available(lstmperf.device) or fp32_path.supports(spec)):
         calls.append(fp32_path.prepare(case, lstmperf.device).forward)
     seconds, *fp32_s = workloads.paired_median_times(calls, run.synchronize, repeats=PRECISION_REPEATS)
+    if name == fp32_path.name:
+        fp32_s = [seconds]
     device_s = None
     if lstmperf.device.kind == "cuda":  # per-call time is mostly host time at these sizes: the device cost too
         from pytest_lstmperf.timing import device_time
