@@ -95,7 +95,7 @@ def plain_log_scale(ax: Any, which: str, base: int = 10, suffix: str = "") -> No
     axis = ax.xaxis if which == "x" else ax.yaxis
     (ax.set_xscale if which == "x" else ax.set_yscale)("log", base=base)
     if base != 10:
-        axis.set_major_locator(ticker.LogLocator(base=base))
+        axis.set_major_locator(ticker.LogLocator(base=base, numticks=16))
         axis.set_minor_locator(ticker.NullLocator())
 
     def label(value: float, _pos: int | None = None) -> str:
@@ -105,7 +105,8 @@ def plain_log_scale(ax: Any, which: str, base: int = 10, suffix: str = "") -> No
         decades = math.log10(high / low) if low > 0 else math.inf
         mantissa = round(value / 10 ** math.floor(math.log10(value) + 1e-9), 6)
         keep = base != 10 or decades <= 1.2 or mantissa == 1 or (decades <= 3 and mantissa in (2, 5))
-        return f"{value:.3g}{suffix}" if keep else ""
+        number = str(round(value)) if value >= 100 else f"{value:.3g}"
+        return f"{number}{suffix}" if keep else ""
 
     axis.set_major_formatter(ticker.FuncFormatter(label))
     axis.set_minor_formatter(ticker.FuncFormatter(label))

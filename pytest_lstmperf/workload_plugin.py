@@ -194,7 +194,7 @@ def notes(rows: list[dict[str, Any]]) -> dict[str, list[str]]:
         )
     if by_kind["overhead"]:
         out["overhead"] += _overhead_notes(by_kind["overhead"])
-    for kind, mine in by_kind.items():
+    for kind, mine in [(kind, mine) for kind, mine in by_kind.items() if mine]:
         shared = max(mine, key=lambda r: r.get("workers", 1))
         if shared.get("workers", 1) > 1:
             out[kind].append(

@@ -201,8 +201,9 @@ def test_crossover(lstmperf: Any, pytestconfig: pytest.Config, request: pytest.F
         from pathlib import Path
 
         Path(report_dir).mkdir(parents=True, exist_ok=True)
-        plot = str(workloads.plot_sweep(points, Path(report_dir) / f"crossover-{kind}.png", spec.short(), marks))
-    add_row(request, "crossover", shape=spec.short(), against=slow, crossover=marks, plot=plot,
+        title = f"{workloads.sweep_label(spec)}, forward, against {slow}\n{lstmperf.device.describe()}"
+        plot = str(workloads.plot_sweep(points, Path(report_dir) / f"crossover-{kind}.png", title, marks))
+    add_row(request, "crossover", shape=workloads.sweep_label(spec), against=slow, crossover=marks, plot=plot,
             points=[p.__dict__ for p in points])  # fmt: skip
     assert not problems, "\n".join(problems)
 
