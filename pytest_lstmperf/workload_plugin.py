@@ -91,8 +91,9 @@ class PartProgress:
             return
         self.announced.add(part)
         count = self.counts.get(part)
+        reporter.ensure_newline()
         if getattr(getattr(reporter, "_tw", None), "width_of_current_line", 0):
-            reporter.write("\n")  # after progress dots (pytest-xdist writes them without a file name)
+            reporter.write("\n")  # after progress dots that pytest-xdist writes without a file name
         tests = f" ({count} test{'s' if count > 1 else ''})" if count else ""
         reporter.write_line(f"lstmperf workloads: {PARTS[part]}{tests}")
         reporter.currentfspath = None  # the next progress dot starts a fresh line with its file name

@@ -154,6 +154,7 @@ def test_suite_passes_and_reports(pytester: pytest.Pytester, monkeypatch: pytest
     _suite(pytester, monkeypatch)
     result = pytester.runpytest_subprocess(*SUITE_ARGS, "--lstmperf-report=rep", timeout=600)
     assert result.ret == 0, result.stdout.str()
+    result.stdout.fnmatch_lines(["lstmperf workloads: precision: *(3 tests)", "test_workloads.py ..*"])
     result.stdout.fnmatch_lines([
         "*lstmperf workloads*",
         "padding vs packing vs bucketing*",
@@ -164,8 +165,11 @@ def test_suite_passes_and_reports(pytester: pytest.Pytester, monkeypatch: pytest
         "*lstm-H64-B1-T20*keras-tensorflow*tf-generic/fp32*",
         "*lstm-H64-B1-T20*keras-torch*cpu-native/fp32*",
         "*lstm-H64-B1-T20*torch*onednn/fp32*",
+        "*note: Keras rows: the call is timed inside the backend's worker process*",
+        "*note: keras-torch lstm-H64-B1-T20 ran cpu-native/fp32, the raw cost is torch's onednn/fp32 op*",
         "precision: speed and error*",
         "*torch-cpu-native-autocast-bf16*cpu-native/bf16*",
+        "*note: forward ms: median of 15 forward calls*in alternation with torch-cpu-onednn*",
         "*workload report written to*workloads.md*",
     ])  # fmt: skip
     written = {p.name for p in (pytester.path / "rep").iterdir()}
@@ -430,3 +434,90 @@ def test_layout_check_sees_crowded_labels_and_a_clipped_title(drawn: list, tmp_p
     ax.set_title("x" * 200)
     problems = _layout_problems(fig)
     assert any("overlap" in p for p in problems) and any("leaves the figure" in p for p in problems)
+
+
+# ------------------------------------------------------------------------------------------- the crossover command
+def test_crossover_without_a_gpu_says_so_once_and_names_what_works(capsys: pytest.CaptureFixture) -> None:
+    from pytest_lstmperf import cli
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: the no-GPU message cannot show")
+    assert cli.main(["crossover", "lstm", "input_size=8", "hidden_size=8", "seq_len=3"]) == cli.EXIT_USAGE
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "needs a GPU" in err[0] and "--device=cpu sweeps the CPU paths" in err[0]
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--device=tpu"], "--device=tpu: not a device for the crossover (valid: cuda, cuda:N, cpu)"),
+    (["--device=cpu", "--paths=torch-cpu-native,torch-cudnn-default"],
+     "--paths: torch-cudnn-default do not run with --device=cpu (they need a GPU)"),
+    (["--device=cpu", "--paths=torch-cpu-native"], "need at least two paths (the first is the reference)"),
+    (["--device=cpu", "--paths=torch-cpu-native,nope"], "--paths: unknown nope (valid: "),
+])  # fmt: skip
+def test_crossover_bad_input(capsys: pytest.CaptureFixture, args: list[str], message: str) -> None:
+    from pytest_lstmperf import cli
+
+    assert cli.main(["crossover", "lstm", "input_size=8", "hidden_size=8", "seq_len=3", *args]) == cli.EXIT_USAGE
+    assert message in capsys.readouterr().err
+
+
+def test_crossover_on_the_cpu_sweeps_the_cpu_paths(tmp_path, capsys: pytest.CaptureFixture) -> None:
+    """The advice of the no-GPU message works: --device=cpu sweeps the CPU paths against the native kernel,
+    and every point that ran its path ran the kernel the path claims."""
+    import json
+
+    from pytest_lstmperf import cli
+
+    out = tmp_path / "cx"
+    argv = ["crossover", "lstm", "input_size=4", "hidden_size=8", "seq_len=3", "--device=cpu", "--batches=1,2",
+            "--repeats=1", f"--out={out}"]  # fmt: skip
+    assert cli.main(argv) == 0, capsys.readouterr().err
+    printed = capsys.readouterr().out
+    assert "against torch-cpu-native" in printed and "lstm-I4-H8-L1-T3" in printed and "-B1-" not in printed
+    data = json.loads((out / "crossover.json").read_text())
+    assert data["reference"] == "torch-cpu-native" and set(data["crossover"]) == set(cli.CROSSOVER_PATHS["cpu"][1:])
+    claimed = {
+        "torch-cpu-native": "cpu-native/fp32",
+        "torch-cpu-onednn": "onednn/fp32",
+        "torch-cpu-autocast-bf16": "onednn/bf16",
+        "torch-cpu-native-autocast-bf16": "cpu-native/bf16",
+    }
+    ran = [p for p in data["points"] if p["seconds"]]
+    assert {p["path"] for p in ran} >= {"torch-cpu-native", "torch-cpu-onednn"}
+    assert all(p["kernel"] == claimed[p["path"]] for p in ran), ran
+    assert (out / "crossover.png").stat().st_size > 0 and len(w.read_sweep_csv(out / "crossover.csv")) == 8
+
+
+# ------------------------------------------------------------------------------------------- progress and headers
+PROGRESS_SUITE = """
+def test_padding_packing_bucketing_agree():
+    pass
+
+def test_crossover(benchmark):
+    benchmark(lambda: None)
+
+def test_precision_speed_and_error():
+    pass
+"""
+
+
+@pytest.mark.parametrize("xdist", [[], ["-n", "2"]], ids=["serial", "xdist"])
+def test_parts_announced_headers_shown_and_no_stray_warning(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, xdist: list[str]
+) -> None:
+    """Each part of the workload suite says when it starts (with its number of tests), also under -n 2, where
+    the device/paths header lines are printed too and pytest-benchmark's exit warning stays off the terminal."""
+    for name in ("PYTEST_ADDOPTS", "PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT"):
+        monkeypatch.delenv(name, raising=False)
+    pytester.makepyfile(test_parts=PROGRESS_SUITE)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--device=cpu", *xdist, timeout=300)
+    assert result.ret == 0, result.stdout.str()
+    result.stdout.fnmatch_lines(["lstmperf: device cpu*", "lstmperf: paths *"])
+    result.stdout.fnmatch_lines_random([
+        "lstmperf workloads: padding, packing and bucketing: outputs against the float64 reference (1 test)",
+        "lstmperf workloads: crossover: batch sweep of each path (1 test)",
+        "lstmperf workloads: precision: *(1 test)",
+    ])  # fmt: skip
+    output = result.stdout.str() + result.stderr.str()
+    assert "PytestBenchmarkWarning" not in output and "automatically disabled" not in output
+    assert output.count("lstmperf workloads: crossover") == 1
