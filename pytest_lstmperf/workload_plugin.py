@@ -92,10 +92,13 @@ class PartProgress:
         self.announced.add(part)
         count = self.counts.get(part)
         reporter.ensure_newline()
-        if getattr(getattr(reporter, "_tw", None), "width_of_current_line", 0):
-            reporter.write("\n")  # after progress dots that pytest-xdist writes without a file name
-        tests = f" ({count} test{'s' if count > 1 else ''})" if count else ""
-        reporter.write_line(f"lstmperf workloads: {PARTS[part]}{tests}")
+        line = f"lstmperf workloads: {PARTS[part]}" + (f" ({count} test{'s' if count > 1 else ''})" if count else "")
+        if self.config.getoption("dist", "no") != "no":  # pytest-xdist's dots carry no file name and no newline
+            if getattr(getattr(reporter, "_tw", None), "width_of_current_line", 0):
+                reporter.write("\n")
+            reporter.write_line(line)
+            return
+        reporter.write(line)  # the test file's name, written next, starts a new line
         reporter.currentfspath = None  # the next progress dot starts a fresh line with its file name
 
 
@@ -215,15 +218,18 @@ def _overhead_notes(rows: list[dict[str, Any]]) -> list[str]:
             "test process."
         )
     torch_ran = {r["shape"]: r.get("ran", "") for r in rows if r.get("framework", "torch") == "torch"}
+    differ: dict[tuple[str, str, str], list[str]] = defaultdict(list)
     for r in rows:
         raw = torch_ran.get(r["shape"], "")
         if r.get("framework", "torch") != "torch" and raw and r.get("ran", "").split("/")[0] != raw.split("/")[0]:
-            lines.append(
-                f"{r['framework']} {r['shape']} ran {r['ran']}, the raw cost is torch's {raw} op: its call/raw "
-                "includes the difference of kernels, not only framework overhead"
-                + (" (Keras on the torch backend calls torch's fused kernel only on CUDA; on the CPU it runs its "
-                   "own step loop)." if r["framework"] == "keras-torch" else ".")
-            )  # fmt: skip
+            differ[(r["framework"], r.get("ran", ""), raw)].append(r["shape"])
+    for (framework, ran, raw), shapes in sorted(differ.items()):
+        why = (" (Keras on the torch backend calls torch's fused kernel only on CUDA; on the CPU it runs its own "
+               "step loop)") if framework == "keras-torch" else ""  # fmt: skip
+        lines.append(
+            f"{framework} ran {ran} ({', '.join(shapes)}) where the raw cost is torch's {raw} op: its call/raw "
+            f"includes the difference of kernels, not only framework overhead{why}."
+        )
     return lines
 
 
@@ -392,6 +398,7 @@ def _plot_overhead(out: Path, rows: list[dict[str, Any]]) -> Path | None:
     ax.axhline(1.0, color="grey", linestyle="--", label="raw cost")
     plain_log_scale(ax, "x")
     plain_log_scale(ax, "y", suffix="x")
+    ax.margins(x=0.12, y=0.08)  # room for the shape names beside the outermost points
     on_gpu = any(r.get("graph_s") for r in rows)
     ax.set_xlabel("raw cost, ms (" + ("CUDA-graph replay of the cuDNN call" if on_gpu else "ATen op") + ")")
     ax.set_ylabel("forward call time / raw cost")
