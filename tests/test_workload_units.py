@@ -406,11 +406,14 @@ def test_every_plot_reads_cleanly(drawn: list, tmp_path) -> None:
               for b in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)]  # fmt: skip
     long_title = "lstm-I64-H256-L2-T100, forward, against onednn\ncuda:0 (" + "NVIDIA H100 80GB HBM3, " * 5 + ")"
     w.plot_sweep(points, tmp_path / "c.png", long_title, w.crossovers(points, "native", ["onednn"]))
-    records = [_bench_record("torch-cpu-native", 1e-3 * b) | {"extra_info": {
+    records = [_bench_record(f"torch-cpu-native-B{b}", 1e-3 * b) | {"extra_info": {
         "path": "torch-cpu-native", "device": "cpu", "mode": "forward", "sweeps": ["batch"], "spec": {"batch": b},
         "time_per_call_s": 1e-3 * b ** 0.7}} for b in (1, 4, 16, 64)]  # fmt: skip
     assert report._plot_sweep(tmp_path, records, "batch", "batch", "batch size") is not None
-    assert len(drawn) == 6
+    baseline = [{"fullname": r["fullname"], "stats": {"data": [r["extra_info"]["time_per_call_s"] * 0.8]}}
+                for r in records]  # fmt: skip
+    assert report._plot_baseline(tmp_path, records, baseline) is not None
+    assert len(drawn) == 7
     problems = {i: _layout_problems(fig) for i, fig in enumerate(drawn)}
     assert not any(problems.values()), problems
     precision = drawn[0]
