@@ -348,7 +348,7 @@ def crossover_sweep(
     from . import paths as registry
 
     paths = {name: registry.get(name) for name in path_names}
-    reasons = {}
+    reasons: dict[str, str | None] = {}
     for name, path in paths.items():
         device = devices.get(path.device)
         reasons[name] = "no such device" if device is None else path.available(device)
@@ -364,7 +364,7 @@ def crossover_sweep(
 
 
 def _sweep_batch(
-    spec: Any, paths: dict[str, Any], reasons: dict[str, str], devices: dict[str, Any], repeats: int, seed: int
+    spec: Any, paths: dict[str, Any], reasons: dict[str, str | None], devices: dict[str, Any], repeats: int, seed: int
 ) -> list[SweepPoint]:
     """One batch size of the sweep: every path prepared and traced, then all timed in alternation."""
     from .case import make_case
@@ -386,8 +386,12 @@ def _sweep_batch(
             found[name] = SweepPoint(name, spec.batch, None, "failed", f"{type(exc).__name__}: {str(exc)[:160]}")
     if runs:
         try:
-            syncs = [run.synchronize for run in runs.values()]
-            timed = paired_median_times([run.forward for run in runs.values()], lambda: [s() for s in syncs], repeats)
+
+            def synchronize() -> None:
+                for run in runs.values():
+                    run.synchronize()
+
+            timed = paired_median_times([run.forward for run in runs.values()], synchronize, repeats)
             for name, seconds in zip(runs, timed, strict=True):
                 found[name].seconds = seconds
         except Exception as exc:
