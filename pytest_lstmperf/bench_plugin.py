@@ -921,7 +921,14 @@ def _collect_record(config: pytest.Config, value: object) -> None:
         _state(config).records.append(value)
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_unconfigure(config: pytest.Config) -> None:
+    if _is_worker(config):
+        # pytest-benchmark warns from a pytest-xdist worker as it exits, onto the terminal in the middle of the
+        # progress dots; the run's summary says how its figures were timed under pytest-xdist instead
+        import warnings
+
+        warnings.filterwarnings("ignore", message="Benchmarks are automatically disabled because xdist")
     state = config.stash.get(STATE_KEY, None)
     if state is not None and state.sampler is not None:
         state.sampler.stop()
@@ -1430,18 +1437,16 @@ def _fmt_time(value: float | None) -> str:
 
 def summary_lines(records: list[dict[str, Any]]) -> list[str]:
     """Per mode, shape and path: time per call, device time, host share, speedup over generic, kernel, %peak."""
-    rows = [("mode", "shape", "path", "per call", "device", "host", "vs generic", "kernel", "%peak")]
+    from . import timing
+    from .report import generic_reference
+
+    rows = [("mode", "shape", "path", "per call", "device", "host", "vs generic (torch)", "kernel", "%peak")]
     by_case: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for record in records:
         extra = record["extra_info"]
         by_case.setdefault((extra.get("mode", "?"), extra.get("shape", "?")), []).append(record)
     for (mode, shape), group in sorted(by_case.items()):
-        generic = [
-            r
-            for r in group
-            if r["extra_info"].get("expected_kernel") in GENERIC_FAMILIES and r["extra_info"].get("time_per_call_s")
-        ]
-        ref = generic[0]["extra_info"]["time_per_call_s"] if generic else None
+        ref = generic_reference(group)
         for record in sorted(group, key=lambda r: r["extra_info"].get("path", "")):
             extra = record["extra_info"]
             per_call = extra.get("time_per_call_s")
@@ -1460,7 +1465,7 @@ def summary_lines(records: list[dict[str, Any]]) -> list[str]:
                     "-" if host is None else f"{host:.0%}",
                     f"{ref / per_call:.2f}x" if ref and per_call else "-",
                     kernel,
-                    "-" if frac is None else f"{frac:.1%}",
+                    timing.format_peak_fraction(frac),
                 )
             )
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]

@@ -7,6 +7,7 @@ exit with status 2, never a traceback.
     lstmperf explain lstm units=128 activation=relu --framework keras-torch --device cuda [--run] [--json]
     lstmperf report configs.json [--device cuda] [--run] [--json OUT]
     lstmperf crossover lstm input_size=64 hidden_size=256 num_layers=2 seq_len=100 [--batches 1,2,4] [--out DIR]
+    lstmperf crossover lstm input_size=32 hidden_size=64 seq_len=20 --device=cpu   # CPU paths only, no GPU
 """
 
 from __future__ import annotations
@@ -184,7 +185,11 @@ def cmd_paths(args: argparse.Namespace) -> int:
 
 
 # ------------------------------------------------------------------------------------------- crossover
-CROSSOVER_PATHS = ("torch-cpu-onednn", "torch-cudnn-default", "torch-cuda-generic")
+#: default paths per --device kind; the first is the reference the others are compared with
+CROSSOVER_PATHS = {
+    "cuda": ("torch-cpu-onednn", "torch-cudnn-default", "torch-cuda-generic"),
+    "cpu": ("torch-cpu-native", "torch-cpu-onednn", "torch-cpu-autocast-bf16", "torch-cpu-native-autocast-bf16"),
+}
 
 
 def _batches(raw: str) -> list[int]:
@@ -200,10 +205,13 @@ def _batches(raw: str) -> list[int]:
 def add_crossover_command(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "crossover",
-        help="sweep batch size on the CPU and the GPU paths and find where the GPU starts to win",
-        description="Forward time per call of one layer at each batch size on the CPU path and each GPU path "
-        "(cuDNN and generic); prints the batch size from which each GPU path beats the CPU, and writes "
-        "crossover.png, crossover.csv and crossover.json into --out.",
+        help="sweep batch size and find from which batch each path beats a reference path (CPU vs GPU, or the "
+        "CPU paths with --device=cpu)",
+        description="Forward time per call of one layer at each batch size on each path; prints the batch size "
+        "from which each path beats the first (the reference), and writes crossover.png, crossover.csv and "
+        "crossover.json into --out. With a GPU (--device=cuda, the default): the CPU (oneDNN) against cuDNN and "
+        "the generic CUDA kernel. On a CPU-only machine, --device=cpu: the native CPU kernel against oneDNN, in "
+        "fp32 and bf16.",
     )
     parser.add_argument("cell", choices=["lstm", "gru"], type=str.lower, help="the layer type")
     parser.add_argument(
@@ -211,76 +219,100 @@ def add_crossover_command(subparsers: Any) -> None:
         help="LayerSpec fields, e.g. input_size=64 hidden_size=256 num_layers=2 seq_len=100",
     )  # fmt: skip
     parser.add_argument("--batches", default="1,2,4,8,16,32,64,128,256,512,1024", help="batch sizes to sweep")
-    parser.add_argument("--device", "-d", default="cuda", help="the GPU to sweep: cuda (default) or cuda:N")
     parser.add_argument(
-        "--paths", default=",".join(CROSSOVER_PATHS), help=f"paths to sweep (default {','.join(CROSSOVER_PATHS)})"
+        "--device", "-d", default="cuda",
+        help="cuda (default) or cuda:N: the CPU against that GPU; cpu: the CPU paths only (needs no GPU)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--paths",
+        help="comma-separated paths to sweep, the first being the reference (default: "
+        + "; ".join(f"{kind}: {','.join(names)}" for kind, names in CROSSOVER_PATHS.items())
+        + ")",
     )
     parser.add_argument("--repeats", type=int, default=7, help="timed calls per point (median; default 7)")
     parser.add_argument("--out", default="crossover", help="folder for the plot and the numbers (default crossover)")
     parser.set_defaults(func=cmd_crossover)
 
 
-def cmd_crossover(args: argparse.Namespace) -> int:
-    import csv
-    from pathlib import Path
-
-    from . import paths as registry
+def _crossover_devices(value: str) -> dict[str, Any]:
+    """{"cpu": ..., kind: ...} for ``--device``; one message, with an action that works, when it cannot be."""
     from .device import DeviceError, resolve_device
-    from .workloads import crossover_sweep, crossovers, plot_sweep
 
-    _, spec, _ = parse_layer(args.cell, args.layer, "torch")
-    batches = _batches(args.batches)
-    names = [n.strip() for n in args.paths.split(",") if n.strip()]
+    if value != "cpu" and not value.startswith("cuda"):
+        raise CommandError(f"--device={value}: not a device for the crossover (valid: cuda, cuda:N, cpu)")
+    devices = {"cpu": resolve_device("cpu", "--device")}
+    if value == "cpu":
+        return devices
+    try:
+        devices["cuda"] = resolve_device(value, "--device")
+    except DeviceError as exc:
+        raise CommandError(
+            f"{str(exc).rstrip('.')}. The CPU/GPU crossover needs a GPU; --device=cpu sweeps the CPU paths "
+            "instead (oneDNN vs native, fp32 vs bf16)"
+        ) from None
+    return devices
+
+
+def _crossover_paths(raw: str | None, kind: str) -> list[str]:
+    from . import paths as registry
+
+    names = [n.strip() for n in (raw or ",".join(CROSSOVER_PATHS[kind])).split(",") if n.strip()]
     known = registry.all_paths()
     unknown = [n for n in names if n not in known]
     if unknown:
         raise CommandError(f"--paths: unknown {', '.join(unknown)} (valid: {', '.join(sorted(known))})")
-    cpu_paths = [n for n in names if known[n].device == "cpu"]
-    gpu_paths = [n for n in names if known[n].device == "cuda"]
-    if len(cpu_paths) != 1 or not gpu_paths:
-        raise CommandError(f"--paths={args.paths}: need exactly one CPU path and at least one GPU path")
+    elsewhere = [n for n in names if known[n].device not in ("cpu", kind)]
+    if elsewhere:
+        raise CommandError(f"--paths: {', '.join(elsewhere)} do not run with --device={kind} (they need a GPU)")
+    if len(names) < 2:
+        raise CommandError(f"--paths={raw}: need at least two paths (the first is the reference)")
+    return names
+
+
+def cmd_crossover(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from .workloads import crossover_sweep, crossovers, plot_sweep, sweep_label
+
+    _, spec, _ = parse_layer(args.cell, args.layer, "torch")
+    batches = _batches(args.batches)
     if args.repeats < 1:
         raise CommandError(f"--repeats={args.repeats}: must be >= 1")
-    if not args.device.startswith("cuda"):
-        raise CommandError(f"--device={args.device}: the crossover compares the CPU with a GPU (valid: cuda, cuda:N)")
-    devices = {"cpu": resolve_device("cpu", "--device")}
-    try:
-        devices["cuda"] = resolve_device(args.device, "--device")
-    except DeviceError as exc:
-        raise CommandError(f"{exc} (the crossover needs a GPU)") from None
-    print(f"crossover of {spec.short()} on {devices['cuda'].describe()}", flush=True)
+    devices = _crossover_devices(args.device)
+    kind = "cuda" if "cuda" in devices else "cpu"
+    names = _crossover_paths(args.paths, kind)
+    where = devices[kind].describe()
+    print(f"crossover of {sweep_label(spec)} on {where}: {len(names)} paths x {len(batches)} batch sizes", flush=True)
     points = crossover_sweep(
         spec, batches, names, devices, args.repeats, progress=lambda line: print(line, file=sys.stderr, flush=True)
     )
-    marks = crossovers(points, cpu_paths[0], gpu_paths)
+    marks = crossovers(points, names[0], names[1:])
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    _write_sweep(out, points, {"spec": spec.to_dict(), "device": where, "cpu": devices["cpu"].describe(),
+                               "reference": names[0], "crossover": marks})  # fmt: skip
+    title = f"{sweep_label(spec)}, forward, against {names[0]}\n{where}"
+    plot = plot_sweep(points, out / "crossover.png", title, marks)
+    for name, batch in marks.items():
+        verdict = f"wins from batch {batch}" if batch is not None else "never wins for good in this sweep"
+        print(f"{name}: {verdict} (against {names[0]})")
+    failed = [p for p in points if p.seconds is None]
+    if failed:
+        print(f"{len(failed)} of {len(points)} points not measured; see crossover.csv (note column)")
+    print(f"wrote {plot}, {out / 'crossover.csv'}, {out / 'crossover.json'}")
+    return 0
+
+
+def _write_sweep(out: Any, points: list[Any], about: dict[str, Any]) -> None:
+    import csv
+
     with open(out / "crossover.csv", "w", newline="", encoding="utf-8") as handle:
         writer = csv.writer(handle)
         writer.writerow(["path", "batch", "seconds", "kernel", "note"])
         for p in points:
             writer.writerow([p.path, p.batch, "" if p.seconds is None else f"{p.seconds:.6e}", p.kernel, p.note])
     with open(out / "crossover.json", "w", encoding="utf-8") as handle:
-        json.dump(
-            {
-                "spec": spec.to_dict(),
-                "device": devices["cuda"].describe(),
-                "cpu": devices["cpu"].describe(),
-                "crossover": marks,
-                "points": [p.__dict__ for p in points],
-            },
-            handle,
-            indent=2,
-        )
-    plot = plot_sweep(points, out / "crossover.png", f"{spec.short()}: {devices['cuda'].describe()}", marks)
-    for name, batch in marks.items():
-        verdict = f"wins from batch {batch}" if batch is not None else "never wins for good in this sweep"
-        print(f"{name}: {verdict} (against {cpu_paths[0]})")
-    failed = [p for p in points if p.seconds is None]
-    if failed:
-        print(f"{len(failed)} of {len(points)} points not measured; see crossover.csv (note column)")
-    print(f"wrote {plot}, {out / 'crossover.csv'}, {out / 'crossover.json'}")
-    return 0
+        json.dump({**about, "points": [p.__dict__ for p in points]}, handle, indent=2)
 
 
 # ------------------------------------------------------------------------------------------- entry point

@@ -140,6 +140,15 @@ def pytest_report_collectionfinish(config: pytest.Config) -> list[str]:
     return session.header_lines()
 
 
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    """Under pytest-xdist the controller collects nothing (no collection-finish report): the header lines go
+    at the top instead."""
+    if config.getoption("dist", "no") == "no" or hasattr(config, "workerinput"):
+        return []
+    session = config.stash.get(SESSION_KEY, None)
+    return [] if session is None else session.header_lines()
+
+
 # ------------------------------------------------------------------------------------------ fixtures
 @pytest.fixture(scope="session")
 def lstmperf(pytestconfig: pytest.Config) -> LstmPerfSession:

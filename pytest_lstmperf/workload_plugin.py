@@ -9,6 +9,8 @@ A test adds a row with :func:`add_row`; ``kind`` is one of ``bucketing``, ``cros
 from __future__ import annotations
 
 import json
+import math
+import os
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -21,8 +23,11 @@ KINDS = ("bucketing", "crossover", "overhead", "precision", "scaling")
 
 
 def add_row(request: pytest.FixtureRequest, kind: str, **row: Any) -> None:
+    """Add a row to the summary; ``workers``/``cores`` record how many pytest-xdist workers shared the cores."""
     if kind not in KINDS:
         raise ValueError(f"unknown workload row kind {kind!r} (valid: {', '.join(KINDS)})")
+    row.setdefault("workers", int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1))
+    row.setdefault("cores", os.cpu_count() or 1)
     request.node.user_properties.append((PROPERTY, json.dumps({"kind": kind, **row}, default=str)))
 
 
@@ -33,6 +38,68 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[ROWS_KEY] = rows
     collector = PropertyCollector(PROPERTY, lambda value: rows.append(json.loads(str(value))))
     config.pluginmanager.register(collector, "lstmperf-workloads")
+    if not hasattr(config, "workerinput"):
+        config.pluginmanager.register(PartProgress(config), "lstmperf-workload-progress")
+
+
+#: the workload suite's parts (test function -> what it does), announced as each starts: the suite runs for
+#: minutes on a CPU, and a line per part says what it is doing between the progress dots
+PARTS = {
+    "test_padding_packing_bucketing_agree": "padding, packing and bucketing: outputs against the float64 reference",
+    "test_padding_packing_bucketing_speed": "padding, packing and bucketing: one training epoch each way, timed",
+    "test_crossover": "crossover: batch sweep of each path",
+    "test_framework_overhead": "framework overhead: torch module call against the raw op",
+    "test_keras_overhead": "framework overhead: Keras 3 layers in their backend's worker process",
+    "test_precision_speed_and_error": "precision: each path's speed and error, then its kernel and tolerance checks",
+}
+
+
+class PartProgress:
+    """Writes ``lstmperf workloads: <part> (N tests)`` when the first test of a part starts (controller only;
+    under pytest-xdist the counts come from the workers' collections)."""
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        self.counts: dict[str, int] = {}
+        self.announced: set[str] = set()
+
+    @staticmethod
+    def part(nodeid: str) -> str | None:
+        name = nodeid.split("::")[-1].split("[")[0]
+        return name if name in PARTS else None
+
+    def _count(self, nodeids: list[str]) -> None:
+        counts: dict[str, int] = defaultdict(int)
+        for nodeid in nodeids:
+            part = self.part(nodeid)
+            if part:
+                counts[part] += 1
+        self.counts = dict(counts)
+
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        self._count([item.nodeid for item in session.items])
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_xdist_node_collection_finished(self, node: Any, ids: list[str]) -> None:
+        self._count(list(ids))
+
+    @pytest.hookimpl(tryfirst=True)  # before the terminal reporter writes the test file's name
+    def pytest_runtest_logstart(self, nodeid: str, location: Any) -> None:
+        part = self.part(nodeid)
+        reporter = self.config.pluginmanager.get_plugin("terminalreporter")
+        if part is None or part in self.announced or reporter is None or self.config.option.verbose < 0:
+            return
+        self.announced.add(part)
+        count = self.counts.get(part)
+        reporter.ensure_newline()
+        line = f"lstmperf workloads: {PARTS[part]}" + (f" ({count} test{'s' if count > 1 else ''})" if count else "")
+        if self.config.getoption("dist", "no") != "no":  # pytest-xdist's dots carry no file name and no newline
+            if getattr(getattr(reporter, "_tw", None), "width_of_current_line", 0):
+                reporter.write("\n")
+            reporter.write_line(line)
+            return
+        reporter.write(line)  # the test file's name, written next, starts a new line
+        reporter.currentfspath = None  # the next progress dot starts a fresh line with its file name
 
 
 def _ms(seconds: float | None) -> str:
@@ -45,6 +112,10 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     lines.append("  ".join("-" * w for w in widths))
     lines += ["  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     return lines
+
+
+def _ratio(reference: float | None, value: float | None) -> float | None:
+    return reference / value if reference and value else None
 
 
 def sections(rows: list[dict[str, Any]]) -> dict[str, tuple[list[str], list[list[str]]]]:
@@ -88,18 +159,17 @@ def sections(rows: list[dict[str, Any]]) -> dict[str, tuple[list[str], list[list
     if by_kind["precision"]:
         fp32 = {r["shape"]: r for r in by_kind["precision"] if r["claimed"].endswith("/fp32")}
         for r in by_kind["precision"]:
-            base = fp32.get(r["shape"], {})
-            for key, out_key in (("seconds", "speedup"), ("device_s", "device_speedup")):
-                r[out_key] = base[key] / r[key] if base.get(key) and r.get(key) else None
+            r["speedup"] = _ratio(r.get("fp32_s"), r.get("seconds"))  # paired: timed in alternation
+            r["device_speedup"] = _ratio(fp32.get(r["shape"], {}).get("device_s"), r.get("device_s"))
         table = [
-            [r["shape"], r["path"], r["observed"], _ms(r["seconds"]),
+            [r["shape"], r["path"], r["observed"], _ms(r["seconds"]), _ms(r.get("fp32_s")),
              f"{r['speedup']:.2f}x" if r.get("speedup") else "-", _ms(r.get("device_s")),
              f"{r['device_speedup']:.2f}x" if r.get("device_speedup") else "-", f"{r['error']:.2e}",
              f"{r['bound']:.2e}"]
-            for r in by_kind["precision"]
+            for r in sorted(by_kind["precision"], key=lambda r: (r["shape"], r["path"]))
         ]  # fmt: skip
-        header = ["shape", "path", "ran", "forward ms", "vs fp32", "device ms", "device vs fp32", "max rel error",
-                  "bound"]  # fmt: skip
+        header = ["shape", "path", "ran", "forward ms", "fp32 ms (paired)", "vs fp32", "device ms",
+                  "device vs fp32", "max rel error", "bound"]  # fmt: skip
         out["precision"] = (header, table)
     if by_kind["scaling"]:
         table = [
@@ -113,6 +183,55 @@ def sections(rows: list[dict[str, Any]]) -> dict[str, tuple[list[str], list[list
                   "model", "note"]  # fmt: skip
         out["scaling"] = (header, table)
     return out
+
+
+def notes(rows: list[dict[str, Any]]) -> dict[str, list[str]]:
+    """Per kind, what a reader must know to read the figures right (how they were measured, what differs)."""
+    by_kind: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for row in rows:
+        by_kind[row["kind"]].append(row)
+    out: dict[str, list[str]] = defaultdict(list)
+    if by_kind["precision"]:
+        ref = by_kind["precision"][0].get("fp32_path", "the fp32 path")
+        out["precision"].append(
+            f"forward ms: median of 15 forward calls without autograd, each path timed in alternation with {ref} "
+            "on the same inputs (fp32 ms); vs fp32 is the ratio of that pair. Device ms: CUDA-graph replay."
+        )
+    if by_kind["overhead"]:
+        out["overhead"] += _overhead_notes(by_kind["overhead"])
+    for kind, mine in [(kind, mine) for kind, mine in by_kind.items() if mine]:
+        shared = max(mine, key=lambda r: r.get("workers", 1))
+        if shared.get("workers", 1) > 1:
+            out[kind].append(
+                f"measured under pytest-xdist: {shared['workers']} workers on {shared['cores']} cores ran tests "
+                "at the same time, so these times include their contention and differ from a serial run "
+                "(run without -n for figures to compare)."
+            )
+    return dict(out)
+
+
+def _overhead_notes(rows: list[dict[str, Any]]) -> list[str]:
+    lines = ["call ms and aten op ms: median of 15 calls each, the module and the op timed in alternation."]
+    if any(r.get("framework", "torch") != "torch" for r in rows):
+        lines.append(
+            "Keras rows: the call is timed inside the backend's worker process (15 synchronised calls after 3 "
+            "warm-up calls, no pipe round trip in the figure); the raw cost is the torch layer's, measured in the "
+            "test process."
+        )
+    torch_ran = {r["shape"]: r.get("ran", "") for r in rows if r.get("framework", "torch") == "torch"}
+    differ: dict[tuple[str, str, str], list[str]] = defaultdict(list)
+    for r in rows:
+        raw = torch_ran.get(r["shape"], "")
+        if r.get("framework", "torch") != "torch" and raw and r.get("ran", "").split("/")[0] != raw.split("/")[0]:
+            differ[(r["framework"], r.get("ran", ""), raw)].append(r["shape"])
+    for (framework, ran, raw), shapes in sorted(differ.items()):
+        why = (" (Keras on the torch backend calls torch's fused kernel only on CUDA; on the CPU it runs its own "
+               "step loop)") if framework == "keras-torch" else ""  # fmt: skip
+        lines.append(
+            f"{framework} ran {ran} ({', '.join(shapes)}) where the raw cost is torch's {raw} op: its call/raw "
+            f"includes the difference of kernels, not only framework overhead{why}."
+        )
+    return lines
 
 
 TITLES = {
@@ -133,10 +252,13 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     if not rows:
         return
     terminalreporter.section("lstmperf workloads")
+    remarks = notes(rows)
     for kind, (header, table) in sections(rows).items():
         terminalreporter.write_line(TITLES[kind])
         for line in _table(header, table):
             terminalreporter.write_line("  " + line)
+        for remark in remarks.get(kind, []):
+            terminalreporter.write_line(f"  note: {remark}")
         terminalreporter.write_line("")
     report_dir = config.getoption("lstmperf_report", None) or ""
     if report_dir:
@@ -151,10 +273,12 @@ def write_workload_report(out: Path, rows: list[dict[str, Any]]) -> Path:
     """``workloads.md`` with the tables, the crossover plots the suite wrote, and a bucketing bar chart."""
     out.mkdir(parents=True, exist_ok=True)
     lines = ["# Seed workloads", ""]
+    remarks = notes(rows)
     for kind, (header, table) in sections(rows).items():
         lines += [f"## {TITLES[kind]}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         lines += ["| " + " | ".join(r) + " |" for r in table]
         lines.append("")
+        lines += [f"* {remark}" for remark in remarks.get(kind, [])] + ([""] if remarks.get(kind) else [])
         if kind == "bucketing":
             png = _plot_bucketing(out, [r for r in rows if r["kind"] == "bucketing"])
             if png:
@@ -249,6 +373,8 @@ def _plot_scaling(out: Path, rows: list[dict[str, Any]]) -> Path | None:
 def _plot_overhead(out: Path, rows: list[dict[str, Any]]) -> Path | None:
     """Each framework's call time over the raw cost (1.0 = no overhead) against the raw cost, one point per
     shape and framework (log scales): the overhead falls as the device work grows."""
+    from .report import plain_log_scale
+
     plt = _pyplot()
 
     rows = [r for r in rows if r.get("raw_s") and r.get("ratio")]
@@ -271,7 +397,9 @@ def _plot_overhead(out: Path, rows: list[dict[str, Any]]) -> Path | None:
                 ax.annotate(r["shape"], (r["raw_s"] * 1e3, r["ratio"]), fontsize=6, xytext=(3, 3),
                             textcoords="offset points")  # fmt: skip
     ax.axhline(1.0, color="grey", linestyle="--", label="raw cost")
-    _log_log(ax, labelled="y", suffix="x")
+    plain_log_scale(ax, "x")
+    plain_log_scale(ax, "y", suffix="x")
+    ax.margins(x=0.12, y=0.08)  # room for the shape names beside the outermost points
     on_gpu = any(r.get("graph_s") for r in rows)
     ax.set_xlabel("raw cost, ms (" + ("CUDA-graph replay of the cuDNN call" if on_gpu else "ATen op") + ")")
     ax.set_ylabel("forward call time / raw cost")
@@ -281,29 +409,20 @@ def _plot_overhead(out: Path, rows: list[dict[str, Any]]) -> Path | None:
     return _save(plt, fig, out / "overhead.png")
 
 
-def _log_log(ax: Any, labelled: str, suffix: str = "") -> None:
-    """Log scales on both axes; the ``labelled`` axis ("x" or "y") names its minor ticks too (plain numbers
-    plus ``suffix``), as a log axis spanning less than a decade otherwise shows no number at all."""
-    import matplotlib.ticker
-
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    numbers = matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}{suffix}")
-    axis = ax.xaxis if labelled == "x" else ax.yaxis
-    axis.set_major_formatter(numbers)
-    axis.set_minor_formatter(numbers)
-    ax.tick_params(axis=labelled, which="minor", labelsize=7)
-
-
 def _plot_precision(out: Path, rows: list[dict[str, Any]]) -> Path | None:
-    """Per shape, forward time against error for every precision path (what precision buys and costs)."""
-    plt = _pyplot()
+    """Per shape, forward time against error for every precision path (what precision buys and costs); the
+    legend below the panels, so that it takes no width from them."""
+    from .report import plain_log_scale
 
+    plt = _pyplot()
     shapes = sorted({r["shape"] for r in rows})
     if not shapes:
         return None
-    fig, axes = plt.subplots(1, len(shapes), figsize=(5 * len(shapes) + 2.5, 4.5), squeeze=False)
     paths = sorted({r["path"] for r in rows})
+    ncol = 1 if len(shapes) == 1 else 2
+    legend_rows = math.ceil(len(paths) / ncol) + 1  # + the legend's title
+    height = 4.2 + 0.22 * legend_rows
+    fig, axes = plt.subplots(1, len(shapes), figsize=(max(6.5, 4.8 * len(shapes)), height), squeeze=False)
     colors = {name: f"C{i % 10}" for i, name in enumerate(paths)}
     labelled: set[str] = set()
     for ax, shape in zip(axes[0], shapes, strict=True):
@@ -316,14 +435,15 @@ def _plot_precision(out: Path, rows: list[dict[str, Any]]) -> Path | None:
                        marker="o" if r.get("kernel_ok", True) else "X",
                        label=None if label in labelled else label)  # fmt: skip
             labelled.add(label)
-        _log_log(ax, labelled="x")
+        ax.set_yscale("log")
+        plain_log_scale(ax, "x")
         ax.margins(x=0.2, y=0.2)
         on_gpu = any(r.get("device_s") for r in rows if r["shape"] == shape)
         ax.set_xlabel("forward ms, device time (CUDA-graph replay)" if on_gpu else "forward ms per call")
         ax.set_ylabel("max relative error vs float64")
         ax.set_title(shape, fontsize=9)
         ax.grid(True, which="both", alpha=0.25)
-    fig.legend(loc="center right", fontsize=8, title="path (X: not the claimed kernel/precision)",
-               title_fontsize=8)  # fmt: skip
-    fig.tight_layout(rect=(0, 0, 0.78 if len(shapes) > 1 else 0.62, 1))
+    fig.legend(loc="lower center", ncol=ncol, fontsize=8, frameon=False,
+               title="path (X: not the claimed kernel/precision)", title_fontsize=8)  # fmt: skip
+    fig.tight_layout(rect=(0, (0.25 + 0.2 * legend_rows) / height, 1, 1))
     return _save(plt, fig, out / "precision.png")

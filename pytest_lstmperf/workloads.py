@@ -159,6 +159,26 @@ def median_time(
     return statistics.median(times)
 
 
+def paired_median_times(
+    calls: Sequence[Callable[[], object]], synchronize: Callable[[], None], repeats: int = 15, warmup: int = 2
+) -> list[float]:
+    """Median wall seconds of each of ``calls`` (each followed by ``synchronize``), timed in alternation:
+    round ``r`` times every call once, so a change of load on the machine (a neighbour, another pytest-xdist
+    worker) moves every figure alike and their ratios stay meaningful."""
+    for _ in range(warmup):
+        for call in calls:
+            call()
+            synchronize()
+    times: list[list[float]] = [[] for _ in calls]
+    for _ in range(max(repeats, 1)):
+        for call, samples in zip(calls, times, strict=True):
+            start = time.perf_counter()
+            call()
+            synchronize()
+            samples.append(time.perf_counter() - start)
+    return [statistics.median(samples) for samples in times]
+
+
 def _sync(torch: Any, device: Any) -> Callable[[], None]:
     if device.type == "cuda":
         return lambda: torch.cuda.synchronize(device)
@@ -322,41 +342,62 @@ def crossover_sweep(
     seed: int = 0,
 ) -> list[SweepPoint]:
     """Forward time per call of ``spec`` at each batch size on each path (``devices`` maps a path's device
-    kind to its DeviceInfo). Unavailable paths and failures become points with ``seconds=None`` and a note."""
+    kind to its DeviceInfo). At each batch the paths are timed in alternation (:func:`paired_median_times`),
+    so a change of load moves them alike and the comparison holds. Unavailable paths and failures become
+    points with ``seconds=None`` and a note."""
     from . import paths as registry
+
+    paths = {name: registry.get(name) for name in path_names}
+    reasons: dict[str, str | None] = {}
+    for name, path in paths.items():
+        device = devices.get(path.device)
+        reasons[name] = "no such device" if device is None else path.available(device)
+    points = []
+    for batch in batches:
+        here = _sweep_batch(spec.replace(batch=int(batch)), paths, reasons, devices, repeats, seed)
+        for point in here:
+            points.append(point)
+            if progress is not None:
+                shown = f"{point.seconds * 1e3:.3f} ms {point.kernel}" if point.seconds else point.note
+                progress(f"[{len(points)}/{len(batches) * len(paths)}] {point.path} batch {batch}: {shown}")
+    return points
+
+
+def _sweep_batch(
+    spec: Any, paths: dict[str, Any], reasons: dict[str, str | None], devices: dict[str, Any], repeats: int, seed: int
+) -> list[SweepPoint]:
+    """One batch size of the sweep: every path prepared and traced, then all timed in alternation."""
     from .case import make_case
 
-    points = []
-    total = len(batches) * len(path_names)
-    done = 0
-    for name in path_names:
-        path = registry.get(name)
-        device = devices.get(path.device)
-        reason = "no such device" if device is None else path.available(device)
-        for batch in batches:
-            done += 1
-            if reason:
-                points.append(SweepPoint(name, batch, None, note=reason))
-                continue
-            case_spec = spec.replace(batch=int(batch))
-            why = path.supports(case_spec)
-            if why:
-                points.append(SweepPoint(name, batch, None, note=why))
-                continue
-            try:
-                run = path.prepare(make_case(case_spec, seed), device)
-                trace = run.trace_forward()
-                seconds = median_time(run.forward, run.synchronize, repeats)
-                kernel = f"{trace.family}/{trace.precision}"
-                points.append(SweepPoint(name, batch, seconds, kernel))
-            except Exception as exc:  # out of memory at a large batch: a point with the reason, the sweep goes on
-                points.append(SweepPoint(name, batch, None, note=f"{type(exc).__name__}: {str(exc)[:160]}"))
-                kernel = "failed"
-            if progress is not None:
-                last = points[-1]
-                shown = f"{last.seconds * 1e3:.3f} ms" if last.seconds else last.note
-                progress(f"[{done}/{total}] {name} batch {batch}: {shown} {last.kernel}")
-    return points
+    case = make_case(spec, seed)
+    found: dict[str, SweepPoint] = {}
+    runs = {}
+    for name, path in paths.items():
+        why = reasons[name] or path.supports(spec)
+        if why:
+            found[name] = SweepPoint(name, spec.batch, None, note=why)
+            continue
+        try:
+            run = path.prepare(case, devices[path.device])
+            trace = run.trace_forward()
+            runs[name] = run
+            found[name] = SweepPoint(name, spec.batch, None, f"{trace.family}/{trace.precision}")
+        except Exception as exc:  # out of memory at a large batch: a point with the reason, the sweep goes on
+            found[name] = SweepPoint(name, spec.batch, None, "failed", f"{type(exc).__name__}: {str(exc)[:160]}")
+    if runs:
+        try:
+
+            def synchronize() -> None:
+                for run in runs.values():
+                    run.synchronize()
+
+            timed = paired_median_times([run.forward for run in runs.values()], synchronize, repeats)
+            for name, seconds in zip(runs, timed, strict=True):
+                found[name].seconds = seconds
+        except Exception as exc:
+            for name in runs:
+                found[name].kernel, found[name].note = "failed", f"{type(exc).__name__}: {str(exc)[:160]}"
+    return [found[name] for name in paths]
 
 
 def crossovers(points: Sequence[SweepPoint], cpu_path: str, gpu_paths: Sequence[str]) -> dict[str, int | None]:
@@ -369,27 +410,51 @@ def crossovers(points: Sequence[SweepPoint], cpu_path: str, gpu_paths: Sequence[
     return out
 
 
+def sweep_label(spec: Any) -> str:
+    """``spec.short()`` without its batch size, for a sweep over batch sizes: ``lstm-I64-H256-L2-T100``."""
+    return "-".join(part for part in spec.short().split("-") if part != f"B{spec.batch}")
+
+
+def read_sweep_csv(path: Any) -> list[SweepPoint]:
+    """The points of a ``crossover.csv`` written by ``lstmperf crossover`` (to re-draw its plot)."""
+    import csv
+
+    with open(path, newline="", encoding="utf-8") as handle:
+        rows = list(csv.DictReader(handle))
+    return [
+        SweepPoint(r["path"], int(r["batch"]), float(r["seconds"]) if r["seconds"] else None, r["kernel"], r["note"])
+        for r in rows
+    ]
+
+
 def plot_sweep(points: Sequence[SweepPoint], out: Any, title: str, marks: dict[str, int | None]) -> Any:
-    """Time per call against batch size per path (log-log), the crossovers marked; returns the PNG path."""
+    """Time per call against batch size per path (log-log), the crossovers marked; returns the PNG path.
+    ``title`` is wrapped to the figure's width (a device description is long)."""
+    import textwrap
+
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    from .report import plain_log_scale
 
     fig, ax = plt.subplots(figsize=(8, 5))
     for name in dict.fromkeys(p.path for p in points):
         xy = [(p.batch, p.seconds * 1e3) for p in points if p.path == name and p.seconds]
         if xy:
             ax.plot(*zip(*xy, strict=True), marker="o", label=name)
+    plain_log_scale(ax, "x", base=2)
+    plain_log_scale(ax, "y")
     for name, batch in marks.items():
         if batch is not None:
             ax.axvline(batch, linestyle="--", alpha=0.5, color="grey")
-            ax.annotate(f"{name} wins from batch {batch}", (batch, ax.get_ylim()[1]), rotation=90, va="top", fontsize=7)
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
+            ax.annotate(f"{name} wins from batch {batch}", (batch, 1.0), xycoords=("data", "axes fraction"),
+                        xytext=(3, -4), textcoords="offset points", rotation=90, va="top", fontsize=7)  # fmt: skip
     ax.set_xlabel("batch size")
     ax.set_ylabel("forward time per call (ms)")
-    ax.set_title(title, fontsize=9)
+    lines = [textwrap.fill(line, 95) for line in title.splitlines()]
+    ax.set_title("\n".join(lines), fontsize=9)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -457,8 +522,7 @@ def measure_overhead(cell: str, input_size: int, hidden: int, layers: int, batch
             else:
                 torch._VF.gru(x, h0, weights, True, layers, 0.0, False, False, True)
 
-    module_s = median_time(call_module, sync, repeats)
-    op_s = median_time(call_op, sync, repeats)
+    module_s, op_s = paired_median_times([call_module, call_op], sync, repeats)
     graph_s = None
     if dev.type == "cuda":
         measured = timing.device_time(call_module, device)

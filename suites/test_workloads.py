@@ -71,6 +71,9 @@ PRECISION_PATHS = {
     "cpu": ("torch-cpu-onednn", "torch-cpu-autocast-bf16", "torch-cpu-native-autocast-bf16"),
     "cuda": ("torch-cudnn-fp32", "torch-cudnn-default", "torch-cuda-autocast-fp16", "torch-cuda-autocast-bf16"),
 }
+#: the path each precision path is timed against ("vs fp32")
+FP32_REFERENCE = {"cpu": "torch-cpu-onednn", "cuda": "torch-cudnn-fp32"}
+PRECISION_REPEATS = 15
 PRECISION_SHAPES = {
     ("cpu", "gate"): [LayerSpec(input_size=32, hidden_size=64, batch=16, seq_len=20)],
     ("cpu", "thorough"): [LayerSpec(input_size=64, hidden_size=256, batch=32, seq_len=50)],
@@ -198,8 +201,9 @@ def test_crossover(lstmperf: Any, pytestconfig: pytest.Config, request: pytest.F
         from pathlib import Path
 
         Path(report_dir).mkdir(parents=True, exist_ok=True)
-        plot = str(workloads.plot_sweep(points, Path(report_dir) / f"crossover-{kind}.png", spec.short(), marks))
-    add_row(request, "crossover", shape=spec.short(), against=slow, crossover=marks, plot=plot,
+        title = f"{workloads.sweep_label(spec)}, forward, against {slow}\n{lstmperf.device.describe()}"
+        plot = str(workloads.plot_sweep(points, Path(report_dir) / f"crossover-{kind}.png", title, marks))
+    add_row(request, "crossover", shape=workloads.sweep_label(spec), against=slow, crossover=marks, plot=plot,
             points=[p.__dict__ for p in points])  # fmt: skip
     assert not problems, "\n".join(problems)
 
@@ -270,15 +274,23 @@ def test_keras_overhead(
 
 # ------------------------------------------------------------------------------------------- precision
 def test_precision_speed_and_error(lstmperf: Any, precision_case: tuple, request: pytest.FixtureRequest) -> None:
-    """Time and error side by side; then the equivalence suite's kernel and tolerance checks."""
+    """Time and error side by side; then the equivalence suite's kernel and tolerance checks. The path is timed
+    in alternation with the device's fp32 path on the same inputs, so "vs fp32" compares two figures taken
+    at the same moment in the same process (also under pytest-xdist, where workers load each other)."""
     name, spec = precision_case
     path = registry.get(name)
     reason = path.available(lstmperf.device) or path.supports(spec)
     if reason:
         pytest.skip(f"{name}: {reason}")
     case = make_case(spec.replace(training=True), lstmperf.seed)
-    run = path.prepare(case, lstmperf.device)
-    seconds = workloads.median_time(run.forward, run.synchronize, repeats=15)
+    run = path.prepare(case, lstmperf.device)  # its forward() runs without autograd, as the speed suite's
+    fp32_path = registry.get(FP32_REFERENCE[lstmperf.device.kind])
+    calls = [run.forward]
+    if name != fp32_path.name and not (fp32_path.available(lstmperf.device) or fp32_path.supports(spec)):
+        calls.append(fp32_path.prepare(case, lstmperf.device).forward)
+    seconds, *fp32_s = workloads.paired_median_times(calls, run.synchronize, repeats=PRECISION_REPEATS)
+    if name == fp32_path.name:
+        fp32_s = [seconds]
     device_s = None
     if lstmperf.device.kind == "cuda":  # per-call time is mostly host time at these sizes: the device cost too
         from pytest_lstmperf.timing import device_time
@@ -292,6 +304,7 @@ def test_precision_speed_and_error(lstmperf: Any, precision_case: tuple, request
     forward_err = max((e for q, e in errors.items() if not q.startswith("grad")), default=float("nan"))
     bound = tolerance(claimed[1], "forward", case.spec).rel
     add_row(request, "precision", shape=spec.short(), path=name, claimed="/".join(claimed), observed=observed,
-            seconds=seconds, device_s=device_s, error=forward_err, bound=bound,
+            seconds=seconds, fp32_path=fp32_path.name, fp32_s=fp32_s[0] if fp32_s else None, device_s=device_s,
+            error=forward_err, bound=bound,
             kernel_ok=not check_trace(claimed, result.forward_trace, "forward"))  # fmt: skip
     verify_path(path, case.spec, lstmperf, request.node)

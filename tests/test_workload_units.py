@@ -154,6 +154,7 @@ def test_suite_passes_and_reports(pytester: pytest.Pytester, monkeypatch: pytest
     _suite(pytester, monkeypatch)
     result = pytester.runpytest_subprocess(*SUITE_ARGS, "--lstmperf-report=rep", timeout=600)
     assert result.ret == 0, result.stdout.str()
+    result.stdout.fnmatch_lines(["lstmperf workloads: precision: *(3 tests)", "test_workloads.py ..*"])
     result.stdout.fnmatch_lines([
         "*lstmperf workloads*",
         "padding vs packing vs bucketing*",
@@ -164,8 +165,11 @@ def test_suite_passes_and_reports(pytester: pytest.Pytester, monkeypatch: pytest
         "*lstm-H64-B1-T20*keras-tensorflow*tf-generic/fp32*",
         "*lstm-H64-B1-T20*keras-torch*cpu-native/fp32*",
         "*lstm-H64-B1-T20*torch*onednn/fp32*",
+        "*note: Keras rows: the call is timed inside the backend's worker process*",
+        "*note: keras-torch ran cpu-native/fp32 (lstm-H64-B1-T20, *) where the raw cost is torch's onednn/fp32 op*",
         "precision: speed and error*",
         "*torch-cpu-native-autocast-bf16*cpu-native/bf16*",
+        "*note: forward ms: median of 15 forward calls*in alternation with torch-cpu-onednn*",
         "*workload report written to*workloads.md*",
     ])  # fmt: skip
     written = {p.name for p in (pytester.path / "rep").iterdir()}
@@ -226,3 +230,298 @@ def test_keras_overhead_kernel_check_fails_when_keras_leaves_its_kernel(
         "*keras-torch-cpu on lstm-I64-H64*expected kernel family 'cpu-native', observed 'onednn'*",
         "*keras-tf-cpu on lstm-I64-H64*expected kernel family 'tf-generic', observed 'onednn'*",
     ])  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------------- figures that add up
+def test_peak_share_over_100_percent_is_flagged() -> None:
+    from pytest_lstmperf.timing import format_peak_fraction
+
+    assert format_peak_fraction(0.52) == "52.0%" and format_peak_fraction(None) == "-"
+    assert "measurement error" in format_peak_fraction(1.315)  # a share above the peak cannot be one
+
+
+def test_measured_peak_is_the_best_over_sizes_and_repeats(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The peak is the fastest GEMM over sizes and precisions (a disturbed sample only lowers a rate, so the
+    maximum is the estimate); the sizes stop growing once a call exceeds the budget."""
+    from pytest_lstmperf import timing
+
+    seconds = {(256, "float32"): 1e-3, (512, "float32"): 4e-3, (1024, "float32"): 0.2, (2048, "float32"): 1.0,
+               (256, "bfloat16"): 2e-3, (512, "bfloat16"): 2e-3, (1024, "bfloat16"): 0.2}  # fmt: skip
+    asked = []
+
+    def fake(torch_: object, device: str, dtype: object, n: int) -> float:
+        asked.append((n, str(dtype).split(".")[-1]))
+        return seconds[asked[-1]]
+
+    monkeypatch.setattr(timing, "_fastest_gemm", fake)
+    monkeypatch.setattr(timing, "_PEAKS", {})
+    assert timing.measured_peak_flops("cpu", "fp32") == 2 * 512**3 / 4e-3  # 67 GFLOP/s: 256 gave 34, 1024 11
+    assert (2048, "float32") not in asked  # 1024 took 0.2 s > budget: no larger size
+    asked.clear()
+    # bf16: its own GEMMs and the fp32 ones are candidates; the best of all of them is the peak
+    assert timing.measured_peak_flops("cpu", "bf16") == 2 * 512**3 / 2e-3
+    assert {dtype for _, dtype in asked} == {"bfloat16", "float32"}
+
+
+def _bench_record(path: str, seconds: float, device: str = "cpu", kernel: str = "cpu-native") -> dict:
+    return {"fullname": path, "name": path, "extra_info": {"path": path, "device": device, "mode": "forward",
+            "shape": "s", "time_per_call_s": seconds, "expected_kernel": kernel}}  # fmt: skip
+
+
+def test_vs_generic_reference_is_fixed_whatever_arrives_first() -> None:
+    """Under pytest-xdist records arrive in any order: the reference stays the torch generic path."""
+    from pytest_lstmperf.report import _table, generic_reference
+
+    group = [_bench_record("keras-torch-cpu-generic", 0.5), _bench_record("torch-cpu-native", 2.0),
+             _bench_record("torch-cpu-onednn", 1.0, kernel="onednn")]  # fmt: skip
+    assert generic_reference(group) == generic_reference(group[::-1]) == 2.0
+    assert generic_reference(group[:1]) is None  # no torch generic record: no ratio, rather than another one
+    header, rows = _table(group[::-1])
+    ratios = {row[2]: row[header.index("vs generic (torch)")] for row in rows}
+    assert ratios == {"keras-torch-cpu-generic": "4.00x", "torch-cpu-native": "1.00x", "torch-cpu-onednn": "2.00x"}
+
+
+def test_paired_times_alternate_the_calls() -> None:
+    order: list[str] = []
+    a, b = w.paired_median_times([lambda: order.append("a"), lambda: order.append("b")], lambda: None, 3, 1)
+    assert order == ["a", "b"] * 4 and a >= 0 and b >= 0
+
+
+def _precision_row(path: str, seconds: float, fp32_s: float, workers: int = 1) -> dict:
+    return {"kind": "precision", "shape": "s", "path": path, "claimed": "onednn/" + ("fp32" if "bf16" not in path
+            else "bf16"), "observed": "x", "seconds": seconds, "fp32_s": fp32_s, "fp32_path": "torch-cpu-onednn",
+            "device_s": None, "error": 1e-3, "bound": 1e-2, "workers": workers, "cores": 2}  # fmt: skip
+
+
+def test_precision_ratio_is_the_paired_one_and_xdist_is_noted() -> None:
+    """vs fp32 divides the fp32 time taken in alternation with the row, not another row's time taken at
+    another moment (the 470x of a -n 2 run); rows measured under pytest-xdist carry a note."""
+    from pytest_lstmperf.workload_plugin import notes, sections
+
+    rows = [_precision_row("torch-cpu-onednn", 0.149, 0.149, workers=2),
+            _precision_row("torch-cpu-autocast-bf16", 0.5e-3, 0.6e-3, workers=2)]  # fmt: skip
+    header, table = sections(rows)["precision"]
+    speedups = {row[1]: row[header.index("vs fp32")] for row in table}
+    assert speedups == {"torch-cpu-onednn": "1.00x", "torch-cpu-autocast-bf16": "1.20x"}
+    remarks = " ".join(notes(rows)["precision"])
+    assert "in alternation with torch-cpu-onednn" in remarks and "2 workers on 2 cores" in remarks
+    assert "pytest-xdist" not in " ".join(notes([_precision_row("torch-cpu-onednn", 1, 1)])["precision"])
+
+
+def test_keras_overhead_rows_say_what_their_ratio_holds() -> None:
+    from pytest_lstmperf.workload_plugin import notes
+
+    base = {"kind": "overhead", "shape": "lstm-H64-B1-T20", "device": "cpu", "module_s": 1e-3, "op_s": 1e-3,
+            "raw_s": 1e-3, "ratio": 1.0, "host_s": 0.0, "kernels": 4}  # fmt: skip
+    rows = [{**base, "framework": "torch", "ran": "onednn/fp32"},
+            {**base, "framework": "keras-torch", "ran": "cpu-native/fp32", "ratio": 137.47},
+            {**base, "framework": "keras-tensorflow", "ran": "tf-generic/fp32"}]  # fmt: skip
+    remarks = notes(rows)["overhead"]
+    assert any("timed inside the backend's worker process" in r and "no pipe round trip" in r for r in remarks)
+    differ = [r for r in remarks if "includes the difference of kernels" in r]
+    assert len(differ) == 2  # keras-torch and keras-tensorflow, one line each
+    assert any(r.startswith("keras-torch ran cpu-native/fp32 (lstm-H64-B1-T20)") and "step loop" in r for r in differ)
+    assert not any("includes the difference" in r for r in notes(rows[:1]).get("overhead", []))
+
+
+def test_sweep_label_drops_the_swept_batch_and_csv_round_trips(tmp_path) -> None:
+    from pytest_lstmperf.cli import _write_sweep
+    from pytest_lstmperf.spec import LayerSpec
+
+    assert w.sweep_label(LayerSpec(input_size=32, hidden_size=64, batch=1, seq_len=20)) == "lstm-I32-H64-L1-T20"
+    points = [w.SweepPoint("a", 1, 1e-3, "onednn/fp32"), w.SweepPoint("b", 1, None, "failed", "OOM")]
+    _write_sweep(tmp_path, points, {})
+    assert w.read_sweep_csv(tmp_path / "crossover.csv") == points
+
+
+# ------------------------------------------------------------------------------------------- plots that read
+def _layout_problems(fig) -> list[str]:
+    """Tick labels that overlap their neighbours, titles, labels and legends outside the figure."""
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    page = fig.bbox
+    problems = []
+    for ax in fig.axes:
+        for name, axis in (("x", ax.xaxis), ("y", ax.yaxis)):
+            labels = [t for t in axis.get_ticklabels(which="both") if t.get_visible() and t.get_text()]
+            boxes = [(t.get_window_extent(renderer), t.get_text()) for t in labels]
+            boxes.sort(key=lambda b: b[0].x0 if name == "x" else b[0].y0)
+            for (one, a), (two, b) in itertools.pairwise(boxes):
+                if one.overlaps(two):
+                    problems.append(f"{name} tick labels {a!r} and {b!r} overlap")
+        texts = [ax.title, ax.xaxis.label, ax.yaxis.label] + ([ax.get_legend()] if ax.get_legend() else [])
+        for text in texts:
+            box = text.get_window_extent(renderer)
+            if box.width and (box.x0 < page.x0 - 1 or box.x1 > page.x1 + 1 or box.y1 > page.y1 + 1 or box.y0 < -1):
+                problems.append(f"{getattr(text, 'get_text', lambda: 'legend')()!r} leaves the figure")
+    for legend in fig.legends:
+        box = legend.get_window_extent(renderer)
+        if box.x0 < -1 or box.x1 > page.x1 + 1 or box.y0 < -1:
+            problems.append("the figure legend leaves the figure")
+    return problems
+
+
+@pytest.fixture()
+def drawn(monkeypatch: pytest.MonkeyPatch) -> list:
+    """The figures the report functions draw, kept open (the functions close them after saving)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figures: list = []
+    close = plt.close
+    monkeypatch.setattr(plt, "close", lambda fig=None: figures.append(fig))
+    yield figures
+    close("all")
+
+
+def _workload_rows() -> list[dict]:
+    rows = [_precision_row(p, s, 0.45e-3) | {"observed": o}
+            for p, s, o in (("torch-cpu-onednn", 0.45e-3, "onednn/fp32"), ("torch-cpu-autocast-bf16", 0.8e-3,
+                            "onednn/bf16"), ("torch-cpu-native-autocast-bf16", 0.04, "cpu-native/bf16"))]  # fmt: skip
+    for fw, ratio in (("torch", 0.9), ("keras-torch", 36.8), ("keras-tensorflow", 4.6)):
+        for shape, raw in (("lstm-H64-B1-T20", 0.31e-3), ("lstm-H64-B16-T20", 0.41e-3)):
+            rows.append({"kind": "overhead", "shape": shape, "framework": fw, "raw_s": raw, "ratio": ratio})
+    for mode, ratio, sec in (("padded", 3.6, 0.21), ("packed", 1.0, 2.4), ("bucketed", 1.09, 0.56)):
+        rows.append({"kind": "bucketing", "workload": "long-tailed n=96", "mode": mode, "work_ratio": ratio,
+                     "seconds": sec})  # fmt: skip
+    for world, speedup in ((1, 1.0), (2, 0.4)):
+        rows.append({"kind": "scaling", "strategy": "ddp", "data": "fixed", "world": world, "speedup": speedup,
+                     "vs_plain": speedup * 0.9})  # fmt: skip
+    return rows
+
+
+def test_every_plot_reads_cleanly(drawn: list, tmp_path) -> None:
+    """Each plot of the workload report, the crossover and the speed report, drawn from data like a CPU run's
+    (sub-decade and multi-decade log axes, long titles): no tick labels overlap, nothing leaves the figure,
+    and the precision legend leaves the panel most of the width."""
+    from pytest_lstmperf import report
+    from pytest_lstmperf import workload_plugin as wp
+
+    rows = _workload_rows()
+    for plot in (wp._plot_precision, wp._plot_overhead, wp._plot_bucketing, wp._plot_scaling):
+        assert plot(tmp_path, [r for r in rows if r["kind"] == plot.__name__.split("_")[-1]]) is not None
+    points = [w.SweepPoint(p, b, s * b ** e * 1e-3, "k") for p, s, e in (("native", 16, 0.5), ("onednn", 0.4, 1.0))
+              for b in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)]  # fmt: skip
+    long_title = "lstm-I64-H256-L2-T100, forward, against onednn\ncuda:0 (" + "NVIDIA H100 80GB HBM3, " * 5 + ")"
+    w.plot_sweep(points, tmp_path / "c.png", long_title, w.crossovers(points, "native", ["onednn"]))
+    records = [_bench_record(f"torch-cpu-native-B{b}", 1e-3 * b) | {"extra_info": {
+        "path": "torch-cpu-native", "device": "cpu", "mode": "forward", "sweeps": ["batch"], "spec": {"batch": b},
+        "time_per_call_s": 1e-3 * b ** 0.7}} for b in (1, 4, 16, 64)]  # fmt: skip
+    assert report._plot_sweep(tmp_path, records, "batch", "batch", "batch size") is not None
+    baseline = [{"fullname": r["fullname"], "stats": {"data": [r["extra_info"]["time_per_call_s"] * 0.8]}}
+                for r in records]  # fmt: skip
+    assert report._plot_baseline(tmp_path, records, baseline) is not None
+    assert len(drawn) == 7
+    problems = {i: _layout_problems(fig) for i, fig in enumerate(drawn)}
+    assert not any(problems.values()), problems
+    precision = drawn[0]
+    assert precision.axes[0].get_position().width > 0.6  # the legend sits below, not beside the panel
+    for fig in drawn:  # time and ratio axes read as plain numbers (0.5, 20), never as 5x10^-1 (mathtext)
+        for ax in fig.axes:
+            for axis in (ax.xaxis, ax.yaxis):
+                if not axis.get_label_text().startswith("max relative error"):
+                    assert not [t.get_text() for t in axis.get_ticklabels(which="both") if "$" in t.get_text()]
+
+
+def test_layout_check_sees_crowded_labels_and_a_clipped_title(drawn: list, tmp_path) -> None:
+    """The layout check is not blind: every minor tick of a 3-decade log axis labelled, and a title wider
+    than its figure, are both reported."""
+    import matplotlib.pyplot as plt
+    import matplotlib.ticker as ticker
+
+    fig, ax = plt.subplots(figsize=(4, 3))
+    ax.scatter([0.2, 90], [1, 2])
+    ax.set_xscale("log")
+    ax.xaxis.set_minor_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.set_title("x" * 200)
+    problems = _layout_problems(fig)
+    assert any("overlap" in p for p in problems) and any("leaves the figure" in p for p in problems)
+
+
+# ------------------------------------------------------------------------------------------- the crossover command
+def test_crossover_without_a_gpu_says_so_once_and_names_what_works(capsys: pytest.CaptureFixture) -> None:
+    from pytest_lstmperf import cli
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: the no-GPU message cannot show")
+    assert cli.main(["crossover", "lstm", "input_size=8", "hidden_size=8", "seq_len=3"]) == cli.EXIT_USAGE
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "needs a GPU" in err[0] and "--device=cpu sweeps the CPU paths" in err[0]
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--device=tpu"], "--device=tpu: not a device for the crossover (valid: cuda, cuda:N, cpu)"),
+    (["--device=cpu", "--paths=torch-cpu-native,torch-cudnn-default"],
+     "--paths: torch-cudnn-default do not run with --device=cpu (they need a GPU)"),
+    (["--device=cpu", "--paths=torch-cpu-native"], "need at least two paths (the first is the reference)"),
+    (["--device=cpu", "--paths=torch-cpu-native,nope"], "--paths: unknown nope (valid: "),
+])  # fmt: skip
+def test_crossover_bad_input(capsys: pytest.CaptureFixture, args: list[str], message: str) -> None:
+    from pytest_lstmperf import cli
+
+    assert cli.main(["crossover", "lstm", "input_size=8", "hidden_size=8", "seq_len=3", *args]) == cli.EXIT_USAGE
+    assert message in capsys.readouterr().err
+
+
+def test_crossover_on_the_cpu_sweeps_the_cpu_paths(tmp_path, capsys: pytest.CaptureFixture) -> None:
+    """The advice of the no-GPU message works: --device=cpu sweeps the CPU paths against the native kernel,
+    and every point that ran its path ran the kernel the path claims."""
+    import json
+
+    from pytest_lstmperf import cli
+
+    out = tmp_path / "cx"
+    argv = ["crossover", "lstm", "input_size=4", "hidden_size=8", "seq_len=3", "--device=cpu", "--batches=1,2",
+            "--repeats=1", f"--out={out}"]  # fmt: skip
+    assert cli.main(argv) == 0, capsys.readouterr().err
+    printed = capsys.readouterr().out
+    assert "against torch-cpu-native" in printed and "lstm-I4-H8-L1-T3" in printed and "-B1-" not in printed
+    data = json.loads((out / "crossover.json").read_text())
+    assert data["reference"] == "torch-cpu-native" and set(data["crossover"]) == set(cli.CROSSOVER_PATHS["cpu"][1:])
+    claimed = {
+        "torch-cpu-native": "cpu-native/fp32",
+        "torch-cpu-onednn": "onednn/fp32",
+        "torch-cpu-autocast-bf16": "onednn/bf16",
+        "torch-cpu-native-autocast-bf16": "cpu-native/bf16",
+    }
+    ran = [p for p in data["points"] if p["seconds"]]
+    assert {p["path"] for p in ran} >= {"torch-cpu-native", "torch-cpu-onednn"}
+    assert all(p["kernel"] == claimed[p["path"]] for p in ran), ran
+    assert (out / "crossover.png").stat().st_size > 0 and len(w.read_sweep_csv(out / "crossover.csv")) == 8
+
+
+# ------------------------------------------------------------------------------------------- progress and headers
+PROGRESS_SUITE = """
+def test_padding_packing_bucketing_agree():
+    pass
+
+def test_crossover(benchmark):
+    benchmark(lambda: None)
+
+def test_precision_speed_and_error():
+    pass
+"""
+
+
+@pytest.mark.parametrize("xdist", [[], ["-n", "2"]], ids=["serial", "xdist"])
+def test_parts_announced_headers_shown_and_no_stray_warning(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, xdist: list[str]
+) -> None:
+    """Each part of the workload suite says when it starts (with its number of tests), also under -n 2, where
+    the device/paths header lines are printed too and pytest-benchmark's exit warning stays off the terminal."""
+    for name in ("PYTEST_ADDOPTS", "PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT"):
+        monkeypatch.delenv(name, raising=False)
+    pytester.makepyfile(test_parts=PROGRESS_SUITE)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--device=cpu", *xdist, timeout=300)
+    assert result.ret == 0, result.stdout.str()
+    result.stdout.fnmatch_lines(["lstmperf: device cpu*", "lstmperf: paths *"])
+    result.stdout.fnmatch_lines_random([
+        "lstmperf workloads: padding, packing and bucketing: outputs against the float64 reference (1 test)",
+        "lstmperf workloads: crossover: batch sweep of each path (1 test)",
+        "lstmperf workloads: precision: *(1 test)",
+    ])  # fmt: skip
+    output = result.stdout.str() + result.stderr.str()
+    assert "PytestBenchmarkWarning" not in output and "automatically disabled" not in output
+    assert output.count("lstmperf workloads: crossover") == 1
