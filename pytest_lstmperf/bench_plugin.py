@@ -1233,7 +1233,8 @@ def decide_record(record: dict[str, Any], entry: dict[str, Any] | None, knobs: G
         pvalue=record.get("thresholds", {}).get("pvalue", knobs.pvalue),
     )
     parts = []
-    has_device = _graph_samples(bextra) and bool(now_device)
+    same_method = bextra.get("device_time_method") == extra.get("device_time_method")
+    has_device = _graph_samples(bextra) and bool(now_device) and same_method
     if knobs.metric == "device" or (knobs.metric == "auto" and has_device):
         parts.append(_device_decision(name, bextra, now_device if has_device else [], limits, kernels))
     if knobs.metric in ("auto", "per-call"):
@@ -1247,7 +1248,11 @@ def decide_record(record: dict[str, Any], entry: dict[str, Any] | None, knobs: G
 
 
 def _graph_samples(extra: dict[str, Any]) -> bool:
-    return extra.get("device_time_method") == "cuda-graph" and len(extra.get("device_samples") or []) > 0
+    """Device-time samples the gate can compare: CUDA-graph replays, or batched CUDA events where capture
+    fails (``regression.DEVICE_METHODS``)."""
+    from .regression import DEVICE_METHODS
+
+    return extra.get("device_time_method") in DEVICE_METHODS and len(extra.get("device_samples") or []) > 0
 
 
 def _current_samples(record: dict[str, Any]) -> tuple[list[float], list[float], dict[str, Any] | None]:
@@ -1279,7 +1284,7 @@ def _device_decision(
     base = bextra.get("device_samples") or [] if now_device else []
     decision = compare_samples(name, base, now_device, limits, **kernels)
     if not now_device:
-        decision = replace(decision, notes=(*decision.notes, "no CUDA-graph device time on both sides"))
+        decision = replace(decision, notes=(*decision.notes, "no device time of one method on both sides"))
     return replace(decision, metric="device")
 
 

@@ -224,6 +224,8 @@ def compare_samples(
 
 
 METRICS = ("auto", "device", "per-call")
+#: device-time methods whose samples the gate compares (with the same method on both sides)
+DEVICE_METHODS = ("cuda-graph", "cuda-events")
 
 
 def pick_samples(
@@ -231,22 +233,29 @@ def pick_samples(
 ) -> tuple[str, Sequence[float], Sequence[float], str]:
     """Which samples the decision compares: ``(metric used, baseline samples, current samples, note)``.
 
-    ``device``: the CUDA-graph replay times (``extra_info.device_samples``, method ``cuda-graph``) of both
-    sides, the kernels' own cost, steady within a few percent between runs where the per-call time (mostly
-    host time for small RNN calls) moves by tens of percent. ``per-call``: the timed rounds, host overhead
-    included. ``auto``: device where both sides have graph-replay samples, else per-call.
+    ``device``: the device-time samples (``extra_info.device_samples``) of both sides, taken by the same
+    method: CUDA-graph replays (``cuda-graph``), or, where capture fails (the Keras training step), batches
+    of back-to-back calls between CUDA events (``cuda-events``); the kernels' own cost, steady within a few
+    percent between runs where the per-call time (mostly host time for small RNN calls) moves by tens of
+    percent. ``per-call``: the timed rounds, host overhead included. ``auto``: device where both sides have
+    device samples of one method, else per-call.
     """
     if metric not in METRICS:
         raise ValueError(f"unknown metric {metric!r} (valid: {', '.join(METRICS)})")
-    graphs = all(
-        extra.get("device_time_method") == "cuda-graph" and len(extra.get("device_samples") or []) > 0
-        for extra in (base_extra, now_extra)
+    methods = {extra.get("device_time_method") for extra in (base_extra, now_extra)}
+    graphs = (
+        len(methods) == 1
+        and methods <= set(DEVICE_METHODS)
+        and all(len(extra.get("device_samples") or []) > 0 for extra in (base_extra, now_extra))
     )
     if metric == "per-call":
         return "per-call", base_data, now_data, ""
     if graphs:
         return "device", base_extra["device_samples"], now_extra["device_samples"], ""
-    why = "no CUDA-graph device time on both sides"
+    why = (
+        "no device time of one method on both sides"
+        + (f" (baseline {base_extra.get('device_time_method')}, now {now_extra.get('device_time_method')})")
+    )
     if metric == "device":
         return "device", [], [], why
     return "per-call", base_data, now_data, f"decided on per-call time: {why}"

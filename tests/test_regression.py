@@ -177,7 +177,9 @@ def test_pick_samples() -> None:
     assert pick_samples("auto", graph, graph, rounds_b, rounds_n) == ("device", [1.0, 1.1], [1.0, 1.1], "")
     assert pick_samples("per-call", graph, graph, rounds_b, rounds_n) == ("per-call", rounds_b, rounds_n, "")
     used, b, n, note = pick_samples("auto", graph, events, rounds_b, rounds_n)  # capture failed now
-    assert (used, b, n) == ("per-call", rounds_b, rounds_n) and "no CUDA-graph device time" in note
+    assert (used, b, n) == ("per-call", rounds_b, rounds_n) and "no device time of one method" in note
+    # both sides timed with batched events (the Keras training step): device time decides
+    assert pick_samples("auto", events, events, rounds_b, rounds_n) == ("device", [1.0], [1.0], "")
     used, b, n, note = pick_samples("device", cpu, cpu, rounds_b, rounds_n)
     assert (used, list(b), list(n)) == ("device", [], []) and note
     assert compare_samples("t", b, n).verdict == "inconclusive"
