@@ -309,6 +309,7 @@ class SaveReport:
     replaced_format: int | None = None
     broken: Path | None = None  # where an unreadable file this run replaced was kept
     flags: list[str] = field(default_factory=list)  # bimodal entries, said at recording time
+    added_run: bool = False  # --lstmperf-add-baseline-run: noise bands extended, no entry replaced
 
     def describe(self) -> str:
         parts = []
@@ -321,6 +322,10 @@ class SaveReport:
         if self.untouched:
             parts.append(f"{self.untouched} not measured in this run, left as they were")
         what = "created" if self.new_file else "written"
+        if self.added_run:
+            parts = [f"a recording run added to the noise band of {len(self.updated)} benchmark(s)"]
+            if self.kept:
+                parts.append(f"{len(self.kept)} not in the baseline (record them with --lstmperf-save-baseline)")
         if not self.created and not self.updated:
             what = "unchanged"
         text = f"baseline {self.path} {what}: " + (", ".join(parts) or "nothing to record")
@@ -388,8 +393,12 @@ class BaselineStore:
         provenance: Mapping[str, Any],
         header: Mapping[str, Any],
         update: bool,
+        add_run: bool = False,
     ) -> SaveReport:
         """Merge ``records`` into this device's file under the lock and write it atomically.
+
+        With ``add_run`` no entry is replaced: each measured entry's noise band gains this run's medians and
+        host counters (:func:`add_recording_run`), so that the band covers the spread between clean runs.
 
         Without ``update`` entries already in the file are kept (never overwritten); with it they are
         replaced, and so is a file that cannot be read as a baseline (kept beside as ``<name>.broken``).
@@ -400,6 +409,8 @@ class BaselineStore:
         path = self.path_for(fields)
         try:
             with locked(self.directory):
+                if add_run:
+                    return self._add_run_locked(path, list(records), fields)
                 return self._save_locked(path, list(records), fields, fingerprint, provenance, header, update)
         except OSError as exc:
             where = exc.filename or path
@@ -407,6 +418,34 @@ class BaselineStore:
                 f"not recording: cannot write the baseline {path}: {exc.strerror or exc} ({where}). Make the "
                 f"folder writable, or record into another folder with --lstmperf-baselines=DIR."
             ) from None
+
+    def _add_run_locked(self, path: Path, records: list[Mapping[str, Any]], fields: Mapping[str, str]) -> SaveReport:
+        report = SaveReport(path)
+        if not path.exists():
+            raise BaselineError(
+                f"not recording: --lstmperf-add-baseline-run adds to a recorded baseline and {path} does not exist; "
+                f"record it first with --lstmperf-save-baseline"
+            )
+        data = load(path, self.record_hint).data
+        diff = differences(data["lstmperf"]["comparable"], dict(fields))
+        if diff:
+            raise BaselineError(f"not recording: {path} is for another device: {'; '.join(diff)}")
+        entries = {b["fullname"]: b for b in data["benchmarks"]}
+        for record in records:
+            entry = entries.get(record["fullname"])
+            if entry is None:
+                report.kept.append(record["fullname"])  # not in the baseline: nothing to add to
+                continue
+            add_recording_run(entry, record)
+            report.updated.append(record["fullname"])
+            flag = entry["extra_info"]["noise_band"].get("host_counters_unstable")
+            if flag:
+                report.flags.append(f"{record['fullname']}: host counters differ between recording runs: {flag}")
+        report.untouched = len(set(entries) - set(report.updated))
+        report.added_run = True
+        if report.updated:
+            _atomic_write(path, json.dumps(data, indent=1, sort_keys=False, default=str) + "\n")
+        return report
 
     def _existing(self, path: Path, update: bool, report: SaveReport) -> dict[str, Any] | None:
         """The file's current content; a broken file is an error, or (``update``) moved aside."""
@@ -489,3 +528,45 @@ def _old_format(path: Path) -> int | None:
     except (OSError, ValueError, KeyError, TypeError):
         return None
     return version if isinstance(version, int) and version < FORMAT else None
+
+
+def add_recording_run(entry: dict[str, Any], record: Mapping[str, Any]) -> None:
+    """Extend ``entry``'s noise band with one more clean run of the same benchmark (``record``).
+
+    The band's ``per_call_spread``/``device_spread`` become the larger of the spread within the first run
+    (its independent batches) and the relative spread of every recording run's median, with ``source``
+    saying how many runs it rests on; host counters that differ from the recorded ones are kept out of exact
+    comparison (``host_counters_unstable``), since a clean rerun already changed them.
+    """
+    from .regression import relative_spread
+
+    extra = entry["extra_info"]
+    band = dict(extra.get("noise_band") or {})
+    runs = list(band.get("recording_runs") or [_run_summary(entry["stats"]["data"], extra)])
+    now = record["extra_info"]
+    runs.append(_run_summary(record["data"], now))
+    band["recording_runs"] = runs
+    for key, spread_key in (("per_call_median", "per_call_spread"), ("device_median", "device_spread")):
+        within = band.get(f"{spread_key}_within_run", band.get(spread_key))
+        band[f"{spread_key}_within_run"] = within
+        candidates = [v for v in (within, relative_spread([r[key] for r in runs if r.get(key)])) if v is not None]
+        band[spread_key] = max(candidates) if candidates else None
+    band["source"] = f"{len(runs)} recording runs (and the batches within the first)"
+    band["runs"] = len(runs)
+    then, counters = extra.get("host_counters"), now.get("host_counters")
+    if then and counters and then != counters:
+        moved = sorted(k for k in set(then) | set(counters) if then.get(k) != counters.get(k))
+        band["host_counters_unstable"] = "; ".join(f"{k} {then.get(k)} vs {counters.get(k)}" for k in moved)
+    extra["noise_band"] = band
+
+
+def _run_summary(data: Any, extra: Mapping[str, Any]) -> dict[str, Any]:
+    import statistics
+
+    values = [float(x) for x in data or [] if x]
+    device = [float(x) for x in extra.get("device_samples") or [] if x]
+    return {
+        "per_call_median": statistics.median(values) if values else None,
+        "device_median": statistics.median(device) if device else None,
+        "host_counters": extra.get("host_counters"),
+    }

@@ -97,6 +97,17 @@ SETTING_NAMES = [
             "record this run's benchmarks into this device's baseline, replacing existing entries",
         ),
         Setting(
+            "lstmperf_add_baseline_run",
+            "--lstmperf-add-baseline-run",
+            "PYTEST_LSTMPERF_ADD_BASELINE_RUN",
+            "lstmperf_add_baseline_run",
+            "false",
+            parse_bool,
+            "add this run to the recorded baseline's noise band (its per-call and device medians and host counters) "
+            "without replacing any entry: record with --lstmperf-save-baseline, then add 2 or more runs, so that "
+            "the per-call threshold covers how much clean runs differ from each other",
+        ),
+        Setting(
             "lstmperf_accept_inconclusive",
             "--lstmperf-accept-inconclusive",
             "PYTEST_LSTMPERF_ACCEPT_INCONCLUSIVE",
@@ -171,7 +182,12 @@ SETTING_NAMES = [
         ),
     )
 ]
-FLAGS = ("lstmperf_save_baseline", "lstmperf_update_baseline", "lstmperf_accept_inconclusive")
+FLAGS = (
+    "lstmperf_save_baseline",
+    "lstmperf_update_baseline",
+    "lstmperf_add_baseline_run",
+    "lstmperf_accept_inconclusive",
+)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -399,6 +415,8 @@ def _saving(config: pytest.Config) -> str | None:
         return "update"
     if _setting(config, "lstmperf_save_baseline").value:
         return "save"
+    if _setting(config, "lstmperf_add_baseline_run").value:
+        return "add-run"
     return None
 
 
@@ -1063,6 +1081,7 @@ def _record_baseline(config: pytest.Config, state: GateState, session: pytest.Se
             provenance=provenance(config),
             header=_header(config),
             update=_saving(config) == "update",
+            add_run=_saving(config) == "add-run",
         )
         if _xdist_active(config):
             state.messages.append("recorded under pytest-xdist: workers shared the machine while timing")
@@ -1175,6 +1194,7 @@ class GateKnobs:
     ratio: float
     pvalue: float
     probe: bool
+    explicit_ratio: bool = False  # the threshold was given (option, env, ini): device time uses it as it is
 
 
 def run_gate(config: pytest.Config, state: GateState) -> GateResult:
@@ -1188,6 +1208,7 @@ def run_gate(config: pytest.Config, state: GateState) -> GateResult:
         ratio=_setting(config, "lstmperf_threshold").value,
         pvalue=_setting(config, "lstmperf_pvalue").value,
         probe=_setting(config, "lstmperf_drift").value == "probe",
+        explicit_ratio=_setting(config, "lstmperf_threshold").source != "default",
     )
     entries = state.baseline.entries
     session = config.stash.get(SESSION_KEY, None)
@@ -1236,7 +1257,8 @@ def decide_record(record: dict[str, Any], entry: dict[str, Any] | None, knobs: G
     same_method = bextra.get("device_time_method") == extra.get("device_time_method")
     has_device = _graph_samples(bextra) and bool(now_device) and same_method
     if knobs.metric == "device" or (knobs.metric == "auto" and has_device):
-        parts.append(_device_decision(name, bextra, now_device if has_device else [], limits, kernels))
+        explicit = knobs.explicit_ratio or "ratio" in record.get("thresholds", {})
+        parts.append(_device_decision(name, bextra, now_device if has_device else [], limits, kernels, explicit))
     if knobs.metric in ("auto", "per-call"):
         parts.append(_per_call_decision(name, entry, extra, now_data, limits, knobs, kernels))
     host, host_check = _host_decision(name, bextra, extra)
@@ -1275,17 +1297,29 @@ def _remeasure_note(failed: bool, again: dict[str, Any]) -> str:
 
 
 def _device_decision(
-    name: str, bextra: dict[str, Any], now_device: list[float], limits: Any, kernels: dict[str, str]
+    name: str,
+    bextra: dict[str, Any],
+    now_device: list[float],
+    limits: Any,
+    kernels: dict[str, str],
+    explicit: bool = False,
 ) -> Decision:
+    """Device time against the threshold; with the default threshold and a baseline recorded from several
+    runs, against ``regression.device_threshold`` (tighter where the device time was steady between runs)."""
     from dataclasses import replace
 
-    from .regression import compare_samples
+    from .regression import compare_samples, device_threshold
 
     base = bextra.get("device_samples") or [] if now_device else []
+    notes: tuple[str, ...] = ()
+    if not explicit:
+        ratio, why = device_threshold(limits.ratio, bextra.get("noise_band"))
+        limits = replace(limits, ratio=ratio)
+        notes = (why,) if why else ()
     decision = compare_samples(name, base, now_device, limits, **kernels)
     if not now_device:
-        decision = replace(decision, notes=(*decision.notes, "no device time of one method on both sides"))
-    return replace(decision, metric="device")
+        notes = (*notes, "no device time of one method on both sides")
+    return replace(decision, metric="device", notes=(*decision.notes, *notes))
 
 
 def _per_call_decision(
@@ -1345,6 +1379,9 @@ def _host_decision(name: str, bextra: dict[str, Any], extra: dict[str, Any]) -> 
     if not then or not now:
         missing = "the baseline has" if not then else "this run has"
         return [], f"host: not compared ({missing} no host counters; record the baseline again to gate them)"
+    unstable = (bextra.get("noise_band") or {}).get("host_counters_unstable")
+    if unstable:
+        return [], f"host: not compared (the counters differed between the baseline's recording runs: {unstable})"
     changes = host_counter_changes(then, now)
     if changes:
         note = "host work per call changed: " + "; ".join(changes)

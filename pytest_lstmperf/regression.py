@@ -252,9 +252,8 @@ def pick_samples(
         return "per-call", base_data, now_data, ""
     if graphs:
         return "device", base_extra["device_samples"], now_extra["device_samples"], ""
-    why = (
-        "no device time of one method on both sides"
-        + (f" (baseline {base_extra.get('device_time_method')}, now {now_extra.get('device_time_method')})")
+    why = "no device time of one method on both sides" + (
+        f" (baseline {base_extra.get('device_time_method')}, now {now_extra.get('device_time_method')})"
     )
     if metric == "device":
         return "device", [], [], why
@@ -342,6 +341,26 @@ def noise_threshold(ratio: float, spread: float | None, k: float = NOISE_K) -> f
     if spread is None:
         return ratio
     return max(ratio, 1.0 + k * spread)
+
+
+#: the lowest device-time threshold: device time of a clean rerun moves by a few percent on a steady GPU
+DEVICE_FLOOR = 1.05
+
+
+def device_threshold(ratio: float, band: Mapping[str, Any] | None, k: float = NOISE_K) -> tuple[float, str]:
+    """The device-time threshold under the default setting: ``max(DEVICE_FLOOR, 1 + k x device spread)``
+    where the baseline was recorded from two or more runs (the spread of their device-time medians), never
+    above ``ratio``; ``ratio`` itself otherwise. Returns the threshold and a note when it differs."""
+    if not band or int(band.get("runs") or 0) < 2 or band.get("device_spread") is None:
+        return ratio, ""
+    spread = float(band["device_spread"])
+    threshold = min(ratio, max(DEVICE_FLOOR, 1.0 + k * spread))
+    if threshold >= ratio:
+        return ratio, ""
+    return threshold, (
+        f"device threshold {threshold:.3f}: the baseline's device time spread {spread:.1%} over "
+        f"{band.get('runs')} recording runs (floor {DEVICE_FLOOR})"
+    )
 
 
 def bimodal(samples: Sequence[float], min_share: float = 0.2, gap: float = 1.05, apart: float = 1.10) -> str:

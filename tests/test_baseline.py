@@ -286,3 +286,48 @@ def test_concurrent_savers_lose_nothing(tmp_path: Path) -> None:
         assert proc.exitcode == 0
     found = bl.BaselineStore(tmp_path).find(fields())
     assert found is not None and len(found.entries) == 45
+
+
+def _rec(name: str, data: list[float], device: list[float], counters: dict) -> dict:
+    return {
+        "fullname": name,
+        "data": data,
+        "extra_info": {
+            "device_samples": device,
+            "device_time_method": "cuda-graph",
+            "host_counters": counters,
+            "run_medians": [data[0], data[1]],
+        },
+    }
+
+
+def test_add_recording_run_widens_the_noise_band_and_flags_unstable_counters() -> None:
+    from pytest_lstmperf.baseline import add_recording_run
+
+    counters = {"aten_ops": 10, "kernels": 4, "syncs": 0, "alloc_bytes": 1024}
+    entry = {
+        "stats": {"data": [1.0, 1.01, 1.0]},
+        "extra_info": {
+            "device_samples": [0.5, 0.5],
+            "host_counters": dict(counters),
+            "noise_band": {"per_call_spread": 0.01, "device_spread": 0.002, "runs": 2},
+        },
+    }
+    add_recording_run(entry, _rec("b", [1.5, 1.5, 1.5], [0.51, 0.51], counters))
+    band = entry["extra_info"]["noise_band"]
+    assert band["runs"] == 2 and len(band["recording_runs"]) == 2
+    assert abs(band["per_call_spread"] - 0.5 / 1.25) < 1e-9  # (1.5 - 1.0) / median(1.0, 1.5)
+    assert band["per_call_spread_within_run"] == 0.01
+    assert "host_counters_unstable" not in band
+    add_recording_run(entry, _rec("b", [1.0, 1.0, 1.0], [0.5, 0.5], {**counters, "aten_ops": 11}))
+    band = entry["extra_info"]["noise_band"]
+    assert band["runs"] == 3 and "aten_ops 10 vs 11" in band["host_counters_unstable"]
+
+
+def test_add_baseline_run_needs_a_recorded_baseline(tmp_path) -> None:
+    from pytest_lstmperf.baseline import BaselineError, BaselineStore
+
+    store = BaselineStore(tmp_path)
+    fields = {"device": "cpu-test", "torch": "2.13.0"}
+    with pytest.raises(BaselineError, match="record it first with --lstmperf-save-baseline"):
+        store.save([], fields=fields, fingerprint={}, provenance={}, header={}, update=False, add_run=True)

@@ -163,6 +163,15 @@ def test_lifecycle_record_compare_regress_update(gate) -> None:
     assert result.ret == 0
     result.stdout.fnmatch_lines(["*unchanged*3 kept (already in the baseline; --lstmperf-update-baseline*"])
     assert path.read_bytes() == before
+    # 3b. a second recording run widens each entry's noise band; no entry is replaced
+    result = gate("--lstmperf-add-baseline-run")
+    assert result.ret == 0, result.stdout.str()
+    result.stdout.fnmatch_lines(["*a recording run added to the noise band of 3 benchmark(s)*"])
+    data = json.loads(path.read_text())
+    assert all(b["extra_info"]["noise_band"]["runs"] == 2 for b in data["benchmarks"])
+    assert [b["stats"]["data"] for b in data["benchmarks"]] == [
+        b["stats"]["data"] for b in json.loads(before)["benchmarks"]
+    ]
     # 4. clean reruns pass
     for _ in range(2):
         result = gate("--benchmark-compare")

@@ -278,3 +278,32 @@ def test_inconclusive_and_compared_nothing_are_not_a_pass() -> None:
     nothing = GateResult([Decision("a", "not-run"), Decision("b", "not-run")])
     assert nothing.compared == 0 and nothing.unsettled() == ["nothing was compared with the baseline"]
     assert GateResult([Decision("a", "unchanged")]).unsettled() == []
+
+
+def test_device_threshold_from_recording_runs() -> None:
+    from pytest_lstmperf.regression import DEVICE_FLOOR, device_threshold
+
+    # one recording run: no band between runs, the configured threshold stands
+    assert device_threshold(1.10, {"runs": 1, "device_spread": 0.001}) == (1.10, "")
+    assert device_threshold(1.10, None) == (1.10, "")
+    # steady device time over 3 recording runs: the floor
+    ratio, why = device_threshold(1.10, {"runs": 3, "device_spread": 0.01})
+    assert ratio == DEVICE_FLOOR and "3 recording runs" in why
+    # a 3% spread: 1 + 2 x 3%
+    assert abs(device_threshold(1.10, {"runs": 3, "device_spread": 0.03})[0] - 1.06) < 1e-9
+    # a wide spread never raises the threshold above the configured one
+    assert device_threshold(1.10, {"runs": 3, "device_spread": 0.2}) == (1.10, "")
+
+
+def test_device_threshold_catches_a_small_device_slowdown() -> None:
+    """A 1.08x device slowdown passes the 1.10 default but fails once the baseline's runs show a 1% spread."""
+    import random
+
+    from pytest_lstmperf.regression import Thresholds, compare_samples, device_threshold
+
+    rng = random.Random(3)
+    base = [1e-3 * (1 + rng.gauss(0, 0.005)) for _ in range(12)]
+    now = [1.08e-3 * (1 + rng.gauss(0, 0.005)) for _ in range(12)]
+    assert compare_samples("b", base, now, Thresholds(1.10)).verdict == "unchanged"
+    ratio, _ = device_threshold(1.10, {"runs": 3, "device_spread": 0.01})
+    assert compare_samples("b", base, now, Thresholds(ratio)).verdict == "regressed"
