@@ -39,6 +39,15 @@ def relative_error(value: np.ndarray, reference: np.ndarray) -> float:
 SATISFIES = {"tf32": ("tf32", "fp32")}
 
 
+def bound_precision(claimed: str, observed: str) -> str:
+    """The precision whose bound a pass is held to: the one it was observed to run in (autocast that ran
+    fp16 where bf16 was claimed is held to fp16); an observation that satisfies the claim (fp32 kernels
+    where TF32 is allowed) or that the trace could not tell (``unknown``) keeps the claimed precision."""
+    if observed in SATISFIES.get(claimed, (claimed,)) or observed not in ("fp32", "tf32", "fp16", "bf16", "fp64"):
+        return claimed
+    return observed
+
+
 def check_trace(expected: tuple[str, str], trace: object | None, pass_: str) -> list[Mismatch]:
     """The observed kernel family and precision of one pass against the path's claim for the spec."""
     if trace is None:
