@@ -138,4 +138,21 @@ def specs_for_path(path: object, bounds: ShapeBounds) -> st.SearchStrategy[Layer
     cells = tuple(options.get("cells", ("lstm", "gru")))  # type: ignore[arg-type]
     reset = (True, False) if options.get("reset_before_ok") else (True,)
     base = specs(bounds, cells=cells, length_modes=modes, reset_after=reset)
-    return base.filter(lambda spec: path.supports(spec) is None)  # type: ignore[attr-defined]
+    return base.filter(lambda spec: path.supports(spec) is None and checkable(path, spec))  # type: ignore[attr-defined]
+
+
+def checkable(path: object, spec: LayerSpec) -> bool:
+    """Whether the bound of the path's claimed kernel and precision stays below the tolerance model's cap
+    (``tolerance.MAX_REL``) for ``spec``: beyond it a zero tensor would nearly pass, so such specs are not
+    generated (a check handed one anyway fails as inconclusive)."""
+    from .tolerance import ToleranceTooLoose, tolerance
+
+    family, precision = path.expected(spec)  # type: ignore[attr-defined]
+    try:
+        for pass_ in ("forward", "backward") if spec.training else ("forward",):
+            tolerance(precision, pass_, spec, family)
+    except ToleranceTooLoose:
+        return False
+    except LookupError:
+        return True  # no measured bound: the check itself says so
+    return True
