@@ -369,16 +369,51 @@ every weight. A tensor of a pass run by kernel family `k` in precision `p` passe
   the trace shows fp32 kernels keeps the TF32 bound (TF32 is allowed there; the trace cannot always see it).
 - **The fit** (`pytest_lstmperf.tolerance.fit_group`), per (kernel family, precision, pass) with at least
   MIN_SAMPLES tensors measured, else over every family of the precision: `b` is the least-squares slope of
-  `log(err/u)` on `log(growth)` (clamped to [0, 1]); `a` is MARGIN times the QUANTILE quantile of the residual
-  ratio `err / (u growth^b)`, read from a log-normal fitted robustly (median and 1.4826 MAD of the log ratios)
-  to all the residuals, so the constant rests on the whole distribution, not on the single largest sample.
-  Its stability is the 5-95% range of that quantile over 200 bootstrap resamples; the tables below also give
-  the largest sample's ratio to the bound and how many samples exceed the quantile.
+  `log(err/u)` on `log(growth)` (clamped to [0, 1]; exact results, below 0.001 u, are left out: a one-step
+  gradient or an unused bias says nothing about rounding); `a` is MARGIN times the QUANTILE empirical
+  quantile of the residual ratio `err / (u growth^b)`. Its stability is the 5-95% range of that quantile
+  over 200 bootstrap resamples; the tables below also give the largest sample's ratio to the bound and how
+  many samples exceed the quantile. Why a high quantile and not a robust centre plus spread: the tails are
+  real and heavy. The worst CPU sample, `grad x` of a GRU with one input, 255 units, one step and one
+  sequence (a scalar, the sum of 765 cancelling products), errs 29 u while the median tensor errs ~1 u; a
+  log-normal fitted to the bulk put its 99.9% quantile at 4.4 u, and the bound would have failed a correct
+  run. With fewer than ~1000 samples the 99.9% quantile lies between the two largest ones; the bootstrap
+  range says how far it could move.
 - **No bound that passes garbage.** A bound of 0.1 relative error or more is refused (`ToleranceTooLoose`): a
   zero tensor errs by 1, a random one by more. Specs whose bound would reach it are not generated for the path
   (`strategies.specs_for_path` filters them out, so bf16 runs stop at the sizes where bf16 is still checkable),
   and a check handed such a spec anyway fails as *inconclusive* rather than passing.
 - Pairs of paths of one precision are compared with the sum of both bounds.
+
+## Known findings and what they change
+
+A known finding (`pytest_lstmperf/known_findings.py`, the one table the equivalence, kernel and speed suites
+read) documents an upstream behaviour that makes a path run another kernel family or precision than it claims,
+with the versions it was seen with. It changes only what the path is *expected* to run; it never switches off
+its numbers:
+
+- every example's outputs and gradients are checked for NaN/Inf and against the bound of what the trace
+  observed (the bf16 autocast path that runs cuDNN in fp16 is held to cudnn/fp16); a NaN, an out-of-bound
+  error or an undocumented departure is a plain FAILURE;
+- a test whose only departure from the claim is documented, and whose numbers passed on every example, ends
+  as an **xfail** whose reason names the finding and says "numbers checked against the bound of what ran and
+  passed on N example(s)"; it is listed under `lstmperf FINDINGS` as `[known]`. The xfail is decided after
+  the last example, never inside one, so no example is skipped;
+- on versions other than those it was seen with, the finding is still reported, as "re-confirmed on torch X
+  (first seen on torch Y)": it is re-observed, not assumed;
+- a documented finding that a test did not observe is listed as `[known-not-observed]` ("not observed on
+  torch X over N example(s) ...; if it stays so, remove it"), and the test passes.
+
+cuDNN's fp32 RNN (TF32 off) is no longer a finding that lets it err up to the TF32 bound: it has its own
+measured cudnn/fp32 constants (below), so a fault far smaller than the TF32 bound still fails it.
+
+## Failing fast
+
+A NaN/Inf, a wrong kernel or precision, a missing tensor, a bound that cannot check (`inconclusive`) or an
+exception from the framework ends a hypothesis run at once, on the example that shows it, unshrunk (the
+failure is raised past hypothesis's shrinker; `tests/test_numerics.py` proves a planted NaN stops after one
+example). An out-of-bound error is shrunk for at most 20 more path runs, then the smallest failing spec found
+is reported.
 
 Reproduce: `python -m pytest_lstmperf.measure --device DEVICE --examples N --sharpness --write` samples every
 available path of a device over generated shapes (the `gpu` profile's bounds, data seed 1, so the tested data,

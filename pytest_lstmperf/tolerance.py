@@ -12,10 +12,8 @@ The measured error grows sub-linearly in it (exponents 0.1-0.6), so the exponent
 
 ``a`` and ``b`` are fitted from raw samples (``python -m pytest_lstmperf.measure --fit``, see
 :func:`fit_group`): ``b`` is the least-squares slope of ``log(err/u)`` on ``log growth``; ``a`` is
-:data:`MARGIN` times the :data:`QUANTILE` quantile of the residual ratio ``err / (u growth^b)``, estimated
-from a log-normal fitted robustly (median and MAD in log space) to all the residuals, so the constant rests on
-the whole distribution, not on its single largest sample; the largest sample's ratio to the bound and the
-bootstrap spread of ``a`` are stored with it. A kernel family with enough samples gets its own constants
+:data:`MARGIN` times the :data:`QUANTILE` quantile of the residual ratio ``err / (u growth^b)``; the
+largest sample's ratio to the bound and the bootstrap spread of the quantile are stored with it. A kernel family with enough samples gets its own constants
 (cuDNN's fp32 RNN, which errs ~100x more than faithful fp32 kernels, is held to its own, not to TF32's);
 other families use the fit over every family of the precision (cuDNN fp32 kept out of that pool). Families
 measured before raw samples were stored keep their earlier linear constants (``b = 1``, ``a`` = 4 x the
@@ -43,6 +41,9 @@ UNIT_ROUNDOFF = {"fp64": 2.0**-53, "fp32": 2.0**-24, "tf32": 2.0**-11, "fp16": 2
 #: the quantile of the residual ratio a constant is set from, and the margin over it
 QUANTILE = 0.999
 MARGIN = 2.0
+#: errors below this many units of roundoff are exact results (a one-step gradient, a zero bias), which say
+#: nothing about the size of rounding errors: they are left out of the fit
+EXACT = 1e-3
 #: fewest samples for a group (kernel family, precision, pass) to get its own fit
 MIN_SAMPLES = 40
 #: a bound at or above this relative error is refused: a zero tensor (error 1) would nearly pass
@@ -138,28 +139,31 @@ def pairwise_tolerance(precision: str, pass_: str, spec: LayerSpec, family: str 
 def fit_group(growths: Sequence[float], normalised_u: Sequence[float], *, seed: int = 0, boots: int = 200) -> dict:
     """Fit ``err/u ~ a growth^b`` to one group's samples (``normalised_u`` = err / u).
 
-    ``b``: least-squares slope of log(err/u) on log(growth), clamped to [0, 1]. ``a``: :data:`MARGIN` x the
-    :data:`QUANTILE` quantile of the residual ratios from a robust log-normal fit (median, 1.4826 MAD).
-    Returns ``a``, ``b``, the raw quantile, the empirical 99.9% and max residual ratio, how many samples
-    exceed the quantile and the bound, and the bootstrap 5-95% range of the quantile (its stability)."""
+    ``b``: least-squares slope of log(err/u) on log(growth), clamped to [0, 1]; exact results (below
+    :data:`EXACT` u) are left out. ``a``: :data:`MARGIN` x the :data:`QUANTILE` empirical quantile of the
+    residual ratios ``err / (u growth^b)``. Returns ``a``, ``b``, the quantile, the largest residual ratio,
+    how many samples exceed the quantile and the bound, and the bootstrap 5-95% range of the quantile (its
+    stability: how much the constant would move with another draw of as many samples)."""
     g = np.asarray(growths, dtype=float)
-    r = np.maximum(np.asarray(normalised_u, dtype=float), 1e-6)
+    r = np.asarray(normalised_u, dtype=float)
+    exact = r < EXACT
+    g, r = g[~exact], r[~exact]
     b = _slope(g, r)
-    q = _lognormal_quantile(r / g**b)
+    q = float(np.quantile(r / g**b, QUANTILE))
     rng = np.random.default_rng(seed)
     boot = []
     for _ in range(boots):
         pick = rng.integers(0, g.size, g.size)
         bb = _slope(g[pick], r[pick])
-        boot.append(_lognormal_quantile(r[pick] / g[pick] ** bb))
+        boot.append(float(np.quantile(r[pick] / g[pick] ** bb, QUANTILE)))
     ratio = r / g**b
     a = MARGIN * q
     return {
         "a": a,
         "b": b,
         "n": int(g.size),
+        "exact": int(exact.sum()),
         "quantile": q,
-        "empirical_p999": float(np.quantile(ratio, 0.999)),
         "max_ratio": float(ratio.max()),
         "over_quantile": int((ratio > q).sum()),
         "over_bound": int((ratio > a).sum()),
@@ -174,12 +178,3 @@ def _slope(g: np.ndarray, r: np.ndarray) -> float:
         return 1.0
     slope = float(np.polyfit(x, np.log(r), 1)[0])
     return min(max(slope, 0.0), 1.0)
-
-
-def _lognormal_quantile(ratio: np.ndarray) -> float:
-    from statistics import NormalDist
-
-    logs = np.log(ratio)
-    centre = float(np.median(logs))
-    spread = 1.4826 * float(np.median(np.abs(logs - centre)))
-    return float(math.exp(centre + NormalDist().inv_cdf(QUANTILE) * spread))
