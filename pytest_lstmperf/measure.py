@@ -434,41 +434,57 @@ def load_sharpness(data_dir: Path) -> dict[str, dict]:
     return loaded
 
 
-def _caught(row: dict, pass_: str) -> bool | None:
-    """Whether the check of ``pass_`` fails on this planted run (None: no such pass)."""
-    from .tolerance import MAX_REL, tolerance_at
+def _bound(row: dict, pass_: str) -> float:
+    from .tolerance import tolerance_at
 
+    return tolerance_at(row["precision"], pass_, row["growth"], row["kernel"]).rel
+
+
+def _refused(row: dict, pass_: str) -> bool:
+    """Whether the bound of this spec is refused (>= MAX_REL): the spec is not generated for that pass."""
+    from .tolerance import MAX_REL
+
+    return row[f"err_{pass_}"] is not None and _bound(row, pass_) >= MAX_REL
+
+
+def _caught(row: dict, pass_: str) -> bool:
+    """Whether the check of ``pass_`` fails on this planted run."""
     err = row[f"err_{pass_}"]
-    if err is None:
-        return None
-    bound = tolerance_at(row["precision"], pass_, row["growth"], row["kernel"]).rel
-    return not math.isfinite(err) or err > bound or bound >= MAX_REL
+    return not math.isfinite(err) or err > _bound(row, pass_)
 
 
 def _smallest_caught(rows: list[dict], pass_: str) -> str:
-    """The smallest size caught on every spec, with every larger size caught too ('-': never)."""
-    worst = 0.0
+    """The smallest size caught on every spec, with every larger size caught too ('-': never). A spec whose
+    sweep the time budget cut before a miss gives only an upper limit ('<= x') and is used only if no spec
+    has a complete sweep."""
+    complete, cut = [], []
     for spec in sorted({r["spec"] for r in rows}):
         sweep = sorted((r for r in rows if r["spec"] == spec), key=lambda r: -r["delta"])
         smallest = None
+        missed = False
         for r in sweep:
             if not _caught(r, pass_):
+                missed = True
                 break
             smallest = r["delta"]
-        if smallest is None:
+        if smallest is None and sweep:
             return "-"
-        worst = max(worst, smallest)
-    return f"{worst:.0e}".replace("e-0", "e-").replace("e+00", "")
+        if sweep:
+            (complete if missed or sweep[-1]["delta"] <= min(SHARPNESS_DELTAS) else cut).append(smallest)
+    if complete:
+        return _size(max(complete))
+    return f"<= {_size(max(cut))}" if cut else "not run"
+
+
+def _size(delta: float) -> str:
+    return f"{delta:.0e}".replace("e-0", "e-").replace("e+00", "")
 
 
 def _one_shot(rows: list[dict], pass_: str) -> str:
-    from .tolerance import tolerance_at
-
     ratios = []
     for r in rows:
         err = r[f"err_{pass_}"]
-        bound = tolerance_at(r["precision"], pass_, r["growth"], r["kernel"]).rel
-        ratios.append(float("inf") if not math.isfinite(err) else err / bound)
+        ratios.append(float("inf") if not math.isfinite(err) else err / _bound(r, pass_))
     low = min(ratios)
     verdict = "caught" if all(_caught(r, pass_) for r in rows) else "MISSED"
     return f"{verdict} ({'NaN' if math.isinf(low) else f'{low:.3g}x'})"
@@ -484,22 +500,28 @@ def sharpness_table(content: dict) -> list[str]:
         "|---|---|---|---|---|---|---|---|---|",
     ]
     rows = content["rows"]
+    notes: list[str] = []
     for path in sorted({r["path"] for r in rows}, key=lambda p: [r["path"] for r in rows].index(p)):
         mine = [r for r in rows if r["path"] == path]
         observed = sorted({f"{r['kernel']}/{r['precision']}" for r in mine})
         for pass_ in ("forward", "backward"):
-            clean = [r for r in mine if r["fault"] == "none"]
+            refused = sorted({r["spec"] for r in mine if _refused(r, pass_)})
+            mine_here = [r for r in mine if r["spec"] not in refused]
+            if refused:
+                notes.append(f"{path} {pass_}: bound refused (>= 0.1, spec not generated) on {', '.join(refused)}")
+            clean = [r for r in mine_here if r["fault"] == "none"]
             if not clean or clean[0][f"err_{pass_}"] is None:
                 continue
             cells = [_one_shot(clean, pass_).split(" ")[1].strip("()")]
             for fault in ("forget-bias", "output-scale", "grad-scale"):
-                cells.append(_smallest_caught([r for r in mine if r["fault"] == fault], pass_))
+                cells.append(_smallest_caught([r for r in mine_here if r["fault"] == fault], pass_))
             for fault in ("states-ignored", "weights-bf16", "nan"):
-                picked = [r for r in mine if r["fault"] == fault]
+                picked = [r for r in mine_here if r["fault"] == fault]
                 cells.append(_one_shot(picked, pass_) if picked else "not run")
             lines.append(f"| {path} ({', '.join(observed)}) | {pass_} | " + " | ".join(cells) + " |")
     specs = sorted({r["spec"] for r in rows})
-    lines += ["", f"Specs: {', '.join(specs)} (data seed {content['seed']}).", ""]
+    lines += ["", f"Specs: {', '.join(specs)} (data seed {content['seed']})."]
+    lines += [f"- {note}" for note in notes] + [""]
     return lines
 
 
@@ -560,7 +582,8 @@ def render_doc(data: dict, sharpness: dict[str, dict] | None = None) -> str:
 SHARPNESS_INTRO = """Generated by `python -m pytest_lstmperf.measure --sharpness` (faults from
 `pytest_lstmperf.testing.faults.numeric_fault`, planted in every `torch.nn.LSTM`/`GRU` call of the path) and
 judged against the constants above. Sized faults are swept in half-decade steps from 1 down; a cell gives the
-smallest size caught on every spec with every larger size caught too ('-': not caught at any size tried).
+smallest size caught on every spec with every larger size caught too ('-': not caught at any size tried;
+'<= x': caught down to x, where the time budget cut the sweep before a miss).
 One-shot faults give "caught"/"MISSED" and the smallest err/bound over the specs (NaN: a non-finite tensor,
 failed by the NaN/Inf check). "clean err/bound" is the unfaulted run's largest ratio (the headroom). The
 forget-gate shift is a bias shift of the forget gate (GRU: update gate) in every layer; "weights rounded to
