@@ -14,7 +14,8 @@ The measured error grows sub-linearly in it (exponents 0.1-0.6), so the exponent
 :func:`fit_group`): ``b`` is the least-squares slope of ``log(err/u)`` on ``log growth``; ``a`` is
 :data:`MARGIN` times the :data:`QUANTILE` quantile of the residual ratio ``err / (u growth^b)``; the
 largest sample's ratio to the bound and the bootstrap spread of the quantile are stored with it. A kernel
-family with enough samples gets its own constants (cuDNN's fp32 RNN, which errs ~100x more than faithful fp32 kernels, is held to its own, not to TF32's);
+family with enough samples gets its own constants (cuDNN's fp32 RNN, which errs ~100x more than faithful fp32
+kernels, is held to its own, not to TF32's);
 other families use the fit over every family of the precision (cuDNN fp32 kept out of that pool). Families
 measured before raw samples were stored keep their earlier linear constants (``b = 1``, ``a`` = 4 x the
 largest normalised error), labelled ``legacy``.

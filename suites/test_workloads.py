@@ -41,6 +41,7 @@ from pytest_lstmperf.device import resolve_device  # noqa: E402
 from pytest_lstmperf.equivalence import verify_path  # noqa: E402
 from pytest_lstmperf.reference import run_reference  # noqa: E402
 from pytest_lstmperf.spec import LayerSpec  # noqa: E402
+from pytest_lstmperf.strategies import checkable_spec  # noqa: E402
 from pytest_lstmperf.tolerance import tolerance  # noqa: E402
 
 # ------------------------------------------------------------------------------------------- settings
@@ -276,7 +277,7 @@ def test_precision_speed_and_error(lstmperf: Any, precision_case: tuple, request
     reason = path.available(lstmperf.device) or path.supports(spec)
     if reason:
         pytest.skip(f"{name}: {reason}")
-    case = make_case(spec.replace(training=True), lstmperf.seed)
+    case = make_case(checkable_spec(path, spec.replace(training=True)) or spec, lstmperf.seed)
     run = path.prepare(case, lstmperf.device)
     seconds = workloads.median_time(run.forward, run.synchronize, repeats=15)
     device_s = None
