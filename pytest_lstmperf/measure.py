@@ -257,7 +257,7 @@ def _legacy_entry(stats: dict, key: str, date: str) -> dict:
 def fit_all(loaded: dict[str, dict], legacy: dict[str, dict]) -> dict:
     """tolerances.json's content: per (family, precision, pass) fits where a family has MIN_SAMPLES, the
     precision-wide pooled fits, and the legacy constants of devices measured only as summaries."""
-    from .tolerance import MARGIN, MAX_REL, MIN_SAMPLES, QUANTILE
+    from .tolerance import MARGIN, MAX_REL, MIN_SAMPLES, MIN_SPECS, QUANTILE
 
     groups: dict[tuple[str, str, str], list[dict]] = defaultdict(list)
     where: dict[tuple[str, str, str], set[str]] = defaultdict(set)
@@ -271,7 +271,7 @@ def fit_all(loaded: dict[str, dict], legacy: dict[str, dict]) -> dict:
     by_kernel: dict = defaultdict(lambda: defaultdict(dict))
     by_precision: dict = defaultdict(dict)
     for (family, precision, pass_), samples in sorted(groups.items()):
-        if len(samples) < MIN_SAMPLES:
+        if len(samples) < MIN_SAMPLES or len({s["spec"] for s in samples}) < MIN_SPECS:
             continue
         entry = _fit_entry(samples, sorted(where[(family, precision, pass_)]))
         if family == "*":
@@ -294,7 +294,13 @@ def fit_all(loaded: dict[str, dict], legacy: dict[str, dict]) -> dict:
         measurements[key] = {"device": content["device"], "date": content["date"],
                              "by_kernel": {k: summarise(content["samples"], k) for k in kernels}}  # fmt: skip
     return {
-        "model": {"quantile": QUANTILE, "margin": MARGIN, "max_rel": MAX_REL, "min_samples": MIN_SAMPLES},
+        "model": {
+            "quantile": QUANTILE,
+            "margin": MARGIN,
+            "max_rel": MAX_REL,
+            "min_samples": MIN_SAMPLES,
+            "min_specs": MIN_SPECS,
+        },
         "by_kernel": {f: {p: dict(v) for p, v in ps.items() if v} for f, ps in by_kernel.items()},
         "by_precision": dict(by_precision),
         "pool_excluded": {f"{k}/{p}": why for (k, p), why in POOL_EXCLUDED.items()},
@@ -369,8 +375,9 @@ every weight. A tensor of a pass run by kernel family `k` in precision `p` passe
   (the bf16 autocast path that runs cuDNN in fp16 is held to the cudnn/fp16 bound). A claimed TF32 pass where
   the trace shows fp32 kernels keeps the TF32 bound (TF32 is allowed there; the trace cannot always see it).
 - **The fit** (`pytest_lstmperf.tolerance.fit_group`), per (kernel family, precision, pass) with at least
-  MIN_SAMPLES tensors measured, else over every family of the precision: `b` is the least-squares slope of
-  `log(err/u)` on `log(growth)` (clamped to [0, 1]; exact results, below 0.001 u, are left out: a one-step
+  MIN_SAMPLES tensors from MIN_SPECS distinct specs measured, else over every family of the precision
+  (a family measured on a handful of shapes, such as Keras's TensorFlow kernels on the CPU, uses that): `b` is
+  the least-squares slope of `log(err/u)` on `log(growth)` (clamped to [0, 1]; exact results, below 0.001 u, are left out: a one-step
   gradient or an unused bias says nothing about rounding); `a` is MARGIN times the QUANTILE empirical
   quantile of the residual ratio `err / (u growth^b)`. Its stability is the 5-95% range of that quantile
   over 200 bootstrap resamples; the tables below also give the largest sample's ratio to the bound and how
@@ -541,6 +548,7 @@ def render_doc(data: dict, sharpness: dict[str, dict] | None = None) -> str:
 
     model = data["model"]
     intro = DOC_INTRO.replace("MIN_SAMPLES", str(model["min_samples"])).replace("MARGIN", f"{model['margin']:g}")
+    intro = intro.replace("MIN_SPECS", str(model.get("min_specs", "")))
     lines = [intro.replace("QUANTILE", f"{model['quantile']:g}"), "## Constants in force", ""]
     lines += [
         "| kernel family | precision | pass | a | b | u | tensors | bound at growth 3 / 10 | largest sample / bound "

@@ -45,8 +45,9 @@ MARGIN = 2.0
 #: errors below this many units of roundoff are exact results (a one-step gradient, a zero bias), which say
 #: nothing about the size of rounding errors: they are left out of the fit
 EXACT = 1e-3
-#: fewest samples for a group (kernel family, precision, pass) to get its own fit
+#: fewest samples, and fewest distinct specs, for a group (kernel family, precision, pass) to get its own fit
 MIN_SAMPLES = 40
+MIN_SPECS = 20
 #: a bound at or above this relative error is refused: a zero tensor (error 1) would nearly pass
 MAX_REL = 0.1
 PASSES = ("forward", "backward")
