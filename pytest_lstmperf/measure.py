@@ -378,8 +378,8 @@ every weight. A tensor of a pass run by kernel family `k` in precision `p` passe
   MIN_SAMPLES tensors from MIN_SPECS distinct specs measured, else over every family of the precision
   (a family measured on a handful of shapes, such as Keras's TensorFlow kernels on the CPU, uses that): `b` is
   the least-squares slope of `log(err/u)` on `log(growth)` (clamped to [0, 1]; exact results, below 0.001 u,
-  are left out: a one-step gradient or an unused bias says nothing about rounding); `a` is MARGIN times the QUANTILE empirical
-  quantile of the residual ratio `err / (u growth^b)`. Its stability is the 5-95% range of that quantile
+  are left out: a one-step gradient or an unused bias says nothing about rounding); `a` is MARGIN times the
+  QUANTILE empirical quantile of the residual ratio `err / (u growth^b)`. Its stability is the 5-95% range of that quantile
   over 200 bootstrap resamples; the tables below also give the largest sample's ratio to the bound and how
   many samples exceed the quantile. Why a high quantile and not a robust centre plus spread: the tails are
   real and heavy. The worst CPU sample, `grad x` of a GRU with one input, 255 units, one step and one
