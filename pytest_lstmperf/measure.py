@@ -375,18 +375,17 @@ every weight. A tensor of a pass run by kernel family `k` in precision `p` passe
   (the bf16 autocast path that runs cuDNN in fp16 is held to the cudnn/fp16 bound). A claimed TF32 pass where
   the trace shows fp32 kernels keeps the TF32 bound (TF32 is allowed there; the trace cannot always see it).
 - **The fit** (`pytest_lstmperf.tolerance.fit_group`), per (kernel family, precision, pass) with at least
-  MIN_SAMPLES tensors from MIN_SPECS distinct specs measured, else over every family of the precision
-  (a family measured on a handful of shapes, such as Keras's TensorFlow kernels on the CPU, uses that): `b` is
-  the least-squares slope of `log(err/u)` on `log(growth)` (clamped to [0, 1]; exact results, below 0.001 u,
-  are left out: a one-step gradient or an unused bias says nothing about rounding); `a` is MARGIN times the
-  QUANTILE empirical quantile of the residual ratio `err / (u growth^b)`. Its stability is the 5-95% range of that quantile
-  over 200 bootstrap resamples; the tables below also give the largest sample's ratio to the bound and how
-  many samples exceed the quantile. Why a high quantile and not a robust centre plus spread: the tails are
-  real and heavy. The worst CPU sample, `grad x` of a GRU with one input, 255 units, one step and one
-  sequence (a scalar, the sum of 765 cancelling products), errs 29 u while the median tensor errs ~1 u; a
-  log-normal fitted to the bulk put its 99.9% quantile at 4.4 u, and the bound would have failed a correct
-  run. With fewer than ~1000 samples the 99.9% quantile lies between the two largest ones; the bootstrap
-  range says how far it could move.
+  MIN_SAMPLES tensors from MIN_SPECS distinct specs measured, else over every family of the precision (a family
+  measured on a handful of shapes, such as Keras's TensorFlow kernels on the CPU, uses that): `b` is the
+  least-squares slope of `log(err/u)` on `log(growth)` (clamped to [0, 1]; exact results, below 0.001 u, are left
+  out: a one-step gradient or an unused bias says nothing about rounding); `a` is MARGIN times the QUANTILE
+  empirical quantile of the residual ratio `err / (u growth^b)`. Its stability is the 5-95% range of that quantile
+  over 200 bootstrap resamples; the tables below also give the largest sample's ratio to the bound and how many
+  samples exceed the quantile. Why a high quantile and not a robust centre plus spread: the tails are real and
+  heavy. The worst CPU sample, `grad x` of a GRU with one input, 255 units, one step and one sequence (a scalar,
+  the sum of 765 cancelling products), errs 29 u while the median tensor errs ~1 u; a log-normal fitted to the
+  bulk put its 99.9% quantile at 4.4 u, and the bound would have failed a correct run. With fewer than ~1000
+  samples the 99.9% quantile lies between the two largest ones; the bootstrap range says how far it could move.
 - **No bound that passes garbage.** A bound of 0.1 relative error or more is refused (`ToleranceTooLoose`): a
   zero tensor errs by 1, a random one by more. Specs whose forward bound would reach it are not generated for
   the path, and where only the backward bound would (bf16 gradients: the measured tail of cpu-native bf16
