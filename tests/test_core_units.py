@@ -116,7 +116,8 @@ def test_family_fits_and_the_pool_that_keeps_cudnn_fp32_out() -> None:
         g = rng.uniform(1, 10, n)
         err = scale * 2.0**-24 * g**0.5 * rng.lognormal(0, 0.3, n)
         return [{"kernel": kernel, "precision": "fp32", "pass_": "forward", "growth": float(x), "err": float(e),
-                 "normalised": float(e / 2.0**-24 / x)} for x, e in zip(g, err, strict=True)]  # fmt: skip
+                 "spec": f"spec{i}", "normalised": float(e / 2.0**-24 / x)}
+                for i, (x, e) in enumerate(zip(g, err, strict=True))]  # fmt: skip
 
     loaded = {"dev": {"device": "d", "date": "t", "samples": samples("cuda-generic", 1.0) + samples("cudnn", 100.0)}}
     data = fit_all(loaded, {})
