@@ -858,23 +858,22 @@ def kernel_mismatch(path: ExecutionPath, trace: Any) -> str:
 
 
 def known_kernel_finding(path: ExecutionPath, trace: Any) -> str | None:
-    """The documented upstream behaviour that explains a kernel mismatch, else None.
-
-    ``path.options["known_findings"]`` keys it as ``("kernel", observed family)`` or ``("precision", observed
-    precision)`` (the equivalence suites read the same table); every differing part must be explained.
-    """
+    """The documented upstream behaviour that explains a kernel mismatch, else None: every differing part
+    must be explained by a finding of ``pytest_lstmperf.known_findings`` (the one table the equivalence suites
+    read too); on versions other than it was seen with, the text says it was re-confirmed."""
+    from .known_findings import current_versions, explain_trace
     from .regression import same_kernel
 
-    raw = path.options.get("known_findings")
-    known: dict[tuple[str, str], str] = raw if isinstance(raw, dict) else {}
-    whys: list[str | None] = []
-    if trace.family != path.kernel:
-        whys.append(known.get(("kernel", trace.family)))
-    if not same_kernel(f"{path.kernel}/{path.precision}", f"{path.kernel}/{trace.precision}"):
-        whys.append(known.get(("precision", trace.precision)))
-    if not whys or None in whys:
+    found = explain_trace(
+        path,
+        (path.kernel, path.precision),
+        trace,
+        lambda claimed, seen: same_kernel(f"{path.kernel}/{claimed}", f"{path.kernel}/{seen}"),
+    )
+    if not found:
         return None
-    return "; ".join(str(why) for why in whys)
+    versions = current_versions(path.framework)
+    return "; ".join(f.describe(versions) for f in found)
 
 
 def _explanation(path: ExecutionPath, spec: Any, device: Any, trace: Any) -> str:

@@ -138,4 +138,35 @@ def specs_for_path(path: object, bounds: ShapeBounds) -> st.SearchStrategy[Layer
     cells = tuple(options.get("cells", ("lstm", "gru")))  # type: ignore[arg-type]
     reset = (True, False) if options.get("reset_before_ok") else (True,)
     base = specs(bounds, cells=cells, length_modes=modes, reset_after=reset)
-    return base.filter(lambda spec: path.supports(spec) is None)  # type: ignore[attr-defined]
+    supported = base.filter(lambda spec: path.supports(spec) is None)  # type: ignore[attr-defined]
+    return supported.map(lambda spec: checkable_spec(path, spec)).filter(lambda spec: spec is not None)
+
+
+def _bound_ok(path: object, spec: LayerSpec, pass_: str) -> bool:
+    from .tolerance import ToleranceTooLoose, tolerance
+
+    family, precision = path.expected(spec)  # type: ignore[attr-defined]
+    try:
+        tolerance(precision, pass_, spec, family)
+    except ToleranceTooLoose:
+        return False
+    except LookupError:
+        return True  # no measured bound: the check itself says so
+    return True
+
+
+def checkable(path: object, spec: LayerSpec) -> bool:
+    """Whether the bounds of the path's claimed kernel and precision stay below the tolerance model's cap
+    (``tolerance.MAX_REL``) for every pass of ``spec``: beyond it a zero tensor would nearly pass."""
+    return all(_bound_ok(path, spec, p) for p in (("forward", "backward") if spec.training else ("forward",)))
+
+
+def checkable_spec(path: object, spec: LayerSpec) -> LayerSpec | None:
+    """``spec``, or its inference-only form where only the backward bound would reach the cap (bf16
+    gradients of large layers), or None where the forward one would: such specs are not generated, and a
+    check handed one anyway fails as inconclusive."""
+    if not _bound_ok(path, spec, "forward"):
+        return None
+    if spec.training and not _bound_ok(path, spec, "backward"):
+        return spec.replace(training=False)
+    return spec

@@ -41,6 +41,7 @@ from pytest_lstmperf.device import resolve_device  # noqa: E402
 from pytest_lstmperf.equivalence import verify_path  # noqa: E402
 from pytest_lstmperf.reference import run_reference  # noqa: E402
 from pytest_lstmperf.spec import LayerSpec  # noqa: E402
+from pytest_lstmperf.strategies import checkable_spec  # noqa: E402
 from pytest_lstmperf.tolerance import tolerance  # noqa: E402
 
 # ------------------------------------------------------------------------------------------- settings
@@ -282,7 +283,7 @@ def test_precision_speed_and_error(lstmperf: Any, precision_case: tuple, request
     reason = path.available(lstmperf.device) or path.supports(spec)
     if reason:
         pytest.skip(f"{name}: {reason}")
-    case = make_case(spec.replace(training=True), lstmperf.seed)
+    case = make_case(checkable_spec(path, spec.replace(training=True)) or spec, lstmperf.seed)
     run = path.prepare(case, lstmperf.device)  # its forward() runs without autograd, as the speed suite's
     fp32_path = registry.get(FP32_REFERENCE[lstmperf.device.kind])
     calls = [run.forward]

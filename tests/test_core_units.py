@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -98,31 +99,38 @@ def test_tolerance_grows_with_the_problem_and_names_its_basis() -> None:
     assert growth(small) == pytest.approx(1.0)
     assert growth(large) > 5 * growth(small)
     tol = tolerance("fp32", "forward", large)
-    assert tol.rel == pytest.approx(tol.constant * UNIT_ROUNDOFF["fp32"] * growth(large))
-    assert "C = 4 x max measured" in tol.explain()
-    assert tolerance("bf16", "backward", large).rel > 100 * tolerance("fp32", "backward", large).rel
+    assert tol.rel == pytest.approx(tol.constant * UNIT_ROUNDOFF["fp32"] * growth(large) ** tol.exponent)
+    assert "growth^" in tol.explain() and tol.family == "*"
+    assert tolerance("fp32", "forward", large, "cpu-native").family == "cpu-native"
+    assert tolerance("bf16", "forward", small).rel > 100 * tolerance("fp32", "forward", small).rel
     with pytest.raises(ValueError, match="unknown precision 'fp8' \\(valid: fp64, fp32, tf32, fp16, bf16\\)"):
         tolerance("fp8", "forward", small)
 
 
-def test_excluded_family_is_measured_but_kept_out_of_the_bound(tmp_path) -> None:
-    from pytest_lstmperf.device import DeviceInfo
-    from pytest_lstmperf.measure import merge_into_file
+def test_family_fits_and_the_pool_that_keeps_cudnn_fp32_out() -> None:
+    from pytest_lstmperf.measure import fit_all
 
-    def sample(kernel: str, value: float) -> dict:
-        return {"kernel": kernel, "precision": "fp32", "pass_": "forward", "normalised": value}
+    rng = np.random.default_rng(0)
 
-    target = tmp_path / "tolerances.json"
-    device = DeviceInfo("cuda", 0, {"gpu": "Test GPU", "capability": "9.0", "cuda": "13", "cudnn": "9", "torch": "2"})
-    data = merge_into_file(device, [sample("cuda-generic", 2.0), sample("cudnn", 140.0)], target)
-    assert data["constants"]["fp32"]["forward"]["max_normalised"] == 2.0
-    assert data["by_kernel"]["cudnn"]["fp32"]["forward"]["max_normalised"] == 140.0
-    assert "cudnn/fp32" in data["excluded"]
-    # a second device merges in; the bound is the largest over devices
-    other = DeviceInfo("cpu", None, {"cpu": "Test CPU", "threads": "2", "torch": "2"})
-    data = merge_into_file(other, [sample("onednn", 3.0)], target)
-    assert data["constants"]["fp32"]["forward"]["max_normalised"] == 3.0
-    assert json.loads(target.read_text())["constants"] == data["constants"]
+    def samples(kernel: str, scale: float, n: int = 60) -> list[dict]:
+        g = rng.uniform(1, 10, n)
+        err = scale * 2.0**-24 * g**0.5 * rng.lognormal(0, 0.3, n)
+        return [{"kernel": kernel, "precision": "fp32", "pass_": "forward", "growth": float(x), "err": float(e),
+                 "spec": f"spec{i}", "normalised": float(e / 2.0**-24 / x)}
+                for i, (x, e) in enumerate(zip(g, err, strict=True))]  # fmt: skip
+
+    loaded = {"dev": {"device": "d", "date": "t", "samples": samples("cuda-generic", 1.0) + samples("cudnn", 100.0)}}
+    data = fit_all(loaded, {})
+    cudnn = data["by_kernel"]["cudnn"]["fp32"]["forward"]
+    generic = data["by_kernel"]["cuda-generic"]["fp32"]["forward"]
+    pooled = data["by_precision"]["fp32"]["forward"]
+    assert cudnn["a"] > 50 * generic["a"]
+    assert pooled["n"] == 60 and pooled["a"] == pytest.approx(generic["a"])  # cudnn/fp32 kept out of the pool
+    assert "cudnn/fp32" in data["pool_excluded"]
+    # a family measured before raw samples were stored keeps its linear constant, labelled legacy
+    legacy = {"old": {"device": "o", "date": "t", "by_kernel": {"cudnn": {"fp16": {"forward": {"n": 9, "max": 2.0}}}}}}
+    entry = fit_all(loaded, legacy)["by_kernel"]["cudnn"]["fp16"]["forward"]
+    assert (entry["a"], entry["b"], entry["legacy"]) == (8.0, 1.0, True)
 
 
 # ----------------------------------------------------------------------------------------------- CLI
