@@ -23,6 +23,7 @@ _EXPORTS = {
     "PathOutcome": "own_model",
     "model_paths": "own_model",
     "report": "eligibility_report",
+    "falls_back": "eligibility_report",
     "observe": "kernel_marker",
     "verdict_problem": "kernel_marker",
     "KernelExpectation": "kernel_marker",

@@ -211,7 +211,7 @@ def _has(name: str) -> bool:
     return importlib.util.find_spec(name) is not None
 
 
-def load_configs(source: str) -> list[Config]:
+def load_configs(source: str, batch: int = 4, seq_len: int = 10) -> list[Config]:
     """Configs from a JSON file (a list of dicts) or ``package.module:attribute`` (a list, model or callable)."""
     path = Path(source)
     if path.suffix == ".json" or path.exists():
@@ -234,7 +234,7 @@ def load_configs(source: str) -> list[Config]:
         obj = obj()
     if isinstance(obj, list):
         return [item if isinstance(item, tuple) else config_from_dict(item) for item in obj]
-    return configs_from_model(obj)
+    return configs_from_model(obj, batch=batch, seq_len=seq_len)
 
 
 def _reference_slowdown(verdict: Verdict) -> tuple[str, str]:

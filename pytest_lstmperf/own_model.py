@@ -294,12 +294,14 @@ def verify_model(
 
     ``example_inputs``: one tensor or a tuple of positional arguments (nested tuples, e.g. ``(h0, c0)``, are
     fine; integer tensors such as token ids are left as they are)."""
+    if hasattr(model, "_flatten_layers"):  # a Keras model (on the torch backend also an nn.Module)
+        return _finish(verify_keras_model(model, example_inputs, device=device, paths=paths), raise_on_failure)
     import torch
 
     from .device import resolve_device
 
     if not isinstance(model, torch.nn.Module):
-        raise TypeError(f"verify_model takes a torch.nn.Module, got {type(model).__name__}")
+        raise TypeError(f"verify_model takes a torch.nn.Module or a Keras model, got {type(model).__name__}")
     if not recurrent_layers(model):
         raise ValueError(f"{type(model).__name__} has no recurrent layer (nn.LSTM, nn.GRU, nn.RNN or a cell)")
     inputs = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
@@ -311,7 +313,10 @@ def verify_model(
     if not ref.layer_shapes:
         raise ValueError(f"no recurrent layer of {type(model).__name__} ran on the example inputs")
     spec = envelope_spec(list(ref.layer_shapes.values()))
-    outcomes = [_verify_path(model, inputs, info, path, ref, spec) for path in selected]
+    return _finish([_verify_path(model, inputs, info, path, ref, spec) for path in selected], raise_on_failure)
+
+
+def _finish(outcomes: list[PathOutcome], raise_on_failure: bool) -> list[PathOutcome]:
     failed = [o for o in outcomes if o.mismatches]
     if failed and raise_on_failure:
         raise ModelCheckFailed("\n".join(o.report for o in failed))
@@ -336,3 +341,130 @@ def _verify_path(model: Any, inputs: tuple, info: Any, path: Any, ref: _Run, spe
     observed = [f"  observed: {t.describe()}" for t in run.traces]
     outcome.report = format_failure(path.name, spec, SEED, outcome.mismatches) + "\n" + "\n".join(observed)
     return outcome
+
+
+# ------------------------------------------------------------------------------------------ Keras models
+def _as_float64(config: Any) -> Any:
+    """A Keras model config with every float32 dtype (policy) turned float64; integer inputs stay."""
+    if isinstance(config, dict):
+        if config.get("class_name") == "DTypePolicy" and config.get("config", {}).get("name") == "float32":
+            return {**config, "config": {**config["config"], "name": "float64"}}
+        return {k: ("float64" if k == "dtype" and v == "float32" else _as_float64(v)) for k, v in config.items()}
+    if isinstance(config, list):
+        return [_as_float64(v) for v in config]
+    return config
+
+
+def _keras_variant(model: Any, float64: bool = False, use_cudnn: Any = None) -> Any:
+    """A clone of ``model`` with its weights, in float64 and/or with ``use_cudnn`` set on every LSTM/GRU."""
+    config = model.get_config()
+    if float64:
+        config = _as_float64(config)
+    if use_cudnn is not None:
+        config = _set_use_cudnn(config, use_cudnn)
+    clone = type(model).from_config(config)
+    weights = model.get_weights()
+    clone.set_weights([w.astype("float64") if float64 and w.dtype.kind == "f" else w for w in weights])
+    return clone
+
+
+def _set_use_cudnn(config: Any, value: Any) -> Any:
+    if isinstance(config, dict):
+        out = {k: _set_use_cudnn(v, value) for k, v in config.items()}
+        if config.get("class_name") in ("LSTM", "GRU") and isinstance(out.get("config"), dict):
+            out["config"] = {**out["config"], "use_cudnn": value}
+        return out
+    if isinstance(config, list):
+        return [_set_use_cudnn(v, value) for v in config]
+    return config
+
+
+def _keras_run(model: Any, inputs: Any) -> _Run:
+    """Outputs and gradients w.r.t. the trainable weights (inference mode: no dropout), observed per layer."""
+    import keras
+
+    from .kernel_marker import observe
+
+    with observe() as seen:
+        if keras.backend.backend() == "tensorflow":
+            import tensorflow as tf
+
+            with tf.GradientTape() as tape:
+                outs = _keras_outputs(model(inputs, training=False))
+                loss = _seeded_loss(outs, lambda t: tf.cast(t, tf.float64), lambda a: tf.constant(a))
+            grads = tape.gradient(loss, model.trainable_variables)
+        elif keras.backend.backend() == "torch":
+            import torch
+
+            outs = _keras_outputs(model(inputs, training=False))
+            loss = _seeded_loss(
+                outs, lambda t: t.to(torch.float64), lambda a: torch.as_tensor(a, device=outs[0].device)
+            )
+            values = [v.value for v in model.trainable_variables]
+            grads = torch.autograd.grad(loss, values, allow_unused=True)
+        else:
+            raise ValueError(f"Keras backend {keras.backend.backend()!r}: verify_model runs tensorflow and torch")
+    # by position: a clone's layers have other names, the same order
+    names = [f"weight {i} {tuple(v.shape)}" for i, v in enumerate(model.trainable_variables)]
+    return _Run(
+        outputs=[np.asarray(keras.ops.convert_to_numpy(o), dtype=np.float64) for o in outs],
+        grads={n: np.asarray(keras.ops.convert_to_numpy(g), dtype=np.float64) for n, g in zip(names, grads, strict=True)
+               if g is not None},
+        traces=seen.all_traces(),
+        layer_shapes={},
+    )  # fmt: skip
+
+
+def _keras_outputs(out: Any) -> list[Any]:
+    return list(out) if isinstance(out, (list, tuple)) else [out]
+
+
+def _seeded_loss(outs: list[Any], to64: Any, const: Any) -> Any:
+    rng = np.random.default_rng(SEED)
+    import keras
+
+    return sum(keras.ops.sum(to64(o) * const(rng.standard_normal(tuple(o.shape)))) for o in outs)
+
+
+def keras_model_paths(device: str) -> list[Any]:
+    """The model as built (the backend's default kernel choice) and, on a GPU, with ``use_cudnn=False``."""
+    import keras
+
+    from . import paths as registry
+
+    backend = "tf" if keras.backend.backend() == "tensorflow" else "torch"
+    kind = device.split(":")[0]
+    names = [f"keras-{backend}-cpu"] if kind == "cpu" else [f"keras-{backend}-cudnn", f"keras-{backend}-cuda-generic"]
+    return [registry.get(n) for n in names]
+
+
+def verify_keras_model(
+    model: Any, example_inputs: Any, *, device: str = "cpu", paths: Sequence[str] | None = None
+) -> list[PathOutcome]:
+    """:func:`verify_model` for a Keras model on the backend Keras runs (one per process): the model as built
+    (and, on a GPU, with cuDNN off) against a float64 clone of it with the same weights."""
+    from .eligibility_report import configs_from_model
+
+    configs = configs_from_model(model)
+    if not configs:
+        raise ValueError(f"{model.name}: no built LSTM/GRU layer found")
+    spec = envelope_spec([c[1] for c in configs])
+    ref = _keras_run(_keras_variant(model, float64=True), example_inputs)
+    outcomes = []
+    for path in keras_model_paths(device):
+        if paths is not None and path.name not in paths:
+            continue
+        as_built = path.name.endswith(("-cpu", "-cudnn"))
+        run = _keras_run(model if as_built else _keras_variant(model, use_cudnn=False), example_inputs)
+        outcome = PathOutcome(path.name, traces=run.traces)
+        outcome.mismatches = [
+            m for t in run.traces for m in check_trace((path.kernel, path.precision), t, f"{t.phase} {t.detail}")
+        ]
+        if not run.traces:
+            outcome.mismatches.append(Mismatch("kernel", "forward", "no recurrent layer ran"))
+        numbers, outcome.errors = _check_numbers(run, ref, path.precision, spec)
+        outcome.mismatches += numbers
+        observed = [f"  observed: {t.describe()}" for t in run.traces]
+        outcome.report = format_failure(path.name, spec, SEED, outcome.mismatches) + "\n" + "\n".join(observed)
+        outcomes.append(outcome)
+    return outcomes
