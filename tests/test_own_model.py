@@ -97,7 +97,7 @@ def test_cell_loop_fails_the_onednn_claim(x):
 def test_model_without_recurrent_layer_is_refused():
     with pytest.raises(ValueError, match="has no recurrent layer"):
         verify_model(torch.nn.Linear(3, 3), torch.randn(2, 3))
-    with pytest.raises(TypeError, match="torch.nn.Module or a Keras model"):
+    with pytest.raises(TypeError, match=r"torch\.nn\.Module or a Keras model"):
         verify_model(object(), None)
 
 

@@ -109,5 +109,5 @@ def test_public_strategies_build_torch_layers(config: dict, path: str) -> None:
 
 
 def test_layer_specs_reject_an_unknown_profile() -> None:
-    with pytest.raises(ValueError, match="unknown profile 'fast'.*valid: ci, gpu, nightly"):
+    with pytest.raises(ValueError, match=r"unknown profile 'fast'.*valid: ci, gpu, nightly"):
         layer_specs("fast")

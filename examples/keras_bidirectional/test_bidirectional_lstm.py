@@ -2,12 +2,13 @@
 (cuDNN on a GPU), no layer is built in a way that leaves cuDNN there (checked on any machine through the
 eligibility report, which reads the model's own input shape), and the model agrees with its float64 run."""
 
-import keras
 import numpy as np
 import pytest
-from bilstm_model import build_model
 
-import pytest_lstmperf
+keras = pytest.importorskip("keras", reason="the Keras example needs keras 3 (pip install keras)")
+from bilstm_model import build_model  # noqa: E402
+
+import pytest_lstmperf  # noqa: E402
 
 MAXLEN, BATCH = 20, 3
 #: the kernel each backend runs on the CPU (Keras's own loop); on a GPU both must reach cuDNN
