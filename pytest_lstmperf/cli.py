@@ -119,13 +119,27 @@ def add_report_command(subparsers: Any) -> None:
     parser.add_argument("--device", "-d", default="cpu", help="cpu (default), cuda, cuda:N")
     parser.add_argument("--run", action="store_true", help="run each config and measure its slowdown here")
     parser.add_argument("--json", metavar="FILE", help="also write the rows as JSON to FILE")
+    parser.add_argument(
+        "--batch",
+        type=int,
+        default=4,
+        help="batch size of a torch model's layers (Keras models: their own input shape)",
+    )
+    parser.add_argument("--seq-len", type=int, default=10, help="sequence length of a torch model's layers")
+    parser.add_argument(
+        "--fail-on-fallback",
+        action="store_true",
+        help="exit 1 when a layer leaves the device's fast kernel (GPU: cuDNN; CPU: oneDNN for a PyTorch LSTM)",
+    )
     parser.set_defaults(func=cmd_report)
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from .eligibility_report import build_report, load_configs, render_table
+    from .eligibility_report import build_report, falls_back, load_configs, render_table
 
-    configs = load_configs(args.source)
+    if args.batch < 1 or args.seq_len < 1:
+        raise CommandError(f"--batch {args.batch} / --seq-len {args.seq_len}: both must be >= 1")
+    configs = load_configs(args.source, batch=args.batch, seq_len=args.seq_len)
     if not configs:
         raise CommandError(f"{args.source}: no LSTM/GRU layer configs found")
     rows = build_report(configs, _device(args.device, args.run), run=args.run)
@@ -133,6 +147,10 @@ def cmd_report(args: argparse.Namespace) -> int:
     if args.json:
         with open(args.json, "w", encoding="utf-8") as handle:
             json.dump([r.to_dict() for r in rows], handle, indent=2, default=str)
+    fallen = [row.config for row in rows if falls_back(row)]
+    if args.fail_on_fallback and fallen:
+        print(f"lstmperf report: {len(fallen)} of {len(rows)} layers fall back: {'; '.join(fallen)}")
+        return 1
     return 0
 
 

@@ -91,11 +91,18 @@ def config_from_dict(data: dict[str, Any]) -> Config:
     return framework, spec, KerasOptions(**option_values)
 
 
-def configs_from_model(model: Any, batch: int = 4, seq_len: int = 10) -> list[Config]:
-    """The LSTM/GRU layers of a ``torch.nn.Module`` or a Keras model, as configs (input shape assumed)."""
+def configs_from_model(model: Any, batch: int = 4, seq_len: int = 10, example_inputs: Any = None) -> list[Config]:
+    """The LSTM/GRU layers of a ``torch.nn.Module`` or a Keras model, as configs.
+
+    The batch and sequence length are the model's own where it has them: a Keras layer's built input shape, or
+    (torch) the shapes each layer is called with on ``example_inputs``; ``batch``/``seq_len`` fill in the rest.
+    A Keras model is a Keras model on every backend (on the torch backend it is also a ``torch.nn.Module``)."""
     configs: list[Config] = []
+    if hasattr(model, "_flatten_layers"):
+        return _keras_configs(model, batch, seq_len)
     torch_nn = getattr(importlib.import_module("torch"), "nn", None) if _has("torch") else None
     if torch_nn is not None and isinstance(model, torch_nn.Module):
+        seen = _torch_call_shapes(model, example_inputs)
         for module in model.modules():
             if isinstance(module, (torch_nn.LSTM, torch_nn.GRU)):
                 configs.append((
@@ -104,44 +111,107 @@ def configs_from_model(model: Any, batch: int = 4, seq_len: int = 10) -> list[Co
                         cell="lstm" if isinstance(module, torch_nn.LSTM) else "gru",
                         input_size=module.input_size, hidden_size=module.hidden_size, num_layers=module.num_layers,
                         bidirectional=module.bidirectional, proj_size=getattr(module, "proj_size", 0),
-                        bias=module.bias, batch=batch, seq_len=seq_len,
+                        bias=module.bias, batch=seen.get(id(module), (batch, seq_len))[0],
+                        seq_len=seen.get(id(module), (batch, seq_len))[1],
                     ),
                     None,
                 ))  # fmt: skip
         return configs
-    if hasattr(model, "_flatten_layers"):
-        import keras
-
-        from .kernel_marker import _activation_name
-
-        for layer in model._flatten_layers(include_self=True, recursive=True):
-            if isinstance(layer, (keras.layers.LSTM, keras.layers.GRU)) and layer.built:
-                cell = layer.cell
-                framework = f"keras-{keras.backend.backend()}"
-                spec = LayerSpec(
-                    cell="lstm" if isinstance(layer, keras.layers.LSTM) else "gru",
-                    input_size=int(cell.kernel.shape[0]), hidden_size=int(cell.units), bias=bool(cell.use_bias),
-                    reset_after=bool(getattr(cell, "reset_after", True)) or isinstance(layer, keras.layers.LSTM),
-                    batch=batch, seq_len=seq_len,
-                )  # fmt: skip
-                options = KerasOptions(
-                    backend=keras.backend.backend(), use_cudnn=layer.use_cudnn,
-                    implementation=int(getattr(cell, "implementation", 2)),
-                    activation=_activation_name(cell.activation),
-                    recurrent_activation=_activation_name(cell.recurrent_activation),
-                    recurrent_dropout=float(cell.recurrent_dropout), dropout=float(cell.dropout),
-                    unroll=bool(layer.unroll), go_backwards=bool(layer.go_backwards),
-                )  # fmt: skip
-                configs.append((framework, spec, options))
-        return configs
     raise ValueError(f"{type(model).__name__} is neither a torch.nn.Module nor a Keras model")
+
+
+def _torch_call_shapes(model: Any, example_inputs: Any) -> dict[int, tuple[int, int]]:
+    """``id(module) -> (batch, seq_len)`` of each nn.LSTM/GRU called on ``example_inputs`` (none given: {})."""
+    if example_inputs is None:
+        return {}
+    import torch
+
+    seen: dict[int, tuple[int, int]] = {}
+
+    def hook(module: Any, args: tuple) -> None:
+        data = getattr(args[0], "data", args[0])
+        if data.dim() == 3:
+            t, b = (data.shape[1], data.shape[0]) if module.batch_first else (data.shape[0], data.shape[1])
+            seen[id(module)] = (int(b), int(t))
+
+    handles = [m.register_forward_pre_hook(hook) for m in model.modules() if isinstance(m, torch.nn.RNNBase)]
+    try:
+        with torch.no_grad():
+            model(*(example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)))
+    finally:
+        for handle in handles:
+            handle.remove()
+    return seen
+
+
+def _keras_input_shape(layer: Any) -> tuple[Any, ...] | None:
+    for get in (lambda: layer.input.shape, lambda: next(iter(layer._build_shapes_dict.values()))):
+        try:
+            shape = tuple(get())
+        except Exception:
+            continue
+        if len(shape) == 3:
+            return shape
+    return None
+
+
+def _keras_configs(model: Any, batch: int, seq_len: int) -> list[Config]:
+    import keras
+
+    from .kernel_marker import _activation_name
+
+    configs: list[Config] = []
+    for layer in model._flatten_layers(include_self=True, recursive=True):
+        if isinstance(layer, (keras.layers.LSTM, keras.layers.GRU)) and layer.built:
+            cell = layer.cell
+            shape = _keras_input_shape(layer) or (None, None, None)
+            framework = f"keras-{keras.backend.backend()}"
+            spec = LayerSpec(
+                cell="lstm" if isinstance(layer, keras.layers.LSTM) else "gru",
+                input_size=int(cell.kernel.shape[0]), hidden_size=int(cell.units), bias=bool(cell.use_bias),
+                reset_after=bool(getattr(cell, "reset_after", True)) or isinstance(layer, keras.layers.LSTM),
+                batch=int(shape[0] or batch), seq_len=int(shape[1] or seq_len),
+            )  # fmt: skip
+            options = KerasOptions(
+                backend=keras.backend.backend(), use_cudnn=layer.use_cudnn,
+                implementation=int(getattr(cell, "implementation", 2)),
+                activation=_activation_name(cell.activation),
+                recurrent_activation=_activation_name(cell.recurrent_activation),
+                recurrent_dropout=float(cell.recurrent_dropout), dropout=float(cell.dropout),
+                unroll=bool(layer.unroll), go_backwards=bool(layer.go_backwards),
+            )  # fmt: skip
+            configs.append((framework, spec, options))
+    return configs
+
+
+def falls_back(row: ReportRow) -> bool:
+    """Whether the layer leaves the device's fast kernel: on a GPU anything but cuDNN; on the CPU a PyTorch
+    LSTM off oneDNN (the CPU has no faster kernel for the other layers)."""
+    verdict = row.verdict
+    if verdict.raises:
+        return True
+    if verdict.device.startswith("cuda"):
+        return verdict.kernel != "cudnn"
+    return verdict.framework == "torch" and verdict.spec.cell == "lstm" and verdict.kernel != "onednn"
+
+
+def report(model: Any, example_inputs: Any = None, *, device: str = "cpu", run: bool = False) -> list[ReportRow]:
+    """The eligibility rows of a model's LSTM/GRU layers, in-process (torch or Keras on any backend)."""
+    configs = configs_from_model(model, example_inputs=example_inputs)
+    if not configs:
+        raise ValueError(f"{type(model).__name__}: no built LSTM/GRU layer found")
+    if run:
+        from .device import resolve_device
+
+        return build_report(configs, resolve_device(device, "device"), run=True)
+    return build_report(configs, device, run=False)
 
 
 def _has(name: str) -> bool:
     return importlib.util.find_spec(name) is not None
 
 
-def load_configs(source: str) -> list[Config]:
+def load_configs(source: str, batch: int = 4, seq_len: int = 10) -> list[Config]:
     """Configs from a JSON file (a list of dicts) or ``package.module:attribute`` (a list, model or callable)."""
     path = Path(source)
     if path.suffix == ".json" or path.exists():
@@ -164,7 +234,7 @@ def load_configs(source: str) -> list[Config]:
         obj = obj()
     if isinstance(obj, list):
         return [item if isinstance(item, tuple) else config_from_dict(item) for item in obj]
-    return configs_from_model(obj)
+    return configs_from_model(obj, batch=batch, seq_len=seq_len)
 
 
 def _reference_slowdown(verdict: Verdict) -> tuple[str, str]:

@@ -3,21 +3,28 @@ layers do not run the kernel they must, with the explainer's reasons.
 
 While the marked test (or a ``with lstmperf_kernel.expect("cudnn"):`` block) runs, the observer records:
 
-* the kernels: the torch dispatch trace (PyTorch and Keras on the torch backend) and the TensorFlow op
-  callback trace (Keras on TensorFlow, eager ops and graphs built in the block), for the frameworks the test
-  has already imported (nothing is imported here);
-* the layers: every Keras ``LSTM``/``GRU`` whose ``inner_loop`` runs (with its mask), and every
-  ``torch.nn.LSTM``/``GRU`` called, so that a failure explains each of them.
+* per call of a recurrent layer (``nn.LSTM``/``nn.GRU``/``nn.RNN``, their cells, a Keras ``LSTM``/``GRU`` on the
+  torch backend), the ATen ops it dispatched, hence its kernel family and precision; ops of the backward pass
+  are judged together (autograd does not say which layer a backward op belongs to); Keras on TensorFlow is
+  judged per pass from the TensorFlow op trace;
+* every Keras ``LSTM``/``GRU`` whose ``inner_loop`` runs, and every ``torch.nn.LSTM``/``GRU`` called, so that a
+  failure explains each of them.
 
-A test that runs no recurrent kernel fails too (the marker would otherwise pass vacuously).
-The lead's ``plugin.py`` loads this module through ``pytest_plugins``; it registers its marker itself.
+Frameworks imported while the block runs are observed from their import on. Each observed call must satisfy
+the claim by the suites' own rule (:func:`pytest_lstmperf.checks.check_trace`); a test in which no recurrent
+layer ran fails too (the marker would otherwise pass vacuously: an MLP's matmuls and sigmoid/tanh are not an
+LSTM). The claim can name one kernel family, or one per device (``cpu="onednn", cuda="cudnn"``), chosen by the
+run's ``--device`` (``--lstmperf-device``). Inside pytest-benchmark's timed rounds the observer is paused (the
+dispatch mode would slow every op); the benchmark's last, untimed call is observed.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib.abc
+import importlib.machinery
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,13 +32,15 @@ import pytest
 
 MARKER = "lstmperf_kernel"
 FAMILIES = ("cudnn", "tf-generic", "cuda-generic", "onednn", "cpu-native")
+DEVICES = ("cpu", "cuda")
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
-        f"{MARKER}(kernel, *, precision=None): fail unless every LSTM/GRU pass in the test runs this kernel "
-        f"family ({', '.join(FAMILIES)}) [and precision]; the failure lists the explainer's reasons",
+        f"{MARKER}(kernel=None, *, precision=None, cpu=None, cuda=None): fail unless every LSTM/GRU call in the "
+        f"test runs this kernel family ({', '.join(FAMILIES)}) [and precision]; cpu=/cuda= name the family per "
+        "device (--device picks); the failure lists the explainer's reasons",
     )
 
 
@@ -40,28 +49,78 @@ class Observation:
     traces: list[Any] = field(default_factory=list)
     layers: list[tuple[str, Any, Any]] = field(default_factory=list)  # (framework, spec, options)
     problems: list[str] = field(default_factory=list)
+    recorder: Any = None  # trace.LayerRecorder once torch is observed
+
+    def all_traces(self) -> list[Any]:
+        """Per-layer torch traces, then the TensorFlow pass traces that ran a recurrent kernel."""
+        layer_traces = self.recorder.traces() if self.recorder is not None else []
+        return layer_traces + [t for t in self.traces if t.family != "none"]
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Runs a callback once a watched top-level module has been imported (a framework imported mid-test)."""
+
+    def __init__(self, callbacks: dict[str, Callable[[], None]]) -> None:
+        self.callbacks = callbacks
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
+        if name not in self.callbacks:
+            return None
+        callback = self.callbacks.pop(name)
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is None or spec.loader is None:
+            return None
+        inner = spec.loader
+
+        class _Loader(importlib.abc.Loader):
+            def create_module(self, spec: Any) -> Any:
+                return inner.create_module(spec)
+
+            def exec_module(self, module: Any) -> None:
+                inner.exec_module(module)
+                callback()
+
+        spec.loader = _Loader()
+        return spec
 
 
 @contextlib.contextmanager
 def observe() -> Iterator[Observation]:
-    """Record recurrent kernels and layers run inside the block (frameworks already imported only)."""
+    """Record recurrent kernels and layers run inside the block, for frameworks imported before or during it."""
     seen = Observation()
     with contextlib.ExitStack() as stack:
-        torch = sys.modules.get("torch")
-        if torch is not None:
-            from .trace import torch_trace
-
-            device = "cuda" if torch.cuda.is_available() else "cpu"
-            stack.enter_context(_collect(torch_trace(device, "test"), seen))
-            handle = torch.nn.modules.module.register_module_forward_pre_hook(_torch_hook(seen))
-            stack.callback(handle.remove)
-        if sys.modules.get("tensorflow") is not None:
-            from .tf_trace import tf_trace
-
-            stack.enter_context(_collect(tf_trace("test"), seen))
-        if sys.modules.get("keras") is not None:
-            stack.enter_context(_keras_layers(seen))
+        starters = {
+            "torch": lambda: _observe_torch(stack, seen),
+            "tensorflow": lambda: _observe_tf(stack, seen),
+            "keras": lambda: stack.enter_context(_keras_layers(seen)),
+        }
+        waiting = {}
+        for name, start in starters.items():
+            if name in sys.modules:
+                start()
+            else:
+                waiting[name] = start
+        watcher = _AfterImport(waiting)
+        sys.meta_path.insert(0, watcher)
+        stack.callback(lambda: sys.meta_path.remove(watcher) if watcher in sys.meta_path else None)
         yield seen
+
+
+def _observe_torch(stack: contextlib.ExitStack, seen: Observation) -> None:
+    import torch
+
+    from .trace import LayerRecorder, torch_layer_trace
+
+    seen.recorder = LayerRecorder()
+    stack.enter_context(torch_layer_trace(seen.recorder))
+    handle = torch.nn.modules.module.register_module_forward_pre_hook(_torch_hook(seen))
+    stack.callback(handle.remove)
+
+
+def _observe_tf(stack: contextlib.ExitStack, seen: Observation) -> None:
+    from .tf_trace import tf_trace
+
+    stack.enter_context(_collect(tf_trace("test"), seen))
 
 
 @contextlib.contextmanager
@@ -120,7 +179,15 @@ def _keras_layers(seen: Observation) -> Iterator[None]:
                 seen.layers.append(describe_keras_layer(self, sequences, mask))
             except Exception as exc:
                 seen.problems.append(f"could not describe {self.name}: {exc}")
-            return _original(self, sequences, initial_state, mask, training=training)
+            recorder = seen.recorder if keras.backend.backend() == "torch" else None
+            if recorder is None or recorder.paused:
+                return _original(self, sequences, initial_state, mask, training=training)
+            device = getattr(getattr(sequences, "device", None), "type", "cpu")
+            recorder.enter(f"keras {type(self).__name__} {self.name!r}", "cuda" if device == "cuda" else "cpu")
+            try:
+                return _original(self, sequences, initial_state, mask, training=training)
+            finally:
+                recorder.leave()
 
         originals[cls] = original
         cls.inner_loop = inner_loop
@@ -199,20 +266,37 @@ def _device_of(framework: str, extra: Any) -> str:
 
 
 def verdict_problem(seen: Observation, kernel: str, precision: str | None = None) -> str | None:
-    """The failure message, or ``None`` when every recurrent pass ran ``kernel`` (and ``precision``)."""
-    from .explain import ExplainError, explain
+    """The failure message, or ``None`` when every recurrent layer call ran ``kernel`` (and ``precision``),
+    judged by the suites' rule (:func:`pytest_lstmperf.checks.check_trace`)."""
+    from .checks import check_trace
 
-    ran = [t for t in seen.traces if t.family != "none"]
-    wrong = [t for t in ran if t.family != kernel or (precision is not None and t.precision != precision)]
+    ran = seen.all_traces()
+    wrong = []
+    for trace in ran:
+        where = f"{trace.phase} {trace.detail}".strip()
+        if check_trace((kernel, precision or trace.precision), trace, where):
+            wrong.append(trace)
     if ran and not wrong:
         return None
     want = kernel + (f"/{precision}" if precision else "")
-    lines = [
-        f"lstmperf_kernel: expected {want}; " + ("no LSTM/GRU kernel ran in this test" if not ran else "observed:")
-    ]
-    lines += [f"  {t.describe()}" for t in wrong]
-    for entry in seen.layers:
-        framework, spec, options_or_device = entry
+    if not ran:
+        head = "no LSTM/GRU layer ran in this test (nothing to check: is the model recurrent, and did it run?)"
+    else:
+        head = f"{len(wrong)} of {len(ran)} recurrent layer calls did not:"
+    lines = [f"lstmperf_kernel: expected {want}; {head}"]
+    counts: dict[str, int] = {}
+    for trace in wrong:
+        counts[trace.describe()] = counts.get(trace.describe(), 0) + 1
+    lines += [f"  {n}x {text}" if n > 1 else f"  {text}" for text, n in counts.items()]
+    lines += _explanations(seen)
+    return "\n".join(lines)
+
+
+def _explanations(seen: Observation) -> list[str]:
+    from .explain import ExplainError, explain
+
+    lines = []
+    for framework, spec, options_or_device in seen.layers:
         try:
             if framework == "torch":
                 verdict = explain(spec, "torch", _device_of(framework, options_or_device))
@@ -221,19 +305,80 @@ def verdict_problem(seen: Observation, kernel: str, precision: str | None = None
             lines.append("explainer: " + verdict.describe())
         except (ExplainError, ValueError) as exc:
             lines.append(f"explainer: cannot judge {spec.short()}: {exc}")
-    lines += [f"note: {p}" for p in seen.problems]
-    return "\n".join(lines)
+    return lines + [f"note: {p}" for p in seen.problems]
 
 
-def _expected(args: tuple, kwargs: dict, where: str) -> tuple[str, str | None]:
-    if len(args) != 1 or args[0] not in FAMILIES:
-        raise pytest.UsageError(
-            f"{where}: lstmperf_kernel takes one kernel family (valid: {', '.join(FAMILIES)}), got {args!r}"
-        )
-    unknown = set(kwargs) - {"precision"}
+def selected_device(config: pytest.Config | None) -> str:
+    """``cpu`` or ``cuda``: the run's ``--device`` (``auto``: a GPU when torch sees one)."""
+    value = "auto"
+    if config is not None:
+        from . import options
+
+        with contextlib.suppress(ValueError, KeyError):
+            value = str(options.resolve(config, "lstmperf_device").value)
+    if value.startswith("cuda"):
+        return "cuda"
+    if value == "cpu":
+        return "cpu"
+    torch = sys.modules.get("torch")
+    return "cuda" if torch is not None and torch.cuda.is_available() else "cpu"
+
+
+def _expected(args: tuple, kwargs: dict, where: str, device: str = "cpu") -> tuple[str, str | None]:
+    """The claimed family for ``device`` (the positional one, or ``cpu=``/``cuda=``) and precision."""
+    unknown = set(kwargs) - {"precision", *DEVICES}
     if unknown:
-        raise pytest.UsageError(f"{where}: unknown lstmperf_kernel arguments {sorted(unknown)} (valid: precision)")
-    return args[0], kwargs.get("precision")
+        raise pytest.UsageError(
+            f"{where}: unknown lstmperf_kernel arguments {sorted(unknown)} (valid: precision, cpu, cuda)"
+        )
+    per_device = {d: kwargs[d] for d in DEVICES if kwargs.get(d) is not None}
+    if len(args) > 1 or (args and per_device) or not (args or per_device):
+        raise pytest.UsageError(
+            f"{where}: lstmperf_kernel takes one kernel family, or one per device as cpu=/cuda= "
+            f"(valid families: {', '.join(FAMILIES)}), got {args!r} {per_device or ''}".rstrip()
+        )
+    for family in (*args, *per_device.values()):
+        if family not in FAMILIES:
+            raise pytest.UsageError(
+                f"{where}: lstmperf_kernel: unknown kernel family {family!r} (valid: {', '.join(FAMILIES)})"
+            )
+    if args:
+        return args[0], kwargs.get("precision")
+    if device not in per_device:
+        raise pytest.UsageError(
+            f"{where}: lstmperf_kernel names no kernel for device {device} (given: {', '.join(per_device)}); "
+            f"add {device}=... or run with --device={'/'.join(per_device)}"
+        )
+    return per_device[device], kwargs.get("precision")
+
+
+@contextlib.contextmanager
+def _benchmark_unobserved(item: pytest.Item, seen: Observation) -> Iterator[None]:
+    """Pause the observer in pytest-benchmark's timed (and calibration, warm-up) rounds."""
+    bench = getattr(item, "funcargs", {}).get("benchmark")
+    make_runner = getattr(bench, "_make_runner", None)
+    if make_runner is None:
+        yield
+        return
+
+    def unobserved_runner(*args: Any, **kwargs: Any) -> Any:
+        runner = make_runner(*args, **kwargs)
+
+        def run(loops_range: Any, *rest: Any, **kw: Any) -> Any:
+            from .trace import paused
+
+            if seen.recorder is None:
+                return runner(loops_range, *rest, **kw)
+            with paused(seen.recorder):
+                return runner(loops_range, *rest, **kw)
+
+        return run
+
+    bench._make_runner = unobserved_runner
+    try:
+        yield
+    finally:
+        del bench._make_runner
 
 
 @pytest.hookimpl(wrapper=True)
@@ -241,8 +386,15 @@ def pytest_runtest_call(item: pytest.Item) -> Any:
     marker = item.get_closest_marker(MARKER)
     if marker is None:
         return (yield)
-    kernel, precision = _expected(marker.args, marker.kwargs, item.nodeid)
-    with observe() as seen:
+    try:
+        kernel, precision = _expected(marker.args, marker.kwargs, item.nodeid, selected_device(item.config))
+    except pytest.UsageError as exc:
+        bad_marker = str(exc)
+    else:
+        bad_marker = ""
+    if bad_marker:
+        pytest.fail(bad_marker, pytrace=False)
+    with observe() as seen, _benchmark_unobserved(item, seen):
         result = yield
     problem = verdict_problem(seen, kernel, precision)
     if problem:
@@ -251,11 +403,19 @@ def pytest_runtest_call(item: pytest.Item) -> Any:
 
 
 class KernelExpectation:
-    """The ``lstmperf_kernel`` fixture: ``with lstmperf_kernel.expect("cudnn"): model(x)``."""
+    """The ``lstmperf_kernel`` fixture: ``with lstmperf_kernel.expect("cudnn"): model(x)``, or
+    ``expect(cpu="onednn", cuda="cudnn")`` to claim per device (the run's ``--device`` picks)."""
+
+    def __init__(self, config: pytest.Config | None = None) -> None:
+        self.config = config
 
     @contextlib.contextmanager
-    def expect(self, kernel: str, precision: str | None = None) -> Iterator[Observation]:
-        kernel, precision = _expected((kernel,), {"precision": precision} if precision else {}, "expect()")
+    def expect(
+        self, kernel: str | None = None, precision: str | None = None, **per_device: str
+    ) -> Iterator[Observation]:
+        args = (kernel,) if kernel is not None else ()
+        kwargs = {"precision": precision, **per_device}
+        kernel, precision = _expected(args, kwargs, "expect()", selected_device(self.config))
         with observe() as seen:
             yield seen
         problem = verdict_problem(seen, kernel, precision)
@@ -264,6 +424,20 @@ class KernelExpectation:
 
 
 @pytest.fixture
-def lstmperf_kernel() -> KernelExpectation:
+def lstmperf_kernel(pytestconfig: pytest.Config) -> KernelExpectation:
     """Check the kernel of the LSTM/GRU calls inside ``with lstmperf_kernel.expect(family):``."""
-    return KernelExpectation()
+    return KernelExpectation(pytestconfig)
+
+
+@pytest.fixture
+def lstmperf_device(pytestconfig: pytest.Config) -> str:
+    """The torch device string the run selected with ``--device`` (``cpu``, ``cuda``, ``cuda:1``); a GPU
+    that was asked for and is not usable is a usage error."""
+    from . import options
+    from .device import DeviceError, resolve_device
+
+    setting = options.resolve(pytestconfig, "lstmperf_device")
+    try:
+        return resolve_device(setting.value, setting.source).torch_device
+    except DeviceError as exc:
+        raise pytest.UsageError(str(exc)) from None

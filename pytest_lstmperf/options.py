@@ -28,6 +28,12 @@ class Setting:
     parse: Callable[[str], Any]
     help: str
     metavar: str = "VALUE"
+    #: a shorter flag added only when no other plugin or conftest of the run owns it (``--device``)
+    alias: str | None = None
+
+    @property
+    def alias_dest(self) -> str:
+        return f"{self.name}_alias"
 
 
 @dataclass(frozen=True)
@@ -124,14 +130,16 @@ def add_setting(setting: Setting) -> Setting:
 add_setting(
     Setting(
         "lstmperf_device",
-        "--device",
+        "--lstmperf-device",
         "PYTEST_LSTMPERF_DEVICE",
         "lstmperf_device",
         "auto",
         _parse_device,
         "device to run the suites on: auto (GPU if usable, else CPU), cpu, cuda or cuda:N. "
-        "A GPU that is asked for and not usable is an error, not a skip.",
+        "A GPU that is asked for and not usable is an error, not a skip. Also spelled --device, unless the "
+        "project defines its own --device.",
         "DEVICE",
+        alias="--device",
     )
 )
 add_setting(
@@ -186,6 +194,36 @@ def add_options(parser: pytest.Parser, names: list[str] | None = None) -> None:
         parser.addini(setting.ini, help=setting.help, default=None)
 
 
+def option_taken(parser: pytest.Parser, flag: str) -> bool:
+    """Whether any plugin or conftest of this run has already declared ``flag``."""
+    groups = [*getattr(parser, "_groups", ()), getattr(parser, "_anonymous", None)]
+    return any(flag in opt.names() for group in groups if group is not None for opt in group.options)
+
+
+def add_aliases(parser: pytest.Parser, names: list[str] | None = None) -> list[str]:
+    """Add each setting's short alias (``--device``) that nobody else owns; returns the flags added.
+
+    Called after the initial conftests declared their options, so a project whose conftest defines its own
+    ``--device`` keeps it (the plugin's setting stays reachable as ``--lstmperf-device``).
+    """
+    group = parser.getgroup("lstmperf", "LSTM/GRU kernel, equivalence and speed checks (pytest-lstmperf)")
+    added = []
+    for setting in SETTINGS.values():
+        if setting.alias is None or (names is not None and setting.name not in names):
+            continue
+        if option_taken(parser, setting.alias):
+            continue
+        group.addoption(
+            setting.alias,
+            dest=setting.alias_dest,
+            default=None,
+            metavar=setting.metavar,
+            help=f"short for {setting.option}",
+        )
+        added.append(setting.alias)
+    return added
+
+
 def is_added(config: pytest.Config, name: str) -> bool:
     """Whether the setting's ini key was declared in this run (its module's options were added)."""
     try:
@@ -200,6 +238,7 @@ def resolve(config: pytest.Config, name: str) -> Resolved:
     setting = SETTINGS[name]
     candidates: list[tuple[str, str | None]] = [
         (setting.option, config.getoption(setting.name, default=None)),
+        *([(setting.alias, config.getoption(setting.alias_dest, default=None))] if setting.alias else []),
         (setting.env, os.environ.get(setting.env)),
         (f"ini {setting.ini}", config.getini(setting.ini) or None),
     ]

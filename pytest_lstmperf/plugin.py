@@ -45,6 +45,17 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     options.add_options(parser, names=CORE_SETTINGS)
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Parser, args: list[str]):
+    """``--device`` is the plugin's only where the project's conftests (loaded inside this hook) do not
+    declare their own: a project with its own ``--device`` keeps it, and reaches the plugin's device
+    setting as ``--lstmperf-device``."""
+    try:
+        return (yield)
+    finally:
+        options.add_aliases(parser, names=CORE_SETTINGS)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
@@ -61,7 +72,10 @@ def pytest_configure(config: pytest.Config) -> None:
 def _explicit(config: pytest.Config) -> bool:
     for name in CORE_SETTINGS:
         setting = options.SETTINGS[name]
-        if config.getoption(setting.name, default=None) or os.environ.get(setting.env) or config.getini(setting.ini):
+        given = config.getoption(setting.name, default=None)
+        if setting.alias:
+            given = given or config.getoption(setting.alias_dest, default=None)
+        if given or os.environ.get(setting.env) or config.getini(setting.ini):
             return True
     return False
 
@@ -84,28 +98,45 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         marker = metafunc.definition.get_closest_marker("lstmperf_paths")
         if marker is not None:
             names = [n for n in names if n in marker.args]
+        if not names:
+            reason = (
+                f"none of this test's {len(marker.args)} paths ({_short_list(marker.args)}) is in the selection "
+                f"{options.resolve(config, 'lstmperf_paths').where()}"
+                if marker is not None
+                else "no execution path selected"
+            )
+            _parametrize_nothing(metafunc, PATH_FIXTURE, reason, "no-path-selected")
+            return
         metafunc.parametrize(PATH_FIXTURE, names, indirect=True, ids=names)
     if PAIR_FIXTURE in metafunc.fixturenames:
         names = options.resolve(config, "lstmperf_paths").value or sorted(registry.all_paths())
         pairs = [(a, b) for a in names for b in registry.get(a).pair_with if b in names]
         if not pairs:
             reason = "no two selected paths claim the same arithmetic (see ExecutionPath.pair_with)"
-            metafunc.parametrize(
-                PAIR_FIXTURE,
-                [pytest.param(None, marks=pytest.mark.skip(reason=reason))],
-                indirect=True,
-                ids=["no-pair-selected"],
-            )
+            _parametrize_nothing(metafunc, PAIR_FIXTURE, reason, "no-pair-selected")
             return
         ids = [f"{a}~{b}" for a, b in pairs]
         metafunc.parametrize(PAIR_FIXTURE, pairs, indirect=True, ids=ids)
+
+
+def _short_list(names: tuple[str, ...], shown: int = 3) -> str:
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
+
+
+def _parametrize_nothing(metafunc: pytest.Metafunc, fixture: str, reason: str, test_id: str) -> None:
+    """One skipped case that says why, instead of pytest's empty parameter set (which reaches the
+    fixture as a ``NOTSET`` value)."""
+    metafunc.parametrize(
+        fixture, [pytest.param(None, marks=pytest.mark.skip(reason=reason))], indirect=True, ids=[test_id]
+    )
 
 
 def _item_paths(item: pytest.Item) -> list[str]:
     callspec = getattr(item, "callspec", None)
     if callspec is None:
         return []
-    if PATH_FIXTURE in callspec.params:
+    if isinstance(callspec.params.get(PATH_FIXTURE), str):
         return [callspec.params[PATH_FIXTURE]]
     if isinstance(callspec.params.get(PAIR_FIXTURE), tuple):
         return list(callspec.params[PAIR_FIXTURE])

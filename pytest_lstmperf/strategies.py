@@ -170,3 +170,63 @@ def checkable_spec(path: object, spec: LayerSpec) -> LayerSpec | None:
     if spec.training and not _bound_ok(path, spec, "backward"):
         return spec.replace(training=False)
     return spec
+
+
+# ------------------------------------------------------------------------------------------ public strategies
+def layer_specs(profile: str = "ci", cells: tuple[str, ...] = ("lstm", "gru")) -> st.SearchStrategy[LayerSpec]:
+    """LayerSpecs within a profile's bounds (``ci``, ``gpu``, ``nightly``), for a user's parametrised tests."""
+    if profile not in PROFILES:
+        raise ValueError(f"unknown profile {profile!r} (valid: {', '.join(PROFILES)})")
+    return specs(PROFILES[profile].bounds, cells=cells)
+
+
+def lstm_configs(profile: str = "ci", cells: tuple[str, ...] = ("lstm", "gru")) -> st.SearchStrategy[dict]:
+    """Keyword arguments of ``torch.nn.LSTM``/``GRU`` (plus ``cell``, ``batch``, ``seq_len``) within a profile."""
+
+    def to_kwargs(spec: LayerSpec) -> dict:
+        kwargs = dict(
+            cell=spec.cell,
+            input_size=spec.input_size,
+            hidden_size=spec.hidden_size,
+            num_layers=spec.num_layers,
+            bias=spec.bias,
+            batch_first=spec.batch_first,
+            bidirectional=spec.bidirectional,
+            batch=spec.batch,
+            seq_len=spec.seq_len,
+        )
+        if spec.cell == "lstm":
+            kwargs["proj_size"] = spec.proj_size
+        return kwargs
+
+    return layer_specs(profile, cells).map(to_kwargs)
+
+
+def devices(include_unusable: bool = False) -> st.SearchStrategy[str]:
+    """``"cpu"``, and ``"cuda"`` where torch sees a GPU (or always, with ``include_unusable``)."""
+    found = ["cpu"]
+    if include_unusable:
+        found.append("cuda")
+    else:
+        import importlib.util
+
+        if importlib.util.find_spec("torch") is not None:
+            import torch
+
+            if torch.cuda.is_available():
+                found.append("cuda")
+    return st.sampled_from(found)
+
+
+def path_names(device: str = "cpu", framework: str | None = "torch") -> st.SearchStrategy[str]:
+    """Names of the registered execution paths of ``device`` (and ``framework``: torch, keras; None: all)."""
+    from . import paths as registry
+
+    names = [
+        p.name
+        for p in registry.for_device(device.split(":")[0])
+        if framework is None or p.framework == framework or p.framework.startswith(f"{framework}-")
+    ]
+    if not names:
+        raise ValueError(f"no registered path for device {device!r} and framework {framework!r}")
+    return st.sampled_from(sorted(names))

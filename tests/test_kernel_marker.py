@@ -61,6 +61,72 @@ def test_cpu_is_not_cudnn():
 @pytest.mark.lstmperf_kernel("bogus")
 def test_bad_family():
     pass
+
+class Mixed(torch.nn.Module):  # one oneDNN nn.LSTM, then a hand-written LSTMCell loop
+    def __init__(self):
+        super().__init__()
+        self.lstm = torch.nn.LSTM(3, 4)
+        self.cell = torch.nn.LSTMCell(4, 4)
+
+    def forward(self, x):
+        y, _ = self.lstm(x)
+        h = c = torch.zeros(x.shape[1], 4)
+        for t in range(x.shape[0]):
+            h, c = self.cell(y[t], (h, c))
+        return h
+
+@pytest.mark.lstmperf_kernel("onednn")
+def test_mixed_fails():
+    Mixed()(torch.randn(5, 2, 3)).sum().backward()
+
+@pytest.mark.lstmperf_kernel("cpu-native")
+def test_mlp_fails():  # Linear + tanh + sigmoid is not an LSTM
+    mlp = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1), torch.nn.Sigmoid())
+    mlp(torch.randn(2, 3)).sum().backward()
+
+@pytest.mark.lstmperf_kernel(cpu="onednn", cuda="cudnn")
+def test_per_device_claim():
+    torch.nn.LSTM(3, 4)(torch.randn(5, 2, 3))[0].sum().backward()
+
+@pytest.mark.lstmperf_kernel(cuda="cudnn")
+def test_no_claim_for_this_device():
+    torch.nn.LSTM(3, 4)(torch.randn(5, 2, 3))
+
+@pytest.mark.lstmperf_kernel("onednn")
+def test_second_call_off_onednn_fails():
+    lstm = torch.nn.LSTM(3, 4)
+    out = lstm(torch.randn(5, 2, 3))[0]
+    with torch.backends.mkldnn.flags(enabled=False):  # the first call ran oneDNN; the second call does not
+        out = out + lstm(torch.randn(5, 2, 3))[0]
+    out.sum().backward()
+
+MODES = []
+
+@pytest.mark.lstmperf_kernel("onednn")
+def test_benchmark_rounds_untraced(benchmark):
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+    lstm, x = torch.nn.LSTM(3, 4), torch.randn(5, 2, 3)
+
+    def step():
+        MODES.append(_get_current_dispatch_mode() is not None)
+        return lstm(x)
+
+    benchmark.pedantic(step, rounds=3, iterations=2, warmup_rounds=1)
+    # timed and warm-up rounds run without the observer; the last, untimed call is observed
+    assert MODES[-1] and not any(MODES[:-1]), MODES
+"""
+
+LATE_IMPORT_TESTS = """
+import sys
+import pytest
+
+def test_torch_not_imported_yet():
+    assert "torch" not in sys.modules
+
+@pytest.mark.lstmperf_kernel("cudnn")
+def test_torch_imported_inside_the_test_is_observed():
+    import torch
+    torch.nn.LSTM(3, 4)(torch.randn(5, 2, 3))
 """
 
 
@@ -71,20 +137,47 @@ def test_marker_on_keras_tensorflow(pytester: pytest.Pytester) -> None:
     text = result.stdout.str()
     assert "activation='relu' -> 'tanh'" in text
     assert "TensorFlow sees no GPU" in text
-    assert "no LSTM/GRU kernel ran" in text
+    assert "no LSTM/GRU layer ran" in text
     assert "recurrent_dropout=0.1 -> 0" in text
 
 
+# find_spec, not importorskip: pytester restores sys.modules after each test, and a second import of torch
+# in one process crashes it
+needs_torch = pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")
+
+
+@needs_torch
 def test_marker_on_torch(pytester: pytest.Pytester) -> None:
-    pytest.importorskip("torch")
     pytester.makepyfile(test_torch=TORCH_TESTS)
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--strict-markers", "-rf")
-    result.assert_outcomes(passed=1, failed=2)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--strict-markers", "-rf", "--device=cpu")
+    result.assert_outcomes(passed=3, failed=6)
     text = result.stdout.str()
     assert "input on the CPU: cuDNN needs a CUDA tensor" in text
     assert "valid: cudnn, tf-generic" in text
+    result.stdout.fnmatch_lines(
+        [
+            "*_ test_mixed_fails _*",
+            "*5 of 7 recurrent layer calls did not*",
+            "*5x forward: cpu-native/fp32*LSTMCell(4, 4)*",
+            "*_ test_mlp_fails _*",
+            "*no LSTM/GRU layer ran*",
+            "*_ test_no_claim_for_this_device _*",
+            "*names no kernel for device cpu*",
+            "*_ test_second_call_off_onednn_fails _*",
+            "*1 of 3 recurrent layer calls did not*",
+            "*forward: cpu-native/fp32*LSTM(3, 4)*",
+        ]
+    )
+
+
+@needs_torch
+def test_marker_sees_a_framework_imported_during_the_test(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_late=LATE_IMPORT_TESTS)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:lstmperf-bench", "-rf")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["*expected cudnn; 1 of 1 recurrent layer calls did not*", "*forward: onednn/fp32*"])
 
 
 def test_marker_is_registered(pytester: pytest.Pytester) -> None:
     result = pytester.runpytest_subprocess("--markers")
-    result.stdout.fnmatch_lines(["*lstmperf_kernel(kernel, *, precision=None)*"])
+    result.stdout.fnmatch_lines(["*lstmperf_kernel(kernel=None, *, precision=None, cpu=None, cuda=None)*"])

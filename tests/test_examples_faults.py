@@ -1,0 +1,132 @@
+"""The examples' tests must fail when the fault they guard against is planted: each run copies an example into
+a fresh project, plants one fault in a conftest (the example's code is not edited) and runs its tests.
+
+Faults: oneDNN switched off; the LSTM replaced by a hand-written LSTMCell loop with the same weights; a Keras
+LSTM built with ``activation="relu"`` (leaves cuDNN on a GPU; caught on any machine by the eligibility test).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+from pathlib import Path
+
+import pytest
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+needs_torch = pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")
+
+ONEDNN_OFF = """
+import torch
+torch.backends.mkldnn.enabled = False
+"""
+
+CELL_LOOP = """
+import pytest
+import torch
+import wlm_model
+
+
+class CellLoopLSTM(torch.nn.Module):
+    \"\"\"nn.LSTM's computation as a Python loop over LSTMCells holding the same weights.\"\"\"
+
+    def __init__(self, lstm):
+        super().__init__()
+        self.cells = torch.nn.ModuleList()
+        for layer in range(lstm.num_layers):
+            cell = torch.nn.LSTMCell(lstm.input_size if layer == 0 else lstm.hidden_size, lstm.hidden_size)
+            for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"):
+                setattr(cell, name, getattr(lstm, f"{name}_l{layer}"))
+            self.cells.append(cell)
+
+    def forward(self, x, hidden):
+        h0, c0 = hidden
+        hs, cs = [], []
+        for layer, cell in enumerate(self.cells):
+            h, c, outs = h0[layer], c0[layer], []
+            for t in range(x.shape[0]):
+                h, c = cell(x[t], (h, c))
+                outs.append(h)
+            x = torch.stack(outs)
+            hs.append(h)
+            cs.append(c)
+        return x, (torch.stack(hs), torch.stack(cs))
+
+
+original_init = wlm_model.RNNModel.__init__
+
+
+def planted_init(self, *args, **kwargs):
+    original_init(self, *args, **kwargs)
+    self.rnn = CellLoopLSTM(self.rnn)
+
+
+wlm_model.RNNModel.__init__ = planted_init
+"""
+
+RELU_ACTIVATION = """
+import os
+
+os.environ.setdefault("KERAS_BACKEND", "torch")
+import keras
+
+original_init = keras.layers.LSTM.__init__
+
+
+def planted_init(self, *args, **kwargs):
+    kwargs["activation"] = "relu"
+    original_init(self, *args, **kwargs)
+
+
+keras.layers.LSTM.__init__ = planted_init
+"""
+
+
+def _project(pytester: pytest.Pytester, example: str, fault: str) -> None:
+    for source in (EXAMPLES / example).glob("*.py"):
+        target = pytester.path / source.name
+        if source.name == "conftest.py":
+            fault = source.read_text() + "\n" + fault
+            continue
+        shutil.copy(source, target)
+    (pytester.path / "conftest.py").write_text(fault)
+
+
+def _run(pytester: pytest.Pytester) -> pytest.RunResult:
+    return pytester.runpytest_subprocess("-p", "no:cacheprovider", "--device=cpu", "-rf", "--benchmark-disable")
+
+
+@needs_torch
+def test_word_language_model_fails_with_onednn_off(pytester: pytest.Pytester) -> None:
+    _project(pytester, "word_language_model", ONEDNN_OFF)
+    result = _run(pytester)
+    result.assert_outcomes(passed=1, failed=2)
+    result.stdout.fnmatch_lines(
+        [
+            "*lstmperf_kernel: expected onednn; 2 of 2 recurrent layer calls did not:*",
+            "*path torch-cpu-onednn on lstm-I16-H32-L2-B4-T12 (seed 0): 2 check(s) failed*",
+            "*[[]kernel[]] forward LSTM(16, 32, num_layers=2): expected kernel family 'onednn', observed 'cpu-native'*",
+            "FAILED *test_training_step_runs_the_fast_kernel*",
+            "FAILED *test_every_path_matches_float64*",
+        ]
+    )
+
+
+@needs_torch
+def test_word_language_model_fails_with_a_cell_loop(pytester: pytest.Pytester) -> None:
+    _project(pytester, "word_language_model", CELL_LOOP)
+    result = _run(pytester)
+    result.assert_outcomes(failed=3)
+    text = result.stdout.str()
+    assert "LSTMCell(16, 32)" in text and "expected kernel family 'onednn', observed 'cpu-native'" in text
+    assert "no built LSTM/GRU layer found" in text
+
+
+@pytest.mark.skipif(importlib.util.find_spec("keras") is None, reason="keras is not installed")
+@needs_torch
+def test_keras_classifier_fails_with_a_relu_activation(pytester: pytest.Pytester) -> None:
+    _project(pytester, "keras_bidirectional", RELU_ACTIVATION)
+    result = _run(pytester)
+    result.assert_outcomes(passed=2, failed=1)
+    result.stdout.fnmatch_lines(["*activation='relu' -> 'tanh'*"])
+    result.stdout.fnmatch_lines(["FAILED *test_every_lstm_is_cudnn_eligible*"])
