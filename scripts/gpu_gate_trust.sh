@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Can the speed gate be trusted? On one GPU, from the repository root:
-#   1. record this device's baseline of the default benchmark set (suites/test_benchmarks.py) into a fresh folder;
+#   1. record this device's baseline of the default benchmark set (suites/test_benchmarks.py) into a fresh folder,
+#      from RECORD_RUNS runs (--lstmperf-save-baseline, then --lstmperf-add-baseline-run: the noise band);
 #   2. time one full `pytest suites/ --device=cuda --benchmark-compare` against it (also a clean run of the set);
 #   3. run a subset of the benchmarks (GATE_PATHS) clean N times and with planted faults: a kernel fallback
 #      (cuDNN off), device-side slowdowns of 1.10x and 1.25x (kernel-slowdown:F), a host-side slowdown
@@ -25,6 +26,7 @@ BUDGET_S=${BUDGET_S:-470}
 DEVICE=${DEVICE:-cuda}
 SLOW110_RUNS=${SLOW110_RUNS:-2}
 HOST_WORK=${HOST_WORK:-40}
+RECORD_RUNS=${RECORD_RUNS:-3}  # the baseline: one recording run, then RECORD_RUNS-1 added with --lstmperf-add-baseline-run
 FULL_SUITE=${FULL_SUITE:-suites/}
 if [ "$DEVICE" = cpu ]; then
   GATE_PATHS=${GATE_PATHS:-torch-cpu-onednn,torch-cpu-native}
@@ -66,7 +68,7 @@ RUNS=()
 SKIPPED=()
 run() {  # run NAME SCENARIO [pytest args...]: output appended to runs.log (or NAME.log for the full suite)
   local name=$1 scenario=$2; shift 2
-  if [ "$name" != record ] && [ $(( $(date +%s) - START )) -gt "$BUDGET_S" ]; then SKIPPED+=("$name"); return; fi
+  if [ "${name#record}" = "$name" ] && [ $(( $(date +%s) - START )) -gt "$BUDGET_S" ]; then SKIPPED+=("$name"); return; fi
   local file="$WORK/$name.log" t0 t1 rc
   t0=$(date +%s%N)
   "$PYTHON" -m pytest "${COMMON[@]}" "$@" >"$file" 2>&1
@@ -78,14 +80,18 @@ run() {  # run NAME SCENARIO [pytest args...]: output appended to runs.log (or N
   RUNS+=("$scenario=$file")
 }
 
-echo "== recording the baseline of the default benchmark set"
+echo "== recording the baseline of the default benchmark set from $RECORD_RUNS runs"
 run record record suites/test_benchmarks.py --lstmperf-update-baseline -q
 BASE=$(ls "$BASEDIR"/*.json 2>/dev/null | head -1)
 if [ -z "$BASE" ]; then
   echo "no baseline was recorded; see $LOG"; tail -30 "$WORK/record.log"; exit 1
 fi
+for k in $(seq 2 "$RECORD_RUNS"); do  # more clean runs into each entry's noise band
+  run "record$k" record suites/test_benchmarks.py --lstmperf-add-baseline-run -q
+done
+grep -h "BIMODAL\|noise band\|host counters differ" "$WORK"/record*.log | head -20
 cp "$BASE" "$OUT/baseline.json"
-unset 'RUNS[0]'
+RUNS=()
 
 echo "== one full run: pytest $FULL_SUITE --device=$DEVICE --benchmark-compare"
 run full full-suite "$FULL_SUITE" --benchmark-compare -v
@@ -112,8 +118,8 @@ TOTAL=$(( $(date +%s) - START ))
   echo
   echo "================ SPEED GATE TRUST on $(grep -m1 "^device:" "$WORK/record.log" | cut -c9-)"
   echo "wall time, pytest $FULL_SUITE --device=$DEVICE --benchmark-compare: ${WALL[full]:+${WALL[full]} s}${WALL[full]:-not run} (target <= 120 s on one H100)"
-  echo "wall time per subset run: $(for k in "${!WALL[@]}"; do [ "$k" != full ] && [ "$k" != record ] && printf '%s=%s ' "$k" "${WALL[$k]}"; done)"
-  echo "record: ${WALL[record]} s; script total: ${TOTAL} s"
+  echo "wall time per subset run: $(for k in "${!WALL[@]}"; do [ "$k" != full ] && [ "${k#record}" = "$k" ] && printf '%s=%s ' "$k" "${WALL[$k]}"; done)"
+  echo "record: ${WALL[record]} s (+ $(( RECORD_RUNS - 1 )) added run(s): $(for k in $(seq 2 "$RECORD_RUNS"); do printf '%s ' "${WALL[record$k]:-}"; done)s); script total: ${TOTAL} s"
   [ ${#SKIPPED[@]} -eq 0 ] || echo "not run (over the ${BUDGET_S} s budget): ${SKIPPED[*]}"
   "$PYTHON" scripts/gate_trust.py "$BASE" "$OUT/trust.json" "${RUNS[@]}"
 } | tee "$OUT/summary.txt"
