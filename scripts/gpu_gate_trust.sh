@@ -13,7 +13,8 @@
 #
 # Environment: OUT (default ./gate-trust-out), N (clean runs, default 5), PYTHON (default python3), GATE_PATHS,
 # SLOW110_RUNS (runs with the 1.10x slowdown, default 2), HOST_WORK (default 40), BUDGET_S (no run starts after
-# this many seconds, default 470; runs not started are listed), FULL_SUITE (default suites/).
+# this many seconds, default 470; runs not started are listed), FULL_SUITE (default suites/; none: not run),
+# BASELINE (a baseline file recorded earlier on this device: used instead of recording one).
 # Keras wheels carried in .whl/ are installed first (no TensorFlow on the device machine: Keras on torch only).
 # Files under $OUT (8 at most): runs.log (every run's output), full-suite.log, baseline.json, trust.json
 # (every verdict), summary.txt (the table).
@@ -80,22 +81,30 @@ run() {  # run NAME SCENARIO [pytest args...]: output appended to runs.log (or N
   RUNS+=("$scenario=$file")
 }
 
-echo "== recording the baseline of the default benchmark set from $RECORD_RUNS runs"
-run record record suites/test_benchmarks.py --lstmperf-update-baseline -q
-BASE=$(ls "$BASEDIR"/*.json 2>/dev/null | head -1)
-if [ -z "$BASE" ]; then
-  echo "no baseline was recorded; see $LOG"; tail -30 "$WORK/record.log"; exit 1
+if [ -n "${BASELINE:-}" ]; then  # a baseline recorded earlier on this device (e.g. the committed one)
+  mkdir -p "$BASEDIR" && cp "$BASELINE" "$BASEDIR/" && BASE="$BASEDIR/$(basename "$BASELINE")"
+  echo "== using the recorded baseline $BASELINE"
+  : >"$WORK/record.log"
+else
+  echo "== recording the baseline of the default benchmark set from $RECORD_RUNS runs"
+  run record record suites/test_benchmarks.py --lstmperf-update-baseline -q
+  BASE=$(ls "$BASEDIR"/*.json 2>/dev/null | head -1)
+  if [ -z "$BASE" ]; then
+    echo "no baseline was recorded; see $LOG"; tail -30 "$WORK/record.log"; exit 1
+  fi
+  for k in $(seq 2 "$RECORD_RUNS"); do  # more clean runs into each entry's noise band
+    run "record$k" record suites/test_benchmarks.py --lstmperf-add-baseline-run -q
+  done
+  grep -h "BIMODAL\|noise band\|host counters differ" "$WORK"/record*.log | head -20
+  cp "$BASE" "$OUT/baseline.json"
 fi
-for k in $(seq 2 "$RECORD_RUNS"); do  # more clean runs into each entry's noise band
-  run "record$k" record suites/test_benchmarks.py --lstmperf-add-baseline-run -q
-done
-grep -h "BIMODAL\|noise band\|host counters differ" "$WORK"/record*.log | head -20
-cp "$BASE" "$OUT/baseline.json"
 RUNS=()
 
-echo "== one full run: pytest $FULL_SUITE --device=$DEVICE --benchmark-compare"
-run full full-suite "$FULL_SUITE" --benchmark-compare -v
-cp "$WORK/full.log" "$OUT/full-suite.log" 2>/dev/null
+if [ "$FULL_SUITE" != none ]; then
+  echo "== one full run: pytest $FULL_SUITE --device=$DEVICE --benchmark-compare"
+  run full full-suite "$FULL_SUITE" --benchmark-compare -v
+  cp "$WORK/full.log" "$OUT/full-suite.log" 2>/dev/null
+fi
 
 SUBSET=(suites/test_benchmarks.py "--lstmperf-paths=$GATE_PATHS" --benchmark-compare -v)
 echo "== $N clean runs and the planted faults on $GATE_PATHS"
@@ -119,7 +128,7 @@ TOTAL=$(( $(date +%s) - START ))
   echo "================ SPEED GATE TRUST on $(grep -m1 "^device:" "$WORK/record.log" | cut -c9-)"
   echo "wall time, pytest $FULL_SUITE --device=$DEVICE --benchmark-compare: ${WALL[full]:+${WALL[full]} s}${WALL[full]:-not run} (target <= 120 s on one H100)"
   echo "wall time per subset run: $(for k in "${!WALL[@]}"; do [ "$k" != full ] && [ "${k#record}" = "$k" ] && printf '%s=%s ' "$k" "${WALL[$k]}"; done)"
-  echo "record: ${WALL[record]} s (+ $(( RECORD_RUNS - 1 )) added run(s): $(for k in $(seq 2 "$RECORD_RUNS"); do printf '%s ' "${WALL[record$k]:-}"; done)s); script total: ${TOTAL} s"
+  echo "record: ${WALL[record]:-not recorded here} s (+ $(( RECORD_RUNS - 1 )) added run(s): $(for k in $(seq 2 "$RECORD_RUNS"); do printf '%s ' "${WALL[record$k]:-}"; done)s); script total: ${TOTAL} s"
   [ ${#SKIPPED[@]} -eq 0 ] || echo "not run (over the ${BUDGET_S} s budget): ${SKIPPED[*]}"
   "$PYTHON" scripts/gate_trust.py "$BASE" "$OUT/trust.json" "${RUNS[@]}"
 } | tee "$OUT/summary.txt"
