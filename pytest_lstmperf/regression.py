@@ -343,8 +343,10 @@ def noise_threshold(ratio: float, spread: float | None, k: float = NOISE_K) -> f
     return max(ratio, 1.0 + k * spread)
 
 
-#: the lowest device-time threshold: device time of a clean rerun moves by a few percent on a steady GPU
-DEVICE_FLOOR = 1.05
+#: the lowest device-time threshold. On two H100 instances (2026-11-23), a baseline recorded on one and compared
+#: on the other moved clean device times by 0.94-1.058x (the largest: a Keras GRU, confirmed by re-measurement),
+#: while a planted 1.10x kernel slowdown moved them by 1.074-1.17x: 1.07 lies between the two.
+DEVICE_FLOOR = 1.07
 
 
 def device_threshold(ratio: float, band: Mapping[str, Any] | None, k: float = NOISE_K) -> tuple[float, str]:
