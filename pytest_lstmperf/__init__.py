@@ -16,7 +16,8 @@ try:
 except PackageNotFoundError:  # running from a source tree that is not installed
     __version__ = "0+unknown"
 
-#: public name -> module that defines it
+#: public name -> module that defines it (``module:attribute`` where the names differ; no public name may be
+#: a submodule's name, which the submodule would replace on the package once imported)
 _EXPORTS = {
     "verify_model": "own_model",
     "ModelCheckFailed": "own_model",
@@ -29,7 +30,7 @@ _EXPORTS = {
     "KernelExpectation": "kernel_marker",
     "LayerSpec": "spec",
     "KernelTrace": "trace",
-    "tolerance": "tolerance",
+    "tolerance_bound": "tolerance:tolerance",
     "layer_specs": "strategies",
     "lstm_configs": "strategies",
     "devices": "strategies",
@@ -43,7 +44,8 @@ def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'pytest_lstmperf' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    module, _, attribute = module.partition(":")
+    value = getattr(importlib.import_module(f".{module}", __name__), attribute or name)
     globals()[name] = value
     return value
 

@@ -1092,7 +1092,7 @@ def _write_report(config: pytest.Config, state: GateState) -> None:
     report_dir = _setting(config, "lstmperf_report").value
     if not (report_dir and state.records):
         return
-    from .report import write_report
+    from .speed_report import write_report
 
     try:
         state.report_path = write_report(
@@ -1479,7 +1479,7 @@ def _fmt_time(value: float | None) -> str:
 def summary_lines(records: list[dict[str, Any]]) -> list[str]:
     """Per mode, shape and path: time per call, device time, host share, speedup over generic, kernel, %peak."""
     from . import timing
-    from .report import generic_reference
+    from .speed_report import generic_reference
 
     rows = [("mode", "shape", "path", "per call", "device", "host", "vs generic (torch)", "kernel", "%peak")]
     by_case: dict[tuple[str, str], list[dict[str, Any]]] = {}

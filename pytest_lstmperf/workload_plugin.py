@@ -373,7 +373,7 @@ def _plot_scaling(out: Path, rows: list[dict[str, Any]]) -> Path | None:
 def _plot_overhead(out: Path, rows: list[dict[str, Any]]) -> Path | None:
     """Each framework's call time over the raw cost (1.0 = no overhead) against the raw cost, one point per
     shape and framework (log scales): the overhead falls as the device work grows."""
-    from .report import plain_log_scale
+    from .speed_report import plain_log_scale
 
     plt = _pyplot()
 
@@ -412,7 +412,7 @@ def _plot_overhead(out: Path, rows: list[dict[str, Any]]) -> Path | None:
 def _plot_precision(out: Path, rows: list[dict[str, Any]]) -> Path | None:
     """Per shape, forward time against error for every precision path (what precision buys and costs); the
     legend below the panels, so that it takes no width from them."""
-    from .report import plain_log_scale
+    from .speed_report import plain_log_scale
 
     plt = _pyplot()
     shapes = sorted({r["shape"] for r in rows})

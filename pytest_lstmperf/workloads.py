@@ -437,7 +437,7 @@ def plot_sweep(points: Sequence[SweepPoint], out: Any, title: str, marks: dict[s
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from .report import plain_log_scale
+    from .speed_report import plain_log_scale
 
     fig, ax = plt.subplots(figsize=(8, 5))
     for name in dict.fromkeys(p.path for p in points):

@@ -199,7 +199,7 @@ def test_device_metric_ignores_host_noise_and_sees_kernel_slowdown() -> None:
 
 
 def test_baseline_plot_with_gate_decisions_and_without(tmp_path) -> None:
-    from pytest_lstmperf.report import _plot_baseline
+    from pytest_lstmperf.speed_report import _plot_baseline
 
     records = [
         {"name": "test_a", "fullname": "x::test_a", "extra_info": {"time_per_call_s": 3e-3}},

@@ -111,3 +111,17 @@ def test_public_strategies_build_torch_layers(config: dict, path: str) -> None:
 def test_layer_specs_reject_an_unknown_profile() -> None:
     with pytest.raises(ValueError, match=r"unknown profile 'fast'.*valid: ci, gpu, nightly"):
         layer_specs("fast")
+
+
+def test_report_stays_the_function_after_every_submodule_is_imported() -> None:
+    """``pytest_lstmperf.report`` is the eligibility function, whatever submodules were imported before (a
+    submodule of that name would replace it on the package the moment anything imported it)."""
+    import importlib
+    import pkgutil
+
+    import pytest_lstmperf
+
+    for module in pkgutil.iter_modules(pytest_lstmperf.__path__):
+        assert module.name not in pytest_lstmperf.__all__, f"submodule {module.name!r} shadows a public name"
+    importlib.import_module("pytest_lstmperf.speed_report")
+    assert callable(pytest_lstmperf.report) and pytest_lstmperf.report.__module__.endswith("eligibility_report")

@@ -270,7 +270,7 @@ def _bench_record(path: str, seconds: float, device: str = "cpu", kernel: str = 
 
 def test_vs_generic_reference_is_fixed_whatever_arrives_first() -> None:
     """Under pytest-xdist records arrive in any order: the reference stays the torch generic path."""
-    from pytest_lstmperf.report import _table, generic_reference
+    from pytest_lstmperf.speed_report import _table, generic_reference
 
     group = [_bench_record("keras-torch-cpu-generic", 0.5), _bench_record("torch-cpu-native", 2.0),
              _bench_record("torch-cpu-onednn", 1.0, kernel="onednn")]  # fmt: skip
@@ -396,7 +396,7 @@ def test_every_plot_reads_cleanly(drawn: list, tmp_path) -> None:
     """Each plot of the workload report, the crossover and the speed report, drawn from data like a CPU run's
     (sub-decade and multi-decade log axes, long titles): no tick labels overlap, nothing leaves the figure,
     and the precision legend leaves the panel most of the width."""
-    from pytest_lstmperf import report
+    from pytest_lstmperf import speed_report as report
     from pytest_lstmperf import workload_plugin as wp
 
     rows = _workload_rows()
