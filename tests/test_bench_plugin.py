@@ -361,8 +361,10 @@ def test_drift_probe_recorded_and_applied(gate) -> None:
     result.stdout.fnmatch_lines(
         [
             "*speed gate against*3 regressed*",
-            "*test_inference*spin-onednn-lstm-I32-H64-L1-B1-T20*0.[3-6]*onednn/fp32*regressed*",
-            "*time divided by drift 0.[3-6]* of the same-run probe*",
+            # the planted doubling puts the probe's ratio near 0.5; the probe is a wall-clock workload on a
+            # shared 2-core machine (0.47-0.71 seen in one CI run), so only its direction is asserted
+            "*test_inference*spin-onednn-lstm-I32-H64-L1-B1-T20*0.[1-8]*onednn/fp32*regressed*",
+            "*time divided by drift 0.[1-8]* of the same-run probe*",
         ]
     )
     result = gate("--benchmark-compare", "--lstmperf-drift=off")
