@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -197,31 +197,20 @@ def _shape_hooks(model: Any) -> dict[str, Any]:
     return specs
 
 
-@contextlib.contextmanager
-def _switches(path: Any) -> Iterator[None]:
+def _switches(path: Any) -> contextlib.AbstractContextManager:
     import torch
 
-    opts = {} if path is None else path.options
-    saved = (torch.backends.cudnn.enabled, torch.backends.cudnn.allow_tf32, torch.backends.mkldnn.enabled)
-    try:
-        if opts.get("cudnn") is False:
-            torch.backends.cudnn.enabled = False
-        if "tf32" in opts:
-            torch.backends.cudnn.allow_tf32 = bool(opts["tf32"])
-        if opts.get("mkldnn") is False:
-            torch.backends.mkldnn.enabled = False
-        yield
-    finally:
-        torch.backends.cudnn.enabled, torch.backends.cudnn.allow_tf32, torch.backends.mkldnn.enabled = saved
+    from .paths.torch_paths import path_switches
+
+    return path_switches(torch, {} if path is None else path.options)
 
 
 def _autocast(path: Any, device: str) -> contextlib.AbstractContextManager:
     import torch
 
-    name = None if path is None else path.options.get("autocast")
-    if not name:
-        return contextlib.nullcontext()
-    return torch.autocast(device_type=device.split(":")[0], dtype=getattr(torch, str(name)))
+    from .paths.torch_paths import path_autocast
+
+    return path_autocast(torch, {} if path is None else path.options, device.split(":")[0])
 
 
 # ------------------------------------------------------------------------------------------ checks

@@ -258,28 +258,11 @@ class TorchRun:
         self.seeds = [_tensor(s).to(device=dev, dtype=torch.float32) for s in seeds]
 
     # ---- contexts
-    @contextlib.contextmanager
-    def _switches(self) -> Iterator[None]:
-        """The backend switches this path is defined by (only those; the rest stay as the user has them)."""
-        torch = self.torch
-        opts = self.path.options
-        saved = (torch.backends.cudnn.enabled, torch.backends.cudnn.allow_tf32, torch.backends.mkldnn.enabled)
-        try:
-            if opts.get("cudnn") is False:
-                torch.backends.cudnn.enabled = False
-            if "tf32" in opts:
-                torch.backends.cudnn.allow_tf32 = bool(opts["tf32"])
-            if opts.get("mkldnn") is False:
-                torch.backends.mkldnn.enabled = False
-            yield
-        finally:
-            torch.backends.cudnn.enabled, torch.backends.cudnn.allow_tf32, torch.backends.mkldnn.enabled = saved
+    def _switches(self) -> contextlib.AbstractContextManager:
+        return path_switches(self.torch, self.path.options)
 
     def _autocast(self) -> contextlib.AbstractContextManager:
-        name = self.path.options.get("autocast")
-        if not name:
-            return contextlib.nullcontext()
-        return self.torch.autocast(device_type=self.dev.type, dtype=getattr(self.torch, str(name)))
+        return path_autocast(self.torch, self.path.options, self.dev.type)
 
     def _call(self, x: Any, h0: Any, c0: Any) -> tuple[Any, Any, Any]:
         hx = None
@@ -374,3 +357,28 @@ def _np(tensor: Any):
 
 def prepare(path: ExecutionPath, case: Case, device: DeviceInfo) -> TorchRun:
     return TorchRun(path, case, device)
+
+
+@contextlib.contextmanager
+def path_switches(torch: Any, opts: dict) -> Iterator[None]:
+    """The backend switches a path is defined by (only those; the rest stay as the user has them), restored
+    afterwards. Also used for a user's own model (``own_model``)."""
+    saved = (torch.backends.cudnn.enabled, torch.backends.cudnn.allow_tf32, torch.backends.mkldnn.enabled)
+    try:
+        if opts.get("cudnn") is False:
+            torch.backends.cudnn.enabled = False
+        if "tf32" in opts:
+            torch.backends.cudnn.allow_tf32 = bool(opts["tf32"])
+        if opts.get("mkldnn") is False:
+            torch.backends.mkldnn.enabled = False
+        yield
+    finally:
+        torch.backends.cudnn.enabled, torch.backends.cudnn.allow_tf32, torch.backends.mkldnn.enabled = saved
+
+
+def path_autocast(torch: Any, opts: dict, device_type: str) -> contextlib.AbstractContextManager:
+    """The path's autocast (``options["autocast"]``: a torch dtype name), or no context."""
+    name = opts.get("autocast")
+    if not name:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device_type, dtype=getattr(torch, str(name)))
