@@ -490,6 +490,8 @@ class BenchRunner:
             pytest.skip(f"not timed: {shared}; a benchmark needs a GPU of its own (use -n auto or fewer workers)")
         spec = case.shape.spec
         thresholds = self._thresholds()
+        phases = self.benchmark.extra_info.setdefault("phase_s", {})
+        started = time.perf_counter()
         run = path.prepare(make_case(spec, session.seed), device)
         call = run.forward if case.mode == "forward" else run.train_step
         extra = self.benchmark.extra_info
@@ -506,7 +508,10 @@ class BenchRunner:
             expected_precision=path.precision,
         )
         self.benchmark.group = f"{case.mode} {spec.short()}"
+        phases["prepare"] = time.perf_counter() - started
+        started = time.perf_counter()
         trace = run.trace_forward()
+        phases["trace"] = time.perf_counter() - started
         extra.update(
             kernel=trace.family, precision=trace.precision, kernels=list(trace.kernels[:8]), ops=list(trace.ops[:16])
         )
@@ -547,7 +552,9 @@ class BenchRunner:
         if data is None:
             return self._attach(extra, [], thresholds)
         flops = spec.flops_forward * (3 if case.mode == "train" else 1)  # backward ~ 2x forward
+        started = time.perf_counter()
         self._flops(extra, flops, trace.precision if trace.precision != "unknown" else path.precision)
+        phases["peak"] = time.perf_counter() - started
         return self._attach(extra, data, thresholds)
 
     def __call__(self, fn: Any, *, label: str = "call", flops: float | None = None) -> Any:
@@ -623,6 +630,8 @@ class BenchRunner:
         Fills ``extra``; returns the per-call samples, or None under ``--benchmark-disable``."""
         from . import timing
 
+        phases = extra.setdefault("phase_s", {})
+        started = time.perf_counter()
         device = _session(self.config).device
         clock = timing.benchmark_timer(self.config)
         extra["timer"] = f"{getattr(clock, '__module__', None) or 'time'}.{getattr(clock, '__name__', repr(clock))}"
@@ -664,10 +673,14 @@ class BenchRunner:
         if probe is not None:
             extra["drift_probe"] = probe.samples[-len(data) :] if data else []
         self._clock(extra, sampler, windows)
+        phases["rounds"], started = time.perf_counter() - started, time.perf_counter()
         self._device_time(extra, dev_time(plan.device_samples), data)
+        phases["device_time"], started = time.perf_counter() - started, time.perf_counter()
         self._counters(extra, counters)
+        phases["counters"], started = time.perf_counter() - started, time.perf_counter()
         extra["run_medians"] = timing.batch_medians(data)
         self._remeasure(extra, data, thresholds, timed, plan, rounds, clock, dev_time)
+        phases["remeasure"] = time.perf_counter() - started
         return data
 
     @staticmethod
