@@ -21,6 +21,7 @@ except PackageNotFoundError:  # running from a source tree that is not installed
 _EXPORTS = {
     "verify_model": "own_model",
     "ModelCheckFailed": "own_model",
+    "KnownFindingWarning": "own_model",
     "PathOutcome": "own_model",
     "model_paths": "own_model",
     "report": "eligibility_report",

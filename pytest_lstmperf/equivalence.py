@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from .case import make_case
-from .checks import SATISFIES, Mismatch, bound_precision, check_against, check_finite, check_trace, format_failure
+from .checks import Mismatch, bound_precision, check_against, check_finite, check_trace, format_failure, satisfies
 from .known_findings import KnownFinding, current_versions, explain_trace, findings_for
 from .reference import run_reference
 from .session import Finding, LstmPerfSession
@@ -93,10 +93,6 @@ def _fail(path_name: str, spec: LayerSpec, seed: int, mismatches: list[Mismatch]
     )
 
 
-def _same_precision(claimed: str, observed: str) -> bool:
-    return observed in SATISFIES.get(claimed, (claimed,))
-
-
 def _trace_checks(path: Any, spec: LayerSpec, result: Any, node: pytest.Item | None) -> list[Mismatch]:
     """Kernel and precision of each pass against the claim; a difference a known finding documents is
     recorded as confirmed (expected), any other is a mismatch."""
@@ -109,7 +105,7 @@ def _trace_checks(path: Any, spec: LayerSpec, result: Any, node: pytest.Item | N
             _note(
                 node, "lstmperf_observed", f"{'fwd' if pass_ == 'forward' else 'bwd'} {trace.family}/{trace.precision}"
             )
-        known = explain_trace(path, expected, trace, _same_precision) if found and trace is not None else None
+        known = explain_trace(path, expected, trace, satisfies) if found and trace is not None else None
         if known:
             for finding in known:
                 _tally(node).confirmed.setdefault(finding, []).append(spec.short())
