@@ -12,6 +12,9 @@ Hooks and fixture wiring only; the work lives in :mod:`.timing` (measuring), :mo
   pytest-benchmark loads it, so its comparison table and ``--benchmark-compare-fail`` work as usual; the
   gate then compares raw samples (:mod:`.regression`) and fails the session in ``pytest_sessionfinish``.
 * ``--lstmperf-save-baseline`` records missing entries, ``--lstmperf-update-baseline`` replaces them.
+* ``@pytest.mark.lstmperf`` on a test using pytest-benchmark's own ``benchmark`` fixture: that test's
+  ``benchmark(fn, *args, **kwargs)`` is measured as ``lstmperf_benchmark(fn)`` is (:class:`MarkedBenchmark`);
+  unmarked ``benchmark`` tests are left to pytest-benchmark.
 """
 
 from __future__ import annotations
@@ -43,6 +46,8 @@ if TYPE_CHECKING:
 
 RECORD_KEY = "lstmperf_bench"
 BENCH_FIXTURE = "lstmperf_benchmark"
+#: the marker that makes a plain ``benchmark`` test an lstmperf benchmark
+BENCH_MARKER = "lstmperf"
 GENERIC_FAMILIES = ("cuda-generic", "cpu-native")
 
 
@@ -299,6 +304,12 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers",
         "lstmperf_threshold(ratio=None, pvalue=None): per-test regression threshold for the speed gate "
         "(ratio of medians above which a significant slowdown fails; p-value level of the rank test)",
+    )
+    config.addinivalue_line(
+        "markers",
+        f"{BENCH_MARKER}(label='call', *, flops=None): measure this test's pytest-benchmark `benchmark(fn, *args, "
+        "**kwargs)` as lstmperf_benchmark(fn) does: device time, observed kernel, host counters, the device's "
+        "baseline (--lstmperf-save-baseline) and the speed gate (--benchmark-compare); flops= per call",
     )
     # pytest-benchmark loads what --benchmark-compare names in its own pytest_configure (trylast): point it
     # at this device's baseline first.
@@ -934,6 +945,85 @@ def _sampler(config: pytest.Config, device: DeviceInfo) -> ClockSampler | None:
 def lstmperf_benchmark(benchmark: Any, request: pytest.FixtureRequest, lstmperf: Any) -> BenchRunner:
     """Measure one :class:`BenchCase` through pytest-benchmark's ``benchmark`` fixture."""
     return BenchRunner(benchmark, request)
+
+
+class MarkedBenchmark:
+    """pytest-benchmark's ``benchmark`` in a test marked ``@pytest.mark.lstmperf``: ``benchmark(fn, *args,
+    **kwargs)`` is measured by :meth:`BenchRunner.__call__` (one record, baseline entry and gate verdict like
+    ``lstmperf_benchmark(fn)``); every other attribute (``extra_info``, ``group``, ...) is pytest-benchmark's."""
+
+    def __init__(self, benchmark: Any, runner: BenchRunner, label: str, flops: float | None) -> None:
+        object.__setattr__(self, "_parts", (benchmark, runner, label, flops))
+
+    def __call__(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        from functools import partial
+
+        _, runner, label, flops = self._parts
+        return runner(partial(fn, *args, **kwargs) if args or kwargs else fn, label=label, flops=flops)
+
+    def pedantic(self, *args: Any, **kwargs: Any) -> Any:
+        pytest.fail(
+            f"@pytest.mark.{BENCH_MARKER}: benchmark.pedantic(...) is not measured by pytest-lstmperf, which chooses "
+            "its own rounds (about 0.25 s of timed work) and synchronises after each call; call "
+            "benchmark(fn, *args, **kwargs) instead, or remove the marker to keep pytest-benchmark's pedantic mode",
+            pytrace=False,
+        )
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._parts[0], name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self._parts[0], name, value)
+
+
+def _marked_options(item: pytest.Item) -> tuple[str, float | None]:
+    """``(label, flops)`` of ``@pytest.mark.lstmperf``, or a test failure naming what is wrong."""
+    marker = item.get_closest_marker(BENCH_MARKER)
+    kwargs = dict(marker.kwargs) if marker is not None else {}
+    label = kwargs.pop("label", marker.args[0] if marker is not None and marker.args else "call")
+    flops = kwargs.pop("flops", None)
+    problem = ""
+    if kwargs or (marker is not None and len(marker.args) > 1):
+        problem = f"unknown arguments {sorted(kwargs) or list(marker.args[1:])} (valid: label, flops=)"
+    elif not isinstance(label, str) or not label:
+        problem = f"label={label!r}: a non-empty string"
+    elif flops is not None and (not isinstance(flops, (int, float)) or flops <= 0):
+        problem = f"flops={flops!r}: a positive number of floating-point operations per call"
+    if problem:
+        pytest.fail(f"@pytest.mark.{BENCH_MARKER}: {problem}", pytrace=False)
+    return label, flops
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A marked test that uses ``benchmark`` also gets ``lstmperf_benchmark`` (measured, recorded, gated)."""
+    for item in items:
+        names = getattr(item, "fixturenames", None)
+        if names is None or item.get_closest_marker(BENCH_MARKER) is None:
+            continue
+        if "benchmark" in names and BENCH_FIXTURE not in names:
+            names.append(BENCH_FIXTURE)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> Any:
+    """In a marked test, the test function gets :class:`MarkedBenchmark` as ``benchmark`` (pytest-benchmark
+    gets its own fixture back for its report)."""
+    if pyfuncitem.get_closest_marker(BENCH_MARKER) is None:
+        return (yield)
+    funcargs = pyfuncitem.funcargs
+    if "benchmark" not in funcargs:
+        pytest.fail(
+            f"@pytest.mark.{BENCH_MARKER} marks a pytest-benchmark test, and {pyfuncitem.name} uses no "
+            f"`benchmark` fixture: add it (benchmark(fn, *args)) or use the `{BENCH_FIXTURE}` fixture",
+            pytrace=False,
+        )
+    label, flops = _marked_options(pyfuncitem)
+    plain = funcargs["benchmark"]
+    funcargs["benchmark"] = MarkedBenchmark(plain, funcargs[BENCH_FIXTURE], label, flops)
+    try:
+        return (yield)
+    finally:
+        funcargs["benchmark"] = plain
 
 
 def _session(config: pytest.Config) -> Any:
