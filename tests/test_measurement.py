@@ -266,7 +266,7 @@ def test_user_benchmark_is_recorded_and_gated(user) -> None:
     assert result.ret == 0, result.stdout.str()
 
 
-MARKED_TEST = USER_TEST[: USER_TEST.index("def test_tagger_forward")] + """
+MARKED_TESTS = """
 def forward(net, x):
     with torch.no_grad():
         return net(x)
@@ -288,6 +288,7 @@ def test_marked_lenient(benchmark, model):
 def test_unmarked(benchmark):
     benchmark(sum, range(100))
 """
+MARKED_TEST = USER_TEST[: USER_TEST.index("def test_tagger_forward")] + MARKED_TESTS
 
 
 def test_marked_plain_benchmark_is_recorded_and_gated(user) -> None:
