@@ -104,6 +104,8 @@ def configs_from_model(model: Any, batch: int = 4, seq_len: int = 10, example_in
     if torch_nn is not None and isinstance(model, torch_nn.Module):
         seen = _torch_call_shapes(model, example_inputs)
         for module in model.modules():
+            if isinstance(module, (torch_nn.LSTMCell, torch_nn.GRUCell)):
+                configs.append((CELL_FRAMEWORK, _cell_spec(module, seen.get(id(module), (batch, seq_len))), None))
             if isinstance(module, (torch_nn.LSTM, torch_nn.GRU)):
                 configs.append((
                     "torch",
@@ -134,7 +136,12 @@ def _torch_call_shapes(model: Any, example_inputs: Any) -> dict[int, tuple[int, 
             t, b = (data.shape[1], data.shape[0]) if module.batch_first else (data.shape[0], data.shape[1])
             seen[id(module)] = (int(b), int(t))
 
+    def cell_hook(module: Any, args: tuple) -> None:
+        steps = seen.get(id(module), (0, 0))[1]
+        seen[id(module)] = (int(args[0].shape[0]) if args[0].dim() == 2 else 1, steps + 1)
+
     handles = [m.register_forward_pre_hook(hook) for m in model.modules() if isinstance(m, torch.nn.RNNBase)]
+    handles += [m.register_forward_pre_hook(cell_hook) for m in model.modules() if isinstance(m, torch.nn.RNNCellBase)]
     try:
         with torch.no_grad():
             model(*(example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)))
@@ -142,6 +149,45 @@ def _torch_call_shapes(model: Any, example_inputs: Any) -> dict[int, tuple[int, 
         for handle in handles:
             handle.remove()
     return seen
+
+
+#: the framework name of a torch LSTMCell/GRUCell row: a cell has no cuDNN or oneDNN kernel in PyTorch
+CELL_FRAMEWORK = "torch-cell"
+
+
+def _cell_spec(module: Any, batch_steps: tuple[int, int]) -> LayerSpec:
+    """A cell as a one-layer spec whose length is its number of calls per forward (the steps of its loop)."""
+    import torch
+
+    return LayerSpec(
+        cell="gru" if isinstance(module, torch.nn.GRUCell) else "lstm", input_size=module.input_size,
+        hidden_size=module.hidden_size, bias=bool(module.bias), batch=batch_steps[0], seq_len=batch_steps[1],
+    )  # fmt: skip
+
+
+def cell_verdict(spec: LayerSpec, device: Any) -> Verdict:
+    """A cell's row: it runs one step per call, and PyTorch has no cuDNN or oneDNN cell kernel, so a loop over
+    it runs the generic per-step kernels on every device (fused cell kernels on a GPU, matmuls and pointwise
+    ops on the CPU); only a whole-sequence ``nn.LSTM``/``nn.GRU`` reaches cuDNN or oneDNN."""
+    from .explain import Reason
+
+    kind = str(getattr(device, "kind", device)).split(":")[0]
+    layer = "LSTM" if spec.cell == "lstm" else "GRU"
+    reason = Reason(
+        rule="cell",
+        finding=f"nn.{layer}Cell({spec.input_size}, {spec.hidden_size}) steps one time step per call: PyTorch "
+        "has no cuDNN or oneDNN cell kernel",
+        change=f"run the sequence through nn.{layer}({spec.input_size}, {spec.hidden_size}) in one call "
+        "instead of a loop over the cell",
+        cost="per-step kernel launches and Python overhead for the whole loop; not measured here",
+        source="PyTorch: aten::lstm_cell/gru_cell (_thnn_fused_*_cell on CUDA) have no cuDNN or oneDNN "
+        "implementation (the kernel marker observes them as cuda-generic / cpu-native)",
+    )
+    return Verdict(
+        framework=CELL_FRAMEWORK, device=kind, spec=spec, options=None,
+        kernel="cuda-generic" if kind == "cuda" else "cpu-native", precision="fp32", reasons=(reason,),
+        rules_from="pytest_lstmperf.eligibility_report.cell_verdict",
+    )  # fmt: skip
 
 
 def _keras_input_shape(layer: Any) -> tuple[Any, ...] | None:
@@ -192,14 +238,17 @@ def falls_back(row: ReportRow) -> bool:
         return True
     if verdict.device.startswith("cuda"):
         return verdict.kernel != "cudnn"
-    return verdict.framework == "torch" and verdict.spec.cell == "lstm" and verdict.kernel != "onednn"
+    return verdict.framework in ("torch", CELL_FRAMEWORK) and verdict.spec.cell == "lstm" and verdict.kernel != "onednn"
 
 
 def report(model: Any, example_inputs: Any = None, *, device: str = "cpu", run: bool = False) -> list[ReportRow]:
     """The eligibility rows of a model's LSTM/GRU layers, in-process (torch or Keras on any backend)."""
     configs = configs_from_model(model, example_inputs=example_inputs)
     if not configs:
-        raise ValueError(f"{type(model).__name__}: no built LSTM/GRU layer found")
+        raise ValueError(
+            f"{type(model).__name__}: no built LSTM/GRU layer found (looked for torch nn.LSTM/nn.GRU/nn.LSTMCell/"
+            "nn.GRUCell modules and Keras LSTM/GRU layers, Bidirectional-wrapped ones included)"
+        )
     if run:
         from .device import resolve_device
 
@@ -230,8 +279,8 @@ def load_configs(source: str, batch: int = 4, seq_len: int = 10) -> list[Config]
     obj = getattr(module, attribute or "CONFIGS", None)
     if obj is None:
         raise ValueError(f"{source}: {module_name} has no attribute {attribute or 'CONFIGS'!r}")
-    if callable(obj) and not hasattr(obj, "modules") and not hasattr(obj, "_flatten_layers"):
-        obj = obj()
+    if isinstance(obj, type) or (callable(obj) and not hasattr(obj, "modules") and not hasattr(obj, "_flatten_layers")):
+        obj = obj()  # a model class or a factory: the model it builds
     if isinstance(obj, list):
         return [item if isinstance(item, tuple) else config_from_dict(item) for item in obj]
     return configs_from_model(obj, batch=batch, seq_len=seq_len)
@@ -284,6 +333,10 @@ def _median_train_time(run: Any, repeats: int = 5) -> float:
 def build_report(configs: list[Config], device: Any = "cpu", run: bool = False) -> list[ReportRow]:
     rows = []
     for framework, spec, options in configs:
+        if framework == CELL_FRAMEWORK:
+            verdict = cell_verdict(spec, device)
+            rows.append(ReportRow(verdict.config(), verdict, None, "?", "not measured: a cell loop vs nn.LSTM/GRU"))
+            continue
         verdict = explain(spec, framework, device, options, context=context_for(device))
         row = ReportRow(config=verdict.config(), verdict=verdict)
         row.slowdown, row.slowdown_source = _reference_slowdown(verdict)

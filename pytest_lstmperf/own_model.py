@@ -355,7 +355,10 @@ def verify_model(
     selected = model_paths(info.kind, paths)
     if not selected:
         raise ValueError(f"no PyTorch path for {info.name} in {paths!r} (see `lstmperf paths`)")
-    ref = _run(model, inputs, "cpu", torch.float64)
+    try:
+        ref = _run(model, inputs, "cpu", torch.float64)
+    except Exception as exc:
+        raise ValueError(f"the float64 reference run of {type(model).__name__} on the CPU {_raised(exc)}") from exc
     if not ref.layer_shapes:
         raise ValueError(f"no recurrent layer of {type(model).__name__} ran on the example inputs")
     spec = envelope_spec(list(ref.layer_shapes.values()))
@@ -399,10 +402,29 @@ def _verify_path(model: Any, inputs: tuple, info: Any, path: Any, ref: _Run, spe
     if reason:
         outcome.skipped = reason
         return outcome
-    run = _run(model, inputs, info.torch_device, torch.float32, path)
+    try:
+        run = _run(model, inputs, info.torch_device, torch.float32, path)
+    except Exception as exc:  # the model cannot run this path: a failure of the path, with what happened
+        text = f"the model, run on {info.torch_device} in float32 under this path's switches, {_raised(exc)}"
+        outcome.mismatches = [Mismatch("error", "run", text)]
+        outcome.report = format_failure(path.name, spec, SEED, outcome.mismatches)
+        return outcome
     claimed = [s for s in ref.layer_shapes.values() if path.supports(s) is None]
     _conclude(outcome, path, run, ref, path.expected(claimed[0]) if claimed else (path.kernel, path.precision), spec)
     return outcome
+
+
+def _raised(exc: Exception) -> str:
+    """``raised <type>: <first line>``, with what to change where the cause is a dtype fixed inside the model."""
+    text = f"raised {type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:300]}"
+    if "dtype" in str(exc) or "scalar type" in str(exc):
+        text += (
+            ". verify_model casts the model's parameters and floating-point inputs to each path's dtype (float64 "
+            "for the reference, float32 for the paths); a model that creates tensors of a fixed dtype in its "
+            "forward (torch.zeros(..., dtype=torch.double)) runs in that dtype only: create them like the input "
+            "(dtype=input.dtype, device=input.device)"
+        )
+    return text
 
 
 # ------------------------------------------------------------------------------------------ Keras models

@@ -102,6 +102,25 @@ def test_model_without_recurrent_layer_is_refused():
         verify_model(object(), None)
 
 
+def test_model_with_a_fixed_float64_state_fails_each_path_with_the_cause(x):
+    """pytorch/examples' time_sequence_prediction makes its LSTMCell states with ``dtype=torch.double``: run in
+    float32 on a path it raises inside torch; each path fails with what was raised and what to change."""
+
+    class DoubleStates(CellLoop):
+        def forward(self, x):
+            h = c = torch.zeros(x.shape[1], 8, dtype=torch.double)
+            for t in range(x.shape[0]):
+                h, c = self.cell(x[t], (h, c))
+            return h
+
+    torch.manual_seed(0)
+    with pytest.raises(ModelCheckFailed) as failed:
+        verify_model(DoubleStates(), x.double(), device="cpu", paths=["torch-cpu-native"])
+    text = str(failed.value)
+    assert "[error] the model, run on cpu in float32 under this path's switches, raised RuntimeError" in text
+    assert "create them like the input (dtype=input.dtype" in text
+
+
 def test_growth_comes_from_the_recurrent_layers():
     lstm = layer_spec(torch.nn.LSTM(6, 8, num_layers=2), seq_len=7, batch=3)
     gru = layer_spec(torch.nn.GRU(8, 5, bidirectional=True), seq_len=7, batch=3)
