@@ -165,7 +165,7 @@ def _run(model: Any, inputs: tuple, device: str, dtype: Any, path: Any = None) -
         leaf.requires_grad_(True)
     shapes = _shape_hooks(copy_)
     recorder = LayerRecorder()
-    with _switches(path), torch_layer_trace(recorder):
+    with _switches(path), torch_layer_trace(recorder), _default_dtype(torch, dtype):
         with _autocast(path, device):
             out = copy_(*args)
         outs = [t for t in _tensors(out) if t.is_floating_point()]
@@ -183,6 +183,18 @@ def _run(model: Any, inputs: tuple, device: str, dtype: Any, path: Any = None) -
         traces=recorder.traces(),
         layer_shapes=shapes,  # type: ignore[arg-type]
     )
+
+
+@contextlib.contextmanager
+def _default_dtype(torch: Any, dtype: Any) -> Any:
+    """``dtype`` as torch's default floating dtype for the run: tensors the model makes itself without a dtype
+    (``torch.zeros(1, 1, hidden)`` for a first hidden state) follow the run's dtype, float64 in the reference."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
 
 
 def _shape_hooks(model: Any) -> dict[str, Any]:
@@ -420,9 +432,9 @@ def _raised(exc: Exception) -> str:
     if "dtype" in str(exc) or "scalar type" in str(exc):
         text += (
             ". verify_model casts the model's parameters and floating-point inputs to each path's dtype (float64 "
-            "for the reference, float32 for the paths); a model that creates tensors of a fixed dtype in its "
-            "forward (torch.zeros(..., dtype=torch.double)) runs in that dtype only: create them like the input "
-            "(dtype=input.dtype, device=input.device)"
+            "for the reference, float32 for the paths; tensors the model makes with no dtype follow it); a model "
+            "that fixes a dtype in its forward (torch.zeros(..., dtype=torch.double), x.float()) runs in that "
+            "dtype only: make them like the input (dtype=input.dtype, device=input.device)"
         )
     return text
 

@@ -118,7 +118,31 @@ def test_model_with_a_fixed_float64_state_fails_each_path_with_the_cause(x):
         verify_model(DoubleStates(), x.double(), device="cpu", paths=["torch-cpu-native"])
     text = str(failed.value)
     assert "[error] the model, run on cpu in float32 under this path's switches, raised RuntimeError" in text
-    assert "create them like the input (dtype=input.dtype" in text
+    assert "make them like the input (dtype=input.dtype" in text
+
+
+class TutorialEncoder(torch.nn.Module):
+    """The pattern of pytorch/tutorials' seq2seq encoder: the first hidden state made inside, with no dtype."""
+
+    def __init__(self, cast_to_float32: bool = False) -> None:
+        super().__init__()
+        self.gru = torch.nn.GRU(6, 8)
+        self.cast = cast_to_float32
+
+    def forward(self, x):
+        hidden = torch.zeros(1, x.shape[1], 8)
+        return self.gru(x.float() if self.cast else x, hidden)[0]
+
+
+def test_tensors_made_without_a_dtype_follow_the_reference_and_a_cast_is_a_clear_error(x):
+    """A state made with the default dtype is float64 in the reference run, float32 on the paths (a float32
+    state would stop the GRU in the reference); a model that casts to float32 itself cannot run the float64
+    reference: a clear error naming what was raised and what to change."""
+    torch.manual_seed(0)
+    outcomes = verify_model(TutorialEncoder(), x, device="cpu", paths=["torch-cpu-native"])
+    assert outcomes[0].ok and outcomes[0].errors
+    with pytest.raises(ValueError, match=r"float64 reference run of TutorialEncoder on the CPU raised ValueError"):
+        verify_model(TutorialEncoder(cast_to_float32=True), x, device="cpu", paths=["torch-cpu-native"])
 
 
 def test_growth_comes_from_the_recurrent_layers():

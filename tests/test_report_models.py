@@ -139,6 +139,33 @@ def test_cell_loop_model_is_reported_as_falling_back(
     assert "2 of 2 layers fall back" in capsys.readouterr().out
 
 
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")
+def test_rows_name_their_layer_and_a_per_step_loop_is_noted() -> None:
+    """Two GRUs of one shape (a seq2seq encoder and decoder) are told apart by their names in the model; a GRU
+    called once per token (pytorch/tutorials' seq2seq pattern) is eligible, with a note that says so."""
+    import torch
+
+    from pytest_lstmperf import report
+
+    class PerToken(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.encoder = torch.nn.Sequential(torch.nn.GRU(8, 8))
+            self.decoder = torch.nn.GRU(8, 8)
+
+        def forward(self, x):
+            hidden = None
+            for t in range(x.shape[0]):
+                _, hidden = self.encoder[0](x[t : t + 1], hidden)
+            return self.decoder(x, hidden)[0]
+
+    rows = report(PerToken(), torch.randn(5, 2, 8), device="cuda")
+    assert [(r.layer, r.verdict.spec.seq_len) for r in rows] == [("encoder.0", 1), ("decoder", 5)]
+    assert rows[0].config.startswith("encoder.0: torch gru-I8-H8-L1-B2-T1")
+    assert any("called 5 times in one forward" in n for n in rows[0].verdict.notes)
+    assert not any("called" in n for n in rows[1].verdict.notes)
+
+
 @settings(max_examples=10, deadline=None, derandomize=True)
 @given(config=lstm_configs("ci"), path=path_names("cpu"))
 def test_public_strategies_build_torch_layers(config: dict, path: str) -> None:
