@@ -505,6 +505,10 @@ class _Server:
 
 def serve(backend: str) -> int:
     """The worker's main loop (run as ``python -m pytest_lstmperf.keras_worker BACKEND``)."""
+    if backend != "jax":
+        # Keras imports JAX, when installed, for its Orbax checkpoint callback alone: seconds of start-up in a
+        # worker that never uses it
+        sys.modules.setdefault("jax", None)  # type: ignore[arg-type]
     channel = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # stray prints from the libraries go to the log, never into the protocol
     inbox = sys.stdin.buffer

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -418,6 +418,31 @@ def per_call_spread(base_extra: Mapping[str, Any], base_data: Sequence[float]) -
         return float(stored["per_call_spread"]), str(stored.get("source", "recorded"))
     record = noise_record(base_extra, base_data)
     return record["per_call_spread"], str(record["source"])
+
+
+def pooled_spread(entries: Iterable[Mapping[str, Any]]) -> tuple[float | None, int]:
+    """The median per-call noise band over a baseline's entries recorded from two or more runs, and how many
+    there were. One entry's spread from three runs is itself a noisy estimate (on the H100 host the per-call
+    time of the same benchmark moved 0.7-1.9x between machines of one type while some entries' three
+    recording runs agreed within 5%); the pooled median is the steadier estimate of the host's noise."""
+    spreads = []
+    for entry in entries:
+        band = (entry.get("extra_info") or {}).get("noise_band")
+        if isinstance(band, Mapping) and int(band.get("runs") or 0) >= 2 and band.get("per_call_spread") is not None:
+            spreads.append(float(band["per_call_spread"]))
+    return (statistics.median(spreads) if spreads else None), len(spreads)
+
+
+#: a CUDA-events device time this close to the time per call measured the host's launch rate, not the GPU
+HOST_BOUND_EVENTS = 0.8
+
+
+def events_host_bound(extra: Mapping[str, Any]) -> bool:
+    """Device time from CUDA events (capture failed) that is mostly launch gaps: the GPU waited for the host."""
+    device, per_call = extra.get("device_time_s"), extra.get("time_per_call_s")
+    if extra.get("device_time_method") != "cuda-events" or not device or not per_call:
+        return False
+    return float(device) >= HOST_BOUND_EVENTS * float(per_call)
 
 
 def _log_iqr(values: Sequence[float]) -> float:
