@@ -208,10 +208,7 @@ def torch_trace(device: str, phase: str, profile_kernels: bool | None = None) ->
             torch.cuda.synchronize()
     kernels: list[str] = []
     if profiler is not None:
-        for event in profiler.events():
-            device_type = getattr(event, "device_type", None)
-            if device_type is not None and "CUDA" in str(device_type) and event.name not in kernels:
-                kernels.append(event.name)
+        kernels = list(dict.fromkeys(name for name, on_gpu in profiled_events(profiler) if on_gpu))
     ops = tuple(dict.fromkeys(recorder.ops))
     family = classify_torch_ops(ops, device)
     precision = precision_from(recorder.dtypes or recorder.matmul_dtypes, kernels)
@@ -231,6 +228,29 @@ def torch_trace(device: str, phase: str, profile_kernels: bool | None = None) ->
             detail=detail,
         )
     )
+
+
+def profiled_events(profiler: object) -> list[tuple[str, bool]]:
+    """``(name, on_gpu)`` of every event a finished ``torch.profiler.profile`` recorded, read from the raw
+    results: building torch's ``FunctionEvent`` list (``profiler.events()``) costs seconds for a call with
+    tens of thousands of ops (a Keras loop over 100 steps), reading the raw events a few milliseconds.
+    Names are demangled as ``events()`` demangles them."""
+    import torch
+
+    try:
+        raw = profiler.profiler.kineto_results.events()  # type: ignore[attr-defined]
+    except AttributeError:  # another profiler implementation: the slow, documented way
+        return [(e.name, "CUDA" in str(getattr(e, "device_type", ""))) for e in profiler.events()]  # type: ignore[attr-defined]
+    names: dict[str, str] = {}
+    out = []
+    for event in raw:
+        if getattr(event, "is_hidden_event", lambda: False)():  # as events() skips them
+            continue
+        name = event.name()
+        if name not in names:
+            names[name] = torch._C._demangle(name) if len(name) > 1 else name
+        out.append((names[name], "CUDA" in str(event.device_type())))
+    return out
 
 
 # ------------------------------------------------------------------------------------ per layer call

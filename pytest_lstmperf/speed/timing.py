@@ -283,11 +283,12 @@ def host_counters(call: Callable[[], object], device: str) -> dict[str, Any]:
     out = {"aten_ops": counter.ops, "kernels": 0, "syncs": 0, "alloc_bytes": counter.fresh_bytes}
     if profiler is not None:
         kernels = syncs = 0
-        for event in profiler.events():
-            kind = str(getattr(event, "device_type", ""))
-            if "CUDA" in kind:
-                kernels += not event.name.startswith(("Memcpy", "Memset"))  # copies and fills are no launches
-            elif event.name.split("_v")[0] in SYNC_EVENTS:  # runtime names may carry a version suffix
+        from ..observation.torch_trace import profiled_events
+
+        for name, on_gpu in profiled_events(profiler):
+            if on_gpu:
+                kernels += not name.startswith(("Memcpy", "Memset"))  # copies and fills are no launches
+            elif name.split("_v")[0] in SYNC_EVENTS:  # runtime names may carry a version suffix
                 syncs += 1
         after = torch.cuda.memory_stats(device).get("allocated_bytes.all.allocated", 0)
         # the synchronisation that closes the counted call is ours, not the call's
