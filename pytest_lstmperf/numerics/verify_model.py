@@ -6,11 +6,11 @@ CUDA, CPU oneDNN / native, autocast fp16 / bf16), with only that path's switches
 suites do on their own layers:
 
 * the kernel of every recurrent layer call (forward, per call) and of the backward pass, against what the path
-  claims for that layer (:meth:`ExecutionPath.expected`, judged by :func:`pytest_lstmperf.checks.check_trace`);
+  claims for that layer (:meth:`ExecutionPath.expected`, judged by :func:`pytest_lstmperf.numerics.checks.check_trace`);
   a layer the path does not claim (a GRU on the oneDNN path: PyTorch has no oneDNN GRU) is listed, not judged;
 * every output and every gradient (w.r.t. the parameters and the floating-point inputs) against the float64
   run of a deep copy of the model on the CPU, within the tolerance of the precision the path claims
-  (:func:`pytest_lstmperf.tolerance.tolerance`), and finite.
+  (:func:`pytest_lstmperf.numerics.tolerance.tolerance`), and finite.
 
 The tolerance's growth comes from an *envelope* spec of the recurrent layers found in the model: depth = the
 sum of their layers (a cell called in a loop counts one layer), width = the largest input and hidden sizes,
@@ -30,8 +30,8 @@ from typing import Any
 
 import numpy as np
 
+from ..model.spec import LayerSpec
 from .checks import Mismatch, check_trace, format_failure, relative_error
-from .spec import LayerSpec
 from .tolerance import tolerance
 
 SEED = 0
@@ -141,7 +141,7 @@ def _run(model: Any, inputs: tuple, device: str, dtype: Any, path: Any = None) -
     """Forward and backward of a copy of ``model`` on ``device`` in ``dtype``, under ``path``'s switches."""
     import torch
 
-    from .trace import LayerRecorder, torch_layer_trace
+    from ..observation.torch_trace import LayerRecorder, torch_layer_trace
 
     copy_ = _without_dropout(copy.deepcopy(model)).to(device=device, dtype=dtype)
     args = _map_tensors(inputs, lambda t: t.detach().to(device=device, dtype=dtype if t.is_floating_point() else None))
@@ -174,7 +174,7 @@ def _shape_hooks(model: Any) -> dict[str, Any]:
     """Records each recurrent layer's spec with the batch and length it was called with."""
     import torch
 
-    from .trace import _layer_name
+    from ..observation.torch_trace import _layer_name
 
     specs: dict[str, Any] = {"_handles": []}
     for module in model.modules():
@@ -200,7 +200,7 @@ def _shape_hooks(model: Any) -> dict[str, Any]:
 def _switches(path: Any) -> contextlib.AbstractContextManager:
     import torch
 
-    from .paths.torch_paths import path_switches
+    from ..paths.torch_paths import path_switches
 
     return path_switches(torch, {} if path is None else path.options)
 
@@ -208,7 +208,7 @@ def _switches(path: Any) -> contextlib.AbstractContextManager:
 def _autocast(path: Any, device: str) -> contextlib.AbstractContextManager:
     import torch
 
-    from .paths.torch_paths import path_autocast
+    from ..paths.torch_paths import path_autocast
 
     return path_autocast(torch, {} if path is None else path.options, device.split(":")[0])
 
@@ -290,7 +290,7 @@ def _check_numbers(
 # ------------------------------------------------------------------------------------------ entry point
 def model_paths(device: str, names: Sequence[str] | None = None) -> list[Any]:
     """The PyTorch paths a user's model runs on ``device`` (``cpu``/``cuda``): the registry's non-packed ones."""
-    from . import paths as registry
+    from .. import paths as registry
 
     kind = device.split(":")[0]
     chosen = registry.for_device(kind, names)
@@ -315,7 +315,7 @@ def verify_model(
         return _finish(verify_keras_model(model, example_inputs, device=device, paths=paths), raise_on_failure)
     import torch
 
-    from .device import resolve_device
+    from ..device import resolve_device
 
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"verify_model takes a torch.nn.Module or a Keras model, got {type(model).__name__}")
@@ -401,7 +401,7 @@ def _keras_run(model: Any, inputs: Any) -> _Run:
     """Outputs and gradients w.r.t. the trainable weights (inference mode: no dropout), observed per layer."""
     import keras
 
-    from .kernel_marker import observe
+    from ..hooks.kernel_marker import observe
 
     with observe() as seen:
         if keras.backend.backend() == "tensorflow":
@@ -448,7 +448,7 @@ def keras_model_paths(device: str) -> list[Any]:
     """The model as built (the backend's default kernel choice) and, on a GPU, with ``use_cudnn=False``."""
     import keras
 
-    from . import paths as registry
+    from .. import paths as registry
 
     backend = "tf" if keras.backend.backend() == "tensorflow" else "torch"
     kind = device.split(":")[0]
@@ -461,7 +461,7 @@ def verify_keras_model(
 ) -> list[PathOutcome]:
     """:func:`verify_model` for a Keras model on the backend Keras runs (one per process): the model as built
     (and, on a GPU, with cuDNN off) against a float64 clone of it with the same weights."""
-    from .eligibility_report import configs_from_model
+    from ..observation.eligibility import configs_from_model
 
     configs = configs_from_model(model)
     if not configs:

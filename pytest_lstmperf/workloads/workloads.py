@@ -295,8 +295,8 @@ class VarLenWorkload:
     def reference(self) -> VarLenResult:
         """Every sequence without padding, in float64, from the numpy reference (``reference.py``) with the
         module's weights: sequences of one length form one batch."""
-        from .reference import forward_reference
-        from .spec import LayerSpec
+        from ..model.reference import forward_reference
+        from ..model.spec import LayerSpec
 
         weights = {name: p.detach().double().cpu().numpy() for name, p in self.module.named_parameters()}
         outputs: list[np.ndarray | None] = [None] * len(self.lengths)
@@ -315,7 +315,7 @@ class VarLenWorkload:
 
 def max_relative_error(result: VarLenResult, reference: VarLenResult) -> float:
     """The largest per-sequence relative error (checks.relative_error) over outputs and last states."""
-    from .checks import relative_error
+    from ..numerics.checks import relative_error
 
     errors = [relative_error(a, b) for a, b in zip(result.outputs, reference.outputs, strict=True)]
     errors += [relative_error(a, b) for a, b in zip(result.last, reference.last, strict=True)]
@@ -345,7 +345,7 @@ def crossover_sweep(
     kind to its DeviceInfo). At each batch the paths are timed in alternation (:func:`paired_median_times`),
     so a change of load moves them alike and the comparison holds. Unavailable paths and failures become
     points with ``seconds=None`` and a note."""
-    from . import paths as registry
+    from .. import paths as registry
 
     paths = {name: registry.get(name) for name in path_names}
     reasons: dict[str, str | None] = {}
@@ -367,7 +367,7 @@ def _sweep_batch(
     spec: Any, paths: dict[str, Any], reasons: dict[str, str | None], devices: dict[str, Any], repeats: int, seed: int
 ) -> list[SweepPoint]:
     """One batch size of the sweep: every path prepared and traced, then all timed in alternation."""
-    from .case import make_case
+    from ..model.case import make_case
 
     case = make_case(spec, seed)
     found: dict[str, SweepPoint] = {}
@@ -437,7 +437,7 @@ def plot_sweep(points: Sequence[SweepPoint], out: Any, title: str, marks: dict[s
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from .speed_report import plain_log_scale
+    from ..speed.report import plain_log_scale
 
     fig, ax = plt.subplots(figsize=(8, 5))
     for name in dict.fromkeys(p.path for p in points):
@@ -500,8 +500,8 @@ def measure_overhead(cell: str, input_size: int, hidden: int, layers: int, batch
     module's flat weights) and, on CUDA, a CUDA-graph replay of the same call (the device-only cost)."""
     import torch
 
-    from . import timing
-    from .trace import torch_trace
+    from ..observation.torch_trace import torch_trace
+    from ..speed import timing
 
     dev = torch.device(device)
     cls = torch.nn.LSTM if cell == "lstm" else torch.nn.GRU

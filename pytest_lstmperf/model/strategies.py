@@ -143,7 +143,7 @@ def specs_for_path(path: object, bounds: ShapeBounds) -> st.SearchStrategy[Layer
 
 
 def _bound_ok(path: object, spec: LayerSpec, pass_: str) -> bool:
-    from .tolerance import ToleranceTooLoose, tolerance
+    from ..numerics.tolerance import ToleranceTooLoose, tolerance
 
     family, precision = path.expected(spec)  # type: ignore[attr-defined]
     try:
@@ -220,7 +220,7 @@ def devices(include_unusable: bool = False) -> st.SearchStrategy[str]:
 
 def path_names(device: str = "cpu", framework: str | None = "torch") -> st.SearchStrategy[str]:
     """Names of the registered execution paths of ``device`` (and ``framework``: torch, keras; None: all)."""
-    from . import paths as registry
+    from .. import paths as registry
 
     names = [
         p.name

@@ -32,7 +32,7 @@ def add_row(request: pytest.FixtureRequest, kind: str, **row: Any) -> None:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    from .session import PropertyCollector
+    from ..session import PropertyCollector
 
     rows: list[dict[str, Any]] = []
     config.stash[ROWS_KEY] = rows
@@ -373,7 +373,7 @@ def _plot_scaling(out: Path, rows: list[dict[str, Any]]) -> Path | None:
 def _plot_overhead(out: Path, rows: list[dict[str, Any]]) -> Path | None:
     """Each framework's call time over the raw cost (1.0 = no overhead) against the raw cost, one point per
     shape and framework (log scales): the overhead falls as the device work grows."""
-    from .speed_report import plain_log_scale
+    from ..speed.report import plain_log_scale
 
     plt = _pyplot()
 
@@ -412,7 +412,7 @@ def _plot_overhead(out: Path, rows: list[dict[str, Any]]) -> Path | None:
 def _plot_precision(out: Path, rows: list[dict[str, Any]]) -> Path | None:
     """Per shape, forward time against error for every precision path (what precision buys and costs); the
     legend below the panels, so that it takes no width from them."""
-    from .speed_report import plain_log_scale
+    from ..speed.report import plain_log_scale
 
     plt = _pyplot()
     shapes = sorted({r["shape"] for r in rows})

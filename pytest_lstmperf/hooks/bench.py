@@ -30,16 +30,16 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from . import options
-from .options import Setting, add_setting, parse_bool, parse_choice, parse_float
+from .. import options
+from ..options import Setting, add_setting, parse_bool, parse_choice, parse_float
 
 if TYPE_CHECKING:
-    from .baseline import Baseline, SaveReport
-    from .device import DeviceInfo
-    from .paths import ExecutionPath
-    from .regression import Decision, GateResult
-    from .shapes import BenchShape
-    from .timing import ClockSampler
+    from ..device import DeviceInfo
+    from ..paths import ExecutionPath
+    from ..speed.baseline import Baseline, SaveReport
+    from ..speed.regression import Decision, GateResult
+    from ..speed.shapes import BenchShape
+    from ..speed.timing import ClockSampler
 
 RECORD_KEY = "lstmperf_bench"
 BENCH_FIXTURE = "lstmperf_benchmark"
@@ -254,12 +254,12 @@ def _device(config: pytest.Config) -> DeviceInfo:
     """The session's device; before the session exists (configure time), resolved the same way."""
     state = _state(config)
     if state.device is None:
-        from .session import SESSION_KEY
+        from ..session import SESSION_KEY
 
         if SESSION_KEY in config.stash:
             state.device = config.stash[SESSION_KEY].device
         else:  # configure time: the session is created later, from the same settings
-            from .device import DeviceError, resolve_device
+            from ..device import DeviceError, resolve_device
 
             dev = _setting(config, "lstmperf_device")
             try:
@@ -270,7 +270,7 @@ def _device(config: pytest.Config) -> DeviceInfo:
 
 
 def _fields(device: DeviceInfo) -> dict[str, str]:
-    from .baseline import comparable_fields
+    from ..speed.baseline import comparable_fields
 
     return comparable_fields(device.kind, device.fingerprint)
 
@@ -287,7 +287,7 @@ def record_command(config: pytest.Config, flag: str = "--lstmperf-save-baseline"
 
 
 def _store(config: pytest.Config):
-    from .baseline import BaselineStore
+    from ..speed.baseline import BaselineStore
 
     return BaselineStore(_baselines_dir(config), record_hint=record_command(config))
 
@@ -318,7 +318,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if not _is_worker(config):
         from functools import partial
 
-        from .session import PropertyCollector
+        from ..session import PropertyCollector
 
         collector = PropertyCollector(RECORD_KEY, partial(_collect_record, config))
         config.pluginmanager.register(collector, "lstmperf-bench-collector")
@@ -363,7 +363,7 @@ def _take_over_compare(config: pytest.Config) -> None:
 
 
 def _point_compare(config: pytest.Config, compare: object) -> None:
-    from .baseline import BaselineError, differences, load
+    from ..speed.baseline import BaselineError, differences, load
 
     state = _state(config)
     state.compare_requested = True
@@ -443,7 +443,7 @@ def bench_params(config: pytest.Config, mode: str) -> list[Any]:
 
     Paths the device cannot run are kept as skipped parameters, so that the summary says why.
     """
-    from .shapes import bench_set
+    from ..speed.shapes import bench_set
 
     session = _session(config)
     set_name = _setting(config, "lstmperf_bench_set").value
@@ -472,9 +472,9 @@ class BenchRunner:
         self.config = request.config
 
     def measure(self, case: BenchCase) -> dict[str, Any]:
-        from . import paths as registry
-        from .case import make_case
-        from .shapes import ROUNDS
+        from .. import paths as registry
+        from ..model.case import make_case
+        from ..speed.shapes import ROUNDS
 
         session = _session(self.config)
         device = session.device
@@ -483,7 +483,7 @@ class BenchRunner:
         reason = path.available(device)
         if reason:
             pytest.skip(f"{path.name}: {reason}")
-        from .device import shared_gpu
+        from ..device import shared_gpu
 
         shared = shared_gpu(device)
         if shared:
@@ -519,7 +519,7 @@ class BenchRunner:
         mismatch = kernel_mismatch(path, trace)
         if mismatch:
             self._attach(extra, [], thresholds, failed="kernel")
-            from .session import Finding
+            from ..session import Finding
 
             known = known_kernel_finding(path, trace)
             message = f"known finding on {path.name} ({spec.short()}): {known}" if known else mismatch
@@ -538,7 +538,7 @@ class BenchRunner:
         # a run whose kernels launch in another process (Keras's worker) measures its device time and
         # counts its host work there
         own_time, own_counts = getattr(run, "device_time", None), getattr(run, "host_counters", None)
-        from . import timing
+        from ..speed import timing
 
         def dev_time(samples: int) -> timing.DeviceTime:
             if own_time is not None:
@@ -564,13 +564,13 @@ class BenchRunner:
         runs PyTorch work (a ``torch.nn.Module``, or Keras on the torch backend) and must not synchronise;
         the benchmark synchronises after each timed call. ``flops`` (per call), when given, adds achieved
         FLOP/s; none is made up otherwise. Returns what one call of ``fn`` returned."""
-        from . import timing
-        from .shapes import ROUNDS
-        from .trace import torch_trace
+        from ..observation.torch_trace import torch_trace
+        from ..speed import timing
+        from ..speed.shapes import ROUNDS
 
         session = _session(self.config)
         device = session.device
-        from .device import shared_gpu
+        from ..device import shared_gpu
 
         shared = shared_gpu(device)
         if shared:
@@ -628,7 +628,7 @@ class BenchRunner:
         counters (``counters()``, one untimed call, no tracing during the rounds), the run medians and, when a
         baseline entry is compared and the first figures look like a regression, a second measurement.
         Fills ``extra``; returns the per-call samples, or None under ``--benchmark-disable``."""
-        from . import timing
+        from ..speed import timing
 
         phases = extra.setdefault("phase_s", {})
         started = time.perf_counter()
@@ -685,7 +685,7 @@ class BenchRunner:
 
     @staticmethod
     def _device_time(extra: dict[str, Any], dev: Any, data: list[float]) -> None:
-        from . import timing
+        from ..speed import timing
 
         median = sorted(data)[len(data) // 2] if data else None
         extra.update(
@@ -712,7 +712,7 @@ class BenchRunner:
             extra["host_counters_note"] = note
 
     def _flops(self, extra: dict[str, Any], flops: float, precision: str) -> None:
-        from . import timing
+        from ..speed import timing
 
         busy = extra.get("device_time_s") or extra.get("time_per_call_s")
         peak = timing.measured_peak_flops(_session(self.config).device.torch_device, precision)
@@ -745,8 +745,8 @@ class BenchRunner:
         """When a baseline is compared and the first measurement's ratio of medians is over the threshold,
         measure again (fresh warm-up, twice the rounds and device samples) and record both in
         ``extra["remeasured"]``: the first figures alone never fail the build."""
-        from . import timing
-        from .regression import pick_samples
+        from ..speed import timing
+        from ..speed.regression import pick_samples
 
         entry = self._baseline_entry()
         if entry is None or not data:
@@ -854,10 +854,10 @@ def _synchronizer(torch_device: str) -> Any:
 def kernel_mismatch(path: ExecutionPath, trace: Any) -> str:
     """A message when the observed kernel family or precision is not what the path claims, else ''.
 
-    fp32 and tf32 count as one precision: TF32 is inferred from GEMM kernel names (see trace.py), which a
+    fp32 and tf32 count as one precision: TF32 is inferred from GEMM kernel names (see torch_trace.py), which a
     cuDNN RNN kernel does not always show; the equivalence suite's tolerances tell them apart.
     """
-    from .regression import same_kernel
+    from ..speed.regression import same_kernel
 
     expected = f"{path.kernel}/{path.precision}"
     observed = f"{trace.family}/{trace.precision}"
@@ -872,10 +872,10 @@ def kernel_mismatch(path: ExecutionPath, trace: Any) -> str:
 
 def known_kernel_finding(path: ExecutionPath, trace: Any) -> str | None:
     """The documented upstream behaviour that explains a kernel mismatch, else None: every differing part
-    must be explained by a finding of ``pytest_lstmperf.known_findings`` (the one table the equivalence suites
+    must be explained by a finding of ``pytest_lstmperf.observation.claims`` (the one table the equivalence suites
     read too); on versions other than it was seen with, the text says it was re-confirmed."""
-    from .known_findings import current_versions, explain_trace
-    from .regression import same_kernel
+    from ..observation.claims import current_versions, explain_trace
+    from ..speed.regression import same_kernel
 
     found = explain_trace(
         path,
@@ -890,9 +890,9 @@ def known_kernel_finding(path: ExecutionPath, trace: Any) -> str | None:
 
 
 def _explanation(path: ExecutionPath, spec: Any, device: Any, trace: Any) -> str:
-    """The explainer's prediction and reasons (``pytest_lstmperf.explain``), when it is there and can judge."""
+    """The explainer's prediction and reasons (``observation.explain``), when it is there and can judge."""
     try:
-        from .explain import explain
+        from ..observation.explain import explain
     except ImportError:
         return ""
     framework = "torch" if path.framework == "torch" else path.framework
@@ -924,7 +924,7 @@ def _plain(value: Any) -> Any:
 def _sampler(config: pytest.Config, device: DeviceInfo) -> ClockSampler | None:
     state = _state(config)
     if state.sampler is None:
-        from .timing import ClockSampler
+        from ..speed.timing import ClockSampler
 
         state.sampler = ClockSampler(device.torch_device).start()
     return state.sampler
@@ -938,7 +938,7 @@ def lstmperf_benchmark(benchmark: Any, request: pytest.FixtureRequest, lstmperf:
 
 def _session(config: pytest.Config) -> Any:
     """The run's LstmPerfSession, created from the settings if no hook has created it yet."""
-    from .session import SESSION_KEY, LstmPerfSession
+    from ..session import SESSION_KEY, LstmPerfSession
 
     if SESSION_KEY not in config.stash:
         config.stash[SESSION_KEY] = LstmPerfSession.from_config(config)
@@ -972,7 +972,7 @@ def pytest_benchmark_update_machine_info(config: pytest.Config, machine_info: di
         device = _device(config)
     except pytest.UsageError:
         return
-    from .baseline import device_key
+    from ..speed.baseline import device_key
 
     machine_info["lstmperf"] = {"device_key": device_key(_fields(device)), "fingerprint": dict(device.fingerprint)}
 
@@ -984,7 +984,7 @@ def pytest_benchmark_update_json(config: pytest.Config, benchmarks: Any, output_
         device = _device(config)
     except pytest.UsageError:
         return
-    from .baseline import FORMAT, device_key
+    from ..speed.baseline import FORMAT, device_key
 
     fields = _fields(device)
     output_json["lstmperf"] = {
@@ -1069,7 +1069,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 def _record_baseline(config: pytest.Config, state: GateState, session: pytest.Session, measured: list) -> None:
     """Record this run's benchmarks, only when the run completed: an interrupted run (Ctrl-C, -x, a failing
     test) would leave a partial baseline, so it records nothing and says so."""
-    from .baseline import BaselineError
+    from ..speed.baseline import BaselineError
 
     status = pytest.ExitCode(session.exitstatus) if isinstance(session.exitstatus, int) else session.exitstatus
     if status != pytest.ExitCode.OK or session.shouldstop or session.shouldfail:
@@ -1105,7 +1105,7 @@ def _write_report(config: pytest.Config, state: GateState) -> None:
     report_dir = _setting(config, "lstmperf_report").value
     if not (report_dir and state.records):
         return
-    from .speed_report import write_report
+    from ..speed.report import write_report
 
     try:
         state.report_path = write_report(
@@ -1171,7 +1171,7 @@ def _write_xdist_json(config: pytest.Config, target: Any, records: list[dict[str
     """pytest-benchmark writes no ``--benchmark-json`` under pytest-xdist (it disables itself there): write
     every worker's records into it, in pytest-benchmark's layout. ``target`` is a path (pytest-benchmark
     5.3 and later: written atomically) or the binary file pytest-benchmark opened (earlier versions)."""
-    from .baseline import _atomic_write, bench_entry
+    from ..speed.baseline import _atomic_write, bench_entry
 
     header = _header(config)
     data: dict[str, Any] = {
@@ -1213,11 +1213,11 @@ class GateKnobs:
 
 def run_gate(config: pytest.Config, state: GateState) -> GateResult:
     """Every record against the baseline; baseline entries this run did not measure are not-run or path-lost."""
-    from .regression import Decision, GateResult
-    from .session import SESSION_KEY
+    from ..session import SESSION_KEY
+    from ..speed.regression import Decision, GateResult
 
     assert state.baseline is not None
-    from .regression import pooled_spread
+    from ..speed.regression import pooled_spread
 
     pooled, pooled_from = pooled_spread(state.baseline.entries.values())
     knobs = GateKnobs(
@@ -1254,7 +1254,7 @@ def decide_record(record: dict[str, Any], entry: dict[str, Any] | None, knobs: G
     band, and the host counters; the most severe outcome is the verdict (``regression.combine``)."""
     from dataclasses import replace
 
-    from .regression import Decision, Thresholds, combine, drift_ratio, events_host_bound
+    from ..speed.regression import Decision, Thresholds, combine, drift_ratio, events_host_bound
 
     name, extra = record["fullname"], record["extra_info"]
     kernels = {"kernel_now": _kernel_text(extra)}
@@ -1298,7 +1298,7 @@ def decide_record(record: dict[str, Any], entry: dict[str, Any] | None, knobs: G
 def _graph_samples(extra: dict[str, Any]) -> bool:
     """Device-time samples the gate can compare: CUDA-graph replays, or batched CUDA events where capture
     fails (``regression.DEVICE_METHODS``)."""
-    from .regression import DEVICE_METHODS
+    from ..speed.regression import DEVICE_METHODS
 
     return extra.get("device_time_method") in DEVICE_METHODS and len(extra.get("device_samples") or []) > 0
 
@@ -1337,7 +1337,7 @@ def _device_decision(
     measured the host's launch rate (``regression.events_host_bound``): such a figure moves with the host."""
     from dataclasses import replace
 
-    from .regression import HOST_BOUND_EVENTS, compare_samples, device_threshold
+    from ..speed.regression import HOST_BOUND_EVENTS, compare_samples, device_threshold
 
     base = bextra.get("device_samples") or [] if now_device else []
     notes: tuple[str, ...] = ()
@@ -1370,7 +1370,7 @@ def _per_call_decision(
     """Per-call time (host overhead included) against max(threshold, 1 + k x the baseline's noise band)."""
     from dataclasses import replace
 
-    from .regression import compare_samples, drift_ratio
+    from ..speed.regression import compare_samples, drift_ratio
 
     bextra = entry.get("extra_info", {})
     base_data: list[float] = list(entry["stats"]["data"])
@@ -1403,7 +1403,7 @@ def _per_call_decision(
 
 def _per_call_threshold(entry: dict[str, Any], ratio: float, knobs: GateKnobs) -> tuple[float, tuple[str, ...]]:
     """max(threshold, 1 + k x this entry's noise band, 1 + k x the band pooled over the baseline's entries)."""
-    from .regression import NOISE_K, noise_threshold, per_call_spread
+    from ..speed.regression import NOISE_K, noise_threshold, per_call_spread
 
     spread, source = per_call_spread(entry.get("extra_info", {}), entry["stats"]["data"])
     threshold = noise_threshold(ratio, spread)
@@ -1422,7 +1422,7 @@ def _per_call_threshold(entry: dict[str, Any], ratio: float, knobs: GateKnobs) -
 
 def _host_decision(name: str, bextra: dict[str, Any], extra: dict[str, Any]) -> tuple[list[Decision], str]:
     """The host counters (ATen ops, GPU kernels, syncs, bytes allocated per call) then and now."""
-    from .regression import Decision, host_counter_changes
+    from ..speed.regression import Decision, host_counter_changes
 
     then, now = bextra.get("host_counters"), extra.get("host_counters")
     if not then or not now:
@@ -1486,7 +1486,7 @@ def _print_speed_section(tr: Any, config: pytest.Config) -> None:
 
 
 def _print_gate(tr: Any, config: pytest.Config, state: GateState) -> None:
-    from .regression import format_table
+    from ..speed.regression import format_table
 
     assert state.baseline is not None and state.gate is not None
     gate = state.gate
@@ -1521,15 +1521,15 @@ def _print_gate(tr: Any, config: pytest.Config, state: GateState) -> None:
 
 
 def _fmt_time(value: float | None) -> str:
-    from .regression import format_seconds
+    from ..speed.regression import format_seconds
 
     return format_seconds(value)
 
 
 def summary_lines(records: list[dict[str, Any]]) -> list[str]:
     """Per mode, shape and path: time per call, device time, host share, speedup over generic, kernel, %peak."""
-    from . import timing
-    from .speed_report import generic_reference
+    from ..speed import timing
+    from ..speed.report import generic_reference
 
     rows = [("mode", "shape", "path", "per call", "device", "host", "vs generic (torch)", "kernel", "%peak")]
     by_case: dict[tuple[str, str], list[dict[str, Any]]] = {}

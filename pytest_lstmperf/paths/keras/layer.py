@@ -17,7 +17,7 @@ layer's backward sweep computes the forward recurrence; outputs come back in for
 Keras's own reversal against the reference.
 
 The module imports no framework at import time; :class:`KerasStack` imports keras when built (in a process
-whose ``KERAS_BACKEND`` is set, see :mod:`pytest_lstmperf.keras_worker`).
+whose ``KERAS_BACKEND`` is set, see :mod:`pytest_lstmperf.paths.keras.worker`).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from .spec import LayerSpec
+from ...model.spec import LayerSpec
 
 BACKENDS = ("tensorflow", "torch")
 MASK_STYLES = ("auto", "none", "right", "left", "holes")
@@ -215,7 +215,7 @@ class KerasStack:
     def __init__(self, spec: LayerSpec, options: KerasOptions, weights: dict[str, np.ndarray]) -> None:
         import keras
 
-        from . import keras_weights
+        from . import weights as keras_weights
 
         reason = unsupported(spec, options)
         if reason:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .spec import LayerSpec
+from ..model.spec import LayerSpec
 
 SETS = ("gate", "thorough")
 MODES = ("forward", "train")

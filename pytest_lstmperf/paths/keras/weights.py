@@ -25,7 +25,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from .spec import LayerSpec
+from ...model.spec import LayerSpec
 
 #: Keras GRU gate blocks [z, r, h] taken from canonical [r, z, n] (the permutation is its own inverse)
 GRU_GATE_PERM = (1, 0, 2)

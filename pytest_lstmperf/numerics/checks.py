@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .spec import LayerSpec
+from ..model.spec import LayerSpec
 from .tolerance import Tolerance, ToleranceTooLoose, pairwise_tolerance, tolerance
 
 

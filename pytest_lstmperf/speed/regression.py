@@ -261,7 +261,7 @@ def pick_samples(
 
 
 def same_kernel(then: str, now: str) -> bool:
-    """``family/precision`` strings agree; fp32 and tf32 count as one precision (see trace.py: TF32 is
+    """``family/precision`` strings agree; fp32 and tf32 count as one precision (see torch_trace.py: TF32 is
     inferred from GEMM kernel names, which an RNN kernel may or may not show)."""
 
     def norm(text: str) -> tuple[str, str]:

@@ -3,7 +3,7 @@
 Keras fixes its backend when first imported (``KERAS_BACKEND``), so the torch backend cannot share the test
 process with the TensorFlow backend, and the test process (which imports torch for the PyTorch paths) must not
 have TensorFlow's import order imposed on it. :func:`get_worker` starts ``python -m
-pytest_lstmperf.keras_worker <backend>`` once per backend and session and talks to it over its stdin/stdout
+pytest_lstmperf.paths.keras.worker <backend>`` once per backend and session and talks to it over its stdin/stdout
 pipes (length-prefixed pickles); the worker keeps the prepared layers by handle, so one
 prepare + many run/forward/train_step calls cost one round trip each (tens of microseconds, reported in the
 timing notes). The worker writes its logs to a temporary file, whose tail is shown when it fails.
@@ -29,8 +29,8 @@ from typing import Any
 
 import numpy as np
 
-from .keras_layer import KerasOptions, KerasStack, mask_style, place, unplace, valid_positions
-from .spec import LayerSpec
+from ...model.spec import LayerSpec
+from .layer import KerasOptions, KerasStack, mask_style, place, unplace, valid_positions
 
 
 class KerasUnavailable(RuntimeError):
@@ -128,7 +128,7 @@ class LocalKerasRun:
         return unplace(out, self.positions)
 
     def canonical_grads(self, gx: np.ndarray, gstates: list[np.ndarray], gvars: list[np.ndarray]) -> dict:
-        from .keras_weights import grads_to_canonical
+        from .weights import grads_to_canonical
 
         grads: dict[str, np.ndarray] = {"x": gx if self.style == "none" else unplace(gx, self.positions)}
         if gstates:
@@ -176,8 +176,8 @@ class LocalKerasRun:
         return samples
 
     def device_time(self, kind: str, samples: int) -> Any:
-        """Device seconds per call of ``forward`` or ``train_step`` (:func:`pytest_lstmperf.timing.device_time`)."""
-        from .timing import DeviceTime, device_time
+        """Device seconds per call of ``forward`` or ``train_step`` (``speed.timing.device_time``)."""
+        from ...speed.timing import DeviceTime, device_time
 
         if self.options.backend != "torch" and self.device == "cuda":
             return DeviceTime(
@@ -190,14 +190,14 @@ class LocalKerasRun:
         return device_time(call, "cuda:0" if self.device == "cuda" else "cpu", samples)
 
     def host_counters(self, kind: str) -> dict[str, Any]:
-        """Host counters of one ``forward`` or ``train_step`` (:func:`pytest_lstmperf.timing.host_counters`),
+        """Host counters of one ``forward`` or ``train_step`` (:func:`pytest_lstmperf.speed.timing.host_counters`),
         counted in this process, which dispatches the ops; TensorFlow's ops are no ATen ops: a note only."""
         if self.options.backend != "torch":
             return {
                 "note": "Keras on TensorFlow dispatches TensorFlow ops, which the ATen counters do not see: "
                 "no host counters (the time per call decides)"
             }
-        from .timing import host_counters
+        from ...speed.timing import host_counters
 
         call = self.forward if kind == "forward" else self.train_step
         return host_counters(call, "cuda:0" if self.device == "cuda" else "cpu")
@@ -260,7 +260,7 @@ class _TensorFlowImpl(_Impl):
         return self.owner._device_scope()
 
     def run(self) -> dict[str, Any]:
-        from .tf_trace import function_trace
+        from ...observation.tf_trace import function_trace
 
         owner, spec = self.owner, self.owner.spec
         with self._scope():
@@ -297,7 +297,7 @@ class _TensorFlowImpl(_Impl):
             self.last = self.train()
 
     def trace_forward(self) -> Any:
-        from .tf_trace import function_trace
+        from ...observation.tf_trace import function_trace
 
         with self._scope():
             return function_trace(self.fwd, phase="forward", tf32=self.tf32)
@@ -347,7 +347,7 @@ class _TorchImpl(_Impl):
         return [v.value for v in self.owner.stack.variables()]
 
     def run(self) -> dict[str, Any]:
-        from .trace import torch_trace
+        from ...observation.torch_trace import torch_trace
 
         owner, spec = self.owner, self.owner.spec
         x = self.x.detach().clone().requires_grad_(spec.training)
@@ -387,7 +387,7 @@ class _TorchImpl(_Impl):
         self._backward(out, hs, cs)
 
     def trace_forward(self) -> Any:
-        from .trace import torch_trace
+        from ...observation.torch_trace import torch_trace
 
         with torch_trace(self.owner.device, "forward") as trace:
             self.forward()
@@ -478,7 +478,7 @@ class _Server:
         """
         import importlib
 
-        from .tf_trace import function_trace
+        from ...observation.tf_trace import function_trace
 
         tf_rnn = importlib.import_module("keras.src.backend.tensorflow.rnn")
         original = tf_rnn._is_gpu_available
@@ -504,7 +504,7 @@ class _Server:
 
 
 def serve(backend: str) -> int:
-    """The worker's main loop (run as ``python -m pytest_lstmperf.keras_worker BACKEND``)."""
+    """The worker's main loop (run as ``python -m pytest_lstmperf.paths.keras.worker BACKEND``)."""
     if backend != "jax":
         # Keras imports JAX, when installed, for its Orbax checkpoint callback alone: seconds of start-up in a
         # worker that never uses it
@@ -557,10 +557,10 @@ class WorkerClient:
         env = dict(os.environ)
         env["KERAS_BACKEND"] = backend
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-        root = str(Path(__file__).resolve().parent.parent)
+        root = str(Path(__file__).resolve().parents[3])
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "pytest_lstmperf.keras_worker", backend],
+            [sys.executable, "-m", "pytest_lstmperf.paths.keras.worker", backend],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self.log,

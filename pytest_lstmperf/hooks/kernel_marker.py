@@ -11,7 +11,7 @@ While the marked test (or a ``with lstmperf_kernel.expect("cudnn"):`` block) run
   failure explains each of them.
 
 Frameworks imported while the block runs are observed from their import on. Each observed call must satisfy
-the claim by the suites' own rule (:func:`pytest_lstmperf.checks.check_trace`); a test in which no recurrent
+the claim by the suites' own rule (:func:`pytest_lstmperf.numerics.checks.check_trace`); a test in which no recurrent
 layer ran fails too (the marker would otherwise pass vacuously: an MLP's matmuls and sigmoid/tanh are not an
 LSTM). The claim can name one kernel family, or one per device (``cpu="onednn", cuda="cudnn"``), chosen by the
 run's ``--device`` (``--lstmperf-device``). Inside pytest-benchmark's timed rounds the observer is paused (the
@@ -109,7 +109,7 @@ def observe() -> Iterator[Observation]:
 def _observe_torch(stack: contextlib.ExitStack, seen: Observation) -> None:
     import torch
 
-    from .trace import LayerRecorder, torch_layer_trace
+    from ..observation.torch_trace import LayerRecorder, torch_layer_trace
 
     seen.recorder = LayerRecorder()
     stack.enter_context(torch_layer_trace(seen.recorder))
@@ -118,7 +118,7 @@ def _observe_torch(stack: contextlib.ExitStack, seen: Observation) -> None:
 
 
 def _observe_tf(stack: contextlib.ExitStack, seen: Observation) -> None:
-    from .tf_trace import tf_trace
+    from ..observation.tf_trace import tf_trace
 
     stack.enter_context(_collect(tf_trace("test"), seen))
 
@@ -146,7 +146,7 @@ def _torch_hook(seen: Observation) -> Any:
 def _torch_layer(module: Any, data: Any) -> tuple[Any, Any]:
     import torch
 
-    from .spec import LayerSpec
+    from ..model.spec import LayerSpec
 
     packed = isinstance(data, torch.nn.utils.rnn.PackedSequence)
     tensor = data.data if packed else data
@@ -199,7 +199,7 @@ def _keras_layers(seen: Observation) -> Iterator[None]:
 
 
 def _activation_name(function: Any) -> str:
-    from .keras_layer import ACTIVATIONS
+    from ..paths.keras.layer import ACTIVATIONS
 
     name = getattr(function, "__name__", str(function))
     module = getattr(function, "__module__", "") or ""
@@ -213,8 +213,8 @@ def describe_keras_layer(layer: Any, sequences: Any, mask: Any) -> tuple[str, An
     import keras
     import numpy as np
 
-    from .keras_layer import KerasOptions
-    from .spec import LayerSpec
+    from ..model.spec import LayerSpec
+    from ..paths.keras.layer import KerasOptions
 
     backend = keras.backend.backend()
     shape = tuple(int(d) for d in sequences.shape)
@@ -267,8 +267,8 @@ def _device_of(framework: str, extra: Any) -> str:
 
 def verdict_problem(seen: Observation, kernel: str, precision: str | None = None) -> str | None:
     """The failure message, or ``None`` when every recurrent layer call ran ``kernel`` (and ``precision``),
-    judged by the suites' rule (:func:`pytest_lstmperf.checks.check_trace`)."""
-    from .checks import check_trace
+    judged by the suites' rule (:func:`pytest_lstmperf.numerics.checks.check_trace`)."""
+    from ..numerics.checks import check_trace
 
     ran = seen.all_traces()
     wrong = []
@@ -293,7 +293,7 @@ def verdict_problem(seen: Observation, kernel: str, precision: str | None = None
 
 
 def _explanations(seen: Observation) -> list[str]:
-    from .explain import ExplainError, explain
+    from ..observation.explain import ExplainError, explain
 
     lines = []
     for framework, spec, options_or_device in seen.layers:
@@ -312,7 +312,7 @@ def selected_device(config: pytest.Config | None) -> str:
     """``cpu`` or ``cuda``: the run's ``--device`` (``auto``: a GPU when torch sees one)."""
     value = "auto"
     if config is not None:
-        from . import options
+        from .. import options
 
         with contextlib.suppress(ValueError, KeyError):
             value = str(options.resolve(config, "lstmperf_device").value)
@@ -365,7 +365,7 @@ def _benchmark_unobserved(item: pytest.Item, seen: Observation) -> Iterator[None
         runner = make_runner(*args, **kwargs)
 
         def run(loops_range: Any, *rest: Any, **kw: Any) -> Any:
-            from .trace import paused
+            from ..observation.torch_trace import paused
 
             if seen.recorder is None:
                 return runner(loops_range, *rest, **kw)
@@ -433,8 +433,8 @@ def lstmperf_kernel(pytestconfig: pytest.Config) -> KernelExpectation:
 def lstmperf_device(pytestconfig: pytest.Config) -> str:
     """The torch device string the run selected with ``--device`` (``cpu``, ``cuda``, ``cuda:1``); a GPU
     that was asked for and is not usable is a usage error."""
-    from . import options
-    from .device import DeviceError, resolve_device
+    from .. import options
+    from ..device import DeviceError, resolve_device
 
     setting = options.resolve(pytestconfig, "lstmperf_device")
     try:

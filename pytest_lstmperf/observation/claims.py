@@ -3,7 +3,7 @@
 The one table of them, and the one lookup. A known finding changes only what a path is *expected* to run
 (its kernel family or precision); it never switches off the path's numbers: the equivalence suite checks
 every path for NaN/Inf and against the bound of the precision it actually ran in, whatever is documented
-here (see :mod:`pytest_lstmperf.equivalence`).
+here (see :mod:`pytest_lstmperf.numerics.equivalence`).
 
 Each finding carries the versions it was seen with. On those versions it *applies*; on others it is
 *re-confirmed* (the mismatch is still a finding, reported as "re-confirmed on torch X (first seen on Y)"),

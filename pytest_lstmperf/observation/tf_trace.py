@@ -23,7 +23,7 @@ import threading
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from .trace import KernelTrace
+from .torch_trace import KernelTrace
 
 CUDNN_FORWARD_OPS = frozenset({"CudnnRNN", "CudnnRNNV2", "CudnnRNNV3"})
 CUDNN_BACKWARD_OPS = frozenset({"CudnnRNNBackprop", "CudnnRNNBackpropV2", "CudnnRNNBackpropV3"})

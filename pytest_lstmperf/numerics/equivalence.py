@@ -5,7 +5,7 @@ The suites stay thin: they choose specs (fixed or generated) and call :func:`ver
 :class:`PathCheckFailed`, whose message names the path, the spec, expected vs observed and the numbers;
 :func:`record_finding` files it for the run's summary.
 
-Known findings (:mod:`pytest_lstmperf.known_findings`) change only what a path is *expected* to run. Every
+Known findings (:mod:`pytest_lstmperf.observation.claims`) change only what a path is *expected* to run. Every
 path's outputs and gradients are always checked for NaN/Inf and against the bound of the kernel family and
 precision its trace *observed*; a NaN or an out-of-bound error is a failure whatever is documented. A path
 whose only departure from its claim is a documented finding, and whose numbers passed on every example, ends
@@ -22,12 +22,12 @@ from typing import Any
 
 import pytest
 
-from .case import make_case
+from ..model.case import make_case
+from ..model.reference import run_reference
+from ..model.spec import LayerSpec
+from ..observation.claims import KnownFinding, current_versions, explain_trace, findings_for
+from ..session import Finding, LstmPerfSession
 from .checks import SATISFIES, Mismatch, bound_precision, check_against, check_finite, check_trace, format_failure
-from .known_findings import KnownFinding, current_versions, explain_trace, findings_for
-from .reference import run_reference
-from .session import Finding, LstmPerfSession
-from .spec import LayerSpec
 from .tolerance import Tolerance, pairwise_tolerance, tolerance
 
 #: checks whose failure is decided at once: no shrinking, no further examples (a NaN, a wrong kernel or
@@ -248,7 +248,7 @@ def conclude_known_findings(path: Any, node: pytest.Item, *, numbers: bool = Tru
             message = (
                 f"known finding not observed on {', '.join(f'{k} {v}' for k, v in versions.items())} over "
                 f"{tally.examples} example(s): {finding.path} [{finding.check}: {finding.observed}] "
-                f"'{finding.why[:100]}...'; if it stays so, remove it from pytest_lstmperf/known_findings.py"
+                f"'{finding.why[:100]}...'; if it stays so, remove it from pytest_lstmperf/observation/claims.py"
             )
             _note(node, "lstmperf_finding", json.dumps(asdict(Finding(path.name, "known-not-observed", "-", message))))
 

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..model.spec import LayerSpec
+from ..paths.keras.layer import KerasOptions
 from .explain import Verdict, context_for, explain, fix_all, normalize_framework
-from .keras_layer import KerasOptions
-from .spec import LayerSpec
 
 # (framework, device, rule) -> (factor, source); rule "*" is any reason
 _KT = "H100, Keras 3.15 torch backend, LSTM(128) B=32 T=100 training call"
@@ -158,7 +158,7 @@ def _keras_input_shape(layer: Any) -> tuple[Any, ...] | None:
 def _keras_configs(model: Any, batch: int, seq_len: int) -> list[Config]:
     import keras
 
-    from .kernel_marker import _activation_name
+    from ..hooks.kernel_marker import _activation_name
 
     configs: list[Config] = []
     for layer in model._flatten_layers(include_self=True, recursive=True):
@@ -201,7 +201,7 @@ def report(model: Any, example_inputs: Any = None, *, device: str = "cpu", run: 
     if not configs:
         raise ValueError(f"{type(model).__name__}: no built LSTM/GRU layer found")
     if run:
-        from .device import resolve_device
+        from ..device import resolve_device
 
         return build_report(configs, resolve_device(device, "device"), run=True)
     return build_report(configs, device, run=False)
@@ -252,14 +252,14 @@ def _reference_slowdown(verdict: Verdict) -> tuple[str, str]:
 
 def run_config(framework: str, spec: LayerSpec, options: KerasOptions | None, device: Any) -> Any:
     """A PreparedRun for one config on ``device`` (a DeviceInfo)."""
-    from .case import make_case
-    from .paths import ExecutionPath
+    from ..model.case import make_case
+    from ..paths import ExecutionPath
 
     path = ExecutionPath(
         name="report", framework=framework, device=device.kind, kernel="none", precision="fp32",
         description="eligibility report run",
         prepare_ref=("pytest_lstmperf.paths.torch_paths:prepare" if framework == "torch"
-                     else "pytest_lstmperf.paths.keras_paths:prepare"),
+                     else "pytest_lstmperf.paths.keras.paths:prepare"),
         available_ref="", supports_ref="", options={} if options is None else {"keras": options},
     )  # fmt: skip
     return path.prepare(make_case(spec), device)

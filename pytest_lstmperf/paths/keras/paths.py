@@ -1,7 +1,7 @@
 """Keras 3 execution paths, on the TensorFlow and on the torch backend, in the same registry as PyTorch's.
 
-Each path is one :class:`~pytest_lstmperf.keras_layer.KerasOptions` (``options["keras"]``) on one device.
-The layer runs in the session's Keras worker for its backend (:mod:`pytest_lstmperf.keras_worker`), so this
+Each path is one :class:`~pytest_lstmperf.paths.keras.layer.KerasOptions` (``options["keras"]``) on one device.
+The layer runs in the session's Keras worker for its backend (:mod:`pytest_lstmperf.paths.keras.worker`), so this
 module and the test process import neither keras nor tensorflow.
 
 * Paths whose claimed kernel is cuDNN accept only specs the explainer finds eligible; ``supports()`` returns
@@ -20,13 +20,13 @@ import importlib.metadata
 import importlib.util
 from typing import TYPE_CHECKING, Any
 
-from . import ExecutionPath, PathResult, register
+from .. import ExecutionPath, PathResult, register
 
 if TYPE_CHECKING:
-    from ..case import Case
-    from ..device import DeviceInfo
-    from ..spec import LayerSpec
-    from ..trace import KernelTrace
+    from ...device import DeviceInfo
+    from ...model.case import Case
+    from ...model.spec import LayerSpec
+    from ...observation.torch_trace import KernelTrace
 
 _HERE = __name__
 
@@ -54,7 +54,7 @@ _GATE = {
 
 
 def _entry(name: str, backend: str, device: str, kernel: str, precision: str, description: str, **kw: Any) -> None:
-    from ..keras_layer import KerasOptions
+    from .layer import KerasOptions
 
     extra = {k: kw.pop(k) for k in ("kernel_only", "min_capability") if k in kw}
     # the quick merge gate times each backend's default and its generic fallback; variants run in the thorough set
@@ -285,7 +285,7 @@ def available(path: ExecutionPath, device: DeviceInfo) -> str | None:
         return reason
     if path.device != "cuda":
         return None
-    from ..keras_worker import KerasUnavailable, get_worker
+    from .worker import KerasUnavailable, get_worker
 
     try:
         info = get_worker(options.backend).info
@@ -315,7 +315,7 @@ def known_bug(path: ExecutionPath, spec: LayerSpec) -> str | None:
     options = path.options["keras"]
     for key, text in KNOWN_KERAS_BUGS.get(version, []):
         if key == "unroll+bidirectional+mask" and options.unroll and spec.bidirectional:
-            from ..keras_layer import mask_style
+            from .layer import mask_style
 
             if mask_style(spec, options) != "none":
                 return text
@@ -324,8 +324,8 @@ def known_bug(path: ExecutionPath, spec: LayerSpec) -> str | None:
 
 def supports_kernel(path: ExecutionPath, spec: LayerSpec) -> str | None:
     """Whether the path can run ``spec`` at all (kernel-only paths included)."""
-    from ..explain import explain
-    from ..keras_layer import unsupported
+    from ...observation.explain import explain
+    from .layer import unsupported
 
     options = path.options["keras"]
     if spec.dtype != "float32":
@@ -356,7 +356,7 @@ class KerasRun:
     """A Keras stack prepared in the worker of its backend; each call is one round trip."""
 
     def __init__(self, path: ExecutionPath, case: Case, device: DeviceInfo) -> None:
-        from ..keras_worker import _case_arrays, get_worker
+        from .worker import _case_arrays, get_worker
 
         self.path = path
         self.options = path.options["keras"]
@@ -394,7 +394,7 @@ class KerasRun:
         return self._call("time", kind, repeats, warmup)
 
     def device_time(self, kind: str, samples: int) -> Any:
-        """:class:`pytest_lstmperf.timing.DeviceTime` of ``forward`` or ``train_step``, measured in the worker,
+        """:class:`pytest_lstmperf.speed.timing.DeviceTime` of ``forward`` or ``train_step``, measured in the worker,
         whose process launches the kernels (a CUDA graph captured here would be empty)."""
         return self._call("device_time", kind, samples)
 

@@ -2,8 +2,8 @@
 
 The backward pass is hand-written backpropagation through time (no autograd library), so the reference
 depends on nothing but numpy and can be read step by step. It computes directly on the canonical weights
-of :mod:`pytest_lstmperf.case` (PyTorch names and layouts, gate order LSTM ``[i, f, g, o]``,
-GRU ``[r, z, n]``) and covers everything a :class:`~pytest_lstmperf.spec.LayerSpec` can describe:
+of :mod:`pytest_lstmperf.model.case` (PyTorch names and layouts, gate order LSTM ``[i, f, g, o]``,
+GRU ``[r, z, n]``) and covers everything a :class:`~pytest_lstmperf.model.spec.LayerSpec` can describe:
 
 * LSTM: ``c' = f*c + i*g``, ``h' = o*tanh(c')``, or with ``proj_size`` ``h' = W_hr @ (o*tanh(c'))``
   (PyTorch's projection: ``c`` keeps ``hidden_size``, ``h`` has ``proj_size``);
@@ -43,7 +43,7 @@ class ReferenceResult:
     """Forward results and gradients of one case, float64, read-only.
 
     ``grads`` holds ``"x"`` (batch-first ``(B, T, I)``), ``"h0"`` and ``"c0"`` when ``spec.initial_state``
-    (``"c0"`` for LSTM only) and every name of :func:`~pytest_lstmperf.case.param_names`.
+    (``"c0"`` for LSTM only) and every name of :func:`~pytest_lstmperf.model.case.param_names`.
     """
 
     output: np.ndarray  # (B, T, D*S)
@@ -461,7 +461,7 @@ def backward(
     ``grad_c_n`` ``(L*D, B, H)`` (LSTM; None means zeros, and it must be None for a GRU). ``grad_output``
     past a packed sequence's end is ignored (the output there is a constant zero).
     Returns ``"x"`` ``(B, T, I)``, ``"h0"`` and ``"c0"`` (only when ``spec.initial_state``; ``"c0"`` for LSTM
-    only) and every canonical parameter name, in :func:`~pytest_lstmperf.case.param_names` order.
+    only) and every canonical parameter name, in :func:`~pytest_lstmperf.model.case.param_names` order.
     """
     w, x64, h0_64, c0_64 = _prepare(spec, weights, x, h0, c0)
     _, _, _, tapes = _forward_taped(spec, w, x64, h0_64, c0_64)
@@ -535,7 +535,7 @@ def _same_data(a: Case, b: Case) -> bool:
 def run_reference(case: Case) -> ReferenceResult:
     """Forward and backward of ``case`` in float64 (arrays read-only).
 
-    Results are cached per ``(spec, seed)`` for cases built by :func:`~pytest_lstmperf.case.make_case`; a case
+    Results are cached per ``(spec, seed)`` for cases built by :func:`~pytest_lstmperf.model.case.make_case`; a case
     whose data differs from ``make_case(spec, seed)`` is computed afresh and not cached.
     """
     if _same_data(case, make_case(case.spec, case.seed)):

@@ -6,7 +6,7 @@ Started by the plugin (:func:`launch`: one process per rank running this module'
 torchrun runs it, with the rendezvous store hosted by the launcher on a port the system chose) or by
 torchrun, the way users start it::
 
-    torchrun --nproc-per-node 2 -m pytest_lstmperf.distributed --strategy ddp --out result.pt
+    torchrun --nproc-per-node 2 -m pytest_lstmperf.workloads.distributed --strategy ddp --out result.pt
 
 Every run trains the same model from the same initial weights on the same data and returns rank 0's view
 of the trained weights, the real (non-padding) time steps processed, and timings. :func:`single_process`
@@ -167,7 +167,7 @@ def _plant_from_env() -> Callable[[], None] | None:
     raw = os.environ.get(WORKER_PLANT_ENV)
     if not raw:
         return None
-    from .testing.faults import parse_faults, plant
+    from ..testing.faults import parse_faults, plant
 
     return plant(parse_faults(raw))
 
@@ -502,7 +502,7 @@ def _how_it_ended(code: int) -> str:
 
 
 def _rank_command(strategy: str, cfg: TrainConfig, backend: str, out: str) -> list[str]:
-    args = [sys.executable, "-m", "pytest_lstmperf.distributed", "--strategy", strategy, "--backend", backend,
+    args = [sys.executable, "-m", "pytest_lstmperf.workloads.distributed", "--strategy", strategy, "--backend", backend,
             "--out", out]  # fmt: skip
     for name, value in asdict(cfg).items():
         args += [f"--{name.replace('_', '-')}", str(value).lower() if isinstance(value, bool) else str(value)]
@@ -510,7 +510,7 @@ def _rank_command(strategy: str, cfg: TrainConfig, backend: str, out: str) -> li
 
 
 def _rank_env(rank: int, world: int, port: int, backend: str) -> dict[str, str]:
-    package_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world),
            "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
            # the launcher hosts the store, as torchrun's agent does: every rank is a client of it
@@ -627,7 +627,7 @@ def max_relative_difference(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) 
 # --------------------------------------------------------------------------------------------- torchrun
 def main(argv: list[str] | None = None) -> int:
     """Entry point under torchrun (reads RANK, WORLD_SIZE, MASTER_ADDR/PORT from the environment)."""
-    parser = argparse.ArgumentParser(prog="python -m pytest_lstmperf.distributed")
+    parser = argparse.ArgumentParser(prog="python -m pytest_lstmperf.workloads.distributed")
     parser.add_argument("--strategy", choices=STRATEGIES, default="ddp")
     parser.add_argument("--backend", choices=("gloo", "nccl"), default=None, help="default: nccl with GPUs, else gloo")
     parser.add_argument("--out", required=True, help="rank 0 writes its result here (torch.save of a dict)")

@@ -1,7 +1,7 @@
 """The framework-neutral description of a recurrent layer and the input it is run on.
 
 A :class:`LayerSpec` is frozen and hashable; every path, the float64 reference and the benchmark suites
-take one. It holds no tensors: :mod:`pytest_lstmperf.case` turns a spec and a seed into concrete data.
+take one. It holds no tensors: :mod:`pytest_lstmperf.model.case` turns a spec and a seed into concrete data.
 """
 
 from __future__ import annotations

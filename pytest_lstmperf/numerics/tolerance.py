@@ -10,7 +10,7 @@ The bound for a tensor of a problem, run by kernel family ``k`` in precision ``p
 sequence length and of the reduction length (input + state size), normalised to 1 for the smallest problem.
 The measured error grows sub-linearly in it (exponents 0.1-0.6), so the exponent ``b`` is fitted per group.
 
-``a`` and ``b`` are fitted from raw samples (``python -m pytest_lstmperf.measure --fit``, see
+``a`` and ``b`` are fitted from raw samples (``python -m pytest_lstmperf.numerics.measure --fit``, see
 :func:`fit_group`): ``b`` is the least-squares slope of ``log(err/u)`` on ``log growth``; ``a`` is
 :data:`MARGIN` times the :data:`QUANTILE` quantile of the residual ratio ``err / (u growth^b)``; the
 largest sample's ratio to the bound and the bootstrap spread of the quantile are stored with it. A kernel
@@ -22,7 +22,7 @@ largest normalised error), labelled ``legacy``.
 
 A bound that reaches :data:`MAX_REL` (0.1 relative error) is refused (:class:`ToleranceTooLoose`): a zero or
 garbage tensor errs by ~1, and a check that would pass it is no check. Such specs are not generated for the
-path (:mod:`pytest_lstmperf.strategies`), and a check handed one fails as inconclusive.
+path (:mod:`pytest_lstmperf.model.strategies`), and a check handed one fails as inconclusive.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .spec import LayerSpec
+from ..model.spec import LayerSpec
 
 UNIT_ROUNDOFF = {"fp64": 2.0**-53, "fp32": 2.0**-24, "tf32": 2.0**-11, "fp16": 2.0**-11, "bf16": 2.0**-8}
 #: the quantile of the residual ratio a constant is set from, and the margin over it
@@ -104,7 +104,7 @@ def fitted(precision: str, pass_: str, family: str | None = None) -> tuple[str, 
     entry = data.get("by_precision", {}).get(precision, {}).get(pass_)
     if entry is None:
         raise LookupError(
-            f"no measured tolerance for {precision} {pass_}: run `python -m pytest_lstmperf.measure` on a "
+            f"no measured tolerance for {precision} {pass_}: run `python -m pytest_lstmperf.numerics.measure` on a "
             f"device that has a {precision} path, then `--fit`, and commit the updated tolerances.json"
         )
     return "*", entry

@@ -2,7 +2,7 @@
 
 Written by ``--lstmperf-report=DIR`` at the end of a run, or from saved results::
 
-    python -m pytest_lstmperf.speed_report OUTDIR results.json [more.json ...]
+    python -m pytest_lstmperf.speed.report OUTDIR results.json [more.json ...]
 
 where each file is pytest-benchmark JSON written by this plugin (``--benchmark-json``, a baseline file).
 Several files can be combined, e.g. a CPU run and a GPU run of the batch sweep, which draws the CPU/GPU
@@ -75,7 +75,7 @@ def _series(
 
 def crossover(series: dict[tuple[str, str], list[tuple[int, float]]]) -> int | None:
     """The smallest batch from which the fastest GPU path beats the fastest CPU path (None if never/unknown)."""
-    from .workloads import find_crossover
+    from ..workloads.workloads import find_crossover
 
     best: dict[str, dict[int, float]] = {"cpu": {}, "cuda": {}}
     for (_, kind), points in series.items():
@@ -352,7 +352,7 @@ def write_report(
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m pytest_lstmperf.speed_report", description=__doc__.split("\n\n")[0]
+        prog="python -m pytest_lstmperf.speed.report", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("out", type=Path, help="output folder")
     parser.add_argument("results", nargs="+", type=Path, help="pytest-benchmark JSON files written by this plugin")

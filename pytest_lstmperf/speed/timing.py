@@ -283,7 +283,7 @@ def host_counters(call: Callable[[], object], device: str) -> dict[str, Any]:
     out = {"aten_ops": counter.ops, "kernels": 0, "syncs": 0, "alloc_bytes": counter.fresh_bytes}
     if profiler is not None:
         kernels = syncs = 0
-        from .trace import profiled_events
+        from ..observation.torch_trace import profiled_events
 
         for name, on_gpu in profiled_events(profiler):
             if on_gpu:

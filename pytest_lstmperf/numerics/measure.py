@@ -1,9 +1,9 @@
 """Measure the error distributions that set the tolerance model's constants.
 
-    python -m pytest_lstmperf.measure --device cpu --examples 60 --out DIR [--write]
+    python -m pytest_lstmperf.numerics.measure --device cpu --examples 60 --out DIR [--write]
 
 Runs every available path of the device over generated shapes, compares each tensor with the float64
-reference and records ``err / (u * growth)`` (see :mod:`pytest_lstmperf.tolerance`). Only runs whose kernel
+reference and records ``err / (u * growth)`` (see :mod:`pytest_lstmperf.numerics.tolerance`). Only runs whose kernel
 trace matched the path's claim are counted, under the precision that was observed; the others are listed as
 findings. ``--write`` merges this device's figures into ``tolerances.json`` (the constant of a precision is
 the largest normalised error over all devices measured). Writes ``samples-<device>.json`` and a histogram
@@ -28,13 +28,13 @@ from pathlib import Path
 
 import numpy as np
 
-from . import paths as registry
-from .case import make_case
+from .. import paths as registry
+from ..device import DeviceInfo, resolve_device
+from ..model.case import make_case
+from ..model.reference import run_reference
+from ..model.spec import LayerSpec
+from ..model.strategies import PROFILES, specs_for_path
 from .checks import check_trace, relative_error
-from .device import DeviceInfo, resolve_device
-from .reference import run_reference
-from .spec import LayerSpec
-from .strategies import PROFILES, specs_for_path
 from .tolerance import DATA_FILE, UNIT_ROUNDOFF, growth
 
 #: the committed raw samples the constants are fitted from (one file per device)
@@ -168,7 +168,7 @@ def sharpness_rows(path: registry.ExecutionPath, device: DeviceInfo, seed: int, 
 
 
 def _trial(path, device, case, ref, rows: list[list], fault: str, delta: float) -> list:  # type: ignore[no-untyped-def]
-    from .testing.faults import numeric_fault
+    from ..testing.faults import numeric_fault
 
     spec = case.spec
     with numeric_fault(fault, delta) if fault != "none" else contextlib.nullcontext():
@@ -359,7 +359,7 @@ def plot(samples: list[dict], target: Path, title: str) -> None:
 
 DOC_INTRO = """# Tolerance model
 
-Every path is compared with a float64 numpy reference (`pytest_lstmperf/reference.py`, itself checked against
+Every path is compared with a float64 numpy reference (`pytest_lstmperf/model/reference.py`, itself checked against
 PyTorch in float64 at 1e-10 and against finite differences). The error of a tensor is its relative L2 norm
 `||a - ref|| / ||ref||`, per tensor: output, h_n, c_n, and the gradient of the input, the initial states and
 every weight. A tensor of a pass run by kernel family `k` in precision `p` passes when
@@ -374,7 +374,7 @@ every weight. A tensor of a pass run by kernel family `k` in precision `p` passe
   precision than it claims fails its kernel check, and its numbers are still held to the bound of what ran
   (the bf16 autocast path that runs cuDNN in fp16 is held to the cudnn/fp16 bound). A claimed TF32 pass where
   the trace shows fp32 kernels keeps the TF32 bound (TF32 is allowed there; the trace cannot always see it).
-- **The fit** (`pytest_lstmperf.tolerance.fit_group`), per (kernel family, precision, pass) with at least
+- **The fit** (`pytest_lstmperf.numerics.tolerance.fit_group`), per (kernel family, precision, pass) with at least
   MIN_SAMPLES tensors from MIN_SPECS distinct specs measured, else over every family of the precision (a family
   measured on a handful of shapes, such as Keras's TensorFlow kernels on the CPU, uses that): `b` is the
   least-squares slope of `log(err/u)` on `log(growth)` (clamped to [0, 1]; exact results, below 0.001 u, are left
@@ -410,7 +410,7 @@ every weight. A tensor of a pass run by kernel family `k` in precision `p` passe
 
 ## Known findings and what they change
 
-A known finding (`pytest_lstmperf/known_findings.py`, the one table the equivalence, kernel and speed suites
+A known finding (`pytest_lstmperf/observation/claims.py`, the one table the equivalence, kernel and speed suites
 read) documents an upstream behaviour that makes a path run another kernel family or precision than it claims,
 with the versions it was seen with. It changes only what the path is *expected* to run; it never switches off
 its numbers:
@@ -438,11 +438,11 @@ failure is raised past hypothesis's shrinker; `tests/test_numerics.py` proves a 
 example). An out-of-bound error is shrunk for at most 20 more path runs, then the smallest failing spec found
 is reported.
 
-Reproduce: `python -m pytest_lstmperf.measure --device DEVICE --examples N --sharpness --write` samples every
+Reproduce: `python -m pytest_lstmperf.numerics.measure --device DEVICE --examples N --sharpness --write` samples every
 available path of a device over generated shapes (the `gpu` profile's bounds, data seed 1, so the tested data,
 seed 0, differ), stores the raw samples (one row per tensor: path, spec, growth, error, observed kernel and
 precision, pass, tensor) and the planted-fault sweep in `docs/data/`, refits `pytest_lstmperf/tolerances.json`
-and rewrites this page. `python -m pytest_lstmperf.measure --fit` refits and rewrites from the committed files
+and rewrites this page. `python -m pytest_lstmperf.numerics.measure --fit` refits and rewrites from the committed files
 alone. `scripts/gpu_measure.sh` does the sampling and the sweep on a GPU in about 6 minutes.
 """
 
@@ -603,7 +603,7 @@ def render_doc(data: dict, sharpness: dict[str, dict] | None = None) -> str:
     return "\n".join(lines)
 
 
-SHARPNESS_INTRO = """Generated by `python -m pytest_lstmperf.measure --sharpness` (faults from
+SHARPNESS_INTRO = """Generated by `python -m pytest_lstmperf.numerics.measure --sharpness` (faults from
 `pytest_lstmperf.testing.faults.numeric_fault`, planted in every `torch.nn.LSTM`/`GRU` call of the path) and
 judged against the constants above. Sized faults are swept in half-decade steps from 1 down; a cell gives the
 smallest size caught on every spec with every larger size caught too ('-': not caught at any size tried;
@@ -685,7 +685,9 @@ def _print_summary(samples: list[dict], findings: list[str]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pytest_lstmperf.measure", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m pytest_lstmperf.numerics.measure", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--device", default="auto")
     parser.add_argument("--examples", type=int, default=40, help="generated shapes per path (0: no sampling)")
     parser.add_argument("--budget", type=float, default=60.0, help="seconds per path for sampling and for sharpness")
