@@ -9,8 +9,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from pytest_lstmperf import ModelCheckFailed, verify_model  # noqa: E402
-from pytest_lstmperf.own_model import envelope_spec, layer_spec  # noqa: E402
-from pytest_lstmperf.tolerance import growth  # noqa: E402
+from pytest_lstmperf.numerics.tolerance import growth  # noqa: E402
+from pytest_lstmperf.numerics.verify_model import envelope_spec, layer_spec  # noqa: E402
 
 
 class Tagger(torch.nn.Module):
@@ -177,8 +177,8 @@ def test_bound_is_that_of_what_ran_tf32_claim_kept() -> None:
     loosest bound; nothing traced keeps the claim's."""
     from types import SimpleNamespace
 
-    from pytest_lstmperf.own_model import _pass_bound
-    from pytest_lstmperf.tolerance import tolerance
+    from pytest_lstmperf.numerics.tolerance import tolerance
+    from pytest_lstmperf.numerics.verify_model import _pass_bound
 
     spec = layer_spec(torch.nn.LSTM(6, 8, num_layers=2), seq_len=7, batch=3)
 
@@ -201,7 +201,7 @@ def test_bound_is_that_of_what_ran_tf32_claim_kept() -> None:
 def onednn_fallback_documented(monkeypatch):
     """A known finding planted for the oneDNN path (it runs the native kernels), and oneDNN switched off so
     that the path observes exactly that: the suites' rule then expects cpu-native there."""
-    from pytest_lstmperf import known_findings
+    from pytest_lstmperf.observation import claims as known_findings
 
     finding = known_findings.KnownFinding("torch-cpu-onednn", "kernel", "cpu-native", "planted: documented fallback")
     monkeypatch.setattr(known_findings, "KNOWN_FINDINGS", (*known_findings.KNOWN_FINDINGS, finding))
@@ -243,7 +243,8 @@ def test_known_precision_finding_holds_numbers_to_what_ran(x, monkeypatch):
     a precision failure, and every tensor is held to the fp16 bound (tighter than bf16's)."""
     import dataclasses
 
-    from pytest_lstmperf import known_findings, own_model
+    from pytest_lstmperf.numerics import verify_model as own_model
+    from pytest_lstmperf.observation import claims as known_findings
 
     name = "torch-cpu-native-autocast-bf16"
     finding = known_findings.KnownFinding(name, "precision", "fp16", "planted: autocast runs fp16")
