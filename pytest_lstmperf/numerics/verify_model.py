@@ -288,10 +288,36 @@ def _pass_bound(run: _Run, pass_: str, claimed: tuple[str, str], spec: LayerSpec
     return max(bounds, key=lambda b: b.rel)
 
 
-def _check_numbers(run: _Run, ref: _Run, claimed: tuple[str, str], spec: LayerSpec, outcome: PathOutcome) -> list:
-    """Every output and gradient: finite, and within the bound of what its pass ran (:func:`_pass_bound`);
-    fills ``outcome.errors``, ``outcome.bounds`` and ``outcome.unchecked``."""
-    from .tolerance import ToleranceTooLoose
+def _sensitivity(model: Any, inputs: tuple, ref: _Run, spec: LayerSpec) -> Any:
+    """This model's sensitivity on its own data against the canonical data's (:mod:`.sensitivity`)."""
+    import torch
+
+    from .sensitivity import Sensitivity, canonical, perturb, relative_changes
+
+    def named(run: _Run) -> dict[str, np.ndarray]:
+        return {f"output {i}": v for i, v in enumerate(run.outputs)} | {f"grad {k}": v for k, v in run.grads.items()}
+
+    def moved(rng: np.random.Generator) -> dict[str, np.ndarray]:
+        twin = copy.deepcopy(model).to("cpu", torch.float64)
+        with torch.no_grad():
+            for param in twin.parameters():
+                param.copy_(torch.from_numpy(perturb(param.numpy(), rng)))
+
+        def jitter(t: Any) -> Any:
+            return torch.from_numpy(perturb(t.detach().cpu().double().numpy(), rng)) if t.is_floating_point() else t
+
+        return named(_run(twin, _map_tensors(inputs, jitter), "cpu", torch.float64))
+
+    return Sensitivity(relative_changes(named(ref), moved), canonical(spec))
+
+
+def _check_numbers(
+    run: _Run, ref: _Run, claimed: tuple[str, str], spec: LayerSpec, outcome: PathOutcome, sensitivity: Any = None
+) -> list[Mismatch]:
+    """Every output and gradient: finite, and within the bound of what its pass ran (:func:`_pass_bound`),
+    widened by the model's ``sensitivity`` where it exceeds the canonical data's; fills ``outcome.errors``,
+    ``outcome.bounds`` and ``outcome.unchecked``."""
+    from .tolerance import MAX_REL, ToleranceTooLoose
 
     found: list[Mismatch] = []
     pairs = [("forward", f"output {i}", v, r) for i, (v, r) in enumerate(zip(run.outputs, ref.outputs, strict=True))]
@@ -314,15 +340,25 @@ def _check_numbers(run: _Run, ref: _Run, claimed: tuple[str, str], spec: LayerSp
             else:
                 outcome.unchecked.append(f"{quantity}: not compared (relative error {err:.3e}): {exc}")
             continue
+        bound, why = tol.rel, tol.explain()
+        if sensitivity is not None and sensitivity.factor(quantity, pass_) > 1.0:
+            bound *= sensitivity.factor(quantity, pass_)
+            why += "; " + sensitivity.explain(quantity, pass_)
+            if bound >= MAX_REL:
+                text = f"{quantity}: not checkable: the widened bound {bound:.3g} reaches {MAX_REL} ({why})"
+                if pass_ == "forward":
+                    found.append(Mismatch("inconclusive", quantity, text))
+                else:
+                    outcome.unchecked.append(text)
+                continue
         outcome.bounds.setdefault(pass_, f"{tol.family}/{tol.precision} {pass_} {tol.rel:.3g}")
-        if err > tol.rel:
+        if err > bound:
             found.append(
                 Mismatch(
                     "tolerance",
                     quantity,
                     f"{quantity}: relative error {err:.3e} against the float64 run exceeds the "
-                    f"{tol.family}/{tol.precision} {pass_} tolerance {tol.rel:.3e} ({err / tol.rel:.1f}x; "
-                    f"tolerance {tol.explain()})",
+                    f"{tol.family}/{tol.precision} {pass_} tolerance {bound:.3e} ({err / bound:.1f}x; tolerance {why})",
                 )
             )
     return found
@@ -374,7 +410,9 @@ def verify_model(
     if not ref.layer_shapes:
         raise ValueError(f"no recurrent layer of {type(model).__name__} ran on the example inputs")
     spec = envelope_spec(list(ref.layer_shapes.values()))
-    return _finish([_verify_path(model, inputs, info, path, ref, spec) for path in selected], raise_on_failure)
+    sensitivity = _sensitivity(model, inputs, ref, spec)
+    outcomes = [_verify_path(model, inputs, info, path, ref, spec, sensitivity) for path in selected]
+    return _finish(outcomes, raise_on_failure)
 
 
 def _finish(outcomes: list[PathOutcome], raise_on_failure: bool) -> list[PathOutcome]:
@@ -393,12 +431,19 @@ def _finish(outcomes: list[PathOutcome], raise_on_failure: bool) -> list[PathOut
 
 
 def _conclude(
-    outcome: PathOutcome, path: Any, run: _Run, ref: _Run, claimed: tuple, spec: LayerSpec, keras: bool = False
+    outcome: PathOutcome,
+    path: Any,
+    run: _Run,
+    ref: _Run,
+    claimed: tuple,
+    spec: LayerSpec,
+    keras: bool = False,
+    sensitivity: Any = None,
 ) -> None:
     """Judge ``run`` (kernels, numbers) and write the outcome's mismatches and report."""
     outcome.traces = run.traces
     mismatches = _check_kernels(path, run, outcome.known, claimed if keras else None)
-    outcome.mismatches = mismatches + _check_numbers(run, ref, claimed, spec, outcome)
+    outcome.mismatches = mismatches + _check_numbers(run, ref, claimed, spec, outcome, sensitivity)
     lines = [f"  observed: {t.describe()}" for t in run.traces]
     lines += [f"  known finding (expected, not failed): {line}" for line in outcome.known]
     lines += [f"  bound: {bound}" for bound in outcome.bounds.values()]
@@ -406,7 +451,9 @@ def _conclude(
     outcome.report = format_failure(path.name, spec, SEED, outcome.mismatches) + "\n" + "\n".join(lines)
 
 
-def _verify_path(model: Any, inputs: tuple, info: Any, path: Any, ref: _Run, spec: LayerSpec) -> PathOutcome:
+def _verify_path(
+    model: Any, inputs: tuple, info: Any, path: Any, ref: _Run, spec: LayerSpec, sensitivity: Any = None
+) -> PathOutcome:
     import torch
 
     outcome = PathOutcome(path.name)
@@ -422,7 +469,8 @@ def _verify_path(model: Any, inputs: tuple, info: Any, path: Any, ref: _Run, spe
         outcome.report = format_failure(path.name, spec, SEED, outcome.mismatches)
         return outcome
     claimed = [s for s in ref.layer_shapes.values() if path.supports(s) is None]
-    _conclude(outcome, path, run, ref, path.expected(claimed[0]) if claimed else (path.kernel, path.precision), spec)
+    claim = path.expected(claimed[0]) if claimed else (path.kernel, path.precision)
+    _conclude(outcome, path, run, ref, claim, spec, sensitivity=sensitivity)
     return outcome
 
 
