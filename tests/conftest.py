@@ -4,88 +4,25 @@
 path) recorded once per session with ``--lstmperf-save-baseline``. Several end-to-end tests start from a
 recorded baseline; recording costs a full pytest subprocess run (torch import, every benchmark timed), so they
 copy this one instead of recording their own. The lifecycle test asserts on this run's output and file.
+
+``clean_suites_run``: the kernel and equivalence suites run clean on the CPU torch paths, once per session;
+the planted-fault tests (``test_suite_checks_fail``) and the serial run of ``test_plugin`` both assert on it.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
-import time
-from collections.abc import Callable
-from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
-
-# what the gate fixture clears from the environment of its runs
-CLEARED_ENV = (
-    "PYTEST_ADDOPTS",
-    "PYTEST_LSTMPERF_PLANT",
-    "PYTEST_LSTMPERF_DEVICE",
-    "PYTEST_LSTMPERF_PATHS",
-    "PYTEST_XDIST_WORKER",
-    "PYTEST_XDIST_WORKER_COUNT",
-    "PYTEST_XDIST_TESTRUNUID",
+from pytester_runs import (
+    CLEARED_ENV,
+    CPU_TORCH_PATHS,
+    GateRecording,
+    gate_env,
+    run_pytest_in,
+    suites_args,
+    write_gate_project,
 )
-
-
-@dataclass(frozen=True)
-class GateRecording:
-    """The recording run's result and the baseline files it wrote (name -> text)."""
-
-    result: pytest.RunResult
-    files: dict[str, str]
-
-    def install(self, root: Path, keep: Callable[[dict], bool] | None = None) -> Path:
-        """Write the recorded baseline into ``root/baselines``; ``keep`` selects benchmarks, as a ``-k`` given
-        to the recording run would have. Returns the baseline file's path."""
-        folder = root / "baselines"
-        folder.mkdir(exist_ok=True)
-        (name, text), *more = self.files.items()
-        assert not more, f"the recording wrote more than one baseline file: {sorted(self.files)}"
-        if keep is not None:
-            data = json.loads(text)
-            data["benchmarks"] = [b for b in data["benchmarks"] if keep(b)]
-            assert data["benchmarks"], "the selection keeps no recorded benchmark"
-            text = json.dumps(data, indent=4)
-        (folder / name).write_text(text)
-        return folder / name
-
-
-def run_pytest_in(root: Path, *args: str, env: dict[str, str], timeout: float = 300) -> pytest.RunResult:
-    """``pytester.runpytest_subprocess`` for a folder a session-scoped fixture owns (pytester is per test)."""
-    basetemp = root / "basetemp"
-    env = {
-        **env,
-        "HOME": str(root),
-        "PY_COLORS": "0",
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH", "")])),
-    }
-    start = time.perf_counter()
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", f"--basetemp={basetemp}", *args],
-        cwd=root, env=env, capture_output=True, text=True, timeout=timeout,
-    )  # fmt: skip
-    lines = proc.stdout.splitlines(), proc.stderr.splitlines()
-    return pytest.RunResult(proc.returncode, *lines, time.perf_counter() - start)
-
-
-def write_gate_project(root: Path) -> None:
-    """The real benchmark suite with the spin path registered (the gate fixture's project)."""
-    from test_bench_plugin import SPIN_MODULE, SUITE
-
-    (root / "spinpath.py").write_text(SPIN_MODULE)
-    (root / "conftest.py").write_text("import spinpath  # noqa: F401 - registers the spin path\n")
-    (root / "test_benchmarks.py").write_text(SUITE.read_text())
-
-
-def gate_env() -> dict[str, str]:
-    """The environment of the gate fixture's runs."""
-    env = {k: v for k, v in os.environ.items() if k not in CLEARED_ENV}
-    env["PYTEST_LSTMPERF_PLANT_CLOCK"] = "thread"
-    return env
 
 
 @pytest.fixture(scope="session")
@@ -97,3 +34,11 @@ def gate_recording(tmp_path_factory: pytest.TempPathFactory) -> GateRecording:
     result = run_pytest_in(root, *BASE_ARGS, "--lstmperf-save-baseline", env=gate_env())
     files = {p.name: p.read_text() for p in sorted((root / "baselines").glob("*.json"))}
     return GateRecording(result, files)
+
+
+@pytest.fixture(scope="session")
+def clean_suites_run(tmp_path_factory: pytest.TempPathFactory) -> pytest.RunResult:
+    pytest.importorskip("torch", reason="the suites run PyTorch paths (pip install 'pytest-lstmperf[torch]')")
+    root = tmp_path_factory.mktemp("clean-suites")
+    env = {k: v for k, v in os.environ.items() if k not in CLEARED_ENV}
+    return run_pytest_in(root, *suites_args(CPU_TORCH_PATHS), env=env, timeout=600)
