@@ -38,8 +38,11 @@ class GateRecording:
         to the recording run would have. Returns the baseline file's path."""
         folder = root / "baselines"
         folder.mkdir(exist_ok=True)
-        (name, text), *more = self.files.items()
-        assert not more, f"the recording wrote more than one baseline file: {sorted(self.files)}"
+        assert len(self.files) == 1, (
+            f"the shared recording run wrote {len(self.files)} baseline files, not 1 "
+            f"(exit {self.result.ret}):\n{self.result.stdout.str()}\n{self.result.stderr.str()}"
+        )
+        ((name, text),) = self.files.items()
         if keep is not None:
             data = json.loads(text)
             data["benchmarks"] = [b for b in data["benchmarks"] if keep(b)]
