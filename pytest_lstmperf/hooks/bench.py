@@ -329,7 +329,10 @@ def _explicit_lstmperf(config: pytest.Config) -> bool:
     for setting in options.SETTINGS.values():
         if not options.is_added(config, setting.name):
             continue
-        if config.getoption(setting.name, default=None) or os.environ.get(setting.env) or config.getini(setting.ini):
+        given = config.getoption(setting.name, default=None)
+        if setting.alias:  # ``--device``, where this plugin owns it (its destination is ours alone)
+            given = given or config.getoption(setting.alias_dest, default=None)
+        if given or os.environ.get(setting.env) or config.getini(setting.ini):
             return True
     return False
 
