@@ -342,9 +342,9 @@ def test_device_metric_on_the_cpu_is_a_usage_error(gate, gate_recording) -> None
 
 def test_drift_probe_recorded_and_applied(gate, gate_recording) -> None:
     """The probe is timed between rounds and stored; the gate divides by its now/baseline ratio. Planted
-    drift: the stored probe samples are doubled, as if the host had been twice as fast when the baseline was
-    recorded. The unchanged layer then reads as twice as slow after the correction (regressed), and as
-    unchanged with the correction off. Without --lstmperf-drift=probe no probe runs between rounds."""
+    drift: the stored probe samples are multiplied by 10, as if the host had been ten times as fast when the
+    baseline was recorded. The unchanged layer then reads as much slower after the correction (regressed), and
+    as unchanged with the correction off. Without --lstmperf-drift=probe no probe runs between rounds."""
     gate_recording.install(gate.path)  # as `--lstmperf-save-baseline` records it
     (path,) = _baseline_files(gate.path)
     assert all("drift_probe" not in b["extra_info"] for b in json.loads(path.read_text())["benchmarks"])
@@ -356,17 +356,18 @@ def test_drift_probe_recorded_and_applied(gate, gate_recording) -> None:
         probe = bench["extra_info"]["drift_probe"]
         assert len(probe) == len(bench["stats"]["data"]) and all(p > 0 for p in probe)
     for bench in data["benchmarks"]:
-        bench["extra_info"]["drift_probe"] = [p * 2 for p in bench["extra_info"]["drift_probe"]]
+        bench["extra_info"]["drift_probe"] = [p * 10 for p in bench["extra_info"]["drift_probe"]]
     path.write_text(json.dumps(data))
     result = gate("--benchmark-compare", "--lstmperf-drift=probe")
     assert result.ret == pytest.ExitCode.TESTS_FAILED, result.stdout.str()
     result.stdout.fnmatch_lines(
         [
             "*speed gate against*3 regressed*",
-            # the planted doubling puts the probe's ratio near 0.5; the probe is a wall-clock workload on a
-            # shared 2-core machine (0.47-0.71 seen in one CI run), so only its direction is asserted
-            "*test_inference*spin-onednn-lstm-I32-H64-L1-B1-T20*0.[1-8]*onednn/fp32*regressed*",
-            "*time divided by drift 0.[1-8]* of the same-run probe*",
+            # the planted factor 10 puts the probe's ratio near 0.1; the probe is a wall-clock workload on a
+            # shared 2-core machine (a factor 2 read as 0.47-0.71 in one CI run), so only its direction is
+            # asserted, with room for a host up to 7x slower than at recording
+            "*test_inference*spin-onednn-lstm-I32-H64-L1-B1-T20*0.[0-7]*onednn/fp32*regressed*",
+            "*time divided by drift 0.[0-7]* of the same-run probe*",
         ]
     )
     result = gate("--benchmark-compare", "--lstmperf-drift=off")
