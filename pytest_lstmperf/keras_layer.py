@@ -30,7 +30,7 @@ import numpy as np
 
 from .spec import LayerSpec
 
-BACKENDS = ("tensorflow", "torch")
+BACKENDS = ("tensorflow", "torch", "jax")
 MASK_STYLES = ("auto", "none", "right", "left", "holes")
 #: names keras.activations.get resolves in Keras 3.15; an observed layer's own function is named "custom:<name>"
 ACTIVATIONS = (
@@ -49,7 +49,7 @@ class KerasOptionsError(ValueError):
 class KerasOptions:
     """The Keras-only options of an LSTM/GRU layer, and how the path calls it."""
 
-    backend: Literal["tensorflow", "torch"] = "tensorflow"
+    backend: Literal["tensorflow", "torch", "jax"] = "tensorflow"
     use_cudnn: Literal["auto"] | bool = "auto"
     implementation: int = 2
     activation: str = "tanh"

@@ -1,0 +1,1 @@
+"""Observers: which kernel a layer actually ran (kernel traces per framework)."""
