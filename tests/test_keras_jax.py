@@ -17,11 +17,11 @@ from pytest_lstmperf.observe.jax_trace import classify_hlo_ops, hlo_ops, hlo_tra
 from pytest_lstmperf.spec import LayerSpec
 
 _CUDNN_FWD = (
-    '  %custom-call.1 = (f32[4,5,16]{2,1,0}, f32[1,4,16]{2,1,0}, f32[1,4,16]{2,1,0}, f32[96]{0}, f32[512]{0}) '
+    "  %custom-call.1 = (f32[4,5,16]{2,1,0}, f32[1,4,16]{2,1,0}, f32[1,4,16]{2,1,0}, f32[96]{0}, f32[512]{0}) "
     'custom-call(%x, %h0, %c0, %w, %len), custom_call_target="cudnn_rnn_ffi", api_version=API_VERSION_TYPED_FFI'
 )
 _CUDNN_BWD = (
-    '  %custom-call.2 = (f32[4,5,8]{2,1,0}, f32[1,4,16]{2,1,0}, f32[1,4,16]{2,1,0}, f32[1600]{0}, f32[96]{0}) '
+    "  %custom-call.2 = (f32[4,5,8]{2,1,0}, f32[1,4,16]{2,1,0}, f32[1,4,16]{2,1,0}, f32[1600]{0}, f32[96]{0}) "
     'custom-call(%dy, %dh, %dc, %x), custom_call_target="cudnn_rnn_bwd_ffi"'
 )
 _DOT = '  %dot.3 = f32[4,64]{1,0} dot(%h, %w), lhs_contracting_dims={1}, rhs_contracting_dims={0}, ' \

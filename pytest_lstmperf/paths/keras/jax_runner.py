@@ -79,13 +79,13 @@ class JaxImpl:
 
         def call(params: list, x: Any, states: list | None) -> tuple:
             per = None if states is None else [[s[i] for i in range(s.shape[0])] for s in states]
-            with keras.StatelessScope(state_mapping=list(zip(variables, params))):
+            with keras.StatelessScope(state_mapping=list(zip(variables, params, strict=True))):
                 out, hs, cs = stack.call(x, self.mask, per, training)
             return out, hs, cs
 
         def train(params: list, x: Any, states: list | None) -> tuple:
             outs, pullback = jax.vjp(call, params, x, states)
-            out, hs, cs = outs
+            _, hs, cs = outs
             cotangent = (self.seeds[0], [self.seeds[1][i] for i in range(len(hs))],
                          [self.seeds[2][i] for i in range(len(cs))] if cs else [])  # fmt: skip
             return outs, pullback(cotangent)
