@@ -29,6 +29,11 @@ _DOT = '  %dot.3 = f32[4,64]{1,0} dot(%h, %w), lhs_contracting_dims={1}, rhs_con
 _DOT_HIGHEST = '  %dot.4 = f32[4,64]{1,0} dot(%h, %w), lhs_contracting_dims={1}, rhs_contracting_dims={0}, ' \
                'operand_precision={highest,highest}'  # fmt: skip
 _TANH = "  %tanh.1 = f32[4,16]{1,0} tanh(%a)"
+# a 1x1 layer: XLA rewrites the 1-wide dot into a multiply, whose metadata still names the dot_general
+_DOT_AS_MULTIPLY = (
+    '  %multiply.2 = f32[1,4]{1,0} multiply(%b, %c), metadata={op_name="jit(call)/lstm_cell/dot_general"}'
+)
+
 _LOOP = "  %while.1 = (s32[], f32[4,16]{1,0}) while(%tuple), condition=%cond, body=%body"
 
 needs_jax = pytest.mark.skipif(
@@ -56,6 +61,7 @@ def test_hlo_ops_name_custom_calls_by_target_and_read_element_types() -> None:
         ([_CUDNN_FWD, _CUDNN_BWD], "backward", "cudnn"),
         ([_DOT, _TANH, _LOOP], "forward", "jax-generic"),
         ([_DOT, _TANH], "forward", "jax-generic"),  # unrolled: no while loop, still XLA's loop body
+        ([_DOT_AS_MULTIPLY, _TANH], "forward", "jax-generic"),  # T=1, I=H=1: loop and dot simplified away
         ([_CUDNN_FWD, _DOT, _TANH, _LOOP], "forward", "mixed"),
         ([_CUDNN_FWD, _DOT, _TANH, _LOOP], "backward", "jax-generic"),  # forward call alone: generic gradient
         ([_DOT], "forward", "none"),  # a matmul without a cell's non-linearity is no recurrent layer

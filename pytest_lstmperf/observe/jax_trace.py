@@ -9,7 +9,9 @@ computation, fused ones included) therefore says what runs, without running it:
 * ``jax-generic``: no such call, and ``dot`` ops with the cell's non-linearities: ``tanh``, ``logistic`` (XLA's
   CPU compiler expands it into ``exponential``/``divide``), or ``maximum`` for ``relu``; in a ``while`` loop
   (``lax.scan``) or unrolled. The ops' metadata say whose loop it is: Keras's cell loop (``lstm_cell``/
-  ``gru_cell``) or the JAX backend's fused GRU scan (input projection hoisted out of the loop).
+  ``gru_cell``) or the JAX backend's fused GRU scan (input projection hoisted out of the loop). A ``dot`` that
+  XLA simplified into a ``multiply`` (a contraction of length 1) still carries its ``op_name=".../dot_general"``
+  metadata, which counts as the matmul.
 
 Precision: the element type of the recurrent op (the cuDNN call's output, else the ``dot``s). On a
 TF32-capable GPU, fp32 counts as ``tf32`` where XLA may use TF32: a ``dot`` without ``operand_precision=
@@ -36,6 +38,7 @@ _OP = re.compile(r"\s(while|dot|convolution|tanh|logistic|exponential|maximum|cu
 _TARGET = re.compile(r'custom_call_target="([^"]+)"')
 _RESULT_TYPE = re.compile(r"=\s*\(?\s*(f64|f32|f16|bf16)\[")
 _HIGHEST = re.compile(r"operand_precision=\{highest", re.IGNORECASE)
+_FROM_DOT = re.compile(r'op_name="[^"]*/dot_general"')
 _CELL_SCOPE = re.compile(r'op_name="[^"]*/(lstm_cell|gru_cell)/')
 
 
@@ -45,9 +48,12 @@ def hlo_ops(text: str) -> list[tuple[str, str, bool]]:
     found = []
     for line in text.splitlines():
         match = _OP.search(line)
-        if match is None:
+        if match is not None:
+            op = match.group(1)
+        elif _FROM_DOT.search(line):
+            op = "dot"  # XLA rewrote a degenerate dot (a 1-wide contraction) into a multiply or a reduce
+        else:
             continue
-        op = match.group(1)
         if op == "custom-call":
             target = _TARGET.search(line)
             op = target.group(1) if target else "custom-call"
@@ -96,7 +102,11 @@ def hlo_trace(
     parts = [detail] if detail else []
     if family == "jax-generic":
         parts.append(f"Keras's {'/'.join(cell_loop)} loop" if cell_loop else "the JAX backend's fused scan")
-        parts.append(f"{loops} while loop{'s' if loops != 1 else ''}" if loops else "unrolled (no while loop)")
+        parts.append(
+            f"{loops} while loop{'s' if loops != 1 else ''}"
+            if loops
+            else "no while loop (unrolled, or a one-step loop XLA removed)"
+        )
     shown = CELL_OPS | MATMUL_OPS | LOOP_OPS | set(CUDNN_FORWARD_TARGETS + CUDNN_BACKWARD_TARGETS)
     return KernelTrace(
         family=family,
