@@ -505,7 +505,7 @@ def explain(
         errors = [r for r in reasons if r.effect == "error"]
         if errors:
             raises = "InvalidArgumentError (tf.Assert in the cuDNN path): " + errors[0].finding.split(":")[0]
-    precision = _precision(framework, spec, kernel, ctx)
+    precision = _precision(framework, spec, kernel, ctx, opts.dtype_policy)
     if framework != "torch" and spec.bidirectional and kernel == "cudnn":
         notes.append(
             "bidirectional: two cuDNN calls on TensorFlow; one fused call on the torch and JAX backends when the "
@@ -555,8 +555,11 @@ def _torch_kernel(spec: LayerSpec, ctx: Context, blocking: list[Reason]) -> str:
     return "cpu-native"
 
 
-def _precision(framework: str, spec: LayerSpec, kernel: str, ctx: Context) -> str:
-    base = _PRECISION.get(spec.dtype, spec.dtype)
+_POLICY_PRECISION = {"mixed_float16": "fp16", "mixed_bfloat16": "bf16"}
+
+
+def _precision(framework: str, spec: LayerSpec, kernel: str, ctx: Context, policy: str = "float32") -> str:
+    base = _POLICY_PRECISION.get(policy) or _PRECISION.get(spec.dtype, spec.dtype)
     if base != "fp32" or not ctx.tf32_capable:
         return base
     if framework in ("keras-tensorflow", "keras-jax"):

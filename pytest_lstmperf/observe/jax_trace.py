@@ -13,7 +13,8 @@ computation, fused ones included) therefore says what runs, without running it:
   XLA simplified into a ``multiply`` (a contraction of length 1) still carries its ``op_name=".../dot_general"``
   metadata, which counts as the matmul.
 
-Precision: the element type of the recurrent op (the cuDNN call's output, else the ``dot``s). On a
+Precision: the element type of the recurrent op (the cuDNN call's output, else the ``dot``s), read from the
+module as lowered where the caller gives it (XLA's CPU compiler upcasts bfloat16 dots to float32). On a
 TF32-capable GPU, fp32 counts as ``tf32`` where XLA may use TF32: a ``dot`` without ``operand_precision=
 {highest,...}`` (JAX's default matmul precision), and a cuDNN call built with ``cudnn_allow_tf32`` (JAX's
 default unless ``jax_default_matmul_precision`` is ``highest``), which the caller passes.
@@ -91,9 +92,19 @@ def _precision(pairs: list[tuple[str, str, bool]], family: str, tf32_capable: bo
 
 
 def hlo_trace(
-    text: str, phase: str = "forward", *, tf32_capable: bool = False, cudnn_tf32: bool = True, detail: str = ""
+    text: str,
+    phase: str = "forward",
+    *,
+    tf32_capable: bool = False,
+    cudnn_tf32: bool = True,
+    program: str | None = None,
+    detail: str = "",
 ) -> KernelTrace:
-    """Trace of one compiled HLO module's text (see the module docstring for the rules)."""
+    """Trace of one compiled HLO module's text (see the module docstring for the rules).
+
+    ``program``: the module as lowered, before XLA's passes, whose element types decide the precision when
+    given: XLA's CPU compiler computes a bfloat16 ``dot`` in float32 between conversions, so the compiled
+    module shows f32 dots for data that are rounded to bfloat16 at every step."""
     pairs = hlo_ops(text)
     names = frozenset(op for op, _, _ in pairs)
     family = classify_hlo_ops(names, phase)
@@ -110,7 +121,7 @@ def hlo_trace(
     shown = CELL_OPS | MATMUL_OPS | LOOP_OPS | set(CUDNN_FORWARD_TARGETS + CUDNN_BACKWARD_TARGETS)
     return KernelTrace(
         family=family,
-        precision=_precision(pairs, family, tf32_capable, cudnn_tf32),
+        precision=_precision(hlo_ops(program) if program else pairs, family, tf32_capable, cudnn_tf32),
         phase=phase,
         ops=tuple(dict.fromkeys(op for op, _, _ in pairs if op in shown)),
         dtypes=tuple(dict.fromkeys(d for _, d, _ in pairs if d)),

@@ -275,11 +275,17 @@ _entry("keras-jax-cpu", _JX, "cpu", "jax-generic", "fp32",
        "Keras on JAX, defaults: XLA loop (LSTM: Keras's cell loop; GRU: the backend's fused scan)")  # fmt: skip
 _entry("keras-jax-cpu-generic", _JX, "cpu", "jax-generic", "fp32", "use_cudnn=False (Keras's cell loop, GRU too)",
        use_cudnn=False)  # fmt: skip
+_entry("keras-jax-cpu-mixed-bf16", _JX, "cpu", "jax-generic", "bf16",
+       "dtype policy mixed_bfloat16: float32 variables, bfloat16 compute in the XLA loop",
+       dtype_policy="mixed_bfloat16", in_gate=False)  # fmt: skip
 _entry("keras-jax-cudnn", _JX, "cuda", "cudnn", "tf32",
        "Keras on JAX, LSTM through jax.experimental.rnn.lstm (cuDNN; TF32 allowed by JAX's default precision)",
        min_capability=(8, 0))  # fmt: skip
 _entry("keras-jax-cudnn-backwards", _JX, "cuda", "cudnn", "tf32", "go_backwards=True on the cuDNN LSTM",
        go_backwards=True, min_capability=(8, 0))  # fmt: skip
+_entry("keras-jax-cudnn-mixed-fp16", _JX, "cuda", "cudnn", "fp16",
+       "dtype policy mixed_float16: Keras's cuDNN test ignores the dtype, so the LSTM goes to "
+       "jax.experimental.rnn.lstm in float16", dtype_policy="mixed_float16", in_gate=False)  # fmt: skip
 _entry("keras-jax-cuda-scan", _JX, "cuda", "jax-generic", "tf32",
        "defaults on specs kept off cuDNN (GRU, masks): the XLA loop on the GPU", off_cudnn=True,
        min_capability=(8, 0))  # fmt: skip
@@ -371,7 +377,10 @@ def supports_kernel(path: ExecutionPath, spec: LayerSpec) -> str | None:
 
     options = path.options["keras"]
     if spec.dtype != "float32":
-        return f"Keras paths run float32 specs (got {spec.dtype}); mixed precision is a Keras policy, not covered"
+        return (
+            f"Keras paths run float32 specs (got {spec.dtype}); mixed precision is a Keras dtype policy, which the "
+            "keras-jax-*-mixed-* paths set on float32 specs"
+        )
     reason = unsupported(spec, options)
     if reason:
         return reason

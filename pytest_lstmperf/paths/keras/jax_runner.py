@@ -85,21 +85,26 @@ class JaxImpl:
 
         def train(params: list, x: Any, states: list | None) -> tuple:
             outs, pullback = jax.vjp(call, params, x, states)
-            _, hs, cs = outs
-            cotangent = (self.seeds[0], [self.seeds[1][i] for i in range(len(hs))],
-                         [self.seeds[2][i] for i in range(len(cs))] if cs else [])  # fmt: skip
+            out, hs, cs = outs
+            seeds = (self.seeds[0], [self.seeds[1][i] for i in range(len(hs))],
+                     [self.seeds[2][i] for i in range(len(cs))] if cs else [])  # fmt: skip
+            # a mixed-precision layer returns 16-bit tensors: each seed takes its output's dtype
+            cotangent = jax.tree.map(lambda seed, value: seed.astype(value.dtype), seeds, (out, hs, cs))
             return outs, pullback(cotangent)
 
         self.functions = {"forward": jax.jit(call), "backward": jax.jit(train)}
         self.args = (self.params, self.x, self.states)
         self.compiled: dict[str, Any] = {}
+        self.lowered_text: dict[str, str] = {}
         self.last: Any = None
 
     def _executable(self, phase: str) -> Any:
         """The XLA executable of the forward call or the training step, compiled once: the trace reads the
         same executable that runs and is timed."""
         if phase not in self.compiled:
-            self.compiled[phase] = self.functions[phase].lower(*self.args).compile()
+            lowered = self.functions[phase].lower(*self.args)
+            self.compiled[phase] = lowered.compile()
+            self.lowered_text[phase] = lowered.as_text(dialect="hlo")
         return self.compiled[phase]
 
     def _trace(self, phase: str) -> Any:
@@ -107,7 +112,7 @@ class JaxImpl:
 
         text = self._executable(phase).as_text()
         return hlo_trace(text, phase, tf32_capable=self.tf32, cudnn_tf32=cudnn_allows_tf32(),
-                         detail="from compiled HLO")  # fmt: skip
+                         program=self.lowered_text[phase], detail="from compiled HLO")  # fmt: skip
 
     def run(self) -> dict[str, Any]:
         owner, spec = self.owner, self.owner.spec
