@@ -482,6 +482,12 @@ class _Server:
     def call(self, handle: int, method: str, args: tuple = ()) -> Any:
         return getattr(self.runs[handle], method)(*args)
 
+    def jax_probe(self, configs: list) -> list[dict[str, Any]]:
+        """JAX only: Keras's cuDNN decision per config (:func:`~.paths.keras.jax_runner.cudnn_attempts`)."""
+        from .paths.keras.jax_runner import cudnn_attempts
+
+        return cudnn_attempts(configs)
+
     def graph_probe(self, spec: dict, options: dict, arrays: dict) -> dict[str, Any]:
         """TF only: the family of the graph Keras builds for this layer when it believes a GPU is present.
 

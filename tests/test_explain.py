@@ -83,8 +83,8 @@ def test_fix_all_makes_the_layer_eligible() -> None:
 
 
 def test_bad_input_is_a_clear_error() -> None:
-    with pytest.raises(ex.ExplainError, match="valid: keras-tensorflow, keras-torch, torch"):
-        ex.explain(LayerSpec(), "jax")
+    with pytest.raises(ex.ExplainError, match="valid: keras-tensorflow, keras-torch, keras-jax, torch"):
+        ex.explain(LayerSpec(), "mxnet")
     with pytest.raises(KerasOptionsError, match="not a Keras activation"):
         KerasOptions(activation="relux")
     with pytest.raises(ex.ExplainError, match="proj_size"):

@@ -181,3 +181,66 @@ def test_planted_weight_perturbation_fails_equivalence(eps: float, fails: bool) 
     if fails:
         assert any(m.check == "tolerance" and m.quantity in ("output", "h_n") for m in mismatches)
     assert np.isfinite(list(errors.values())).all()
+
+
+# ------------------------------------------------------------------------------------------- explainer vs Keras
+_BASE = LayerSpec(cell="lstm", input_size=6, hidden_size=8, batch=3, seq_len=5)
+_VARIANTS = [
+    ({}, {}),
+    ({}, {"use_cudnn": False}),
+    ({}, {"use_cudnn": True, "activation": "relu"}),
+    ({}, {"recurrent_activation": "hard_sigmoid"}),
+    ({}, {"unroll": True}),
+    ({"bias": False}, {}),
+    ({}, {"recurrent_dropout": 0.25}),
+    ({"length_mode": "packed", "lengths": (5, 3, 1)}, {}),
+    ({"bidirectional": True}, {}),
+    ({"reset_after": False}, {"use_cudnn": True}),
+    ({}, {"use_cudnn": True, "unroll": True}),
+]
+CONFIGS = [
+    (_BASE.replace(cell=cell, **spec_changes), KerasOptions(backend="jax", **option_changes))
+    for cell in ("lstm", "gru")
+    for spec_changes, option_changes in _VARIANTS
+    if not (cell == "lstm" and "reset_after" in spec_changes)
+]
+
+
+def _disagreements(observed: list[dict], rules=None) -> list[str]:
+    found = []
+    for (spec, options), seen in zip(CONFIGS, observed, strict=True):
+        verdict = explain(spec, "keras-jax", "cuda", options, rules=rules)
+        label = f"{spec.short()} [{options.short()}]"
+        forced_ok = options.use_cudnn is True and verdict.kernel == "cudnn"  # the recorder's failure would raise
+        if not forced_ok and seen["attempted"] != (verdict.kernel == "cudnn"):
+            found.append(f"{label}: predicted {verdict.kernel}, Keras attempted cuDNN: {seen['attempted']}")
+        if not forced_ok and bool(seen["error"]) != bool(verdict.raises):
+            found.append(f"{label}: predicted raises={verdict.raises!r}, Keras raised {seen['error']!r}")
+    return found
+
+
+@pytest.fixture(scope="module")
+def keras_decisions() -> list[dict]:
+    from pytest_lstmperf.keras_worker import get_worker
+
+    configs = [(spec.to_dict(), options.to_dict()) for spec, options in CONFIGS]
+    return get_worker("jax").request("jax_probe", configs=configs)
+
+
+@needs_jax
+def test_explainer_agrees_with_keras_jax_cudnn_decision(keras_decisions: list[dict]) -> None:
+    """On the CPU, Keras's JAX backend is made to believe a GPU is there (and jax.experimental.rnn.lstm is a
+    recorder): whether it attempts cuDNN, and whether use_cudnn=True raises, must match the explainer."""
+    assert not _disagreements(keras_decisions), "\n".join(_disagreements(keras_decisions))
+    attempted = [spec.short() for (spec, _), seen in zip(CONFIGS, keras_decisions, strict=True) if seen["attempted"]]
+    assert attempted and all(s.startswith("lstm") for s in attempted), attempted  # never a GRU
+    gru_default = keras_decisions[CONFIGS.index((_BASE.replace(cell="gru"), KerasOptions(backend="jax")))]
+    assert gru_default["loop"] == "backend", gru_default  # the GRU default is the backend's fused scan
+
+
+@needs_jax
+@pytest.mark.parametrize("rule", ["jax_gru", "jax_mask", "unroll"])
+def test_explainer_without_a_jax_rule_disagrees_with_keras(keras_decisions: list[dict], rule: str) -> None:
+    from pytest_lstmperf.explain import without
+
+    assert _disagreements(keras_decisions, rules=without(rule))

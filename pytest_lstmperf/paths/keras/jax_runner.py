@@ -157,3 +157,53 @@ class JaxImpl:
 
 def _f64(value: Any) -> np.ndarray:
     return np.asarray(value, dtype=np.float64)
+
+
+# ------------------------------------------------------------------------------------------- cuDNN decision probe
+def cudnn_attempts(configs: list[tuple[dict, dict]]) -> list[dict[str, Any]]:
+    """For each ``(spec dict, options dict)``: would Keras's JAX backend call ``jax.experimental.rnn.lstm``
+    (cuDNN) on a GPU? Runs on any machine: ``_is_gpu_available`` is replaced by ``lambda: True`` and
+    ``jax.experimental.rnn.lstm`` by a recorder that raises ``RuntimeError`` (which ``lstm()`` turns into its
+    fallback), while the forward call is traced (``jax.jit(...).lower``: nothing runs). Returns ``attempted``,
+    the error the layer raised (``use_cudnn=True``), and whose loop the lowered module holds."""
+    import importlib
+
+    from ...keras_layer import KerasOptions
+    from ...keras_worker import LocalKerasRun
+    from ...spec import LayerSpec
+
+    backend_rnn = importlib.import_module("keras.src.backend.jax.rnn")
+    jax_rnn = importlib.import_module("jax.experimental.rnn")
+    originals = (backend_rnn._is_gpu_available, jax_rnn.lstm)
+    calls: list[int] = []
+
+    def recorder(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        raise RuntimeError("cuDNN decision probe: no GPU here")
+
+    backend_rnn._is_gpu_available, jax_rnn.lstm = (lambda: True), recorder
+    results = []
+    try:
+        for spec_dict, options_dict in configs:
+            calls.clear()
+            spec, options = LayerSpec.from_dict(spec_dict), KerasOptions.from_dict(options_dict)
+            row: dict[str, Any] = {"attempted": False, "error": None, "loop": None}
+            try:
+                run = LocalKerasRun(spec, options, _probe_arrays(spec), "cpu")
+                impl = run._impl
+                text = impl.functions["forward"].lower(*impl.args).as_text(dialect="hlo")
+                row["loop"] = "cell" if ("lstm_cell" in text or "gru_cell" in text) else "backend"
+            except Exception as exc:  # the layer's own error is the observation
+                row["error"] = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+            row["attempted"] = bool(calls)
+            results.append(row)
+    finally:
+        backend_rnn._is_gpu_available, jax_rnn.lstm = originals
+    return results
+
+
+def _probe_arrays(spec: Any) -> dict[str, Any]:
+    from ...case import make_case
+    from ...keras_worker import _case_arrays
+
+    return _case_arrays(make_case(spec))
