@@ -57,6 +57,7 @@ _GATE = {
     "keras-torch-cuda-generic",
     "keras-jax-cpu",
     "keras-jax-cudnn",
+    "keras-jax-cuda-scan",
     "keras-jax-cuda-generic",
 }
 
