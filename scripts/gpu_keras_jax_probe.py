@@ -30,7 +30,7 @@ import jax
 import keras
 import numpy as np
 
-from pytest_lstmperf.observe.jax_trace import hlo_trace
+from pytest_lstmperf.observation.jax_trace import hlo_trace
 
 GPU = jax.default_backend() == "gpu"
 FACTS: dict = {"jax": jax.__version__, "keras": keras.__version__, "default_backend": jax.default_backend()}

@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 
 from pytest_lstmperf import paths as registry
-from pytest_lstmperf.checks import check_against, check_trace
-from pytest_lstmperf.explain import explain
-from pytest_lstmperf.keras_layer import KerasOptions
-from pytest_lstmperf.observe.jax_trace import classify_hlo_ops, hlo_ops, hlo_trace
-from pytest_lstmperf.spec import LayerSpec
+from pytest_lstmperf.model.spec import LayerSpec
+from pytest_lstmperf.numerics.checks import check_against, check_trace
+from pytest_lstmperf.observation.explain import explain
+from pytest_lstmperf.observation.jax_trace import classify_hlo_ops, hlo_ops, hlo_trace
+from pytest_lstmperf.paths.keras.layer import KerasOptions
 
 _CUDNN_FWD = (
     "  %custom-call.1 = (f32[4,5,16]{2,1,0}, f32[1,4,16]{2,1,0}, f32[1,4,16]{2,1,0}, f32[96]{0}, f32[512]{0}) "
@@ -117,8 +117,8 @@ def test_jax_paths_are_registered_with_a_known_family() -> None:
 
 # ------------------------------------------------------------------------------------------- running paths
 def _run(name: str, spec: LayerSpec, case=None):
-    from pytest_lstmperf.case import make_case
     from pytest_lstmperf.device import resolve_device
+    from pytest_lstmperf.model.case import make_case
 
     path = registry.get(name)
     device = resolve_device("cpu")
@@ -128,9 +128,9 @@ def _run(name: str, spec: LayerSpec, case=None):
 
 
 def _errors(path, spec, result, case=None):
-    from pytest_lstmperf.case import make_case
-    from pytest_lstmperf.equivalence import observed_tolerance
-    from pytest_lstmperf.reference import run_reference
+    from pytest_lstmperf.model.case import make_case
+    from pytest_lstmperf.model.reference import run_reference
+    from pytest_lstmperf.numerics.equivalence import observed_tolerance
 
     reference = run_reference(case or make_case(spec))
     return check_against(result, reference, spec, "fp32", bound=observed_tolerance(path, spec, result))
@@ -170,7 +170,7 @@ def test_planted_cudnn_claim_on_the_jax_cpu_path_fails() -> None:
 def test_planted_weight_perturbation_fails_equivalence(eps: float, fails: bool) -> None:
     """One recurrent weight scaled by 1 + eps before the JAX path gets it, compared with the reference of the
     unperturbed case: 2e-5 relative on weight_hh_l0 is caught (the fp32 bound here is ~1e-6 on the outputs)."""
-    from pytest_lstmperf.case import make_case
+    from pytest_lstmperf.model.case import make_case
 
     case = make_case(SPEC)
     weights = dict(case.weights)
@@ -221,7 +221,7 @@ def _disagreements(observed: list[dict], rules=None) -> list[str]:
 
 @pytest.fixture(scope="module")
 def keras_decisions() -> list[dict]:
-    from pytest_lstmperf.keras_worker import get_worker
+    from pytest_lstmperf.paths.keras.worker import get_worker
 
     configs = [(spec.to_dict(), options.to_dict()) for spec, options in CONFIGS]
     return get_worker("jax").request("jax_probe", configs=configs)
@@ -241,6 +241,6 @@ def test_explainer_agrees_with_keras_jax_cudnn_decision(keras_decisions: list[di
 @needs_jax
 @pytest.mark.parametrize("rule", ["jax_gru", "jax_mask", "unroll"])
 def test_explainer_without_a_jax_rule_disagrees_with_keras(keras_decisions: list[dict], rule: str) -> None:
-    from pytest_lstmperf.explain import without
+    from pytest_lstmperf.observation.explain import without
 
     assert _disagreements(keras_decisions, rules=without(rule))

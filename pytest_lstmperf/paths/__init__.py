@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     import numpy as np
 
-    from ..case import Case
     from ..device import DeviceInfo
-    from ..spec import LayerSpec
-    from ..trace import KernelTrace
+    from ..model.case import Case
+    from ..model.spec import LayerSpec
+    from ..observation.torch_trace import KernelTrace
 
 #: kernel families a trace can observe
 KERNEL_FAMILIES = (
@@ -140,7 +140,7 @@ def _load_builtin() -> None:
     from . import torch_paths  # noqa: F401  (registers on import; imports no framework)
 
     with contextlib.suppress(ImportError):  # module absent in a partial install
-        from . import keras_paths  # noqa: F401
+        from .keras import paths as keras_paths  # noqa: F401
 
 
 def all_paths() -> dict[str, ExecutionPath]:

@@ -4,7 +4,7 @@ The layer stack is called functionally: its variables are bound to explicit arra
 ``keras.StatelessScope`` (as Keras's own JAX trainer does), so that the forward call and the training step
 are ``jax.jit`` functions of (weights, input, initial states), and gradients come from ``jax.vjp`` against
 the case's output seeds. What each compiles to is read from the compiled HLO
-(:mod:`pytest_lstmperf.observe.jax_trace`), so the trace is of the very executable that is timed.
+(:mod:`pytest_lstmperf.observation.jax_trace`), so the trace is of the very executable that is timed.
 
 Placement: every argument is committed to the path's device (``jax.devices("gpu"|"cpu")[0]``), so XLA
 compiles for it. Keras's cuDNN test (``keras/src/backend/jax/rnn.py`` ``_is_gpu_available``) asks for JAX's
@@ -108,7 +108,7 @@ class JaxImpl:
         return self.compiled[phase]
 
     def _trace(self, phase: str) -> Any:
-        from ...observe.jax_trace import cudnn_allows_tf32, hlo_trace
+        from ...observation.jax_trace import cudnn_allows_tf32, hlo_trace
 
         text = self._executable(phase).as_text()
         return hlo_trace(text, phase, tf32_capable=self.tf32, cudnn_tf32=cudnn_allows_tf32(),
@@ -168,9 +168,9 @@ def cudnn_attempts(configs: list[tuple[dict, dict]]) -> list[dict[str, Any]]:
     the error the layer raised (``use_cudnn=True``), and whose loop the lowered module holds."""
     import importlib
 
-    from ...keras_layer import KerasOptions
-    from ...keras_worker import LocalKerasRun
-    from ...spec import LayerSpec
+    from ...model.spec import LayerSpec
+    from .layer import KerasOptions
+    from .worker import LocalKerasRun
 
     backend_rnn = importlib.import_module("keras.src.backend.jax.rnn")
     jax_rnn = importlib.import_module("jax.experimental.rnn")
@@ -203,7 +203,7 @@ def cudnn_attempts(configs: list[tuple[dict, dict]]) -> list[dict[str, Any]]:
 
 
 def _probe_arrays(spec: Any) -> dict[str, Any]:
-    from ...case import make_case
-    from ...keras_worker import _case_arrays
+    from ...model.case import make_case
+    from .worker import _case_arrays
 
     return _case_arrays(make_case(spec))

@@ -1,1 +1,0 @@
-"""Observers: which kernel a layer actually ran (kernel traces per framework)."""
