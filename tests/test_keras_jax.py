@@ -244,3 +244,19 @@ def test_explainer_without_a_jax_rule_disagrees_with_keras(keras_decisions: list
     from pytest_lstmperf.observation.explain import without
 
     assert _disagreements(keras_decisions, rules=without(rule))
+
+
+@needs_jax
+def test_known_keras_bug_mixed_gru_without_bias_still_raises() -> None:
+    """The mixed-precision path refuses GRU(use_bias=False) with the upstream bug's description; this keeps the
+    refusal honest: run anyway, the installed keras must still raise the scan's carry TypeError."""
+    from pytest_lstmperf.device import resolve_device
+    from pytest_lstmperf.model.case import make_case
+    from pytest_lstmperf.paths.keras.worker import KerasWorkerError
+
+    path = registry.get("keras-jax-cpu-mixed-bf16")
+    spec = LayerSpec(cell="gru", input_size=6, hidden_size=8, batch=3, seq_len=4, bias=False)
+    assert "GRU(use_bias=False) under a mixed dtype policy" in (path.supports(spec) or "")
+    assert path.supports(spec.replace(bias=True)) is None
+    with pytest.raises(KerasWorkerError, match="carry input and carry output must have equal types"):
+        path.prepare(make_case(spec), resolve_device("cpu")).run()

@@ -43,7 +43,14 @@ KNOWN_KERAS_BUGS: dict[str, list[tuple[str, str]]] = {
             "Keras 3.15.1 bug with unroll=True, a mask and go_backwards (Bidirectional's backward layer): the "
             "TensorFlow backend zeroes the backward outputs with the un-reversed mask (wrong outputs), the torch "
             "backend raises AttributeError (torch.flip on a tuple) in keras/src/backend/*/rnn.py rnn()",
-        )
+        ),
+        (
+            "jax+mixed+gru-no-bias",
+            "Keras 3.15.1 bug on the JAX backend: GRU(use_bias=False) under a mixed dtype policy raises TypeError "
+            "('scan body function carry input and carry output must have equal types'): the fused scan of "
+            "keras/src/backend/jax/rnn.py gru() makes its missing biases with jnp.zeros in float32, which promotes "
+            "the 16-bit step to float32",
+        ),
     ]
 }
 
@@ -368,7 +375,25 @@ def known_bug(path: ExecutionPath, spec: LayerSpec) -> str | None:
 
             if mask_style(spec, options) != "none":
                 return text
+        if key == "jax+mixed+gru-no-bias" and _runs_fused_jax_gru(options, spec) and not spec.bias:
+            return text
     return None
+
+
+def _runs_fused_jax_gru(options: Any, spec: LayerSpec) -> bool:
+    """A GRU that Keras's JAX backend sends to its fused scan, under a mixed dtype policy."""
+    from .layer import mask_style
+
+    return (
+        options.backend == "jax"
+        and options.dtype_policy != "float32"
+        and spec.cell == "gru"
+        and spec.reset_after
+        and not options.unroll
+        and not options.recurrent_dropout
+        and options.use_cudnn is not False
+        and mask_style(spec, options) == "none"
+    )
 
 
 def supports_kernel(path: ExecutionPath, spec: LayerSpec) -> str | None:
