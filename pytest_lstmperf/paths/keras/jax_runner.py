@@ -34,7 +34,8 @@ def hello() -> dict[str, Any]:
     try:
         from jax._src.lib import gpu_rnn
 
-        info["cudnn_rnn"] = bool(gpus) and getattr(gpu_rnn, "_cuda_rnn", None) is not None
+        # defined only where the CUDA (or ROCm) plugin's RNN library loaded
+        info["cudnn_rnn"] = bool(gpus) and hasattr(gpu_rnn, "compute_rnn_workspace_reserve_space_sizes")
     except ImportError:
         info["cudnn_rnn"] = False
     return info
