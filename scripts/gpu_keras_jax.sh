@@ -3,7 +3,8 @@
 # (keras wheels in .whl/ are installed to /tmp/site when present): 1. a probe of what XLA compiles (cuDNN
 # custom call or XLA loop, the dots' precision), go_backwards on the cuDNN LSTM, mixed_float16, a CPU-placed
 # layer on a GPU machine; 2. the kernel-claim, equivalence and explainer suites on the keras-jax CUDA paths;
-# 3. the speed gate's benchmarks and the Keras overhead workload rows for them. About 3-4 minutes.
+# 3. the speed gate's benchmarks and the Keras overhead workload rows for them. About 4-5 minutes (each step
+# has its own timeout; at most about 10 minutes).
 # Writes probe.json, probe.log, suites.log, bench.log, workloads.log to $OUT; the summary is printed last.
 set -u
 cd "$(dirname "$0")/.."
@@ -32,14 +33,14 @@ KERAS_BACKEND=jax timeout 150 $PYTHON scripts/gpu_keras_jax_probe.py "$OUT/probe
   | tee "$OUT/probe.log" | cut -c1-400
 t1=$(date +%s)
 echo "== 2. kernels, equivalence, explainer on cuda"
-timeout 300 $PYTHON -m pytest $PLUGIN suites/test_kernels.py suites/test_equivalence.py suites/test_keras_explainer.py \
+timeout 270 $PYTHON -m pytest $PLUGIN suites/test_kernels.py suites/test_equivalence.py suites/test_keras_explainer.py \
   --device=cuda --lstmperf-paths="$PATHS" -p no:cacheprovider -rfEsx 2>&1 | tee "$OUT/suites.log" \
   | sed -n '/FAILURES/,/short test summary/p' | grep -E "^\s+\[|^path |^_" | cut -c1-300 | head -40
 t2=$(date +%s)
 echo "== 3. speed gate benchmarks and the Keras overhead rows"
-timeout 150 $PYTHON -m pytest $PLUGIN suites/test_benchmarks.py --device=cuda --lstmperf-paths="$GATE" \
+timeout 120 $PYTHON -m pytest $PLUGIN suites/test_benchmarks.py --device=cuda --lstmperf-paths="$GATE" \
   -p no:cacheprovider -q 2>&1 | tee "$OUT/bench.log" | sed -n '/lstmperf speed/,$p' | cut -c1-200; tail -1 "$OUT/bench.log"
-timeout 120 $PYTHON -m pytest $PLUGIN suites/test_workloads.py --device=cuda -k "keras_overhead" -p no:cacheprovider -q \
+timeout 90 $PYTHON -m pytest $PLUGIN suites/test_workloads.py --device=cuda -k "keras_overhead and jax" -p no:cacheprovider -q \
   -rs 2>&1 | tee "$OUT/workloads.log" | grep -E "keras-|passed|failed" | cut -c1-220 | tail -12
 t3=$(date +%s)
 echo "== summary (probe $((t1-t0))s, suites $((t2-t1))s, speed $((t3-t2))s)"
