@@ -178,7 +178,7 @@ def _keras_layers(seen: Observation) -> Iterator[None]:
             try:
                 seen.layers.append(describe_keras_layer(self, sequences, mask))
             except Exception as exc:
-                seen.problems.append(f"could not describe {self.name}: {exc}")
+                seen.problems.append(f"could not describe Keras layer {self.name!r}: {type(exc).__name__}: {exc}")
             recorder = seen.recorder if keras.backend.backend() == "torch" else None
             if recorder is None or recorder.paused:
                 return _original(self, sequences, initial_state, mask, training=training)
@@ -271,6 +271,8 @@ def verdict_problem(seen: Observation, kernel: str, precision: str | None = None
     from ..numerics.checks import check_trace
 
     ran = seen.all_traces()
+    if seen.problems:  # a layer that ran but could not be described is never passed in silence
+        return "lstmperf_kernel: " + "; ".join(dict.fromkeys(seen.problems))
     wrong = []
     for trace in ran:
         where = f"{trace.phase} {trace.detail}".strip()

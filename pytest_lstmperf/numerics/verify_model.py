@@ -247,10 +247,38 @@ def _observed_precision(run: _Run, pass_: str, claimed: str) -> str:
     return claimed if (claimed, observed) == ("tf32", "fp32") else observed
 
 
+def _sensitivity(model: Any, inputs: tuple, ref: _Run, spec: LayerSpec) -> Any:
+    """This model's sensitivity on its own data against the canonical data's (:mod:`.sensitivity`)."""
+    import torch
+
+    from .sensitivity import Sensitivity, canonical, perturb, relative_changes
+
+    def named(run: _Run) -> dict[str, np.ndarray]:
+        return {f"output {i}": v for i, v in enumerate(run.outputs)} | {f"grad {k}": v for k, v in run.grads.items()}
+
+    def moved(rng: np.random.Generator) -> dict[str, np.ndarray]:
+        twin = copy.deepcopy(model).to("cpu", torch.float64)
+        with torch.no_grad():
+            for param in twin.parameters():
+                param.copy_(torch.from_numpy(perturb(param.numpy(), rng)))
+
+        def jitter(t: Any) -> Any:
+            return torch.from_numpy(perturb(t.detach().cpu().double().numpy(), rng)) if t.is_floating_point() else t
+
+        return named(_run(twin, _map_tensors(inputs, jitter), "cpu", torch.float64))
+
+    return Sensitivity(relative_changes(named(ref), moved), canonical(spec))
+
+
 def _check_numbers(
-    run: _Run, ref: _Run, precision: str, spec: LayerSpec, unchecked: list[str] | None = None
+    run: _Run,
+    ref: _Run,
+    precision: str,
+    spec: LayerSpec,
+    unchecked: list[str] | None = None,
+    sensitivity: Any = None,
 ) -> tuple[list[Mismatch], dict[str, float]]:
-    from .tolerance import ToleranceTooLoose
+    from .tolerance import MAX_REL, ToleranceTooLoose
 
     found: list[Mismatch] = []
     errors: dict[str, float] = {}
@@ -275,13 +303,24 @@ def _check_numbers(
             elif unchecked is not None:
                 unchecked.append(f"{quantity}: not compared (relative error {err:.3e}): {exc}")
             continue
-        if err > tol.rel:
+        bound, why = tol.rel, tol.explain()
+        if sensitivity is not None and sensitivity.factor(quantity, pass_) > 1.0:
+            bound *= sensitivity.factor(quantity, pass_)
+            why += "; " + sensitivity.explain(quantity, pass_)
+            if bound >= MAX_REL:
+                text = f"{quantity}: not checkable: the widened bound {bound:.3g} reaches {MAX_REL} ({why})"
+                if pass_ == "forward":
+                    found.append(Mismatch("inconclusive", quantity, text))
+                elif unchecked is not None:
+                    unchecked.append(text)
+                continue
+        if err > bound:
             found.append(
                 Mismatch(
                     "tolerance",
                     quantity,
                     f"{quantity}: relative error {err:.3e} against the float64 run exceeds the {ran_in} {pass_} "
-                    f"tolerance {tol.rel:.3e} ({err / tol.rel:.1f}x; tolerance {tol.explain()})",
+                    f"tolerance {bound:.3e} ({err / bound:.1f}x; tolerance {why})",
                 )
             )
     return found, errors
@@ -330,7 +369,9 @@ def verify_model(
     if not ref.layer_shapes:
         raise ValueError(f"no recurrent layer of {type(model).__name__} ran on the example inputs")
     spec = envelope_spec(list(ref.layer_shapes.values()))
-    return _finish([_verify_path(model, inputs, info, path, ref, spec) for path in selected], raise_on_failure)
+    sensitivity = _sensitivity(model, inputs, ref, spec)
+    outcomes = [_verify_path(model, inputs, info, path, ref, spec, sensitivity) for path in selected]
+    return _finish(outcomes, raise_on_failure)
 
 
 def _finish(outcomes: list[PathOutcome], raise_on_failure: bool) -> list[PathOutcome]:
@@ -340,7 +381,9 @@ def _finish(outcomes: list[PathOutcome], raise_on_failure: bool) -> list[PathOut
     return outcomes
 
 
-def _verify_path(model: Any, inputs: tuple, info: Any, path: Any, ref: _Run, spec: LayerSpec) -> PathOutcome:
+def _verify_path(
+    model: Any, inputs: tuple, info: Any, path: Any, ref: _Run, spec: LayerSpec, sensitivity: Any = None
+) -> PathOutcome:
     import torch
 
     outcome = PathOutcome(path.name)
@@ -353,7 +396,7 @@ def _verify_path(model: Any, inputs: tuple, info: Any, path: Any, ref: _Run, spe
     claimed = [s for s in ref.layer_shapes.values() if path.supports(s) is None]
     precision = path.expected(claimed[0])[1] if claimed else path.precision
     mismatches = _check_kernels(path, run)
-    numbers, outcome.errors = _check_numbers(run, ref, precision, spec, outcome.unchecked)
+    numbers, outcome.errors = _check_numbers(run, ref, precision, spec, outcome.unchecked, sensitivity)
     outcome.mismatches = mismatches + numbers
     observed = [f"  observed: {t.describe()}" for t in run.traces]
     observed += [f"  not checked: {line}" for line in outcome.unchecked]
