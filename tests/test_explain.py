@@ -206,7 +206,7 @@ def test_cli_explain_prints_reasons(capsys: pytest.CaptureFixture[str]) -> None:
     [
         (["explain", "lstm", "activation=relux"], "not a Keras activation"),
         (["explain", "lstm", "foo=1"], "unknown layer keys ['foo']"),
-        (["explain", "lstm", "-f", "jax"], "unknown framework 'jax'"),
+        (["explain", "lstm", "-f", "mxnet"], "unknown framework 'mxnet'"),
         (["explain", "lstm", "units=0"], "hidden_size=0"),
         (["explain", "lstm", "proj_size=4"], "proj_size"),
         (["report", "/nonexistent/configs.json"], "cannot read"),
