@@ -45,7 +45,9 @@ timeout 90 $PYTHON -m pytest $PLUGIN suites/test_workloads.py --device=cuda -k "
 t3=$(date +%s)
 echo "== summary (probe $((t1-t0))s, suites $((t2-t1))s, speed $((t3-t2))s)"
 $PYTHON - "$OUT/probe.json" <<'PY'
-import json, sys
+import json, os, sys
+if not os.path.exists(sys.argv[1]):
+    sys.exit("probe wrote no probe.json (see probe.log)")
 facts = json.load(open(sys.argv[1]))
 print(f"jax {facts.get('jax')} keras {facts.get('keras')} on {facts.get('devices')}")
 for name, row in (facts.get("kernels") or {}).items():
