@@ -43,7 +43,7 @@ def test_help_imports_no_framework() -> None:
         """
         import sys, pytest
         rc = pytest.main(["--help", "-p", "no:cacheprovider"])
-        heavy = sorted(m for m in ("torch", "tensorflow", "keras") if m in sys.modules)
+        heavy = sorted(m for m in ("torch", "tensorflow", "keras", "jax") if m in sys.modules)
         print("HEAVY:", heavy)
         sys.exit(rc)
         """
