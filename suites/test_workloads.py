@@ -67,7 +67,10 @@ OVERHEAD = {
     ("cuda", "gate"): [(256, 1, 100), (256, 64, 100), (1024, 64, 25)],
     ("cuda", "thorough"): list(itertools.product((256, 512, 1024), (1, 16, 64), (25, 100))),
 }
-KERAS_OVERHEAD_PATHS = {"cpu": ("keras-torch-cpu", "keras-tf-cpu"), "cuda": ("keras-torch-cudnn", "keras-tf-cudnn")}
+KERAS_OVERHEAD_PATHS = {
+    "cpu": ("keras-torch-cpu", "keras-tf-cpu", "keras-jax-cpu"),
+    "cuda": ("keras-torch-cudnn", "keras-tf-cudnn", "keras-jax-cudnn"),
+}
 PRECISION_PATHS = {
     "cpu": ("torch-cpu-onednn", "torch-cpu-autocast-bf16", "torch-cpu-native-autocast-bf16"),
     "cuda": ("torch-cudnn-fp32", "torch-cudnn-default", "torch-cuda-autocast-fp16", "torch-cuda-autocast-bf16"),

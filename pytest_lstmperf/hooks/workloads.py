@@ -225,8 +225,11 @@ def _overhead_notes(rows: list[dict[str, Any]]) -> list[str]:
         if r.get("framework", "torch") != "torch" and raw and r.get("ran", "").split("/")[0] != raw.split("/")[0]:
             differ[(r["framework"], r.get("ran", ""), raw)].append(r["shape"])
     for (framework, ran, raw), shapes in sorted(differ.items()):
-        why = (" (Keras on the torch backend calls torch's fused kernel only on CUDA; on the CPU it runs its own "
-               "step loop)") if framework == "keras-torch" else ""  # fmt: skip
+        why = {
+            "keras-torch": " (Keras on the torch backend calls torch's fused kernel only on CUDA; on the CPU it runs "
+            "its own step loop)",
+            "keras-jax": " (Keras on JAX runs an XLA-compiled loop, and cuDNN only for an LSTM on a GPU)",
+        }.get(framework, "")
         lines.append(
             f"{framework} ran {ran} ({', '.join(shapes)}) where the raw cost is torch's {raw} op: its call/raw "
             f"includes the difference of kernels, not only framework overhead{why}."

@@ -107,7 +107,7 @@ def config_from_dict(data: dict[str, Any]) -> Config:
         if option_values:
             raise ValueError(f"Keras options {sorted(option_values)} given for framework 'torch'")
         return framework, spec, None
-    option_values["backend"] = "tensorflow" if framework == "keras-tensorflow" else "torch"
+    option_values["backend"] = {"keras-tensorflow": "tensorflow", "keras-jax": "jax"}.get(framework, "torch")
     return framework, spec, KerasOptions(**option_values)
 
 

@@ -31,6 +31,7 @@ KERNEL_FAMILIES = (
     "onednn",  # torch CPU aten::mkldnn_rnn_layer
     "cpu-native",  # torch CPU per-step linear + pointwise ops
     "tf-generic",  # TensorFlow While loop of MatMul/Sigmoid/Tanh
+    "jax-generic",  # XLA-compiled loop (lax.scan while loop, or unrolled) of dots + logistic/tanh, no cuDNN call
     "none",  # nothing recurrent ran (a bug in the path or the trace)
     "mixed",  # more than one family in one pass
 )

@@ -95,6 +95,10 @@ class LocalKerasRun:
             self.stack = KerasStack(spec, options, arrays["weights"])
         if backend == "tensorflow":
             self._impl: _Impl = _TensorFlowImpl(self)
+        elif backend == "jax":
+            from .jax_runner import JaxImpl
+
+            self._impl = JaxImpl(self)  # type: ignore[assignment]
         else:
             self._impl = _TorchImpl(self)
 
@@ -102,6 +106,8 @@ class LocalKerasRun:
         name = "gpu:0" if self.device == "cuda" and self.options.backend == "tensorflow" else None
         if self.options.backend == "torch":
             name = "cuda:0" if self.device == "cuda" else "cpu"
+        if self.options.backend == "jax":
+            name = "gpu:0" if self.device == "cuda" else "cpu:0"
         return self.keras.device(name)
 
     # -- conversions shared by both backends
@@ -179,6 +185,8 @@ class LocalKerasRun:
         """Device seconds per call of ``forward`` or ``train_step`` (``speed.timing.device_time``)."""
         from ...speed.timing import DeviceTime, device_time
 
+        if self.options.backend == "jax" and self.device == "cuda":
+            return DeviceTime("none", (), self._impl.device_time_note())  # type: ignore[attr-defined]
         if self.options.backend != "torch" and self.device == "cuda":
             return DeviceTime(
                 "none",
@@ -194,7 +202,9 @@ class LocalKerasRun:
         counted in this process, which dispatches the ops; TensorFlow's ops are no ATen ops: a note only."""
         if self.options.backend != "torch":
             return {
-                "note": "Keras on TensorFlow dispatches TensorFlow ops, which the ATen counters do not see: "
+                "note": f"Keras on {self.options.backend} dispatches "
+                f"{'XLA executables' if self.options.backend == 'jax' else 'TensorFlow ops'}, which the ATen counters "
+                "do not see: "
                 "no host counters (the time per call decides)"
             }
         from ...speed.timing import host_counters
@@ -434,6 +444,10 @@ class _Server:
     def hello(self) -> dict[str, Any]:
         import keras
 
+        if self.backend == "jax":
+            from .jax_runner import hello
+
+            return hello()
         info: dict[str, Any] = {"keras": keras.__version__, "backend": keras.backend.backend(), "gpus": []}
         if self.backend == "tensorflow":
             import tensorflow as tf
@@ -467,6 +481,12 @@ class _Server:
 
     def call(self, handle: int, method: str, args: tuple = ()) -> Any:
         return getattr(self.runs[handle], method)(*args)
+
+    def jax_probe(self, configs: list) -> list[dict[str, Any]]:
+        """JAX only: Keras's cuDNN decision per config (:func:`.jax_runner.cudnn_attempts`)."""
+        from .jax_runner import cudnn_attempts
+
+        return cudnn_attempts(configs)
 
     def graph_probe(self, spec: dict, options: dict, arrays: dict) -> dict[str, Any]:
         """TF only: the family of the graph Keras builds for this layer when it believes a GPU is present.
@@ -557,6 +577,8 @@ class WorkerClient:
         env = dict(os.environ)
         env["KERAS_BACKEND"] = backend
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        # JAX would take 75% of the GPU at start; the torch paths of the same session share that GPU
+        env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
         root = str(Path(__file__).resolve().parents[3])
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         self.process = subprocess.Popen(
