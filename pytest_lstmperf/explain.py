@@ -468,6 +468,10 @@ def explain(
     ctx = context if context is not None else context_for(device)
     table = RULES if rules is None else tuple(rules)
     notes: list[str] = []
+    if framework in ("torch-compile", "onnxruntime"):
+        if options is not None and options.differences():
+            raise ExplainError(f"Keras options {options.short()} given for framework {framework!r}")
+        return _explain_exported(spec, framework, ctx, table)
     if framework == "torch":
         if spec.cell == "gru" and not spec.reset_after:
             raise ExplainError("PyTorch's GRU is reset-after only: reset_after=False exists in Keras alone")
@@ -479,10 +483,6 @@ def explain(
         opts = (options or KerasOptions(backend=backend)).replace(backend=backend)
         if spec.proj_size:
             raise ExplainError(f"proj_size={spec.proj_size}: Keras's LSTM has no projection (PyTorch-only feature)")
-    if framework == "onnxruntime" and options is not None and options.differences():
-        raise ExplainError(f"Keras options {options.short()} given for framework 'onnxruntime'")
-    if framework in ("torch-compile", "onnxruntime"):
-        return _explain_exported(spec, framework, ctx, table)
     reasons = []
     forced_error = False
     for rule in table:

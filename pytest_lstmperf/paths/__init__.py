@@ -147,8 +147,13 @@ def _load_builtin() -> None:
         from . import keras_paths  # noqa: F401
 
 
+_BUILTIN_LOADED: list[bool] = []
+
+
 def all_paths() -> dict[str, ExecutionPath]:
-    if not REGISTRY:
+    # loaded once, whatever was registered before (importing one path module first registers only its paths)
+    if not _BUILTIN_LOADED:
+        _BUILTIN_LOADED.append(True)
         _load_builtin()
     return REGISTRY
 
