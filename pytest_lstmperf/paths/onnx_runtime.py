@@ -168,6 +168,9 @@ class OnnxRun:
     def _session(self, profile: bool) -> Any:
         options = self.ort.SessionOptions()
         options.log_severity_level = 3  # errors only: its shape-merge warnings are the exporter's business
+        # ONNX Runtime's pool threads spin after each run by default, taking the cores from whatever runs next
+        # (torch timed in alternation was slowed 100x on a 2-core machine); they sleep instead
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         if profile:
             options.enable_profiling = True
             options.profile_file_prefix = str(Path(self._dir.name) / "profile")
