@@ -19,22 +19,22 @@ except PackageNotFoundError:  # running from a source tree that is not installed
 #: public name -> module that defines it (``module:attribute`` where the names differ; no public name may be
 #: a submodule's name, which the submodule would replace on the package once imported)
 _EXPORTS = {
-    "verify_model": "own_model",
-    "ModelCheckFailed": "own_model",
-    "PathOutcome": "own_model",
-    "model_paths": "own_model",
-    "report": "eligibility_report",
-    "falls_back": "eligibility_report",
-    "observe": "kernel_marker",
-    "verdict_problem": "kernel_marker",
-    "KernelExpectation": "kernel_marker",
-    "LayerSpec": "spec",
-    "KernelTrace": "trace",
-    "tolerance_bound": "tolerance:tolerance",
-    "layer_specs": "strategies",
-    "lstm_configs": "strategies",
-    "devices": "strategies",
-    "path_names": "strategies",
+    "verify_model": "numerics.verify_model",
+    "ModelCheckFailed": "numerics.verify_model",
+    "PathOutcome": "numerics.verify_model",
+    "model_paths": "numerics.verify_model",
+    "report": "observation.eligibility",
+    "falls_back": "observation.eligibility",
+    "observe": "hooks.kernel_marker",
+    "verdict_problem": "hooks.kernel_marker",
+    "KernelExpectation": "hooks.kernel_marker",
+    "LayerSpec": "model.spec",
+    "KernelTrace": "observation.torch_trace",
+    "tolerance_bound": "numerics.tolerance:tolerance",
+    "layer_specs": "model.strategies",
+    "lstm_configs": "model.strategies",
+    "devices": "model.strategies",
+    "path_names": "model.strategies",
 }
 
 __all__ = ["__version__", *_EXPORTS]

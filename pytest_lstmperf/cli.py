@@ -38,7 +38,7 @@ def _parse_value(raw: str) -> Any:
 
 def parse_layer(cell: str, items: Sequence[str], framework: str) -> tuple[str, Any, Any]:
     """``lstm units=128 activation=relu`` -> ``(framework, LayerSpec, KerasOptions | None)``."""
-    from .eligibility_report import config_from_dict
+    from .observation.eligibility import config_from_dict
 
     data: dict[str, Any] = {"framework": framework, "cell": cell.lower()}
     for item in items:
@@ -85,7 +85,7 @@ def _device(value: str, run: bool) -> Any:
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
-    from .eligibility_report import build_report
+    from .observation.eligibility import build_report
 
     framework, spec, options = parse_layer(args.cell, args.layer, args.framework)
     device = _device(args.device, args.run)
@@ -135,7 +135,7 @@ def add_report_command(subparsers: Any) -> None:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from .eligibility_report import build_report, falls_back, load_configs, render_table
+    from .observation.eligibility import build_report, falls_back, load_configs, render_table
 
     if args.batch < 1 or args.seq_len < 1:
         raise CommandError(f"--batch {args.batch} / --seq-len {args.seq_len}: both must be >= 1")
@@ -290,7 +290,7 @@ def _crossover_paths(raw: str | None, kind: str) -> list[str]:
 def cmd_crossover(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from .workloads import crossover_sweep, crossovers, plot_sweep, sweep_label
+    from .workloads.workloads import crossover_sweep, crossovers, plot_sweep, sweep_label
 
     _, spec, _ = parse_layer(args.cell, args.layer, "torch")
     batches = _batches(args.batches)
@@ -351,9 +351,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from .explain import ExplainError
-    from .keras_layer import KerasOptionsError
-    from .spec import SpecError
+    from .model.spec import SpecError
+    from .observation.explain import ExplainError
+    from .paths.keras.layer import KerasOptionsError
 
     parser = build_parser()
     args = parser.parse_args(argv)

@@ -17,7 +17,11 @@ from .session import SESSION_KEY, TALLY_KEY, LstmPerfSession, RunTally, ensure_s
 
 pytest_plugins = [
     name
-    for name in ("pytest_lstmperf.kernel_marker", "pytest_lstmperf.bench_plugin", "pytest_lstmperf.workload_plugin")
+    for name in (
+        "pytest_lstmperf.hooks.kernel_marker",
+        "pytest_lstmperf.hooks.bench",
+        "pytest_lstmperf.hooks.workloads",
+    )
     if importlib.util.find_spec(name) is not None
 ]
 

@@ -123,7 +123,7 @@ class LstmPerfSession:
 
     @property
     def hypothesis_profile(self):
-        from .strategies import PROFILES
+        from .model.strategies import PROFILES
 
         return PROFILES[self.profile]
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from pytest_lstmperf.regression import compare_samples, drift_ratio, pick_samples
+from pytest_lstmperf.speed.regression import compare_samples, drift_ratio, pick_samples
 
 RULES = ("device", "per-call", "per-call+probe")
 

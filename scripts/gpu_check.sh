@@ -28,7 +28,7 @@ PY
 echo "== CUDA paths: $CUDA_PATHS"
 t0=$(date +%s)
 echo "== 1. tolerance measurement"
-$PYTHON -m pytest_lstmperf.measure --device cuda --examples ${EXAMPLES:-20} --paths "$CUDA_PATHS" \
+$PYTHON -m pytest_lstmperf.numerics.measure --device cuda --examples ${EXAMPLES:-20} --paths "$CUDA_PATHS" \
   --out "$WORK/measure" --write 2>&1 | grep -v Warning | tee "$OUT/measure.log"
 cp pytest_lstmperf/tolerances.json "$OUT/tolerances.json"
 t1=$(date +%s)

@@ -85,12 +85,12 @@ def main() -> int:
     import numpy as np
     import torch
 
-    from pytest_lstmperf.case import make_case
-    from pytest_lstmperf.explain import context_for, explain
-    from pytest_lstmperf.keras_layer import KerasOptions
-    from pytest_lstmperf.keras_worker import LocalKerasRun, _case_arrays
-    from pytest_lstmperf.reference import run_reference
-    from pytest_lstmperf.spec import LayerSpec
+    from pytest_lstmperf.model.case import make_case
+    from pytest_lstmperf.model.reference import run_reference
+    from pytest_lstmperf.model.spec import LayerSpec
+    from pytest_lstmperf.observation.explain import context_for, explain
+    from pytest_lstmperf.paths.keras.layer import KerasOptions
+    from pytest_lstmperf.paths.keras.worker import LocalKerasRun, _case_arrays
 
     if args.device == "cuda" and not torch.cuda.is_available():
         print("no CUDA device visible to torch (run on a GPU machine or pass --device cpu)", file=sys.stderr)

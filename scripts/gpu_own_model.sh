@@ -27,7 +27,7 @@ sys.path.insert(0, "examples/word_language_model")
 import torch
 from wlm_model import RNNModel
 from pytest_lstmperf import verify_model
-from pytest_lstmperf.tolerance import tolerance
+from pytest_lstmperf.numerics.tolerance import tolerance
 
 rows = []
 for rnn_type in ("LSTM", "GRU"):

@@ -44,11 +44,11 @@ timeout 240 $PYTHON - "$OUT/overhead.json" <<'PY' 2>&1 | tee "$OUT/overhead.log"
 import json, signal, statistics, sys, time, traceback
 
 from pytest_lstmperf import paths
-from pytest_lstmperf.case import make_case
+from pytest_lstmperf.model.case import make_case
 from pytest_lstmperf.device import resolve_device
-from pytest_lstmperf.equivalence import verify_path
-from pytest_lstmperf.shapes import REFERENCE
-from pytest_lstmperf.spec import LayerSpec
+from pytest_lstmperf.numerics.equivalence import verify_path
+from pytest_lstmperf.speed.shapes import REFERENCE
+from pytest_lstmperf.model.spec import LayerSpec
 
 dev = resolve_device("cuda")
 session = type("S", (), {"seed": 0, "device": dev})()
@@ -108,7 +108,7 @@ for spec in (REFERENCE.replace(batch=1, training=False), REFERENCE.replace(train
             if hasattr(run, "device_time"):
                 dt = run.device_time("forward", 10)
             else:
-                from pytest_lstmperf import timing
+                from pytest_lstmperf.speed import timing
                 dt = timing.device_time(run.forward, dev.torch_device, 10)
             row["device_ms"] = None if dt.median is None else dt.median * 1e3
             row["device_method"] = dt.method

@@ -9,9 +9,9 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from pytest_lstmperf import paths
-from pytest_lstmperf.case import make_case
 from pytest_lstmperf.device import resolve_device
-from pytest_lstmperf.spec import LayerSpec
+from pytest_lstmperf.model.case import make_case
+from pytest_lstmperf.model.spec import LayerSpec
 
 
 def torch64(case):

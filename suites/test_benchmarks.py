@@ -6,7 +6,7 @@
 
 Each test prepares one path on one shape, fails at once when the kernel that ran is not the one the path
 claims, then times inference (forward, no autograd) or a training step (forward + backward). The shapes
-come from :mod:`pytest_lstmperf.shapes`; pytest-benchmark's flags (--benchmark-only, --benchmark-skip,
+come from :mod:`pytest_lstmperf.speed.shapes`; pytest-benchmark's flags (--benchmark-only, --benchmark-skip,
 --benchmark-json, --benchmark-histogram, --benchmark-compare-fail, ...) apply as usual.
 """
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_lstmperf.bench_plugin import BenchCase, BenchRunner, bench_params
+from pytest_lstmperf.hooks.bench import BenchCase, BenchRunner, bench_params
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

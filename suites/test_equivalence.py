@@ -2,14 +2,16 @@
 
 Each example also checks the kernel and precision the path ran (the cuDNN algorithm changes with the shape)
 and that nothing is NaN or Inf. Numbers are held to the bound of the kernel family and precision the trace
-observed (pytest_lstmperf.tolerance), whatever a known finding documents; a NaN or a wrong kernel fails at
+observed (pytest_lstmperf.numerics.tolerance), whatever a known finding documents; a NaN or a wrong kernel fails at
 once, unshrunk. Pairs of paths that claim the same arithmetic are also compared with each other.
 """
 
 import pytest
 from hypothesis.errors import Unsatisfiable
 
-from pytest_lstmperf.equivalence import (
+from pytest_lstmperf.model.spec import LayerSpec
+from pytest_lstmperf.model.strategies import specs_for_path
+from pytest_lstmperf.numerics.equivalence import (
     ExampleCount,
     PathCheckFailed,
     conclude_known_findings,
@@ -19,8 +21,6 @@ from pytest_lstmperf.equivalence import (
     verify_pair,
     verify_path,
 )
-from pytest_lstmperf.spec import LayerSpec
-from pytest_lstmperf.strategies import specs_for_path
 
 
 def test_matches_reference(lstmperf_path, lstmperf, request):

@@ -3,7 +3,7 @@
 For every Keras path of the selected device and a few specs (plain, GRU both forms, no bias, bidirectional
 with a mask, stacked with initial states), the explainer's prediction (family and precision) must equal the
 observed forward and backward traces. Kernel-only paths (``activation='relu'``, ``return_sequences=False``)
-are checked here; their numbers are not compared with the reference (see ``paths/keras_paths.py``).
+are checked here; their numbers are not compared with the reference (see ``paths/keras/paths.py``).
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from __future__ import annotations
 import pytest
 
 from pytest_lstmperf import paths as registry
-from pytest_lstmperf.case import make_case
-from pytest_lstmperf.explain import context_for, explain
-from pytest_lstmperf.spec import LayerSpec
+from pytest_lstmperf.model.case import make_case
+from pytest_lstmperf.model.spec import LayerSpec
+from pytest_lstmperf.observation.explain import context_for, explain
 
 KERAS_PATHS = sorted(n for n, p in registry.all_paths().items() if p.framework.startswith("keras-"))
 
@@ -30,7 +30,7 @@ SPECS = [
 
 @pytest.mark.lstmperf_paths(*KERAS_PATHS)
 def test_prediction_equals_observation(lstmperf_path, lstmperf) -> None:
-    from pytest_lstmperf.paths.keras_paths import supports_kernel
+    from pytest_lstmperf.paths.keras.paths import supports_kernel
 
     path = lstmperf_path
     options = path.options["keras"]

@@ -8,14 +8,14 @@ documents is an xfail naming it; the path's numbers are checked by test_equivale
 
 import pytest
 
-from pytest_lstmperf.equivalence import (
+from pytest_lstmperf.model.spec import LayerSpec
+from pytest_lstmperf.numerics.equivalence import (
     PathCheckFailed,
     conclude_known_findings,
     record_finding,
     representative_spec,
     verify_path,
 )
-from pytest_lstmperf.spec import LayerSpec
 
 
 @pytest.mark.parametrize("cell", ["lstm", "gru"])

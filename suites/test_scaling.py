@@ -30,14 +30,14 @@ from typing import Any
 
 import pytest
 
-from pytest_lstmperf.bench_plugin import bench_set
-from pytest_lstmperf.workload_plugin import add_row
+from pytest_lstmperf.hooks.bench import bench_set
+from pytest_lstmperf.hooks.workloads import add_row
 
 torch = pytest.importorskip("torch")
 
-from pytest_lstmperf import distributed as dist  # noqa: E402
-from pytest_lstmperf.spec import LayerSpec  # noqa: E402
-from pytest_lstmperf.tolerance import pairwise_tolerance  # noqa: E402
+from pytest_lstmperf.model.spec import LayerSpec  # noqa: E402
+from pytest_lstmperf.numerics.tolerance import pairwise_tolerance  # noqa: E402
+from pytest_lstmperf.workloads import distributed as dist  # noqa: E402
 
 # (layers, input, hidden, seq_len, batch, steps) for the equivalence runs
 EQUIV = {"cpu": (4, 16, 32, 12, 8, 3), "cuda": (8, 256, 512, 50, 64, 3)}

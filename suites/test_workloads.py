@@ -29,20 +29,20 @@ import numpy as np
 import pytest
 
 from pytest_lstmperf import paths as registry
-from pytest_lstmperf.bench_plugin import bench_set
-from pytest_lstmperf.workload_plugin import add_row
+from pytest_lstmperf.hooks.bench import bench_set
+from pytest_lstmperf.hooks.workloads import add_row
 
 torch = pytest.importorskip("torch")
 
-from pytest_lstmperf import workloads  # noqa: E402
-from pytest_lstmperf.case import make_case  # noqa: E402
-from pytest_lstmperf.checks import check_against, check_trace  # noqa: E402
 from pytest_lstmperf.device import resolve_device  # noqa: E402
-from pytest_lstmperf.equivalence import verify_path  # noqa: E402
-from pytest_lstmperf.reference import run_reference  # noqa: E402
-from pytest_lstmperf.spec import LayerSpec  # noqa: E402
-from pytest_lstmperf.strategies import checkable_spec  # noqa: E402
-from pytest_lstmperf.tolerance import tolerance  # noqa: E402
+from pytest_lstmperf.model.case import make_case  # noqa: E402
+from pytest_lstmperf.model.reference import run_reference  # noqa: E402
+from pytest_lstmperf.model.spec import LayerSpec  # noqa: E402
+from pytest_lstmperf.model.strategies import checkable_spec  # noqa: E402
+from pytest_lstmperf.numerics.checks import check_against, check_trace  # noqa: E402
+from pytest_lstmperf.numerics.equivalence import verify_path  # noqa: E402
+from pytest_lstmperf.numerics.tolerance import tolerance  # noqa: E402
+from pytest_lstmperf.workloads import workloads  # noqa: E402
 
 # ------------------------------------------------------------------------------------------- settings
 # (count, max_len, batch, input, hidden) per device kind and set
@@ -223,7 +223,7 @@ def test_crossover(lstmperf: Any, pytestconfig: pytest.Config, request: pytest.F
 
 
 def _same_kernel(observed: str, expected: str) -> bool:
-    from pytest_lstmperf.regression import same_kernel
+    from pytest_lstmperf.speed.regression import same_kernel
 
     return same_kernel(observed, expected)
 
@@ -340,7 +340,7 @@ def test_precision_speed_and_error(lstmperf: Any, precision_case: tuple, request
         fp32_s = [seconds]
     device_s = None
     if lstmperf.device.kind == "cuda":  # per-call time is mostly host time at these sizes: the device cost too
-        from pytest_lstmperf.timing import device_time
+        from pytest_lstmperf.speed.timing import device_time
 
         measured = device_time(run.forward, lstmperf.device.torch_device)
         device_s = measured.median if measured.method == "cuda-graph" else None

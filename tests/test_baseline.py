@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pytest_lstmperf import baseline as bl
+from pytest_lstmperf.speed import baseline as bl
 
 H100 = {
     "gpu": "NVIDIA H100 80GB HBM3",
@@ -302,7 +302,7 @@ def _rec(name: str, data: list[float], device: list[float], counters: dict) -> d
 
 
 def test_add_recording_run_widens_the_noise_band_and_flags_unstable_counters() -> None:
-    from pytest_lstmperf.baseline import add_recording_run
+    from pytest_lstmperf.speed.baseline import add_recording_run
 
     counters = {"aten_ops": 10, "kernels": 4, "syncs": 0, "alloc_bytes": 1024}
     entry = {
@@ -325,7 +325,7 @@ def test_add_recording_run_widens_the_noise_band_and_flags_unstable_counters() -
 
 
 def test_add_baseline_run_needs_a_recorded_baseline(tmp_path) -> None:
-    from pytest_lstmperf.baseline import BaselineError, BaselineStore
+    from pytest_lstmperf.speed.baseline import BaselineError, BaselineStore
 
     store = BaselineStore(tmp_path)
     fields = {"device": "cpu-test", "torch": "2.13.0"}

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from pytest_lstmperf import bench_plugin, shapes, timing
+from pytest_lstmperf.hooks import bench as bench_plugin
+from pytest_lstmperf.speed import shapes, timing
 
 pytest_plugins = ["pytester"]
 
@@ -32,7 +33,7 @@ import torch
 
 from pytest_lstmperf import paths as registry
 from pytest_lstmperf.paths import ExecutionPath
-from pytest_lstmperf.trace import torch_trace
+from pytest_lstmperf.observation.torch_trace import torch_trace
 
 SPIN_S = float(os.environ.get("SPIN_MS", "20")) / 1000
 
@@ -572,7 +573,7 @@ def test_baseline_timed_with_another_timer_is_inconclusive(gate) -> None:
 
 def test_xdist_json_written_into_the_file_older_pytest_benchmark_opened(pytestconfig, tmp_path: Path) -> None:
     """pytest-benchmark before 5.3 hands ``--benchmark-json`` over as an open binary file, not a path."""
-    from pytest_lstmperf.bench_plugin import _write_xdist_json
+    from pytest_lstmperf.hooks.bench import _write_xdist_json
 
     record = {"fullname": "t.py::test_a[x]", "name": "test_a[x]", "data": [0.002, 0.003, 0.0025],
               "extra_info": {"device": "cuda:1"}}  # fmt: skip
@@ -589,10 +590,10 @@ def test_keras_device_time_is_measured_in_its_worker() -> None:
     from types import SimpleNamespace
 
     from pytest_lstmperf import paths as registry
-    from pytest_lstmperf.case import make_case
     from pytest_lstmperf.device import resolve_device
-    from pytest_lstmperf.keras_worker import LocalKerasRun
-    from pytest_lstmperf.spec import LayerSpec
+    from pytest_lstmperf.model.case import make_case
+    from pytest_lstmperf.model.spec import LayerSpec
+    from pytest_lstmperf.paths.keras.worker import LocalKerasRun
 
     path = registry.get("keras-torch-cpu")
     device = resolve_device("cpu")

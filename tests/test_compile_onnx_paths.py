@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from pytest_lstmperf.ort_trace import classify_ort_nodes, trace_from_profile
-from pytest_lstmperf.spec import LayerSpec
-from pytest_lstmperf.trace import CompiledRun, classify_compiled
+from pytest_lstmperf.model.spec import LayerSpec
+from pytest_lstmperf.observation.ort_trace import classify_ort_nodes, trace_from_profile
+from pytest_lstmperf.observation.torch_trace import CompiledRun, classify_compiled
 
 REPO = Path(__file__).resolve().parents[1]
 SUITES = [str(REPO / "suites" / "test_kernels.py"), str(REPO / "suites" / "test_equivalence.py")]
@@ -67,7 +67,7 @@ def test_ort_node_families() -> None:
 
 # ------------------------------------------------------------------------------------------- explainer
 def test_explainer_torch_compile_rules() -> None:
-    from pytest_lstmperf.explain import Context, explain
+    from pytest_lstmperf.observation.explain import Context, explain
 
     spec = LayerSpec()
     cpu = explain(spec, "torch.compile", "cpu")
@@ -82,7 +82,7 @@ def test_explainer_torch_compile_rules() -> None:
 
 
 def test_explainer_onnx_rules() -> None:
-    from pytest_lstmperf.explain import Context, explain, onnx_export_problems
+    from pytest_lstmperf.observation.explain import Context, explain, onnx_export_problems
 
     assert explain(LayerSpec(training=False), "onnx", "cpu").kernel == "ort-rnn"
     assert onnx_export_problems(LayerSpec()) == []
@@ -105,7 +105,7 @@ def test_explainer_onnx_rules() -> None:
 def test_onnx_rules_agree_with_the_library(rule: str, spec: LayerSpec) -> None:
     """The export (packed) or the session (proj_size) fails where the rule says so; without the rule the
     explainer would predict a working path, which the library contradicts."""
-    from pytest_lstmperf.explain import explain, without
+    from pytest_lstmperf.observation.explain import explain, without
 
     assert rule in [r.rule for r in explain(spec, "onnxruntime", "cpu").reasons]
     assert explain(spec, "onnxruntime", "cpu", rules=without(rule)).raises is None
@@ -198,8 +198,8 @@ class _Session:
 @needs_torch
 def test_compiled_path_keeps_onednn_and_reports_the_graph_break() -> None:
     from pytest_lstmperf import paths
-    from pytest_lstmperf.case import make_case
-    from pytest_lstmperf.equivalence import verify_path
+    from pytest_lstmperf.model.case import make_case
+    from pytest_lstmperf.numerics.equivalence import verify_path
 
     path = paths.get("torch-compile-cpu")
     spec = LayerSpec(num_layers=2, initial_state=True)
@@ -218,7 +218,7 @@ def test_profiler_trace_sees_compiled_code_that_a_dispatch_mode_would_turn_off()
     """Dynamo runs no compiled code under a TorchDispatchMode; the profiler-only trace sees it run."""
     import torch
 
-    from pytest_lstmperf.trace import profiler_trace, torch_trace
+    from pytest_lstmperf.observation.torch_trace import profiler_trace, torch_trace
 
     torch._dynamo.reset()
     weight = torch.randn(4, 4)
@@ -239,7 +239,7 @@ def test_profiler_trace_sees_compiled_code_that_a_dispatch_mode_would_turn_off()
 @needs_torch
 def test_wrong_kernel_claim_fails() -> None:
     from pytest_lstmperf import paths
-    from pytest_lstmperf.equivalence import PathCheckFailed, verify_path
+    from pytest_lstmperf.numerics.equivalence import PathCheckFailed, verify_path
 
     claims_inductor = dataclasses.replace(paths.get("torch-compile-cpu"), name="claims-inductor", kernel="inductor")
     with pytest.raises(PathCheckFailed) as failure:
@@ -260,8 +260,8 @@ def test_onednn_disabled_behind_the_back_of_the_compiled_path_fails(pytester) ->
 @needs_onnx
 def test_onnx_path_matches_the_reference_and_names_what_ran() -> None:
     from pytest_lstmperf import paths
-    from pytest_lstmperf.case import make_case
-    from pytest_lstmperf.equivalence import verify_path
+    from pytest_lstmperf.model.case import make_case
+    from pytest_lstmperf.numerics.equivalence import verify_path
 
     path = paths.get("onnxruntime-cpu")
     spec = LayerSpec(num_layers=2, bidirectional=True, initial_state=True, batch_first=False, training=False)
@@ -277,7 +277,7 @@ def test_onnx_path_matches_the_reference_and_names_what_ran() -> None:
 @needs_onnx
 def test_wrong_provider_claim_fails() -> None:
     from pytest_lstmperf import paths
-    from pytest_lstmperf.equivalence import PathCheckFailed, verify_path
+    from pytest_lstmperf.numerics.equivalence import PathCheckFailed, verify_path
 
     claims_cuda = dataclasses.replace(paths.get("onnxruntime-cpu"), name="claims-cuda-ep", kernel="ort-cuda-rnn")
     with pytest.raises(PathCheckFailed) as failure:
@@ -291,7 +291,7 @@ def test_perturbed_exported_weight_fails_the_tolerance_check(cell: str) -> None:
     """A 1e-5 relative change of the recurrent weight after export (about 4x the fp32 bound of this shape
     in the output's error) fails; the torch layer itself is untouched."""
     from pytest_lstmperf import paths
-    from pytest_lstmperf.equivalence import PathCheckFailed, verify_path
+    from pytest_lstmperf.numerics.equivalence import PathCheckFailed, verify_path
     from pytest_lstmperf.testing.faults import planted
 
     path = paths.get("onnxruntime-cpu")
@@ -316,8 +316,8 @@ def test_inference_only_path_gets_inference_specs() -> None:
     from hypothesis import given, settings
 
     from pytest_lstmperf import paths
-    from pytest_lstmperf.equivalence import representative_spec
-    from pytest_lstmperf.strategies import PROFILES, specs_for_path
+    from pytest_lstmperf.model.strategies import PROFILES, specs_for_path
+    from pytest_lstmperf.numerics.equivalence import representative_spec
 
     path = paths.get("onnxruntime-cpu")
     assert representative_spec(path) == representative_spec(paths.get("torch-cpu-native")).replace(training=False)
@@ -334,7 +334,7 @@ def test_inference_only_path_gets_inference_specs() -> None:
 
 
 def test_bench_params_say_why_an_inference_path_has_no_training_benchmark() -> None:
-    from pytest_lstmperf.bench_plugin import run_spec
+    from pytest_lstmperf.hooks.bench import run_spec
 
     path = types.SimpleNamespace(options={"inference_only": True})
     spec = LayerSpec(training=True)

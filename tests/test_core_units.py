@@ -9,9 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pytest_lstmperf.spec import LayerSpec, SpecError
-from pytest_lstmperf.strategies import PROFILES, specs
-from pytest_lstmperf.trace import classify_torch_ops, kernel_element_types, precision_from
+from pytest_lstmperf.model.spec import LayerSpec, SpecError
+from pytest_lstmperf.model.strategies import PROFILES, specs
+from pytest_lstmperf.observation.torch_trace import classify_torch_ops, kernel_element_types, precision_from
 
 
 # ----------------------------------------------------------------------------------------------- spec
@@ -90,7 +90,7 @@ def test_precision_from_element_types_and_kernel_names() -> None:
 
 # ----------------------------------------------------------------------------------------------- tolerance
 def test_tolerance_grows_with_the_problem_and_names_its_basis() -> None:
-    from pytest_lstmperf.tolerance import UNIT_ROUNDOFF, growth, tolerance
+    from pytest_lstmperf.numerics.tolerance import UNIT_ROUNDOFF, growth, tolerance
 
     small, large = (
         LayerSpec(seq_len=1, hidden_size=1, input_size=1),
@@ -108,7 +108,7 @@ def test_tolerance_grows_with_the_problem_and_names_its_basis() -> None:
 
 
 def test_family_fits_and_the_pool_that_keeps_cudnn_fp32_out() -> None:
-    from pytest_lstmperf.measure import fit_all
+    from pytest_lstmperf.numerics.measure import fit_all
 
     rng = np.random.default_rng(0)
 
@@ -156,7 +156,7 @@ def test_cli_paths_rejects_a_bad_device(capsys) -> None:
 def test_relative_error_sees_any_relative_perturbation(eps) -> None:
     import numpy as np
 
-    from pytest_lstmperf.checks import relative_error
+    from pytest_lstmperf.numerics.checks import relative_error
 
     ref = np.linspace(-1, 1, 50)
     assert relative_error(ref * (1 + eps), ref) == pytest.approx(eps, rel=1e-6)

@@ -14,10 +14,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pytest_lstmperf import explain as ex
-from pytest_lstmperf.case import make_case
-from pytest_lstmperf.keras_layer import KerasOptions, KerasOptionsError, unsupported
-from pytest_lstmperf.spec import LayerSpec, SpecError
+from pytest_lstmperf.model.case import make_case
+from pytest_lstmperf.model.spec import LayerSpec, SpecError
+from pytest_lstmperf.observation import explain as ex
+from pytest_lstmperf.paths.keras.layer import KerasOptions, KerasOptionsError, unsupported
 
 GPU = ex.Context(device="cuda", gpu_visible=True, capability=(9, 0), cudnn_version=91900)
 
@@ -139,7 +139,7 @@ keras_configs = st.tuples(
 
 
 def keras_own_verdict(spec: LayerSpec, options: KerasOptions) -> dict:
-    from pytest_lstmperf.keras_worker import _case_arrays, get_worker
+    from pytest_lstmperf.paths.keras.worker import _case_arrays, get_worker
 
     return get_worker("tensorflow").request(
         "graph_probe", spec=spec.to_dict(), options=options.to_dict(), arrays=_case_arrays(make_case(spec))
@@ -223,7 +223,7 @@ def test_cli_bad_input_is_one_line(argv: list[str], message: str, capsys: pytest
 def test_report_table_has_sources(tmp_path) -> None:
     import json
 
-    from pytest_lstmperf.eligibility_report import build_report, load_configs, render_table
+    from pytest_lstmperf.observation.eligibility import build_report, load_configs, render_table
 
     configs = tmp_path / "configs.json"
     configs.write_text(json.dumps([

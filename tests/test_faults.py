@@ -36,7 +36,7 @@ def test_switches_are_turned_off_and_restored() -> None:
 
 
 def test_onednn_off_changes_the_observed_kernel() -> None:
-    from pytest_lstmperf.trace import torch_trace
+    from pytest_lstmperf.observation.torch_trace import torch_trace
 
     lstm = torch.nn.LSTM(8, 16, batch_first=True)
     x = torch.randn(2, 5, 8)

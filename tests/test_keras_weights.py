@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pytest_lstmperf import keras_weights as kw
-from pytest_lstmperf.case import make_case
-from pytest_lstmperf.spec import LayerSpec
+from pytest_lstmperf.model.case import make_case
+from pytest_lstmperf.model.spec import LayerSpec
+from pytest_lstmperf.paths.keras import weights as kw
 
 specs = st.builds(
     LayerSpec,

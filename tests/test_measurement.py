@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from test_bench_plugin import BASE_ARGS, SPIN_MODULE, SUITE
 
-from pytest_lstmperf import timing
+from pytest_lstmperf.speed import timing
 
 torch = pytest.importorskip("torch")
 

@@ -17,7 +17,7 @@ import pytest
 pytest.importorskip("torch", reason="the checks run PyTorch paths (pip install 'pytest-lstmperf[torch]')")
 
 from pytest_lstmperf import paths as registry
-from pytest_lstmperf.spec import LayerSpec
+from pytest_lstmperf.model.spec import LayerSpec
 
 SPEC = LayerSpec(input_size=8, hidden_size=16, num_layers=2, batch=3, seq_len=6, initial_state=True, training=True)
 WHY = "planted: autocast made a no-op, so the bf16 path runs fp32"
@@ -69,7 +69,7 @@ def planted(*faults: tuple[str, float]):
 
 # ------------------------------------------------------------------------------------- known findings
 def test_known_finding_with_good_numbers_is_an_xfail_that_says_its_numbers_passed(known_path, session) -> None:
-    from pytest_lstmperf.equivalence import conclude_known_findings, verify_path
+    from pytest_lstmperf.numerics.equivalence import conclude_known_findings, verify_path
 
     node = FakeNode()
     with planted():
@@ -84,7 +84,7 @@ def test_known_finding_with_good_numbers_is_an_xfail_that_says_its_numbers_passe
 
 
 def test_nan_on_a_known_finding_path_is_a_failure_not_an_xfail(known_path, session) -> None:
-    from pytest_lstmperf.equivalence import PathCheckFailed, verify_path
+    from pytest_lstmperf.numerics.equivalence import PathCheckFailed, verify_path
 
     with planted(("nan", 0.0)), pytest.raises(PathCheckFailed) as info:
         verify_path(known_path, SPEC, session, FakeNode())
@@ -95,8 +95,8 @@ def test_nan_on_a_known_finding_path_is_a_failure_not_an_xfail(known_path, sessi
 
 def test_out_of_bound_error_on_a_known_finding_path_fails_against_the_observed_precision(known_path, session) -> None:
     """An error of 1e-3 is within the bf16 bound the path claims, but it ran fp32: it fails."""
-    from pytest_lstmperf.equivalence import PathCheckFailed, verify_path
-    from pytest_lstmperf.tolerance import tolerance
+    from pytest_lstmperf.numerics.equivalence import PathCheckFailed, verify_path
+    from pytest_lstmperf.numerics.tolerance import tolerance
 
     assert tolerance("bf16", "forward", SPEC, "cpu-native").rel > 1e-3
     with planted(("output-scale", 1e-3)), pytest.raises(PathCheckFailed) as info:
@@ -107,7 +107,7 @@ def test_out_of_bound_error_on_a_known_finding_path_fails_against_the_observed_p
 
 
 def test_known_finding_not_observed_is_listed(known_path, session) -> None:
-    from pytest_lstmperf.equivalence import conclude_known_findings, verify_path
+    from pytest_lstmperf.numerics.equivalence import conclude_known_findings, verify_path
 
     node = FakeNode()
     verify_path(known_path, SPEC.replace(training=False), session, node)  # autocast works: bf16 as claimed
@@ -120,7 +120,8 @@ def test_known_finding_not_observed_is_listed(known_path, session) -> None:
 def test_finding_on_other_versions_is_reported_as_reconfirmed(monkeypatch) -> None:
     from types import SimpleNamespace
 
-    from pytest_lstmperf import bench_plugin, known_findings
+    from pytest_lstmperf.hooks import bench as bench_plugin
+    from pytest_lstmperf.observation import claims as known_findings
 
     seen = {"torch": "2.11", "cudnn": "91900"}
     finding = known_findings.KnownFinding("p", "precision", "fp16", "casts to half", seen)
@@ -138,7 +139,7 @@ def test_finding_on_other_versions_is_reported_as_reconfirmed(monkeypatch) -> No
 
 
 def test_the_builtin_findings_carry_their_versions() -> None:
-    from pytest_lstmperf.known_findings import KNOWN_FINDINGS
+    from pytest_lstmperf.observation.claims import KNOWN_FINDINGS
 
     assert KNOWN_FINDINGS
     for finding in KNOWN_FINDINGS:
@@ -151,8 +152,8 @@ def test_the_builtin_findings_carry_their_versions() -> None:
 def _count_examples(path, session, fault: tuple[str, float]):
     from hypothesis import HealthCheck, settings
 
-    from pytest_lstmperf.equivalence import ExampleCount, PathCheckFailed, run_examples, verify_path
-    from pytest_lstmperf.strategies import PROFILES, specs_for_path
+    from pytest_lstmperf.model.strategies import PROFILES, specs_for_path
+    from pytest_lstmperf.numerics.equivalence import ExampleCount, PathCheckFailed, run_examples, verify_path
     from pytest_lstmperf.testing.faults import numeric_fault
 
     count = ExampleCount()
@@ -175,7 +176,7 @@ def test_a_planted_nan_fails_at_the_first_example_unshrunk(session) -> None:
 
 
 def test_an_out_of_bound_failure_shrinks_a_bounded_number_of_runs(session) -> None:
-    from pytest_lstmperf.equivalence import SHRINK_RUNS
+    from pytest_lstmperf.numerics.equivalence import SHRINK_RUNS
 
     count, failure = _count_examples(registry.get("torch-cpu-native"), session, ("output-scale", 1e-3))
     assert failure.finding.check == "tolerance"
@@ -184,7 +185,7 @@ def test_an_out_of_bound_failure_shrinks_a_bounded_number_of_runs(session) -> No
 
 # ------------------------------------------------------------------------------------ tolerance model
 def test_fit_recovers_a_growth_law_and_reports_its_stability() -> None:
-    from pytest_lstmperf.tolerance import MARGIN, fit_group
+    from pytest_lstmperf.numerics.tolerance import MARGIN, fit_group
 
     rng = np.random.default_rng(3)
     g = rng.uniform(1, 20, 3000)
@@ -202,7 +203,7 @@ def test_fit_recovers_a_growth_law_and_reports_its_stability() -> None:
 
 def test_one_extreme_sample_moves_the_fitted_constant_little() -> None:
     """With enough samples the constant is a quantile, not the largest sample (the old model: 4 x it)."""
-    from pytest_lstmperf.tolerance import fit_group
+    from pytest_lstmperf.numerics.tolerance import fit_group
 
     rng = np.random.default_rng(4)
     g = rng.uniform(1, 20, 3000)
@@ -215,8 +216,8 @@ def test_one_extreme_sample_moves_the_fitted_constant_little() -> None:
 def test_fitted_bound_catches_a_fault_the_linear_bound_missed() -> None:
     """The old model, 4 x the largest normalised error x linear growth, let a deep, long layer's output err
     by several times more than the fitted growth law does; a fault in between passes the old, fails the new."""
-    from pytest_lstmperf.checks import check_against
-    from pytest_lstmperf.tolerance import UNIT_ROUNDOFF, _data, growth, tolerance
+    from pytest_lstmperf.numerics.checks import check_against
+    from pytest_lstmperf.numerics.tolerance import UNIT_ROUNDOFF, _data, growth, tolerance
 
     spec = LayerSpec(input_size=64, hidden_size=128, num_layers=3, batch=2, seq_len=40, training=False)
     measured = [m for m in _data()["measurements"].values() if "cpu-native" in m.get("by_kernel", {})]
@@ -237,9 +238,9 @@ def test_fitted_bound_catches_a_fault_the_linear_bound_missed() -> None:
 def test_a_bound_that_would_pass_a_zero_tensor_is_refused() -> None:
     """cpu-native bf16 gradients err up to ~5% at the measured tail: on a large layer their bound would reach
     0.1 and is refused; the spec is generated in inference mode, and a check handed it anyway is inconclusive."""
-    from pytest_lstmperf.checks import check_against
-    from pytest_lstmperf.strategies import checkable, checkable_spec
-    from pytest_lstmperf.tolerance import MAX_REL, ToleranceTooLoose, tolerance
+    from pytest_lstmperf.model.strategies import checkable, checkable_spec
+    from pytest_lstmperf.numerics.checks import check_against
+    from pytest_lstmperf.numerics.tolerance import MAX_REL, ToleranceTooLoose, tolerance
 
     big = LayerSpec(input_size=256, hidden_size=256, num_layers=4, bidirectional=True, seq_len=64, training=True)
     with pytest.raises(ToleranceTooLoose, match="a zero tensor would nearly pass"):
@@ -259,9 +260,9 @@ def test_a_bound_that_would_pass_a_zero_tensor_is_refused() -> None:
 
 # ---------------------------------------------------------------------------------- planted faults
 def test_each_numeric_fault_moves_the_numbers_it_should() -> None:
-    from pytest_lstmperf.case import make_case
-    from pytest_lstmperf.checks import relative_error
     from pytest_lstmperf.device import resolve_device
+    from pytest_lstmperf.model.case import make_case
+    from pytest_lstmperf.numerics.checks import relative_error
     from pytest_lstmperf.testing.faults import NUMERIC_FAULTS, numeric_fault
 
     path, device = registry.get("torch-cpu-native"), resolve_device("cpu")
@@ -287,7 +288,7 @@ def test_each_numeric_fault_moves_the_numbers_it_should() -> None:
 
 
 def test_sharpness_table_reports_the_smallest_size_caught() -> None:
-    from pytest_lstmperf.measure import sharpness_table
+    from pytest_lstmperf.numerics.measure import sharpness_table
 
     def row(fault, delta, fwd, bwd=None):
         return {"path": "p", "spec": "s", "growth": 2.0, "kernel": "cpu-native", "precision": "fp32",
@@ -310,8 +311,8 @@ def test_bound_floor_at_growth_one() -> None:
     """A one-element, one-step LSTM: the fit extrapolated to growth 1 gave 3.3 u for the generic CUDA kernel,
     which erred 4.1 u (2.43e-7) on the H100 in a clean run; the floor keeps such a case green, and a planted
     error far smaller than any fault of the sharpness table still fails."""
-    from pytest_lstmperf.spec import LayerSpec
-    from pytest_lstmperf.tolerance import MIN_UNITS, UNIT_ROUNDOFF, tolerance
+    from pytest_lstmperf.model.spec import LayerSpec
+    from pytest_lstmperf.numerics.tolerance import MIN_UNITS, UNIT_ROUNDOFF, tolerance
 
     tiny = LayerSpec(cell="lstm", input_size=1, hidden_size=1, num_layers=1, batch=1, seq_len=1)
     bound = tolerance("fp32", "forward", tiny, "cuda-generic")

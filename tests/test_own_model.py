@@ -9,8 +9,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from pytest_lstmperf import ModelCheckFailed, verify_model  # noqa: E402
-from pytest_lstmperf.own_model import envelope_spec, layer_spec  # noqa: E402
-from pytest_lstmperf.tolerance import growth  # noqa: E402
+from pytest_lstmperf.numerics.tolerance import growth  # noqa: E402
+from pytest_lstmperf.numerics.verify_model import envelope_spec, layer_spec  # noqa: E402
 
 
 class Tagger(torch.nn.Module):
@@ -131,7 +131,7 @@ def test_observed_precision_keeps_a_claimed_tf32_bound() -> None:
     false failure (relative error 5.7e-5 against 1.1e-6); TF32 stays TF32, a real change of precision wins."""
     from types import SimpleNamespace
 
-    from pytest_lstmperf.own_model import _observed_precision
+    from pytest_lstmperf.numerics.verify_model import _observed_precision
 
     def run(*precisions: str) -> SimpleNamespace:
         return SimpleNamespace(traces=[SimpleNamespace(phase="forward", precision=p) for p in precisions])

@@ -28,8 +28,8 @@ def suite_copy(pytester: pytest.Pytester) -> pytest.Pytester:
     """A project holding a tiny test that uses the plugin's path fixture."""
     pytester.makepyfile(
         test_tiny="""
-        from pytest_lstmperf.spec import LayerSpec
-        from pytest_lstmperf.equivalence import verify_path
+        from pytest_lstmperf.model.spec import LayerSpec
+        from pytest_lstmperf.numerics.equivalence import verify_path
 
         def test_one(lstmperf_path, lstmperf, request):
             verify_path(lstmperf_path, LayerSpec(), lstmperf, request.node)

@@ -10,10 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pytest_lstmperf import reference
-from pytest_lstmperf.case import Case, make_case, param_names
-from pytest_lstmperf.reference import ReferenceResult, backward, forward, run_reference
-from pytest_lstmperf.spec import LayerSpec
+from pytest_lstmperf.model import reference
+from pytest_lstmperf.model.case import Case, make_case, param_names
+from pytest_lstmperf.model.reference import ReferenceResult, backward, forward, run_reference
+from pytest_lstmperf.model.spec import LayerSpec
 
 ATOL = RTOL = 1e-10
 

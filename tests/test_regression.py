@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pytest_lstmperf.regression import (
+from pytest_lstmperf.speed.regression import (
     Decision,
     GateResult,
     Thresholds,
@@ -199,7 +199,7 @@ def test_device_metric_ignores_host_noise_and_sees_kernel_slowdown() -> None:
 
 
 def test_baseline_plot_with_gate_decisions_and_without(tmp_path) -> None:
-    from pytest_lstmperf.speed_report import _plot_baseline
+    from pytest_lstmperf.speed.report import _plot_baseline
 
     records = [
         {"name": "test_a", "fullname": "x::test_a", "extra_info": {"time_per_call_s": 3e-3}},
@@ -217,7 +217,7 @@ def test_baseline_plot_with_gate_decisions_and_without(tmp_path) -> None:
 
 # ------------------------------------------------------------------------ host counters, noise band, verdicts
 def test_host_counters_compared_exactly_and_allocations_within_tolerance() -> None:
-    from pytest_lstmperf.regression import host_counter_changes
+    from pytest_lstmperf.speed.regression import host_counter_changes
 
     then = {"aten_ops": 40, "kernels": 12, "syncs": 1, "alloc_bytes": 200_000}
     assert host_counter_changes(then, dict(then)) == []
@@ -236,7 +236,7 @@ def test_host_counters_compared_exactly_and_allocations_within_tolerance() -> No
 
 
 def test_noise_band_raises_the_per_call_threshold() -> None:
-    from pytest_lstmperf.regression import chunk_medians, noise_threshold, relative_spread
+    from pytest_lstmperf.speed.regression import chunk_medians, noise_threshold, relative_spread
 
     assert relative_spread([1.0, 1.1, 1.05]) == pytest.approx(0.1 / 1.05)
     assert relative_spread([1.0]) is None
@@ -248,7 +248,7 @@ def test_noise_band_raises_the_per_call_threshold() -> None:
 
 
 def test_bimodal_samples_are_flagged_and_unimodal_ones_not() -> None:
-    from pytest_lstmperf.regression import bimodal
+    from pytest_lstmperf.speed.regression import bimodal
 
     rng = np.random.default_rng(3)
     assert bimodal(noisy(rng, 1e-3, 40, spread=0.05, outliers=2)) == ""
@@ -259,7 +259,7 @@ def test_bimodal_samples_are_flagged_and_unimodal_ones_not() -> None:
 
 
 def test_combine_keeps_the_most_severe_verdict_and_every_check() -> None:
-    from pytest_lstmperf.regression import combine
+    from pytest_lstmperf.speed.regression import combine
 
     device = Decision("t", "unchanged", ratio=1.01, metric="device", threshold=1.1)
     per_call = Decision("t", "regressed", ratio=1.3, pvalue=1e-6, metric="per-call", threshold=1.1)
@@ -281,7 +281,7 @@ def test_inconclusive_and_compared_nothing_are_not_a_pass() -> None:
 
 
 def test_device_threshold_from_recording_runs() -> None:
-    from pytest_lstmperf.regression import DEVICE_FLOOR, device_threshold
+    from pytest_lstmperf.speed.regression import DEVICE_FLOOR, device_threshold
 
     # one recording run: no band between runs, the configured threshold stands
     assert device_threshold(1.10, {"runs": 1, "device_spread": 0.001}) == (1.10, "")
@@ -299,7 +299,7 @@ def test_device_threshold_catches_a_small_device_slowdown() -> None:
     """A 1.085x device slowdown passes the 1.10 default but fails once the baseline's runs show a 1% spread."""
     import random
 
-    from pytest_lstmperf.regression import Thresholds, compare_samples, device_threshold
+    from pytest_lstmperf.speed.regression import Thresholds, compare_samples, device_threshold
 
     rng = random.Random(3)
     base = [1e-3 * (1 + rng.gauss(0, 0.005)) for _ in range(12)]

@@ -14,7 +14,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from pytest_lstmperf import device as device_mod  # noqa: E402
-from pytest_lstmperf import distributed as dist  # noqa: E402
+from pytest_lstmperf.workloads import distributed as dist  # noqa: E402
 
 pytest_plugins = ["pytester"]
 ROOT = Path(__file__).resolve().parents[1]
@@ -173,9 +173,9 @@ def test_cpu_figures_carry_the_core_note() -> None:
 def test_torchrun_entry_point(tmp_path: Path) -> None:
     out = tmp_path / "result.pt"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
-           str(dist.free_port()), "-m", "pytest_lstmperf.distributed", "--strategy", "pipeline", "--backend", "gloo",
-           "--layers", "2", "--input-size", "4", "--hidden", "8", "--seq-len", "5", "--batch", "4", "--steps", "2",
-           "--micro-batches", "2", "--out", str(out)]  # fmt: skip
+           str(dist.free_port()), "-m", "pytest_lstmperf.workloads.distributed", "--strategy", "pipeline",
+           "--backend", "gloo", "--layers", "2", "--input-size", "4", "--hidden", "8", "--seq-len", "5",
+           "--batch", "4", "--steps", "2", "--micro-batches", "2", "--out", str(out)]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if k != dist.WORKER_PLANT_ENV}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -189,7 +189,7 @@ def test_torchrun_entry_point(tmp_path: Path) -> None:
 
 def test_entry_point_outside_torchrun_is_refused(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
-    proc = subprocess.run([sys.executable, "-m", "pytest_lstmperf.distributed", "--out", str(tmp_path / "x")],
+    proc = subprocess.run([sys.executable, "-m", "pytest_lstmperf.workloads.distributed", "--out", str(tmp_path / "x")],
                           capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)  # fmt: skip
     assert proc.returncode == 2 and "run under torchrun" in proc.stderr
 

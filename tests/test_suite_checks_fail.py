@@ -73,7 +73,7 @@ def test_nan_output_fails_the_finite_check(pytester) -> None:
 
 
 def test_pairwise_check_fails_when_one_side_is_perturbed(lstmperf_case_result) -> None:
-    from pytest_lstmperf.checks import check_against
+    from pytest_lstmperf.numerics.checks import check_against
 
     spec, result = lstmperf_case_result
     other = type(result)(**{**result.__dict__, "output": result.output * (1 + 1e-4)})
@@ -85,9 +85,9 @@ def test_pairwise_check_fails_when_one_side_is_perturbed(lstmperf_case_result) -
 @pytest.fixture
 def lstmperf_case_result():
     from pytest_lstmperf import paths
-    from pytest_lstmperf.case import make_case
     from pytest_lstmperf.device import resolve_device
-    from pytest_lstmperf.spec import LayerSpec
+    from pytest_lstmperf.model.case import make_case
+    from pytest_lstmperf.model.spec import LayerSpec
 
     spec = LayerSpec(initial_state=True)
     result = paths.get("torch-cpu-native").prepare(make_case(spec), resolve_device("cpu")).run()
@@ -95,9 +95,9 @@ def lstmperf_case_result():
 
 
 def test_unit_checks_each_fail_on_their_fault(lstmperf_case_result) -> None:
-    from pytest_lstmperf.case import make_case
-    from pytest_lstmperf.checks import check_against, check_finite, check_trace
-    from pytest_lstmperf.reference import run_reference
+    from pytest_lstmperf.model.case import make_case
+    from pytest_lstmperf.model.reference import run_reference
+    from pytest_lstmperf.numerics.checks import check_against, check_finite, check_trace
 
     spec, result = lstmperf_case_result
     reference = run_reference(make_case(spec))
@@ -126,9 +126,9 @@ def test_unit_checks_each_fail_on_their_fault(lstmperf_case_result) -> None:
 
 def test_out_of_memory_is_reported_with_the_shape() -> None:
     from pytest_lstmperf.device import resolve_device
-    from pytest_lstmperf.equivalence import PathCheckFailed, verify_path
+    from pytest_lstmperf.model.spec import LayerSpec
+    from pytest_lstmperf.numerics.equivalence import PathCheckFailed, verify_path
     from pytest_lstmperf.session import LstmPerfSession
-    from pytest_lstmperf.spec import LayerSpec
 
     class OutOfMemoryError(RuntimeError):
         pass

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_lstmperf import tf_trace
-from pytest_lstmperf.tf_trace import classify_tf_ops
+from pytest_lstmperf.observation import tf_trace
+from pytest_lstmperf.observation.tf_trace import classify_tf_ops
 
 
 def test_classify_op_sets() -> None:

@@ -8,7 +8,7 @@ import itertools
 import numpy as np
 import pytest
 
-from pytest_lstmperf import workloads as w
+from pytest_lstmperf.workloads import workloads as w
 
 pytest_plugins = ["pytester"]
 
@@ -214,7 +214,7 @@ def test_keras_overhead_kernel_check_fails_when_keras_leaves_its_kernel(
     pytester.makeconftest(
         """
         import dataclasses
-        from pytest_lstmperf.paths.keras_paths import KerasRun
+        from pytest_lstmperf.paths.keras.paths import KerasRun
 
         _real = KerasRun.trace_forward
 
@@ -234,7 +234,7 @@ def test_keras_overhead_kernel_check_fails_when_keras_leaves_its_kernel(
 
 # ------------------------------------------------------------------------------------------- figures that add up
 def test_peak_share_over_100_percent_is_flagged() -> None:
-    from pytest_lstmperf.timing import format_peak_fraction
+    from pytest_lstmperf.speed.timing import format_peak_fraction
 
     assert format_peak_fraction(0.52) == "52.0%" and format_peak_fraction(None) == "-"
     assert "measurement error" in format_peak_fraction(1.315)  # a share above the peak cannot be one
@@ -243,7 +243,7 @@ def test_peak_share_over_100_percent_is_flagged() -> None:
 def test_measured_peak_is_the_best_over_sizes_and_repeats(monkeypatch: pytest.MonkeyPatch) -> None:
     """The peak is the fastest GEMM over sizes and precisions (a disturbed sample only lowers a rate, so the
     maximum is the estimate); the sizes stop growing once a call exceeds the budget."""
-    from pytest_lstmperf import timing
+    from pytest_lstmperf.speed import timing
 
     seconds = {(256, "float32"): 1e-3, (512, "float32"): 4e-3, (1024, "float32"): 0.2, (2048, "float32"): 1.0,
                (256, "bfloat16"): 2e-3, (512, "bfloat16"): 2e-3, (1024, "bfloat16"): 0.2}  # fmt: skip
@@ -270,7 +270,7 @@ def _bench_record(path: str, seconds: float, device: str = "cpu", kernel: str = 
 
 def test_vs_generic_reference_is_fixed_whatever_arrives_first() -> None:
     """Under pytest-xdist records arrive in any order: the reference stays the torch generic path."""
-    from pytest_lstmperf.speed_report import _table, generic_reference
+    from pytest_lstmperf.speed.report import _table, generic_reference
 
     group = [_bench_record("keras-torch-cpu-generic", 0.5), _bench_record("torch-cpu-native", 2.0),
              _bench_record("torch-cpu-onednn", 1.0, kernel="onednn")]  # fmt: skip
@@ -296,7 +296,7 @@ def _precision_row(path: str, seconds: float, fp32_s: float, workers: int = 1) -
 def test_precision_ratio_is_the_paired_one_and_xdist_is_noted() -> None:
     """vs fp32 divides the fp32 time taken in alternation with the row, not another row's time taken at
     another moment (the 470x of a -n 2 run); rows measured under pytest-xdist carry a note."""
-    from pytest_lstmperf.workload_plugin import notes, sections
+    from pytest_lstmperf.hooks.workloads import notes, sections
 
     rows = [_precision_row("torch-cpu-onednn", 0.149, 0.149, workers=2),
             _precision_row("torch-cpu-autocast-bf16", 0.5e-3, 0.6e-3, workers=2)]  # fmt: skip
@@ -309,7 +309,7 @@ def test_precision_ratio_is_the_paired_one_and_xdist_is_noted() -> None:
 
 
 def test_keras_overhead_rows_say_what_their_ratio_holds() -> None:
-    from pytest_lstmperf.workload_plugin import notes
+    from pytest_lstmperf.hooks.workloads import notes
 
     base = {"kind": "overhead", "shape": "lstm-H64-B1-T20", "device": "cpu", "module_s": 1e-3, "op_s": 1e-3,
             "raw_s": 1e-3, "ratio": 1.0, "host_s": 0.0, "kernels": 4}  # fmt: skip
@@ -326,7 +326,7 @@ def test_keras_overhead_rows_say_what_their_ratio_holds() -> None:
 
 def test_sweep_label_drops_the_swept_batch_and_csv_round_trips(tmp_path) -> None:
     from pytest_lstmperf.cli import _write_sweep
-    from pytest_lstmperf.spec import LayerSpec
+    from pytest_lstmperf.model.spec import LayerSpec
 
     assert w.sweep_label(LayerSpec(input_size=32, hidden_size=64, batch=1, seq_len=20)) == "lstm-I32-H64-L1-T20"
     points = [w.SweepPoint("a", 1, 1e-3, "onednn/fp32"), w.SweepPoint("b", 1, None, "failed", "OOM")]
@@ -396,8 +396,8 @@ def test_every_plot_reads_cleanly(drawn: list, tmp_path) -> None:
     """Each plot of the workload report, the crossover and the speed report, drawn from data like a CPU run's
     (sub-decade and multi-decade log axes, long titles): no tick labels overlap, nothing leaves the figure,
     and the precision legend leaves the panel most of the width."""
-    from pytest_lstmperf import speed_report as report
-    from pytest_lstmperf import workload_plugin as wp
+    from pytest_lstmperf.hooks import workloads as wp
+    from pytest_lstmperf.speed import report as report
 
     rows = _workload_rows()
     for plot in (wp._plot_precision, wp._plot_overhead, wp._plot_bucketing, wp._plot_scaling):

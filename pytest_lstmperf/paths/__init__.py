@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING, Protocol
 if TYPE_CHECKING:
     import numpy as np
 
-    from ..case import Case
     from ..device import DeviceInfo
-    from ..spec import LayerSpec
-    from ..trace import KernelTrace
+    from ..model.case import Case
+    from ..model.spec import LayerSpec
+    from ..observation.torch_trace import KernelTrace
 
 #: kernel families a trace can observe
 KERNEL_FAMILIES = (
@@ -144,7 +144,7 @@ def _load_builtin() -> None:
     from . import compiled, onnx_runtime, torch_paths  # noqa: F401
 
     with contextlib.suppress(ImportError):  # module absent in a partial install
-        from . import keras_paths  # noqa: F401
+        from .keras import paths as keras_paths  # noqa: F401
 
 
 _BUILTIN_LOADED: list[bool] = []

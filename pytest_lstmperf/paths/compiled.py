@@ -29,9 +29,9 @@ from .torch_paths import TorchRun
 from .torch_paths import supports as torch_supports
 
 if TYPE_CHECKING:
-    from ..case import Case
     from ..device import DeviceInfo
-    from ..spec import LayerSpec
+    from ..model.case import Case
+    from ..model.spec import LayerSpec
 
 _HERE = __name__
 #: calls before a pass is traced: Dynamo compiles on the first, cudagraph trees record on the second and
@@ -175,7 +175,7 @@ class CompiledRun(TorchRun):
             self.module.zero_grad(set_to_none=True)
 
     def _tracer(self) -> Any:
-        from ..trace import profiler_trace
+        from ..observation.torch_trace import profiler_trace
 
         return profiler_trace
 
@@ -201,7 +201,7 @@ class CompiledRun(TorchRun):
 
     # ---- timing: compiled code must not run under a dispatch mode or inside an outer graph capture
     def device_time(self, mode: str, samples: int) -> Any:
-        from .. import timing
+        from ..speed import timing
 
         call = self.forward if mode == "forward" else self.train_step
         if self.mode != "reduce-overhead":

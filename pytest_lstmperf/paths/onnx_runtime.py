@@ -30,9 +30,9 @@ from typing import TYPE_CHECKING, Any
 from . import ExecutionPath, PathResult, register
 
 if TYPE_CHECKING:
-    from ..case import Case
     from ..device import DeviceInfo
-    from ..spec import LayerSpec
+    from ..model.case import Case
+    from ..model.spec import LayerSpec
 
 _HERE = __name__
 #: callables ``hook(model: onnx.ModelProto) -> None`` run on every exported model before a session loads it
@@ -105,7 +105,7 @@ def available(path: ExecutionPath, device: DeviceInfo) -> str | None:
 
 
 def supports(path: ExecutionPath, spec: LayerSpec) -> str | None:
-    from ..explain import onnx_export_problems
+    from ..observation.explain import onnx_export_problems
 
     if spec.training:
         return INFERENCE_ONLY
@@ -185,7 +185,7 @@ class OnnxRun:
 
     # ---- PreparedRun protocol
     def run(self) -> PathResult:
-        from ..ort_trace import read_profile, trace_from_profile
+        from ..observation.ort_trace import read_profile, trace_from_profile
 
         session = self._session(profile=True)
         outputs = session.run(None, self.feed)
@@ -220,7 +220,7 @@ class OnnxRun:
         """``InferenceSession.run`` returns host arrays: the call has finished when it returns."""
 
     def device_time(self, mode: str, samples: int) -> Any:
-        from ..timing import DeviceTime
+        from ..speed.timing import DeviceTime
 
         if self.path.device == "cpu":
             return DeviceTime("host", (), "on the CPU the host runs the kernels: device time is the time per call")

@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Any
 from . import ExecutionPath, PathResult, register
 
 if TYPE_CHECKING:
-    from ..case import Case
     from ..device import DeviceInfo
-    from ..spec import LayerSpec
-    from ..trace import KernelTrace
+    from ..model.case import Case
+    from ..model.spec import LayerSpec
+    from ..observation.torch_trace import KernelTrace
 
 _HERE = __name__
 
@@ -47,7 +47,7 @@ def _entry(name: str, device: str, kernel: str, precision: str, description: str
 # options: cudnn (leave as is / False), mkldnn (leave / False), tf32 (cuDNN allow_tf32), autocast dtype,
 # packed (run a PackedSequence), input_dtypes (spec dtypes accepted), needs (capability checks)
 # known findings (a path that runs something other than it claims, documented upstream behaviour) live in
-# pytest_lstmperf/known_findings.py with the versions they were seen with
+# pytest_lstmperf/observation/claims.py with the versions they were seen with
 _entry(
     "torch-cudnn-fp32",
     "cuda",
@@ -284,8 +284,8 @@ class TorchRun:
         return out, h_n, c_n
 
     def _tracer(self) -> Any:
-        """The kernel trace a pass runs under (``trace.torch_trace``: dispatch mode, and the profiler on CUDA)."""
-        from ..trace import torch_trace
+        """The kernel trace a pass runs under (``torch_trace``: dispatch mode, and the profiler on CUDA)."""
+        from ..observation.torch_trace import torch_trace
 
         return torch_trace
 

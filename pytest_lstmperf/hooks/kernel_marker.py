@@ -1,0 +1,443 @@
+"""``@pytest.mark.lstmperf_kernel("cudnn")`` and the ``lstmperf_kernel`` fixture: fail a user's test whose LSTM/GRU
+layers do not run the kernel they must, with the explainer's reasons.
+
+While the marked test (or a ``with lstmperf_kernel.expect("cudnn"):`` block) runs, the observer records:
+
+* per call of a recurrent layer (``nn.LSTM``/``nn.GRU``/``nn.RNN``, their cells, a Keras ``LSTM``/``GRU`` on the
+  torch backend), the ATen ops it dispatched, hence its kernel family and precision; ops of the backward pass
+  are judged together (autograd does not say which layer a backward op belongs to); Keras on TensorFlow is
+  judged per pass from the TensorFlow op trace;
+* every Keras ``LSTM``/``GRU`` whose ``inner_loop`` runs, and every ``torch.nn.LSTM``/``GRU`` called, so that a
+  failure explains each of them.
+
+Frameworks imported while the block runs are observed from their import on. Each observed call must satisfy
+the claim by the suites' own rule (:func:`pytest_lstmperf.numerics.checks.check_trace`); a test in which no recurrent
+layer ran fails too (the marker would otherwise pass vacuously: an MLP's matmuls and sigmoid/tanh are not an
+LSTM). The claim can name one kernel family, or one per device (``cpu="onednn", cuda="cudnn"``), chosen by the
+run's ``--device`` (``--lstmperf-device``). Inside pytest-benchmark's timed rounds the observer is paused (the
+dispatch mode would slow every op); the benchmark's last, untimed call is observed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.abc
+import importlib.machinery
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+MARKER = "lstmperf_kernel"
+FAMILIES = ("cudnn", "tf-generic", "cuda-generic", "onednn", "cpu-native")
+DEVICES = ("cpu", "cuda")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        f"{MARKER}(kernel=None, *, precision=None, cpu=None, cuda=None): fail unless every LSTM/GRU call in the "
+        f"test runs this kernel family ({', '.join(FAMILIES)}) [and precision]; cpu=/cuda= name the family per "
+        "device (--device picks); the failure lists the explainer's reasons",
+    )
+
+
+@dataclass
+class Observation:
+    traces: list[Any] = field(default_factory=list)
+    layers: list[tuple[str, Any, Any]] = field(default_factory=list)  # (framework, spec, options)
+    problems: list[str] = field(default_factory=list)
+    recorder: Any = None  # trace.LayerRecorder once torch is observed
+
+    def all_traces(self) -> list[Any]:
+        """Per-layer torch traces, then the TensorFlow pass traces that ran a recurrent kernel."""
+        layer_traces = self.recorder.traces() if self.recorder is not None else []
+        return layer_traces + [t for t in self.traces if t.family != "none"]
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Runs a callback once a watched top-level module has been imported (a framework imported mid-test)."""
+
+    def __init__(self, callbacks: dict[str, Callable[[], None]]) -> None:
+        self.callbacks = callbacks
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
+        if name not in self.callbacks:
+            return None
+        callback = self.callbacks.pop(name)
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is None or spec.loader is None:
+            return None
+        inner = spec.loader
+
+        class _Loader(importlib.abc.Loader):
+            def create_module(self, spec: Any) -> Any:
+                return inner.create_module(spec)
+
+            def exec_module(self, module: Any) -> None:
+                inner.exec_module(module)
+                callback()
+
+        spec.loader = _Loader()
+        return spec
+
+
+@contextlib.contextmanager
+def observe() -> Iterator[Observation]:
+    """Record recurrent kernels and layers run inside the block, for frameworks imported before or during it."""
+    seen = Observation()
+    with contextlib.ExitStack() as stack:
+        starters = {
+            "torch": lambda: _observe_torch(stack, seen),
+            "tensorflow": lambda: _observe_tf(stack, seen),
+            "keras": lambda: stack.enter_context(_keras_layers(seen)),
+        }
+        waiting = {}
+        for name, start in starters.items():
+            if name in sys.modules:
+                start()
+            else:
+                waiting[name] = start
+        watcher = _AfterImport(waiting)
+        sys.meta_path.insert(0, watcher)
+        stack.callback(lambda: sys.meta_path.remove(watcher) if watcher in sys.meta_path else None)
+        yield seen
+
+
+def _observe_torch(stack: contextlib.ExitStack, seen: Observation) -> None:
+    import torch
+
+    from ..observation.torch_trace import LayerRecorder, torch_layer_trace
+
+    seen.recorder = LayerRecorder()
+    stack.enter_context(torch_layer_trace(seen.recorder))
+    handle = torch.nn.modules.module.register_module_forward_pre_hook(_torch_hook(seen))
+    stack.callback(handle.remove)
+
+
+def _observe_tf(stack: contextlib.ExitStack, seen: Observation) -> None:
+    from ..observation.tf_trace import tf_trace
+
+    stack.enter_context(_collect(tf_trace("test"), seen))
+
+
+@contextlib.contextmanager
+def _collect(trace_cm: Any, seen: Observation) -> Iterator[None]:
+    with trace_cm as out:
+        yield
+    seen.traces.extend(out)
+
+
+def _torch_hook(seen: Observation) -> Any:
+    def hook(module: Any, args: Any) -> None:
+        import torch
+
+        if isinstance(module, (torch.nn.LSTM, torch.nn.GRU)) and args:
+            try:
+                seen.layers.append(("torch", *_torch_layer(module, args[0])))
+            except Exception as exc:
+                seen.problems.append(f"could not describe {type(module).__name__}: {exc}")
+
+    return hook
+
+
+def _torch_layer(module: Any, data: Any) -> tuple[Any, Any]:
+    import torch
+
+    from ..model.spec import LayerSpec
+
+    packed = isinstance(data, torch.nn.utils.rnn.PackedSequence)
+    tensor = data.data if packed else data
+    dtype = str(tensor.dtype).replace("torch.", "")
+    spec = LayerSpec(
+        cell="lstm" if isinstance(module, torch.nn.LSTM) else "gru",
+        input_size=module.input_size,
+        hidden_size=module.hidden_size,
+        num_layers=module.num_layers,
+        bidirectional=module.bidirectional,
+        proj_size=getattr(module, "proj_size", 0),
+        bias=module.bias,
+        dtype=dtype if dtype in ("float32", "float64", "float16", "bfloat16") else "float32",
+    )
+    if packed:
+        spec = spec.replace(length_mode="packed", lengths=(1,) * spec.batch, seq_len=1)
+    return spec, str(tensor.device.type)
+
+
+@contextlib.contextmanager
+def _keras_layers(seen: Observation) -> Iterator[None]:
+    import keras
+
+    originals = {}
+    for cls in (keras.layers.LSTM, keras.layers.GRU):
+        original = cls.inner_loop
+
+        def inner_loop(self, sequences, initial_state, mask, training=False, _original=original):
+            try:
+                seen.layers.append(describe_keras_layer(self, sequences, mask))
+            except Exception as exc:
+                seen.problems.append(f"could not describe {self.name}: {exc}")
+            recorder = seen.recorder if keras.backend.backend() == "torch" else None
+            if recorder is None or recorder.paused:
+                return _original(self, sequences, initial_state, mask, training=training)
+            device = getattr(getattr(sequences, "device", None), "type", "cpu")
+            recorder.enter(f"keras {type(self).__name__} {self.name!r}", "cuda" if device == "cuda" else "cpu")
+            try:
+                return _original(self, sequences, initial_state, mask, training=training)
+            finally:
+                recorder.leave()
+
+        originals[cls] = original
+        cls.inner_loop = inner_loop
+    try:
+        yield
+    finally:
+        for cls, original in originals.items():
+            cls.inner_loop = original
+
+
+def _activation_name(function: Any) -> str:
+    from ..paths.keras.layer import ACTIVATIONS
+
+    name = getattr(function, "__name__", str(function))
+    module = getattr(function, "__module__", "") or ""
+    if name in ACTIVATIONS and module.startswith("keras"):
+        return name
+    return f"custom:{module}.{name}"
+
+
+def describe_keras_layer(layer: Any, sequences: Any, mask: Any) -> tuple[str, Any, Any]:
+    """``(framework, LayerSpec, KerasOptions)`` of a Keras LSTM/GRU layer being called."""
+    import keras
+    import numpy as np
+
+    from ..model.spec import LayerSpec
+    from ..paths.keras.layer import KerasOptions
+
+    backend = keras.backend.backend()
+    shape = tuple(int(d) for d in sequences.shape)
+    cell = layer.cell
+    style, lengths = "none", None
+    if mask is not None:
+        if isinstance(mask, (list, tuple)):
+            mask = mask[0]
+        m = np.asarray(keras.ops.convert_to_numpy(mask)).astype(bool).reshape(shape[0], -1)
+        counts = np.maximum(m.sum(axis=1), 1)
+        right = np.arange(m.shape[1])[None, :] < m.sum(axis=1)[:, None]
+        if not m.all():
+            style = "right" if (m == right).all() else ("left" if (m == right[:, ::-1]).all() else "holes")
+            lengths = tuple(int(c) for c in counts)
+    spec = LayerSpec(
+        cell="lstm" if isinstance(layer, keras.layers.LSTM) else "gru",
+        input_size=shape[-1],
+        hidden_size=int(cell.units),
+        batch=shape[0],
+        seq_len=max(lengths) if lengths else shape[1],
+        bias=bool(cell.use_bias),
+        reset_after=bool(getattr(cell, "reset_after", True)) or isinstance(layer, keras.layers.LSTM),
+        length_mode="packed" if lengths else "none",
+        lengths=lengths,
+    )
+    options = KerasOptions(
+        backend=backend,
+        use_cudnn=layer.use_cudnn,
+        implementation=int(getattr(cell, "implementation", 2)),
+        activation=_activation_name(cell.activation),
+        recurrent_activation=_activation_name(cell.recurrent_activation),
+        recurrent_dropout=float(cell.recurrent_dropout),
+        dropout=float(cell.dropout),
+        unroll=bool(layer.unroll),
+        go_backwards=bool(layer.go_backwards),
+        mask=style if style != "none" else "auto",
+    )
+    return f"keras-{backend}", spec, options
+
+
+def _device_of(framework: str, extra: Any) -> str:
+    if framework == "torch":
+        return "cuda" if extra == "cuda" else "cpu"
+    if framework == "keras-tensorflow":
+        tf = sys.modules.get("tensorflow")
+        return "cuda" if tf is not None and tf.config.list_logical_devices("GPU") else "cpu"
+    torch = sys.modules.get("torch")
+    return "cuda" if torch is not None and torch.cuda.is_available() else "cpu"
+
+
+def verdict_problem(seen: Observation, kernel: str, precision: str | None = None) -> str | None:
+    """The failure message, or ``None`` when every recurrent layer call ran ``kernel`` (and ``precision``),
+    judged by the suites' rule (:func:`pytest_lstmperf.numerics.checks.check_trace`)."""
+    from ..numerics.checks import check_trace
+
+    ran = seen.all_traces()
+    wrong = []
+    for trace in ran:
+        where = f"{trace.phase} {trace.detail}".strip()
+        if check_trace((kernel, precision or trace.precision), trace, where):
+            wrong.append(trace)
+    if ran and not wrong:
+        return None
+    want = kernel + (f"/{precision}" if precision else "")
+    if not ran:
+        head = "no LSTM/GRU layer ran in this test (nothing to check: is the model recurrent, and did it run?)"
+    else:
+        head = f"{len(wrong)} of {len(ran)} recurrent layer calls did not:"
+    lines = [f"lstmperf_kernel: expected {want}; {head}"]
+    counts: dict[str, int] = {}
+    for trace in wrong:
+        counts[trace.describe()] = counts.get(trace.describe(), 0) + 1
+    lines += [f"  {n}x {text}" if n > 1 else f"  {text}" for text, n in counts.items()]
+    lines += _explanations(seen)
+    return "\n".join(lines)
+
+
+def _explanations(seen: Observation) -> list[str]:
+    from ..observation.explain import ExplainError, explain
+
+    lines = []
+    for framework, spec, options_or_device in seen.layers:
+        try:
+            if framework == "torch":
+                verdict = explain(spec, "torch", _device_of(framework, options_or_device))
+            else:
+                verdict = explain(spec, framework, _device_of(framework, None), options_or_device)
+            lines.append("explainer: " + verdict.describe())
+        except (ExplainError, ValueError) as exc:
+            lines.append(f"explainer: cannot judge {spec.short()}: {exc}")
+    return lines + [f"note: {p}" for p in seen.problems]
+
+
+def selected_device(config: pytest.Config | None) -> str:
+    """``cpu`` or ``cuda``: the run's ``--device`` (``auto``: a GPU when torch sees one)."""
+    value = "auto"
+    if config is not None:
+        from .. import options
+
+        with contextlib.suppress(ValueError, KeyError):
+            value = str(options.resolve(config, "lstmperf_device").value)
+    if value.startswith("cuda"):
+        return "cuda"
+    if value == "cpu":
+        return "cpu"
+    torch = sys.modules.get("torch")
+    return "cuda" if torch is not None and torch.cuda.is_available() else "cpu"
+
+
+def _expected(args: tuple, kwargs: dict, where: str, device: str = "cpu") -> tuple[str, str | None]:
+    """The claimed family for ``device`` (the positional one, or ``cpu=``/``cuda=``) and precision."""
+    unknown = set(kwargs) - {"precision", *DEVICES}
+    if unknown:
+        raise pytest.UsageError(
+            f"{where}: unknown lstmperf_kernel arguments {sorted(unknown)} (valid: precision, cpu, cuda)"
+        )
+    per_device = {d: kwargs[d] for d in DEVICES if kwargs.get(d) is not None}
+    if len(args) > 1 or (args and per_device) or not (args or per_device):
+        raise pytest.UsageError(
+            f"{where}: lstmperf_kernel takes one kernel family, or one per device as cpu=/cuda= "
+            f"(valid families: {', '.join(FAMILIES)}), got {args!r} {per_device or ''}".rstrip()
+        )
+    for family in (*args, *per_device.values()):
+        if family not in FAMILIES:
+            raise pytest.UsageError(
+                f"{where}: lstmperf_kernel: unknown kernel family {family!r} (valid: {', '.join(FAMILIES)})"
+            )
+    if args:
+        return args[0], kwargs.get("precision")
+    if device not in per_device:
+        raise pytest.UsageError(
+            f"{where}: lstmperf_kernel names no kernel for device {device} (given: {', '.join(per_device)}); "
+            f"add {device}=... or run with --device={'/'.join(per_device)}"
+        )
+    return per_device[device], kwargs.get("precision")
+
+
+@contextlib.contextmanager
+def _benchmark_unobserved(item: pytest.Item, seen: Observation) -> Iterator[None]:
+    """Pause the observer in pytest-benchmark's timed (and calibration, warm-up) rounds."""
+    bench = getattr(item, "funcargs", {}).get("benchmark")
+    make_runner = getattr(bench, "_make_runner", None)
+    if make_runner is None:
+        yield
+        return
+
+    def unobserved_runner(*args: Any, **kwargs: Any) -> Any:
+        runner = make_runner(*args, **kwargs)
+
+        def run(loops_range: Any, *rest: Any, **kw: Any) -> Any:
+            from ..observation.torch_trace import paused
+
+            if seen.recorder is None:
+                return runner(loops_range, *rest, **kw)
+            with paused(seen.recorder):
+                return runner(loops_range, *rest, **kw)
+
+        return run
+
+    bench._make_runner = unobserved_runner
+    try:
+        yield
+    finally:
+        del bench._make_runner
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Any:
+    marker = item.get_closest_marker(MARKER)
+    if marker is None:
+        return (yield)
+    try:
+        kernel, precision = _expected(marker.args, marker.kwargs, item.nodeid, selected_device(item.config))
+    except pytest.UsageError as exc:
+        bad_marker = str(exc)
+    else:
+        bad_marker = ""
+    if bad_marker:
+        pytest.fail(bad_marker, pytrace=False)
+    with observe() as seen, _benchmark_unobserved(item, seen):
+        result = yield
+    problem = verdict_problem(seen, kernel, precision)
+    if problem:
+        pytest.fail(problem, pytrace=False)
+    return result
+
+
+class KernelExpectation:
+    """The ``lstmperf_kernel`` fixture: ``with lstmperf_kernel.expect("cudnn"): model(x)``, or
+    ``expect(cpu="onednn", cuda="cudnn")`` to claim per device (the run's ``--device`` picks)."""
+
+    def __init__(self, config: pytest.Config | None = None) -> None:
+        self.config = config
+
+    @contextlib.contextmanager
+    def expect(
+        self, kernel: str | None = None, precision: str | None = None, **per_device: str
+    ) -> Iterator[Observation]:
+        args = (kernel,) if kernel is not None else ()
+        kwargs = {"precision": precision, **per_device}
+        kernel, precision = _expected(args, kwargs, "expect()", selected_device(self.config))
+        with observe() as seen:
+            yield seen
+        problem = verdict_problem(seen, kernel, precision)
+        if problem:
+            pytest.fail(problem, pytrace=False)
+
+
+@pytest.fixture
+def lstmperf_kernel(pytestconfig: pytest.Config) -> KernelExpectation:
+    """Check the kernel of the LSTM/GRU calls inside ``with lstmperf_kernel.expect(family):``."""
+    return KernelExpectation(pytestconfig)
+
+
+@pytest.fixture
+def lstmperf_device(pytestconfig: pytest.Config) -> str:
+    """The torch device string the run selected with ``--device`` (``cpu``, ``cuda``, ``cuda:1``); a GPU
+    that was asked for and is not usable is a usage error."""
+    from .. import options
+    from ..device import DeviceError, resolve_device
+
+    setting = options.resolve(pytestconfig, "lstmperf_device")
+    try:
+        return resolve_device(setting.value, setting.source).torch_device
+    except DeviceError as exc:
+        raise pytest.UsageError(str(exc)) from None

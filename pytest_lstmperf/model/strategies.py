@@ -1,0 +1,234 @@
+"""Hypothesis strategies for layer specs, and the profiles that bound them.
+
+Each profile caps sizes so that no example can exhaust device memory (the largest ``nightly`` example
+holds a few MB of activations) and sets how many examples each path gets.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+
+from .spec import LayerSpec
+
+
+@dataclass(frozen=True)
+class ShapeBounds:
+    max_input: int
+    max_hidden: int
+    max_layers: int
+    max_batch: int
+    max_seq: int
+    max_elements: int  # cap on B * T * G*H * L * D, the gate activations of one pass
+
+    def fits(self, spec: LayerSpec) -> bool:
+        work = spec.batch * spec.seq_len * spec.gates * spec.hidden_size * spec.num_layers * spec.directions
+        return work <= self.max_elements
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    max_examples: int
+    derandomize: bool
+    bounds: ShapeBounds
+    description: str
+
+    def hypothesis_settings(self) -> settings:
+        return settings(
+            max_examples=self.max_examples,
+            derandomize=self.derandomize,
+            deadline=None,
+            database=None if self.derandomize else settings.default.database,
+            suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large],
+            print_blob=True,
+        )
+
+
+PROFILES: dict[str, Profile] = {
+    "ci": Profile(
+        "ci",
+        6,
+        True,
+        ShapeBounds(24, 40, 2, 6, 16, 40_000),
+        "quick and derandomized: the same 6 small shapes per path on every run",
+    ),
+    "gpu": Profile(
+        "gpu",
+        15,
+        True,
+        ShapeBounds(96, 256, 3, 32, 48, 3_000_000),
+        "derandomized, 15 shapes per path up to hidden 256, T 48, batch 32",
+    ),
+    "nightly": Profile(
+        "nightly",
+        150,
+        False,
+        ShapeBounds(256, 512, 4, 64, 128, 40_000_000),
+        "random (saved in hypothesis's database), 150 shapes per path up to hidden 512, T 128, batch 64",
+    ),
+}
+
+
+@st.composite
+def specs(
+    draw: st.DrawFn,
+    bounds: ShapeBounds,
+    cells: tuple[str, ...] = ("lstm", "gru"),
+    length_modes: tuple[str, ...] = ("none", "none", "padded", "packed"),
+    training: tuple[bool, ...] = (True, True, True, False),
+    reset_after: tuple[bool, ...] = (True,),
+) -> LayerSpec:
+    """A valid LayerSpec within ``bounds``."""
+    cell = draw(st.sampled_from(cells))
+    hidden = draw(st.integers(1, bounds.max_hidden))
+    proj = 0
+    if cell == "lstm" and hidden > 1:
+        proj = draw(st.sampled_from([0, 0, 0, draw(st.integers(1, hidden - 1))]))
+    seq_len = draw(st.integers(1, bounds.max_seq))
+    batch = draw(st.integers(1, bounds.max_batch))
+    mode = draw(st.sampled_from(length_modes))
+    lengths = None
+    if mode != "none":
+        lengths = list(draw(st.lists(st.integers(1, seq_len), min_size=batch, max_size=batch)))
+        lengths[draw(st.integers(0, batch - 1))] = seq_len
+        lengths = tuple(lengths)
+    spec = LayerSpec(
+        cell=cell,  # type: ignore[arg-type]
+        input_size=draw(st.integers(1, bounds.max_input)),
+        hidden_size=hidden,
+        num_layers=draw(st.integers(1, bounds.max_layers)),
+        bidirectional=draw(st.booleans()),
+        proj_size=proj,
+        bias=draw(st.sampled_from([True, True, True, False])),
+        batch_first=draw(st.booleans()),
+        batch=batch,
+        seq_len=seq_len,
+        length_mode=mode,  # type: ignore[arg-type]
+        lengths=lengths,
+        training=draw(st.sampled_from(training)),
+        initial_state=draw(st.booleans()),
+        reset_after=draw(st.sampled_from(reset_after)) if cell == "gru" else True,
+    )
+    # shrink the batch and sequence until the example fits, rather than rejecting it
+    while not bounds.fits(spec) and (spec.batch > 1 or spec.seq_len > 1):
+        t, b = spec.seq_len, spec.batch
+        if t >= b and t > 1:
+            t //= 2
+        else:
+            b //= 2
+        lens = None
+        if spec.lengths is not None:
+            lens = [min(n, t) for n in spec.lengths[:b]]
+            lens[0] = t  # the longest sequence defines seq_len
+        spec = spec.replace(seq_len=t, batch=b, lengths=None if lens is None else tuple(lens))
+    return spec
+
+
+def specs_for_path(path: object, bounds: ShapeBounds) -> st.SearchStrategy[LayerSpec]:
+    """Specs that ``path`` supports: drawn with its input form in mind, then filtered by ``supports``."""
+    options = getattr(path, "options", {})
+    packed_only = options.get("packed") or (
+        path.supports(LayerSpec()) is not None  # type: ignore[attr-defined]
+        and path.supports(LayerSpec(length_mode="packed", lengths=(5, 3, 2, 1))) is None  # type: ignore[attr-defined]
+    )
+    modes: tuple[str, ...] = ("packed",) if packed_only else ("none", "none", "padded")
+    cells = tuple(options.get("cells", ("lstm", "gru")))  # type: ignore[arg-type]
+    reset = (True, False) if options.get("reset_before_ok") else (True,)
+    # an inference-only path (ONNX Runtime) gets inference specs, rather than three in four refused
+    training = (False,) if options.get("inference_only") else (True, True, True, False)
+    base = specs(bounds, cells=cells, length_modes=modes, training=training, reset_after=reset)
+    supported = base.filter(lambda spec: path.supports(spec) is None)  # type: ignore[attr-defined]
+    return supported.map(lambda spec: checkable_spec(path, spec)).filter(lambda spec: spec is not None)
+
+
+def _bound_ok(path: object, spec: LayerSpec, pass_: str) -> bool:
+    from ..numerics.tolerance import ToleranceTooLoose, tolerance
+
+    family, precision = path.expected(spec)  # type: ignore[attr-defined]
+    try:
+        tolerance(precision, pass_, spec, family)
+    except ToleranceTooLoose:
+        return False
+    except LookupError:
+        return True  # no measured bound: the check itself says so
+    return True
+
+
+def checkable(path: object, spec: LayerSpec) -> bool:
+    """Whether the bounds of the path's claimed kernel and precision stay below the tolerance model's cap
+    (``tolerance.MAX_REL``) for every pass of ``spec``: beyond it a zero tensor would nearly pass."""
+    return all(_bound_ok(path, spec, p) for p in (("forward", "backward") if spec.training else ("forward",)))
+
+
+def checkable_spec(path: object, spec: LayerSpec) -> LayerSpec | None:
+    """``spec``, or its inference-only form where only the backward bound would reach the cap (bf16
+    gradients of large layers), or None where the forward one would: such specs are not generated, and a
+    check handed one anyway fails as inconclusive."""
+    if not _bound_ok(path, spec, "forward"):
+        return None
+    if spec.training and not _bound_ok(path, spec, "backward"):
+        return spec.replace(training=False)
+    return spec
+
+
+# ------------------------------------------------------------------------------------------ public strategies
+def layer_specs(profile: str = "ci", cells: tuple[str, ...] = ("lstm", "gru")) -> st.SearchStrategy[LayerSpec]:
+    """LayerSpecs within a profile's bounds (``ci``, ``gpu``, ``nightly``), for a user's parametrised tests."""
+    if profile not in PROFILES:
+        raise ValueError(f"unknown profile {profile!r} (valid: {', '.join(PROFILES)})")
+    return specs(PROFILES[profile].bounds, cells=cells)
+
+
+def lstm_configs(profile: str = "ci", cells: tuple[str, ...] = ("lstm", "gru")) -> st.SearchStrategy[dict]:
+    """Keyword arguments of ``torch.nn.LSTM``/``GRU`` (plus ``cell``, ``batch``, ``seq_len``) within a profile."""
+
+    def to_kwargs(spec: LayerSpec) -> dict:
+        kwargs = dict(
+            cell=spec.cell,
+            input_size=spec.input_size,
+            hidden_size=spec.hidden_size,
+            num_layers=spec.num_layers,
+            bias=spec.bias,
+            batch_first=spec.batch_first,
+            bidirectional=spec.bidirectional,
+            batch=spec.batch,
+            seq_len=spec.seq_len,
+        )
+        if spec.cell == "lstm":
+            kwargs["proj_size"] = spec.proj_size
+        return kwargs
+
+    return layer_specs(profile, cells).map(to_kwargs)
+
+
+def devices(include_unusable: bool = False) -> st.SearchStrategy[str]:
+    """``"cpu"``, and ``"cuda"`` where torch sees a GPU (or always, with ``include_unusable``)."""
+    found = ["cpu"]
+    if include_unusable:
+        found.append("cuda")
+    else:
+        import importlib.util
+
+        if importlib.util.find_spec("torch") is not None:
+            import torch
+
+            if torch.cuda.is_available():
+                found.append("cuda")
+    return st.sampled_from(found)
+
+
+def path_names(device: str = "cpu", framework: str | None = "torch") -> st.SearchStrategy[str]:
+    """Names of the registered execution paths of ``device`` (and ``framework``: torch, keras; None: all)."""
+    from .. import paths as registry
+
+    names = [
+        p.name
+        for p in registry.for_device(device.split(":")[0])
+        if framework is None or p.framework == framework or p.framework.startswith(f"{framework}-")
+    ]
+    if not names:
+        raise ValueError(f"no registered path for device {device!r} and framework {framework!r}")
+    return st.sampled_from(sorted(names))

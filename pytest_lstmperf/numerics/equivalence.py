@@ -1,0 +1,277 @@
+"""What one suite example does: run a path on a spec, check the kernel it ran, its numbers, and report.
+
+The suites stay thin: they choose specs (fixed or generated) and call :func:`verify_path` or
+:func:`verify_pair`, through :func:`run_examples` for generated specs. A failed check raises
+:class:`PathCheckFailed`, whose message names the path, the spec, expected vs observed and the numbers;
+:func:`record_finding` files it for the run's summary.
+
+Known findings (:mod:`pytest_lstmperf.observation.claims`) change only what a path is *expected* to run. Every
+path's outputs and gradients are always checked for NaN/Inf and against the bound of the kernel family and
+precision its trace *observed*; a NaN or an out-of-bound error is a failure whatever is documented. A path
+whose only departure from its claim is a documented finding, and whose numbers passed on every example, ends
+as an xfail naming the finding ("numbers checked ... and passed"), listed among the run's findings; a
+documented finding that did not show in a run is listed too ("not observed ...; remove it").
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import pytest
+
+from ..model.case import make_case
+from ..model.reference import run_reference
+from ..model.spec import LayerSpec
+from ..observation.claims import KnownFinding, current_versions, explain_trace, findings_for
+from ..session import Finding, LstmPerfSession
+from .checks import SATISFIES, Mismatch, bound_precision, check_against, check_finite, check_trace, format_failure
+from .tolerance import Tolerance, pairwise_tolerance, tolerance
+
+#: checks whose failure is decided at once: no shrinking, no further examples (a NaN, a wrong kernel or
+#: precision, a missing tensor, no memory, a bound that cannot check); an out-of-bound error may shrink
+FATAL = frozenset({"nan", "kernel", "precision", "missing", "oom", "inconclusive"})
+#: path runs allowed for shrinking an out-of-bound failure before the smallest failing spec so far is reported
+SHRINK_RUNS = 20
+
+
+class PathCheckFailed(pytest.fail.Exception):  # type: ignore[name-defined,misc]
+    """A path did not do what it claims; carries the finding."""
+
+    def __init__(self, finding: Finding, fatal: bool = False) -> None:
+        super().__init__(finding.message, pytrace=False)
+        self.finding = finding
+        self.fatal = fatal
+
+
+@dataclass
+class KnownTally:
+    """The known findings one test confirmed (path, finding -> examples), and the examples it checked."""
+
+    confirmed: dict[KnownFinding, list[str]] = field(default_factory=dict)
+    examples: int = 0
+
+
+_KNOWN = pytest.StashKey[KnownTally]()
+
+
+def _tally(node: pytest.Item | None) -> KnownTally:
+    if node is None:
+        return KnownTally()
+    return node.stash.setdefault(_KNOWN, KnownTally())
+
+
+def _note(node: pytest.Item | None, key: str, value: str) -> None:
+    if node is not None and (key, value) not in node.user_properties:
+        node.user_properties.append((key, value))
+
+
+def _run(path: Any, spec: LayerSpec, session: LstmPerfSession):
+    case = make_case(spec, session.seed)
+    try:
+        return case, path.prepare(case, session.device).run()
+    except Exception as exc:
+        if type(exc).__name__ == "OutOfMemoryError" or "out of memory" in str(exc).lower():
+            finding = Finding(
+                path.name,
+                "oom",
+                spec.short(),
+                f"{path.name} ran out of device memory on {spec.short()} "
+                f"({spec.param_count} parameters, {spec.flops_forward / 1e9:.2f} GFLOP forward): {exc}",
+            )
+            raise PathCheckFailed(finding, fatal=True) from None
+        raise
+
+
+def _fail(path_name: str, spec: LayerSpec, seed: int, mismatches: list[Mismatch]) -> PathCheckFailed:
+    kinds = sorted({m.check for m in mismatches})
+    return PathCheckFailed(
+        Finding(path_name, ",".join(kinds), spec.short(), format_failure(path_name, spec, seed, mismatches)),
+        fatal=bool(FATAL.intersection(kinds)),
+    )
+
+
+def _same_precision(claimed: str, observed: str) -> bool:
+    return observed in SATISFIES.get(claimed, (claimed,))
+
+
+def _trace_checks(path: Any, spec: LayerSpec, result: Any, node: pytest.Item | None) -> list[Mismatch]:
+    """Kernel and precision of each pass against the claim; a difference a known finding documents is
+    recorded as confirmed (expected), any other is a mismatch."""
+    expected = path.expected(spec)
+    traces = [("forward", result.forward_trace)] + ([("backward", result.backward_trace)] if spec.training else [])
+    mismatches: list[Mismatch] = []
+    for pass_, trace in traces:
+        found = check_trace(expected, trace, pass_)
+        if trace is not None:
+            _note(
+                node, "lstmperf_observed", f"{'fwd' if pass_ == 'forward' else 'bwd'} {trace.family}/{trace.precision}"
+            )
+        known = explain_trace(path, expected, trace, _same_precision) if found and trace is not None else None
+        if known:
+            for finding in known:
+                _tally(node).confirmed.setdefault(finding, []).append(spec.short())
+            continue
+        mismatches += found
+    return mismatches
+
+
+def observed_tolerance(path: Any, spec: LayerSpec, result: Any) -> Callable[[str], Tolerance]:
+    """pass -> the bound of the kernel family and precision that pass was observed to run."""
+    expected = path.expected(spec)
+
+    def bound(pass_: str) -> Tolerance:
+        trace = result.forward_trace if pass_ == "forward" else result.backward_trace
+        family, precision = expected if trace is None else (trace.family, bound_precision(expected[1], trace.precision))
+        return tolerance(precision, pass_, spec, family)
+
+    return bound
+
+
+def verify_path(
+    path: Any, spec: LayerSpec, session: LstmPerfSession, node: pytest.Item | None = None, *, numbers: bool = True
+) -> dict[str, float]:
+    """Run ``path`` on ``spec``; check kernel and precision of both passes, finiteness, and (``numbers``)
+    every tensor against the float64 reference under the bound of what ran. Returns the relative errors."""
+    case, result = _run(path, spec, session)
+    _tally(node).examples += 1
+    mismatches = _trace_checks(path, spec, result, node)
+    mismatches += check_finite(result, spec)
+    errors: dict[str, float] = {}
+    if numbers:
+        found, errors = check_against(
+            result, run_reference(case), spec, path.expected(spec)[1], bound=observed_tolerance(path, spec, result)
+        )
+        mismatches += found
+    if mismatches:
+        raise _fail(path.name, spec, session.seed, mismatches)
+    return errors
+
+
+def verify_pair(
+    pair: tuple[Any, Any], spec: LayerSpec, session: LstmPerfSession, node: pytest.Item | None = None
+) -> dict[str, float]:
+    """Two paths of one precision against each other (sharper where both claim the same arithmetic): the
+    bound is the sum of the bounds of what each was observed to run."""
+    first, second = pair
+    _, a = _run(first, spec, session)
+    _, b = _run(second, spec, session)
+    bound_a, bound_b = observed_tolerance(first, spec, a), observed_tolerance(second, spec, b)
+
+    def bound(pass_: str) -> Tolerance:
+        ta, tb = bound_a(pass_), bound_b(pass_)
+        if (ta.family, ta.precision) == (tb.family, tb.precision):
+            return pairwise_tolerance(ta.precision, pass_, spec, ta.family)
+        return Tolerance(ta.precision, pass_, ta.rel + tb.rel, ta.constant, f"{ta.explain()} + {tb.explain()}",
+                         ta.exponent, f"{ta.family}+{tb.family}")  # fmt: skip
+
+    mismatches = check_finite(a, spec) + check_finite(b, spec)
+    found, errors = check_against(a, b, spec, first.expected(spec)[1], pairwise_with=second.name, bound=bound)
+    mismatches += found
+    if mismatches:
+        raise _fail(f"{first.name}~{second.name}", spec, session.seed, mismatches)
+    return errors
+
+
+class _StopNow(BaseException):
+    """Raised out of a Hypothesis example to end the run at once: Hypothesis shrinks only ``Exception`` and
+    pytest's ``Failed``, so a ``BaseException`` passes straight through it."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+@dataclass
+class ExampleCount:
+    """How many examples ran the path, and how many of them after the first failure (shrinking)."""
+
+    runs: int = 0
+    after_failure: int = 0
+    failed: bool = False
+
+
+def run_examples(strategy: Any, settings: Any, verify: Callable[[LayerSpec], object], count: ExampleCount) -> None:
+    """Run ``verify`` on generated specs. A fatal failure (:data:`FATAL`: NaN/Inf, kernel, precision, ...)
+    or an exception from the framework ends the run at once, unshrunk; an out-of-bound error is shrunk for at
+    most :data:`SHRINK_RUNS` more path runs, then the smallest failing spec found so far is reported."""
+    from hypothesis import given
+
+    @settings
+    @given(spec=strategy)
+    def check(spec: LayerSpec) -> None:
+        count.runs += 1
+        if count.failed:
+            count.after_failure += 1
+        try:
+            verify(spec)
+        except PathCheckFailed as failure:
+            count.failed = True
+            if failure.fatal or count.after_failure >= SHRINK_RUNS:
+                raise _StopNow(failure) from None
+            raise
+        except Exception as exc:
+            raise _StopNow(exc) from exc
+
+    try:
+        check()
+    except _StopNow as stop:
+        raise stop.error from None
+
+
+def conclude_known_findings(path: Any, node: pytest.Item, *, numbers: bool = True) -> None:
+    """After every example of a test passed: xfail naming each known finding the test confirmed (its
+    numbers were checked against the bound of what ran and passed), and list one that did not show."""
+    tally = node.stash.get(_KNOWN, KnownTally())
+    versions = current_versions(getattr(path, "framework", "torch"))
+    checked = (
+        f"numbers checked against the bound of what ran and passed on {tally.examples} example(s)"
+        if numbers
+        else "outputs finite; the numbers are checked by test_matches_reference"
+    )
+    if tally.confirmed:
+        parts = []
+        for finding, specs in tally.confirmed.items():
+            text = (
+                f"{finding.describe(versions)} [{finding.check}: observed {finding.observed}; {len(specs)} example(s)]"
+            )
+            parts.append(text)
+            message = f"known finding on {path.name} ({specs[0]}): {text}; {checked}"
+            node.user_properties.append(
+                ("lstmperf_finding", json.dumps(asdict(Finding(path.name, "known", specs[0], message))))
+            )
+        pytest.xfail(f"known finding on {path.name}: {'; '.join(parts)}; {checked}")
+    for finding in findings_for(path):
+        if tally.examples:
+            message = (
+                f"known finding not observed on {', '.join(f'{k} {v}' for k, v in versions.items())} over "
+                f"{tally.examples} example(s): {finding.path} [{finding.check}: {finding.observed}] "
+                f"'{finding.why[:100]}...'; if it stays so, remove it from pytest_lstmperf/observation/claims.py"
+            )
+            _note(node, "lstmperf_finding", json.dumps(asdict(Finding(path.name, "known-not-observed", "-", message))))
+
+
+def record_finding(node: pytest.Item, failure: PathCheckFailed) -> None:
+    """File the finding on the test report: the run's summary lists it (also under xdist)."""
+    node.user_properties.append(("lstmperf_finding", json.dumps(asdict(failure.finding))))
+
+
+def representative_spec(path: Any, cell: str = "lstm") -> LayerSpec | None:
+    """A fixed, modest spec the path supports, for the kernel-claim tests (None if the cell does not apply)."""
+    base = LayerSpec(
+        cell=cell,
+        input_size=32,
+        hidden_size=64,
+        num_layers=2,
+        batch=4,
+        seq_len=10,  # type: ignore[arg-type]
+        initial_state=True,
+    )
+    packed = base.replace(length_mode="packed", lengths=(10, 7, 3, 1))
+    # inference forms last: for paths that run no backward pass (ONNX Runtime), whose supports() says so
+    for candidate in (base, packed, base.replace(training=False), packed.replace(training=False)):
+        if path.supports(candidate) is None:
+            return candidate
+    return None

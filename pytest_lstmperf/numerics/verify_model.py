@@ -1,0 +1,489 @@
+"""Equivalence on a user's own model: every execution path of the device against a float64 run of the model.
+
+:func:`verify_model` takes a ``torch.nn.Module`` with its real weights and example inputs, and runs a copy of it
+on each PyTorch path of the selected device (the registry's non-packed paths: cuDNN fp32 / default math, generic
+CUDA, CPU oneDNN / native, autocast fp16 / bf16), with only that path's switches changed. It checks, as the
+suites do on their own layers:
+
+* the kernel of every recurrent layer call (forward, per call) and of the backward pass, against what the path
+  claims for that layer (:meth:`ExecutionPath.expected`, judged by :func:`pytest_lstmperf.numerics.checks.check_trace`);
+  a layer the path does not claim (a GRU on the oneDNN path: PyTorch has no oneDNN GRU) is listed, not judged;
+* every output and every gradient (w.r.t. the parameters and the floating-point inputs) against the float64
+  run of a deep copy of the model on the CPU, within the tolerance of the precision the path claims
+  (:func:`pytest_lstmperf.numerics.tolerance.tolerance`), and finite.
+
+The tolerance's growth comes from an *envelope* spec of the recurrent layers found in the model: depth = the
+sum of their layers (a cell called in a loop counts one layer), width = the largest input and hidden sizes,
+length = the longest sequence one layer call saw (a cell's number of calls per forward). Stacked layers
+compound their errors like the layers of one ``nn.LSTM``, which is what the suites measured.
+
+Dropout is set to 0 in the copies (each path would draw other random numbers); the user's model is not changed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..model.spec import LayerSpec
+from .checks import Mismatch, check_trace, format_failure, relative_error
+from .tolerance import tolerance
+
+SEED = 0
+
+
+class ModelCheckFailed(AssertionError):
+    """A path of the user's model disagreed with what it claims; the message is the suites' failure report."""
+
+
+@dataclass
+class PathOutcome:
+    """What one path of the model did: the kernel per recurrent layer call, the errors, the mismatches."""
+
+    path: str
+    traces: list[Any] = field(default_factory=list)
+    errors: dict[str, float] = field(default_factory=dict)
+    mismatches: list[Mismatch] = field(default_factory=list)
+    skipped: str | None = None
+    report: str = ""
+    #: tensors not compared, with why (a bound that would reach ``tolerance.MAX_REL``: bf16 gradients of large
+    #: layers); listed in the report, never silently dropped
+    unchecked: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.skipped is None and not self.mismatches
+
+
+# ------------------------------------------------------------------------------------------ model walking
+def recurrent_layers(model: Any) -> list[Any]:
+    import torch
+
+    kinds = (torch.nn.RNNBase, torch.nn.RNNCellBase)
+    return [m for m in model.modules() if isinstance(m, kinds)]
+
+
+def layer_spec(module: Any, seq_len: int = 1, batch: int = 1) -> LayerSpec:
+    """The LayerSpec of one torch recurrent module (a cell is a one-layer, one-step layer)."""
+    import torch
+
+    cell = "gru" if isinstance(module, (torch.nn.GRU, torch.nn.GRUCell)) else "lstm"
+    return LayerSpec(
+        cell=cell,
+        input_size=module.input_size,
+        hidden_size=module.hidden_size,
+        num_layers=getattr(module, "num_layers", 1),
+        bidirectional=bool(getattr(module, "bidirectional", False)),
+        proj_size=getattr(module, "proj_size", 0) or 0,
+        bias=bool(module.bias),
+        batch=batch,
+        seq_len=seq_len,
+    )
+
+
+def envelope_spec(specs: Sequence[LayerSpec]) -> LayerSpec:
+    """One spec whose growth bounds the model's: depth summed, widths and length the largest."""
+    return LayerSpec(
+        cell=specs[0].cell,
+        input_size=max(s.input_size for s in specs),
+        hidden_size=max(s.hidden_size for s in specs),
+        num_layers=sum(s.num_layers * s.directions for s in specs),
+        seq_len=max(s.seq_len for s in specs),
+        batch=max(s.batch for s in specs),
+    )
+
+
+def _map_tensors(value: Any, fn: Any) -> Any:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return fn(value)
+    if isinstance(value, (list, tuple)):
+        mapped = [_map_tensors(v, fn) for v in value]
+        return type(value)(mapped) if not hasattr(value, "_fields") else type(value)(*mapped)
+    if isinstance(value, dict):
+        return {k: _map_tensors(v, fn) for k, v in value.items()}
+    return value
+
+
+def _tensors(value: Any) -> list[Any]:
+    found: list[Any] = []
+    _map_tensors(value, lambda t: found.append(t) or t)
+    return found
+
+
+def _without_dropout(model: Any) -> Any:
+    import torch
+
+    for module in model.modules():
+        if isinstance(module, torch.nn.modules.dropout._DropoutNd):
+            module.p = 0.0
+        if isinstance(module, torch.nn.RNNBase):
+            module.dropout = 0.0
+    return model.train()
+
+
+# ------------------------------------------------------------------------------------------ one run
+@dataclass
+class _Run:
+    outputs: list[np.ndarray]
+    grads: dict[str, np.ndarray]
+    traces: list[Any]
+    layer_shapes: dict[str, LayerSpec]
+
+
+def _run(model: Any, inputs: tuple, device: str, dtype: Any, path: Any = None) -> _Run:
+    """Forward and backward of a copy of ``model`` on ``device`` in ``dtype``, under ``path``'s switches."""
+    import torch
+
+    from ..observation.torch_trace import LayerRecorder, torch_layer_trace
+
+    copy_ = _without_dropout(copy.deepcopy(model)).to(device=device, dtype=dtype)
+    args = _map_tensors(inputs, lambda t: t.detach().to(device=device, dtype=dtype if t.is_floating_point() else None))
+    leaves = [t for t in _tensors(args) if t.is_floating_point()]
+    for leaf in leaves:
+        leaf.requires_grad_(True)
+    shapes = _shape_hooks(copy_)
+    recorder = LayerRecorder()
+    with _switches(path), torch_layer_trace(recorder):
+        with _autocast(path, device):
+            out = copy_(*args)
+        outs = [t for t in _tensors(out) if t.is_floating_point()]
+        generator = torch.Generator().manual_seed(SEED)
+        seeds = [torch.randn(t.shape, generator=generator, dtype=torch.float64) for t in outs]
+        loss = sum((t.to(torch.float64) * s.to(t.device)).sum() for t, s in zip(outs, seeds, strict=True))
+        loss.backward()
+    for handle in shapes.pop("_handles"):  # type: ignore[attr-defined]
+        handle.remove()
+    grads = {name: p.grad for name, p in copy_.named_parameters() if p.grad is not None}
+    grads.update({f"input {i}": leaf.grad for i, leaf in enumerate(leaves) if leaf.grad is not None})
+    return _Run(
+        outputs=[t.detach().double().cpu().numpy() for t in outs],
+        grads={k: v.detach().double().cpu().numpy() for k, v in grads.items()},
+        traces=recorder.traces(),
+        layer_shapes=shapes,  # type: ignore[arg-type]
+    )
+
+
+def _shape_hooks(model: Any) -> dict[str, Any]:
+    """Records each recurrent layer's spec with the batch and length it was called with."""
+    import torch
+
+    from ..observation.torch_trace import _layer_name
+
+    specs: dict[str, Any] = {"_handles": []}
+    for module in model.modules():
+        if not isinstance(module, (torch.nn.RNNBase, torch.nn.RNNCellBase)):
+            continue
+
+        def hook(mod: Any, args: tuple, _name: str = _layer_name(module)) -> None:
+            data = args[0]
+            data = getattr(data, "data", data)
+            if isinstance(mod, torch.nn.RNNCellBase):
+                seen = specs.get(_name)
+                specs[_name] = layer_spec(mod, (seen.seq_len + 1) if seen else 1, int(data.shape[0]))
+            elif data.dim() == 3:
+                t, b = (data.shape[1], data.shape[0]) if mod.batch_first else (data.shape[0], data.shape[1])
+                specs[_name] = layer_spec(mod, int(t), int(b))
+            else:
+                specs[_name] = layer_spec(mod, int(data.shape[0]), 1)
+
+        specs["_handles"].append(module.register_forward_pre_hook(hook))
+    return specs
+
+
+def _switches(path: Any) -> contextlib.AbstractContextManager:
+    import torch
+
+    from ..paths.torch_paths import path_switches
+
+    return path_switches(torch, {} if path is None else path.options)
+
+
+def _autocast(path: Any, device: str) -> contextlib.AbstractContextManager:
+    import torch
+
+    from ..paths.torch_paths import path_autocast
+
+    return path_autocast(torch, {} if path is None else path.options, device.split(":")[0])
+
+
+# ------------------------------------------------------------------------------------------ checks
+def _check_kernels(path: Any, run: _Run) -> list[Mismatch]:
+    """Each forward layer call against the path's claim for that layer; the backward pass against the claim
+    shared by every claimed layer (when they differ, the backward pass is listed, not judged)."""
+    found: list[Mismatch] = []
+    claims = set()
+    forward = [t for t in run.traces if t.phase == "forward"]
+    if not forward:
+        return [Mismatch("kernel", "forward", "no recurrent layer ran in the model's forward pass")]
+    for trace in forward:
+        spec = run.layer_shapes.get(trace.detail)
+        if spec is None or path.supports(spec) is not None:
+            continue
+        claims.add(path.expected(spec))
+        found += check_trace(path.expected(spec), trace, f"forward {trace.detail}")
+    if len(claims) == 1:
+        for trace in (t for t in run.traces if t.phase == "backward"):
+            found += check_trace(next(iter(claims)), trace, "backward")
+    return found
+
+
+def _observed_precision(run: _Run, pass_: str, claimed: str) -> str:
+    """The precision the traces of ``pass_`` observed (the suites' rule: numbers are held to the bound of what
+    ran, e.g. bf16 autocast that runs cuDNN in fp16), else the claimed one."""
+    from .tolerance import UNIT_ROUNDOFF
+
+    seen = {t.precision for t in run.traces if t.phase == pass_ and t.precision in UNIT_ROUNDOFF}
+    if len(seen) != 1:
+        return claimed
+    observed = seen.pop()
+    # TF32 runs on fp32 tensors: a per-layer trace sees fp32, and the claimed TF32 bound stays (the suites' rule)
+    return claimed if (claimed, observed) == ("tf32", "fp32") else observed
+
+
+def _check_numbers(
+    run: _Run, ref: _Run, precision: str, spec: LayerSpec, unchecked: list[str] | None = None
+) -> tuple[list[Mismatch], dict[str, float]]:
+    from .tolerance import ToleranceTooLoose
+
+    found: list[Mismatch] = []
+    errors: dict[str, float] = {}
+    pairs = [("forward", f"output {i}", v, r) for i, (v, r) in enumerate(zip(run.outputs, ref.outputs, strict=True))]
+    pairs += [("backward", f"grad {k}", run.grads.get(k), r) for k, r in ref.grads.items()]
+    for pass_, quantity, value, reference in pairs:
+        if value is None:
+            found.append(Mismatch("missing", quantity, f"{quantity}: the path computed none"))
+            continue
+        if not np.isfinite(value).all():
+            bad = int((~np.isfinite(value)).sum())
+            found.append(Mismatch("nan", quantity, f"{quantity}: {bad} of {value.size} values are NaN or Inf"))
+            continue
+        err = relative_error(value, reference)
+        errors[quantity] = err
+        ran_in = _observed_precision(run, pass_, precision)
+        try:
+            tol = tolerance(ran_in, pass_, spec)
+        except ToleranceTooLoose as exc:
+            if pass_ == "forward":  # an output that cannot be checked is a failure, never a pass
+                found.append(Mismatch("inconclusive", quantity, f"{quantity}: not checkable: {exc}"))
+            elif unchecked is not None:
+                unchecked.append(f"{quantity}: not compared (relative error {err:.3e}): {exc}")
+            continue
+        if err > tol.rel:
+            found.append(
+                Mismatch(
+                    "tolerance",
+                    quantity,
+                    f"{quantity}: relative error {err:.3e} against the float64 run exceeds the {ran_in} {pass_} "
+                    f"tolerance {tol.rel:.3e} ({err / tol.rel:.1f}x; tolerance {tol.explain()})",
+                )
+            )
+    return found, errors
+
+
+# ------------------------------------------------------------------------------------------ entry point
+def model_paths(device: str, names: Sequence[str] | None = None) -> list[Any]:
+    """The PyTorch paths a user's model runs on ``device`` (``cpu``/``cuda``): the registry's non-packed ones."""
+    from .. import paths as registry
+
+    kind = device.split(":")[0]
+    chosen = registry.for_device(kind, names)
+    return [p for p in chosen if p.framework == "torch" and not p.options.get("packed")]
+
+
+def verify_model(
+    model: Any,
+    example_inputs: Any,
+    *,
+    device: str = "cpu",
+    paths: Sequence[str] | None = None,
+    raise_on_failure: bool = True,
+) -> list[PathOutcome]:
+    """Run ``model`` (a ``torch.nn.Module``, its real weights) on every applicable path of ``device`` and
+    compare outputs and gradients with a float64 run on the CPU; raise :class:`ModelCheckFailed` with the
+    suites' report when a path disagrees (``raise_on_failure=False`` returns the outcomes only).
+
+    ``example_inputs``: one tensor or a tuple of positional arguments (nested tuples, e.g. ``(h0, c0)``, are
+    fine; integer tensors such as token ids are left as they are)."""
+    if hasattr(model, "_flatten_layers"):  # a Keras model (on the torch backend also an nn.Module)
+        return _finish(verify_keras_model(model, example_inputs, device=device, paths=paths), raise_on_failure)
+    import torch
+
+    from ..device import resolve_device
+
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"verify_model takes a torch.nn.Module or a Keras model, got {type(model).__name__}")
+    if not recurrent_layers(model):
+        raise ValueError(f"{type(model).__name__} has no recurrent layer (nn.LSTM, nn.GRU, nn.RNN or a cell)")
+    inputs = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
+    info = resolve_device(device, "device")
+    selected = model_paths(info.kind, paths)
+    if not selected:
+        raise ValueError(f"no PyTorch path for {info.name} in {paths!r} (see `lstmperf paths`)")
+    ref = _run(model, inputs, "cpu", torch.float64)
+    if not ref.layer_shapes:
+        raise ValueError(f"no recurrent layer of {type(model).__name__} ran on the example inputs")
+    spec = envelope_spec(list(ref.layer_shapes.values()))
+    return _finish([_verify_path(model, inputs, info, path, ref, spec) for path in selected], raise_on_failure)
+
+
+def _finish(outcomes: list[PathOutcome], raise_on_failure: bool) -> list[PathOutcome]:
+    failed = [o for o in outcomes if o.mismatches]
+    if failed and raise_on_failure:
+        raise ModelCheckFailed("\n".join(o.report for o in failed))
+    return outcomes
+
+
+def _verify_path(model: Any, inputs: tuple, info: Any, path: Any, ref: _Run, spec: LayerSpec) -> PathOutcome:
+    import torch
+
+    outcome = PathOutcome(path.name)
+    reason = path.available(info)
+    if reason:
+        outcome.skipped = reason
+        return outcome
+    run = _run(model, inputs, info.torch_device, torch.float32, path)
+    outcome.traces = run.traces
+    claimed = [s for s in ref.layer_shapes.values() if path.supports(s) is None]
+    precision = path.expected(claimed[0])[1] if claimed else path.precision
+    mismatches = _check_kernels(path, run)
+    numbers, outcome.errors = _check_numbers(run, ref, precision, spec, outcome.unchecked)
+    outcome.mismatches = mismatches + numbers
+    observed = [f"  observed: {t.describe()}" for t in run.traces]
+    observed += [f"  not checked: {line}" for line in outcome.unchecked]
+    outcome.report = format_failure(path.name, spec, SEED, outcome.mismatches) + "\n" + "\n".join(observed)
+    return outcome
+
+
+# ------------------------------------------------------------------------------------------ Keras models
+def _as_float64(config: Any) -> Any:
+    """A Keras model config with every float32 dtype (policy) turned float64; integer inputs stay."""
+    if isinstance(config, dict):
+        if config.get("class_name") == "DTypePolicy" and config.get("config", {}).get("name") == "float32":
+            return {**config, "config": {**config["config"], "name": "float64"}}
+        return {k: ("float64" if k == "dtype" and v == "float32" else _as_float64(v)) for k, v in config.items()}
+    if isinstance(config, list):
+        return [_as_float64(v) for v in config]
+    return config
+
+
+def _keras_variant(model: Any, float64: bool = False, use_cudnn: Any = None) -> Any:
+    """A clone of ``model`` with its weights, in float64 and/or with ``use_cudnn`` set on every LSTM/GRU."""
+    config = model.get_config()
+    if float64:
+        config = _as_float64(config)
+    if use_cudnn is not None:
+        config = _set_use_cudnn(config, use_cudnn)
+    clone = type(model).from_config(config)
+    weights = model.get_weights()
+    clone.set_weights([w.astype("float64") if float64 and w.dtype.kind == "f" else w for w in weights])
+    return clone
+
+
+def _set_use_cudnn(config: Any, value: Any) -> Any:
+    if isinstance(config, dict):
+        out = {k: _set_use_cudnn(v, value) for k, v in config.items()}
+        if config.get("class_name") in ("LSTM", "GRU") and isinstance(out.get("config"), dict):
+            out["config"] = {**out["config"], "use_cudnn": value}
+        return out
+    if isinstance(config, list):
+        return [_set_use_cudnn(v, value) for v in config]
+    return config
+
+
+def _keras_run(model: Any, inputs: Any) -> _Run:
+    """Outputs and gradients w.r.t. the trainable weights (inference mode: no dropout), observed per layer."""
+    import keras
+
+    from ..hooks.kernel_marker import observe
+
+    with observe() as seen:
+        if keras.backend.backend() == "tensorflow":
+            import tensorflow as tf
+
+            with tf.GradientTape() as tape:
+                outs = _keras_outputs(model(inputs, training=False))
+                loss = _seeded_loss(outs, lambda t: tf.cast(t, tf.float64), lambda a: tf.constant(a))
+            grads = tape.gradient(loss, model.trainable_variables)
+        elif keras.backend.backend() == "torch":
+            import torch
+
+            outs = _keras_outputs(model(inputs, training=False))
+            loss = _seeded_loss(
+                outs, lambda t: t.to(torch.float64), lambda a: torch.as_tensor(a, device=outs[0].device)
+            )
+            values = [v.value for v in model.trainable_variables]
+            grads = torch.autograd.grad(loss, values, allow_unused=True)
+        else:
+            raise ValueError(f"Keras backend {keras.backend.backend()!r}: verify_model runs tensorflow and torch")
+    # by position: a clone's layers have other names, the same order
+    names = [f"weight {i} {tuple(v.shape)}" for i, v in enumerate(model.trainable_variables)]
+    return _Run(
+        outputs=[np.asarray(keras.ops.convert_to_numpy(o), dtype=np.float64) for o in outs],
+        grads={n: np.asarray(keras.ops.convert_to_numpy(g), dtype=np.float64) for n, g in zip(names, grads, strict=True)
+               if g is not None},
+        traces=seen.all_traces(),
+        layer_shapes={},
+    )  # fmt: skip
+
+
+def _keras_outputs(out: Any) -> list[Any]:
+    return list(out) if isinstance(out, (list, tuple)) else [out]
+
+
+def _seeded_loss(outs: list[Any], to64: Any, const: Any) -> Any:
+    rng = np.random.default_rng(SEED)
+    import keras
+
+    return sum(keras.ops.sum(to64(o) * const(rng.standard_normal(tuple(o.shape)))) for o in outs)
+
+
+def keras_model_paths(device: str) -> list[Any]:
+    """The model as built (the backend's default kernel choice) and, on a GPU, with ``use_cudnn=False``."""
+    import keras
+
+    from .. import paths as registry
+
+    backend = "tf" if keras.backend.backend() == "tensorflow" else "torch"
+    kind = device.split(":")[0]
+    names = [f"keras-{backend}-cpu"] if kind == "cpu" else [f"keras-{backend}-cudnn", f"keras-{backend}-cuda-generic"]
+    return [registry.get(n) for n in names]
+
+
+def verify_keras_model(
+    model: Any, example_inputs: Any, *, device: str = "cpu", paths: Sequence[str] | None = None
+) -> list[PathOutcome]:
+    """:func:`verify_model` for a Keras model on the backend Keras runs (one per process): the model as built
+    (and, on a GPU, with cuDNN off) against a float64 clone of it with the same weights."""
+    from ..observation.eligibility import configs_from_model
+
+    configs = configs_from_model(model)
+    if not configs:
+        raise ValueError(f"{model.name}: no built LSTM/GRU layer found")
+    spec = envelope_spec([c[1] for c in configs])
+    ref = _keras_run(_keras_variant(model, float64=True), example_inputs)
+    outcomes = []
+    for path in keras_model_paths(device):
+        if paths is not None and path.name not in paths:
+            continue
+        as_built = path.name.endswith(("-cpu", "-cudnn"))
+        run = _keras_run(model if as_built else _keras_variant(model, use_cudnn=False), example_inputs)
+        outcome = PathOutcome(path.name, traces=run.traces)
+        outcome.mismatches = [
+            m for t in run.traces for m in check_trace((path.kernel, path.precision), t, f"{t.phase} {t.detail}")
+        ]
+        if not run.traces:
+            outcome.mismatches.append(Mismatch("kernel", "forward", "no recurrent layer ran"))
+        numbers, outcome.errors = _check_numbers(run, ref, path.precision, spec, outcome.unchecked)
+        outcome.mismatches += numbers
+        observed = [f"  observed: {t.describe()}" for t in run.traces]
+        observed += [f"  not checked: {line}" for line in outcome.unchecked]
+        outcome.report = format_failure(path.name, spec, SEED, outcome.mismatches) + "\n" + "\n".join(observed)
+        outcomes.append(outcome)
+    return outcomes

@@ -1,0 +1,322 @@
+"""Eligibility report for maintainers: config -> predicted kernel, observed kernel, reasons, estimated slowdown.
+
+Input: a list of layer configs (``{"framework": ..., "cell": ..., <LayerSpec fields>, <KerasOptions fields>}``,
+from a JSON file or a Python ``module:attribute``), or a model (``torch.nn.Module`` / Keras model) whose
+LSTM/GRU layers are listed. With ``run=True`` each config is also run (Keras in its backend's worker, PyTorch
+in-process) and its observed kernel shown; the slowdown is then *measured here*: the config's training call
+against the variant with every reason's change applied, on the same device. Without a run, the slowdown comes
+from :data:`REFERENCE_SLOWDOWNS`, each figure with where it was measured.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import json
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..model.spec import LayerSpec
+from ..paths.keras.layer import KerasOptions
+from .explain import Verdict, context_for, explain, fix_all, normalize_framework
+
+# (framework, device, rule) -> (factor, source); rule "*" is any reason
+_KT = "H100, Keras 3.15 torch backend, LSTM(128) B=32 T=100 training call"
+REFERENCE_SLOWDOWNS: dict[tuple[str, str, str], tuple[float, str]] = {
+    ("keras-torch", "cuda", "activation"): (23.0, f"{_KT}: 20 ms vs 0.87 ms (REFERENCE.md)"),
+    ("keras-torch", "cuda", "unroll"): (21.0, f"{_KT}: 18 ms vs 0.87 ms (REFERENCE.md)"),
+    ("keras-torch", "cuda", "use_bias"): (21.0, f"{_KT}: 18 ms vs 0.87 ms (REFERENCE.md)"),
+    ("keras-torch", "cuda", "recurrent_dropout"): (126.0, f"{_KT}: 110 ms vs 0.87 ms (REFERENCE.md)"),
+    ("keras-torch", "cuda", "*"): (21.0, f"{_KT}: generic loop vs cuDNN, typical of the measured cases"),
+    ("torch", "cuda", "*"): (
+        5.6,
+        "H100, torch 2.11 + cuDNN 9.19, 2-layer LSTM I=64 H=256 T=100 B=64 training step: 96 ms vs 17 ms",
+    ),
+    ("keras-tensorflow", "cuda", "*"): (
+        15.0,
+        "published anchor: Keras generic LSTM vs CuDNNLSTM on an RTX 2070 (not measured here)",
+    ),
+}
+
+
+@dataclass
+class ReportRow:
+    config: str
+    verdict: Verdict
+    observed: str | None = None
+    slowdown: str = "-"
+    slowdown_source: str = ""
+    error: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "config": self.config,
+            "predicted": f"{self.verdict.kernel}/{self.verdict.precision}",
+            "observed": self.observed,
+            "match": None if self.observed is None else self.observed.split("/")[0] == self.verdict.kernel,
+            "reasons": [r.to_dict() for r in self.verdict.reasons],
+            "raises": self.verdict.raises,
+            "slowdown": self.slowdown,
+            "slowdown_source": self.slowdown_source,
+            "error": self.error,
+        }
+
+
+Config = tuple[str, LayerSpec, KerasOptions | None]
+_SPEC_FIELDS = {f.name for f in dataclasses.fields(LayerSpec)}
+_OPTION_FIELDS = {f.name for f in dataclasses.fields(KerasOptions)}
+ALIASES = {"units": "hidden_size", "use_bias": "bias", "input_dim": "input_size"}
+
+
+def config_from_dict(data: dict[str, Any]) -> Config:
+    """``{"framework": "keras-tf", "cell": "lstm", "units": 128, "activation": "relu"}`` -> a config."""
+    values = {ALIASES.get(k, k): v for k, v in data.items()}
+    framework = normalize_framework(values.pop("framework", "keras-tensorflow"))
+    unknown = sorted(set(values) - _SPEC_FIELDS - _OPTION_FIELDS)
+    if unknown:
+        valid = sorted(_SPEC_FIELDS | (_OPTION_FIELDS - {"backend"}) | set(ALIASES))
+        raise ValueError(f"unknown layer keys {unknown} (valid: {', '.join(valid)})")
+    spec_values = {k: v for k, v in values.items() if k in _SPEC_FIELDS}
+    if isinstance(spec_values.get("lengths"), list):
+        spec_values["lengths"] = tuple(spec_values["lengths"])
+    spec = LayerSpec(**spec_values)
+    option_values = {k: v for k, v in values.items() if k in _OPTION_FIELDS}
+    if framework == "torch":
+        if option_values:
+            raise ValueError(f"Keras options {sorted(option_values)} given for framework 'torch'")
+        return framework, spec, None
+    option_values["backend"] = "tensorflow" if framework == "keras-tensorflow" else "torch"
+    return framework, spec, KerasOptions(**option_values)
+
+
+def configs_from_model(model: Any, batch: int = 4, seq_len: int = 10, example_inputs: Any = None) -> list[Config]:
+    """The LSTM/GRU layers of a ``torch.nn.Module`` or a Keras model, as configs.
+
+    The batch and sequence length are the model's own where it has them: a Keras layer's built input shape, or
+    (torch) the shapes each layer is called with on ``example_inputs``; ``batch``/``seq_len`` fill in the rest.
+    A Keras model is a Keras model on every backend (on the torch backend it is also a ``torch.nn.Module``)."""
+    configs: list[Config] = []
+    if hasattr(model, "_flatten_layers"):
+        return _keras_configs(model, batch, seq_len)
+    torch_nn = getattr(importlib.import_module("torch"), "nn", None) if _has("torch") else None
+    if torch_nn is not None and isinstance(model, torch_nn.Module):
+        seen = _torch_call_shapes(model, example_inputs)
+        for module in model.modules():
+            if isinstance(module, (torch_nn.LSTM, torch_nn.GRU)):
+                configs.append((
+                    "torch",
+                    LayerSpec(
+                        cell="lstm" if isinstance(module, torch_nn.LSTM) else "gru",
+                        input_size=module.input_size, hidden_size=module.hidden_size, num_layers=module.num_layers,
+                        bidirectional=module.bidirectional, proj_size=getattr(module, "proj_size", 0),
+                        bias=module.bias, batch=seen.get(id(module), (batch, seq_len))[0],
+                        seq_len=seen.get(id(module), (batch, seq_len))[1],
+                    ),
+                    None,
+                ))  # fmt: skip
+        return configs
+    raise ValueError(f"{type(model).__name__} is neither a torch.nn.Module nor a Keras model")
+
+
+def _torch_call_shapes(model: Any, example_inputs: Any) -> dict[int, tuple[int, int]]:
+    """``id(module) -> (batch, seq_len)`` of each nn.LSTM/GRU called on ``example_inputs`` (none given: {})."""
+    if example_inputs is None:
+        return {}
+    import torch
+
+    seen: dict[int, tuple[int, int]] = {}
+
+    def hook(module: Any, args: tuple) -> None:
+        data = getattr(args[0], "data", args[0])
+        if data.dim() == 3:
+            t, b = (data.shape[1], data.shape[0]) if module.batch_first else (data.shape[0], data.shape[1])
+            seen[id(module)] = (int(b), int(t))
+
+    handles = [m.register_forward_pre_hook(hook) for m in model.modules() if isinstance(m, torch.nn.RNNBase)]
+    try:
+        with torch.no_grad():
+            model(*(example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)))
+    finally:
+        for handle in handles:
+            handle.remove()
+    return seen
+
+
+def _keras_input_shape(layer: Any) -> tuple[Any, ...] | None:
+    for get in (lambda: layer.input.shape, lambda: next(iter(layer._build_shapes_dict.values()))):
+        try:
+            shape = tuple(get())
+        except Exception:
+            continue
+        if len(shape) == 3:
+            return shape
+    return None
+
+
+def _keras_configs(model: Any, batch: int, seq_len: int) -> list[Config]:
+    import keras
+
+    from ..hooks.kernel_marker import _activation_name
+
+    configs: list[Config] = []
+    for layer in model._flatten_layers(include_self=True, recursive=True):
+        if isinstance(layer, (keras.layers.LSTM, keras.layers.GRU)) and layer.built:
+            cell = layer.cell
+            shape = _keras_input_shape(layer) or (None, None, None)
+            framework = f"keras-{keras.backend.backend()}"
+            spec = LayerSpec(
+                cell="lstm" if isinstance(layer, keras.layers.LSTM) else "gru",
+                input_size=int(cell.kernel.shape[0]), hidden_size=int(cell.units), bias=bool(cell.use_bias),
+                reset_after=bool(getattr(cell, "reset_after", True)) or isinstance(layer, keras.layers.LSTM),
+                batch=int(shape[0] or batch), seq_len=int(shape[1] or seq_len),
+            )  # fmt: skip
+            options = KerasOptions(
+                backend=keras.backend.backend(), use_cudnn=layer.use_cudnn,
+                implementation=int(getattr(cell, "implementation", 2)),
+                activation=_activation_name(cell.activation),
+                recurrent_activation=_activation_name(cell.recurrent_activation),
+                recurrent_dropout=float(cell.recurrent_dropout), dropout=float(cell.dropout),
+                unroll=bool(layer.unroll), go_backwards=bool(layer.go_backwards),
+            )  # fmt: skip
+            configs.append((framework, spec, options))
+    return configs
+
+
+def falls_back(row: ReportRow) -> bool:
+    """Whether the layer leaves the device's fast kernel: on a GPU anything but cuDNN; on the CPU a PyTorch
+    LSTM off oneDNN (the CPU has no faster kernel for the other layers)."""
+    verdict = row.verdict
+    if verdict.raises:
+        return True
+    if verdict.device.startswith("cuda"):
+        return verdict.kernel != "cudnn"
+    return verdict.framework == "torch" and verdict.spec.cell == "lstm" and verdict.kernel != "onednn"
+
+
+def report(model: Any, example_inputs: Any = None, *, device: str = "cpu", run: bool = False) -> list[ReportRow]:
+    """The eligibility rows of a model's LSTM/GRU layers, in-process (torch or Keras on any backend)."""
+    configs = configs_from_model(model, example_inputs=example_inputs)
+    if not configs:
+        raise ValueError(f"{type(model).__name__}: no built LSTM/GRU layer found")
+    if run:
+        from ..device import resolve_device
+
+        return build_report(configs, resolve_device(device, "device"), run=True)
+    return build_report(configs, device, run=False)
+
+
+def _has(name: str) -> bool:
+    return importlib.util.find_spec(name) is not None
+
+
+def load_configs(source: str, batch: int = 4, seq_len: int = 10) -> list[Config]:
+    """Configs from a JSON file (a list of dicts) or ``package.module:attribute`` (a list, model or callable)."""
+    path = Path(source)
+    if path.suffix == ".json" or path.exists():
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ValueError(f"{source}: cannot read a JSON list of layer configs: {exc}") from None
+        if not isinstance(data, list):
+            raise ValueError(f"{source}: expected a JSON list of layer configs")
+        return [config_from_dict(item) for item in data]
+    module_name, _, attribute = source.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(f"{source}: cannot import {module_name!r}: {exc}") from None
+    obj = getattr(module, attribute or "CONFIGS", None)
+    if obj is None:
+        raise ValueError(f"{source}: {module_name} has no attribute {attribute or 'CONFIGS'!r}")
+    if callable(obj) and not hasattr(obj, "modules") and not hasattr(obj, "_flatten_layers"):
+        obj = obj()
+    if isinstance(obj, list):
+        return [item if isinstance(item, tuple) else config_from_dict(item) for item in obj]
+    return configs_from_model(obj, batch=batch, seq_len=seq_len)
+
+
+def _reference_slowdown(verdict: Verdict) -> tuple[str, str]:
+    if verdict.device != "cuda":
+        return "-", "no cuDNN on the CPU: nothing to compare"
+    if verdict.kernel == "cudnn":
+        return "1.0", "eligible"
+    for reason in verdict.reasons:
+        hit = REFERENCE_SLOWDOWNS.get((verdict.framework, "cuda", reason.rule))
+        if hit:
+            return f"~{hit[0]:g}x", hit[1]
+    hit = REFERENCE_SLOWDOWNS.get((verdict.framework, "cuda", "*"))
+    return (f"~{hit[0]:g}x", hit[1]) if hit else ("?", "no figure recorded")
+
+
+def run_config(framework: str, spec: LayerSpec, options: KerasOptions | None, device: Any) -> Any:
+    """A PreparedRun for one config on ``device`` (a DeviceInfo)."""
+    from ..model.case import make_case
+    from ..paths import ExecutionPath
+
+    path = ExecutionPath(
+        name="report", framework=framework, device=device.kind, kernel="none", precision="fp32",
+        description="eligibility report run",
+        prepare_ref=("pytest_lstmperf.paths.torch_paths:prepare" if framework == "torch"
+                     else "pytest_lstmperf.paths.keras.paths:prepare"),
+        available_ref="", supports_ref="", options={} if options is None else {"keras": options},
+    )  # fmt: skip
+    return path.prepare(make_case(spec), device)
+
+
+def _median_train_time(run: Any, repeats: int = 5) -> float:
+    if hasattr(run, "time"):
+        return statistics.median(run.time("train_step", repeats))
+    import time
+
+    run.train_step()
+    run.synchronize()
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run.train_step()
+        run.synchronize()
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
+def build_report(configs: list[Config], device: Any = "cpu", run: bool = False) -> list[ReportRow]:
+    rows = []
+    for framework, spec, options in configs:
+        verdict = explain(spec, framework, device, options, context=context_for(device))
+        row = ReportRow(config=verdict.config(), verdict=verdict)
+        row.slowdown, row.slowdown_source = _reference_slowdown(verdict)
+        if run:
+            try:
+                prepared = run_config(framework, spec, options, device)
+                result = prepared.run()
+                trace = result.forward_trace
+                row.observed = f"{trace.family}/{trace.precision}"
+                if verdict.reasons and getattr(device, "kind", "cpu") == "cuda":
+                    fixed = run_config(framework, *fix_all(spec, options, verdict), device)
+                    factor = _median_train_time(prepared) / _median_train_time(fixed)
+                    row.slowdown = f"{factor:.1f}x"
+                    row.slowdown_source = f"measured here ({device.describe()}), training call vs the eligible variant"
+            except Exception as exc:
+                row.error = f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
+                row.observed = "error"
+        rows.append(row)
+    return rows
+
+
+def render_table(rows: list[ReportRow]) -> str:
+    """A markdown table, then the reasons and slowdown sources as footnotes."""
+    lines = ["| # | config | predicted | observed | reasons | est. slowdown |", "|---|---|---|---|---|---|"]
+    notes = []
+    for i, row in enumerate(rows, 1):
+        reasons = "; ".join(r.change for r in row.verdict.reasons) or "-"
+        if row.verdict.raises:
+            reasons += f" (raises: {row.verdict.raises.split(':')[0]})"
+        observed = row.observed or "(not run)"
+        lines.append(
+            f"| {i} | {row.config} | {row.verdict.kernel}/{row.verdict.precision} | {observed} | {reasons} | "
+            f"{row.slowdown} [{i}] |"
+        )
+        notes.append(f"[{i}] {row.slowdown_source}" + (f"; error: {row.error}" if row.error else ""))
+    return "\n".join([*lines, "", *notes])

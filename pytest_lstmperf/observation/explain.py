@@ -1,0 +1,690 @@
+"""The cuDNN eligibility explainer: which kernel a layer will run, and every reason it is not cuDNN.
+
+``explain(spec, framework, device, options)`` predicts the kernel family and precision of a layer and lists
+each reason that keeps it off cuDNN, with the change that would make it eligible and what that change costs.
+The rules are read from the library source named in each rule (``source``) at the version in
+:data:`RULES_READ_FROM`; :func:`explain` notes when the installed version differs. Frameworks:
+
+* ``keras-tensorflow``: Keras 3 on TensorFlow. The layer (``keras/src/layers/rnn/lstm.py``/``gru.py``,
+  ``inner_loop``) tries ``backend.lstm/gru`` when ``use_cudnn in ("auto", True)`` and ``recurrent_dropout == 0``;
+  ``keras/src/backend/tensorflow/rnn.py`` ``cudnn_ok`` then needs tanh/sigmoid, no unroll, a bias, for GRU
+  ``reset_after=True``, and a GPU TensorFlow can see; otherwise ``NotImplementedError`` -> the generic loop, or,
+  with ``use_cudnn=True``, a ``ValueError``. A mask that is not strictly right-padded fails the cuDNN path's
+  ``tf.Assert`` (inside ``tf.function``; an eager call falls back).
+* ``keras-torch``: Keras 3 on PyTorch (``keras/src/backend/torch/rnn.py``). Same layer gate; the backend's
+  ``lstm``/``gru`` raise ``NotImplementedError`` for any mask (and GRU ``reset_after=False``), and otherwise run
+  ``torch._VF.lstm/gru`` only for CUDA inputs passing ``cudnn_ok``; every other case runs Keras's own torch loop
+  *without raising*, so ``use_cudnn=True`` does not guarantee cuDNN there.
+* ``torch``: ``torch.nn.LSTM``/``GRU`` (aten/src/ATen/native/RNN.cpp): cuDNN for CUDA inputs when
+  ``cudnn.enabled`` (bfloat16 needs cuDNN >= 9.13); on the CPU oneDNN for dense float32/bfloat16 LSTM without
+  projections, else the native kernels.
+* ``torch-compile``: ``torch.compile`` of the torch layer. Dynamo graph-breaks on RNN modules unless
+  ``torch._dynamo.config.allow_rnn`` (``Context.compile_allow_rnn``) is set, so the layer runs eagerly on
+  the kernel the ``torch`` rules pick, and ``mode="reduce-overhead"`` has no graph to capture around it
+  (torch/_dynamo/variables/builder.py). With ``allow_rnn`` on CUDA ``aten::lstm``/``gru`` is decomposed
+  (torch/_decomp/decompositions.py ``lstm_impl``) into matmuls and inductor kernels: it leaves cuDNN. On
+  the CPU inductor keeps oneDNN's ``mkldnn_rnn_layer`` for an LSTM oneDNN takes.
+* ``onnxruntime``: ``torch.onnx.export`` (dynamo exporter) then ONNX Runtime. Not a cuDNN question: the
+  rules say what makes the export or the session fail (a packed sequence, ``proj_size``) and which
+  execution provider runs the ONNX ``LSTM``/``GRU`` node (``ort-rnn`` on the CPU, ``ort-cuda-rnn`` with
+  onnxruntime-gpu's CUDA provider; the routine inside the provider's kernel is not observable).
+
+Each rule is an entry of :data:`RULES`; a rule removed from the table (``explain(..., rules=...)``) makes the
+explainer disagree with the library, which the tests use to show the agreement check can fail.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.metadata
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..model.spec import LayerSpec
+from ..paths.keras.layer import KerasOptions, mask_style
+
+#: the library versions the rules below were read from (installed source, keras/src/..., torch RNN.cpp docs)
+RULES_READ_FROM = {"keras": "3.15.1", "tensorflow": "2.21.0", "torch": "2.13.0", "onnxscript": "0.7.2"}
+
+FRAMEWORKS = ("keras-tensorflow", "keras-torch", "torch", "torch-compile", "onnxruntime")
+_ALIASES = {
+    "keras-tensorflow": "keras-tensorflow", "keras-tf": "keras-tensorflow", "keras": "keras-tensorflow",
+    "tensorflow": "keras-tensorflow", "tf": "keras-tensorflow",
+    "keras-torch": "keras-torch", "keras-pytorch": "keras-torch",
+    "torch": "torch", "pytorch": "torch",
+    "torch-compile": "torch-compile", "torch.compile": "torch-compile", "compile": "torch-compile",
+    "onnxruntime": "onnxruntime", "onnx": "onnxruntime", "ort": "onnxruntime",
+}  # fmt: skip
+_KERAS_LSTM = "keras/src/layers/rnn/lstm.py LSTM.inner_loop (gru.py GRU.inner_loop)"
+_TF_RNN = "keras/src/backend/tensorflow/rnn.py"
+_TORCH_RNN = "keras/src/backend/torch/rnn.py"
+_ATEN = "aten/src/ATen/native/RNN.cpp (use_cudnn / use_mkldnn)"
+_DYNAMO = "torch/_dynamo/variables/builder.py (allow_rnn); torch/_decomp/decompositions.py lstm_impl/gru_impl"
+_ONNX = "torch/onnx/_internal/exporter (dynamo exporter) with onnxscript's aten::lstm/gru -> ONNX LSTM/GRU"
+_TORCHES = ("torch", "torch-compile")
+
+
+class ExplainError(ValueError):
+    """An input the explainer cannot judge (unknown framework, a spec the framework cannot express)."""
+
+
+@dataclass(frozen=True)
+class Context:
+    """Facts about the machine the layer runs on (defaults: what a healthy GPU or CPU machine has)."""
+
+    device: str = "cpu"  # "cpu" or "cuda"
+    gpu_visible: bool | None = None  # TensorFlow lists a GPU / torch.cuda.is_available(); None: device=="cuda"
+    cudnn_available: bool = True
+    cudnn_enabled: bool = True  # torch.backends.cudnn.enabled
+    cudnn_version: int | None = None
+    capability: tuple[int, int] | None = None  # None: assumed >= 8.0 (TF32-capable) on CUDA
+    tf32: bool = True  # TF tensor_float_32_execution / torch cudnn.allow_tf32 (both default on)
+    torch_matmul_tf32: bool = False  # torch.backends.cuda.matmul.allow_tf32 (default off)
+    mkldnn_enabled: bool = True
+    compiling: bool = False  # inside torch.compile / torch.jit tracing
+    compile_allow_rnn: bool = False  # torch._dynamo.config.allow_rnn (framework torch-compile)
+    ort_cuda_provider: bool = True  # onnxruntime lists CUDAExecutionProvider (framework onnxruntime, device cuda)
+
+    @property
+    def sees_gpu(self) -> bool:
+        return self.device == "cuda" if self.gpu_visible is None else self.gpu_visible
+
+    @property
+    def tf32_capable(self) -> bool:
+        return self.device == "cuda" and (self.capability is None or self.capability >= (8, 0))
+
+
+@dataclass(frozen=True)
+class Reason:
+    """One thing keeping the layer off cuDNN."""
+
+    rule: str
+    finding: str
+    change: str
+    cost: str
+    source: str
+    effect: str = "fallback"  # "fallback" (another kernel runs) or "error" (the call raises)
+
+    def describe(self) -> str:
+        text = f"{self.finding}\n    change: {self.change}\n    cost: {self.cost}\n    source: {self.source}"
+        if self.effect == "error":
+            text += "\n    effect: the call raises instead of falling back"
+        return text
+
+    def to_dict(self) -> dict[str, str]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The explainer's prediction for one layer on one framework and device."""
+
+    framework: str
+    device: str
+    spec: LayerSpec
+    options: KerasOptions | None
+    kernel: str
+    precision: str
+    reasons: tuple[Reason, ...]
+    raises: str | None = None
+    notes: tuple[str, ...] = ()
+    rules_from: str = ""
+
+    @property
+    def eligible(self) -> bool:
+        return self.kernel == "cudnn" and not self.reasons and self.raises is None
+
+    def config(self) -> str:
+        text = f"{self.framework} {self.spec.short()}"
+        if self.options is not None:
+            text += f" [{self.options.short()}]"
+        return text
+
+    def describe(self) -> str:
+        lines = [f"{self.config()} on {self.device}: predicted {self.kernel}/{self.precision}"]
+        if self.raises:
+            lines.append(f"  raises: {self.raises}")
+        if not self.reasons:
+            lines.append("  eligible for cuDNN" if self.kernel == "cudnn" else "  no reason found")
+        for i, reason in enumerate(self.reasons, 1):
+            lines.append(f"  {i}. " + reason.describe())
+        lines += [f"  note: {n}" for n in self.notes]
+        lines.append(f"  rules read from {self.rules_from}")
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "framework": self.framework,
+            "device": self.device,
+            "spec": self.spec.to_dict(),
+            "options": None if self.options is None else self.options.to_dict(),
+            "kernel": self.kernel,
+            "precision": self.precision,
+            "reasons": [r.to_dict() for r in self.reasons],
+            "raises": self.raises,
+            "notes": list(self.notes),
+            "rules_from": self.rules_from,
+        }
+
+
+# ------------------------------------------------------------------------------------------------ rules
+Check = Callable[[LayerSpec, KerasOptions, Context], "str | None"]
+
+
+@dataclass(frozen=True)
+class Rule:
+    """``check`` returns the finding (or None); ``change``/``cost`` may use ``{finding}``-free format keys."""
+
+    id: str
+    frameworks: tuple[str, ...]
+    check: Check
+    change: Callable[[LayerSpec, KerasOptions, Context], str]
+    cost: str
+    source: str
+    effect: str = "fallback"
+    raises_when_forced: tuple[str, ...] = ()  # frameworks where use_cudnn=True turns this into a ValueError
+
+
+_K = ("keras-tensorflow", "keras-torch")
+RULES: tuple[Rule, ...] = (
+    Rule(
+        "use_cudnn", _K,
+        lambda s, o, c: "use_cudnn=False: the layer never tries the cuDNN kernel" if o.use_cudnn is False else None,
+        lambda s, o, c: "use_cudnn=False -> 'auto'",
+        "none for the math (results change within float tolerance); on TensorFlow the cuDNN op is not XLA-"
+        "compilable, so Keras turns jit_compile off for the model",
+        _KERAS_LSTM,
+    ),
+    Rule(
+        "recurrent_dropout", _K,
+        lambda s, o, c: (
+            f"recurrent_dropout={o.recurrent_dropout}: the layer skips cuDNN whenever it is non-zero (inference too)"
+            if o.recurrent_dropout else None
+        ),
+        lambda s, o, c: f"recurrent_dropout={o.recurrent_dropout} -> 0",
+        "loses recurrent dropout (regularisation of the state); use dropout= on the inputs or Dropout layers "
+        "between recurrent layers instead",
+        _KERAS_LSTM + ": `if not self.recurrent_dropout`",
+        raises_when_forced=_K,
+    ),
+    Rule(
+        "activation", _K,
+        lambda s, o, c: f"activation={o.activation!r} is not tanh" if o.activation != "tanh" else None,
+        lambda s, o, c: f"activation={o.activation!r} -> 'tanh'",
+        "changes the layer's function: weights trained with the other activation do not carry over; retrain",
+        f"{_TF_RNN} _do_{{lstm,gru}}_arguments_support_cudnn; {_TORCH_RNN} cudnn_ok",
+        raises_when_forced=("keras-tensorflow",),
+    ),
+    Rule(
+        "recurrent_activation", _K,
+        lambda s, o, c: (
+            f"recurrent_activation={o.recurrent_activation!r} is not sigmoid"
+            if o.recurrent_activation != "sigmoid" else None
+        ),
+        lambda s, o, c: f"recurrent_activation={o.recurrent_activation!r} -> 'sigmoid'",
+        "changes the gates' function: retrain (hard_sigmoid models lose their cheap gate, no gain on GPU)",
+        f"{_TF_RNN} _do_{{lstm,gru}}_arguments_support_cudnn; {_TORCH_RNN} cudnn_ok",
+        raises_when_forced=("keras-tensorflow",),
+    ),
+    Rule(
+        "unroll", _K,
+        lambda s, o, c: "unroll=True: cuDNN runs the rolled loop only" if o.unroll else None,
+        lambda s, o, c: "unroll=True -> False",
+        "none for the math; unrolling only pays off for very short sequences and grows the graph",
+        f"{_TF_RNN} cudnn_ok; {_TORCH_RNN} cudnn_ok",
+        raises_when_forced=("keras-tensorflow",),
+    ),
+    Rule(
+        "use_bias", _K,
+        lambda s, o, c: "use_bias=False: cuDNN needs the bias" if not s.bias else None,
+        lambda s, o, c: "use_bias=False -> True",
+        "adds a bias per gate; with bias_initializer='zeros' (and unit_forget_bias=False) it starts as the same "
+        "function and is then trained",
+        f"{_TF_RNN} cudnn_ok; {_TORCH_RNN} cudnn_ok",
+        raises_when_forced=("keras-tensorflow",),
+    ),
+    Rule(
+        "reset_after", _K,
+        lambda s, o, c: (
+            "GRU reset_after=False: cuDNN implements the reset-after GRU only"
+            if s.cell == "gru" and not s.reset_after else None
+        ),
+        lambda s, o, c: "reset_after=False -> True",
+        "a different GRU (reset gate applied after the recurrent product, a second bias): weights do not carry "
+        "over exactly; retrain",
+        f"{_TF_RNN} _do_gru_arguments_support_cudnn; {_TORCH_RNN} gru (raises NotImplementedError)",
+        raises_when_forced=_K,
+    ),
+    Rule(
+        "tf_gpu", ("keras-tensorflow",),
+        lambda s, o, c: (
+            "TensorFlow sees no GPU (tf.config.list_logical_devices('GPU') is empty)" if not c.sees_gpu else None
+        ),
+        lambda s, o, c: "run where TensorFlow sees a GPU (pip install 'tensorflow[and-cuda]' on an NVIDIA machine)",
+        "none for the layer; needs a GPU machine",
+        f"{_TF_RNN} cudnn_ok -> _is_gpu_available",
+        raises_when_forced=("keras-tensorflow",),
+    ),
+    Rule(
+        "tf_mask", ("keras-tensorflow",),
+        lambda s, o, c: (
+            f"mask is {mask_style(s, o)}-padded, not strictly right-padded: the cuDNN path's tf.Assert fails inside "
+            "tf.function (InvalidArgumentError); an eager call falls back to the generic loop"
+            if mask_style(s, o) in ("left", "holes") else None
+        ),
+        lambda s, o, c: f"mask {mask_style(s, o)}-padded -> right-padded (pad_sequences(padding='post'))",
+        "none when the data can be re-padded at the end; masks with holes must be compacted first",
+        f"{_TF_RNN} _assert_valid_mask / _is_sequence_right_padded",
+        effect="error",
+    ),
+    Rule(
+        "torch_mask", ("keras-torch",),
+        lambda s, o, c: (
+            f"a {mask_style(s, o)}-padded mask: Keras's torch backend has no masked cuDNN or fused path "
+            "(lstm()/gru() raise NotImplementedError) and runs the generic RNN loop"
+            if mask_style(s, o) != "none" else None
+        ),
+        lambda s, o, c: "drop the mask: batch sequences of equal length (bucketing), or use the TensorFlow backend, "
+        "whose cuDNN path takes right-padded masks",
+        "without a mask padded steps update the state; bucketing changes how batches are formed",
+        f"{_TORCH_RNN} lstm/gru: `if mask is not None: raise NotImplementedError`",
+        raises_when_forced=("keras-torch",),
+    ),
+    Rule(
+        "torch_device", ("keras-torch",),
+        lambda s, o, c: (
+            "inputs on the CPU: Keras's torch backend calls torch._VF.lstm/gru (where cuDNN runs) only for CUDA "
+            "tensors; on the CPU it runs its own per-step loop (not even oneDNN)"
+            if c.device != "cuda" else None
+        ),
+        lambda s, o, c: "run on a CUDA device (keras.device('cuda') / a GPU runner)",
+        "none for the layer; needs a GPU machine",
+        f"{_TORCH_RNN} lstm: `device.type == 'cuda'`",
+    ),
+    Rule(
+        "torch_cudnn_available", ("keras-torch",),
+        lambda s, o, c: (
+            "torch has no usable cuDNN (torch.backends.cudnn.is_available() is False)"
+            if c.device == "cuda" and (not c.cudnn_available or not c.sees_gpu) else None
+        ),
+        lambda s, o, c: "install a CUDA build of torch with cuDNN",
+        "none for the layer",
+        f"{_TORCH_RNN} _is_cuda_cudnn_available",
+    ),
+    Rule(
+        "torch_compiling", ("keras-torch",),
+        lambda s, o, c: "inside torch.compile / torch.jit tracing: Keras skips cuDNN" if c.compiling else None,
+        lambda s, o, c: "call the layer eagerly (outside torch.compile)",
+        "loses whatever compilation gained elsewhere in the model",
+        f"{_TORCH_RNN} lstm: `torch.compiler.is_compiling()`",
+    ),
+    Rule(
+        "cudnn_disabled", ("keras-torch", *_TORCHES),
+        lambda s, o, c: (
+            "torch.backends.cudnn.enabled is False: torch._VF.lstm/gru runs PyTorch's generic CUDA kernels"
+            if c.device == "cuda" and not c.cudnn_enabled else None
+        ),
+        lambda s, o, c: "torch.backends.cudnn.enabled=False -> True",
+        "none (results change within float tolerance; cudnn.deterministic if bitwise reproducibility matters)",
+        _ATEN,
+    ),
+    Rule(
+        "bf16_cudnn", ("keras-torch", *_TORCHES),
+        lambda s, o, c: (
+            f"bfloat16 with cuDNN {c.cudnn_version}: cuDNN RNNs take bfloat16 from 9.13 on"
+            if c.device == "cuda" and s.dtype == "bfloat16" and (c.cudnn_version or 0) < 91300 else None
+        ),
+        lambda s, o, c: "dtype bfloat16 -> float16 (or cuDNN >= 9.13)",
+        "float16 has less range than bfloat16: loss scaling may be needed",
+        _ATEN,
+    ),
+    Rule(
+        "torch_cpu", _TORCHES,
+        lambda s, o, c: "input on the CPU: cuDNN needs a CUDA tensor" if c.device != "cuda" else None,
+        lambda s, o, c: "move the module and its input to a CUDA device (.to('cuda'))",
+        "none for the layer; needs a GPU machine",
+        _ATEN,
+    ),
+    Rule(
+        "compile_allow_rnn", ("torch-compile",),
+        lambda s, o, c: (
+            "torch._dynamo.config.allow_rnn=True: Dynamo traces the layer and aten::lstm/gru is decomposed into "
+            "per-step matmuls and inductor's generated kernels (family inductor), off cuDNN"
+            if c.compile_allow_rnn and c.device == "cuda" else None
+        ),
+        lambda s, o, c: "allow_rnn=True -> False (the default): Dynamo graph-breaks on the layer, which runs cuDNN",
+        "the layer is no longer compiled: no fusion across it, and mode='reduce-overhead' replays no CUDA graph "
+        "of it (the eager call's host overhead stays)",
+        _DYNAMO,
+    ),
+    Rule(
+        "onnx_packed", ("onnxruntime",),
+        lambda s, o, c: (
+            "a PackedSequence: torch.export cannot trace pack_padded_sequence (data-dependent batch sizes), so "
+            "torch.onnx.export raises TorchExportError"
+            if s.length_mode == "packed" else None
+        ),
+        lambda s, o, c: "export the layer on padded input (length_mode packed -> padded); mask or slice the outputs "
+        "after the session",
+        "padded steps update the state (the ONNX LSTM's sequence_lens input is not filled by the exporter)",
+        _ONNX, effect="error",
+    ),
+    Rule(
+        "onnx_proj", ("onnxruntime",),
+        lambda s, o, c: (
+            f"proj_size={s.proj_size}: ONNX's LSTM has no projection; the exporter emits a plain LSTM node without "
+            "weight_hr, and the session fails at run time (\"Input initial_c must have shape ...\")"
+            if s.proj_size else None
+        ),
+        lambda s, o, c: f"proj_size={s.proj_size} -> 0 (or a Linear after an LSTM without projection)",
+        "changes the layer: a projected LSTM's weights do not carry over; retrain",
+        _ONNX, effect="error",
+    ),
+    Rule(
+        "onnx_cuda_provider", ("onnxruntime",),
+        lambda s, o, c: (
+            "onnxruntime lists no CUDAExecutionProvider (the CPU package is installed): the session runs on "
+            "the CPU provider" if c.device == "cuda" and not c.ort_cuda_provider else None
+        ),
+        lambda s, o, c: "pip install onnxruntime-gpu (it replaces onnxruntime) on a machine with CUDA",
+        "none for the layer; a GPU build of ONNX Runtime matching the machine's CUDA",
+        "onnxruntime.get_available_providers()",
+    ),
+)  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------------------ explain
+def normalize_framework(framework: str) -> str:
+    key = str(framework).strip().lower()
+    if key not in _ALIASES:
+        raise ExplainError(
+            f"unknown framework {framework!r} (valid: {', '.join(FRAMEWORKS)}; aliases: "
+            f"{', '.join(sorted(set(_ALIASES) - set(FRAMEWORKS)))})"
+        )
+    return _ALIASES[key]
+
+
+def installed_versions() -> dict[str, str | None]:
+    """Installed versions, read from package metadata (imports nothing)."""
+    out: dict[str, str | None] = {}
+    for name, dist in (("keras", "keras"), ("tensorflow", "tensorflow"), ("torch", "torch")):
+        version = None
+        for candidate in (dist, f"{dist}-cpu"):
+            try:
+                version = importlib.metadata.version(candidate)
+                break
+            except importlib.metadata.PackageNotFoundError:
+                continue
+        out[name] = version
+    return out
+
+
+def context_for(device: Any, **overrides: Any) -> Context:
+    """A :class:`Context` from ``"cpu"``/``"cuda"``/a DeviceInfo, reading torch's switches if torch is loaded."""
+    kind = getattr(device, "kind", None) or str(device).split(":")[0].strip().lower()
+    if kind not in ("cpu", "cuda"):
+        raise ExplainError(f"unknown device {device!r} (valid: cpu, cuda, cuda:N)")
+    values: dict[str, Any] = {"device": kind}
+    fingerprint = getattr(device, "fingerprint", None) or {}
+    if fingerprint.get("capability"):
+        try:
+            major, minor = (int(p) for p in str(fingerprint["capability"]).split(".")[:2])
+            values["capability"] = (major, minor)
+        except ValueError:
+            pass
+    if str(fingerprint.get("cudnn", "")).isdigit():
+        values["cudnn_version"] = int(fingerprint["cudnn"])
+    torch = sys.modules.get("torch")
+    if torch is not None:  # read the switches only where torch is already loaded (never import it here)
+        try:
+            values["cudnn_enabled"] = bool(torch.backends.cudnn.enabled)
+            values["tf32"] = bool(torch.backends.cudnn.allow_tf32)
+            values["torch_matmul_tf32"] = bool(torch.backends.cuda.matmul.allow_tf32)
+            values["mkldnn_enabled"] = bool(torch.backends.mkldnn.enabled)
+            if kind == "cuda" and "cudnn_version" not in values and torch.backends.cudnn.is_available():
+                values["cudnn_version"] = torch.backends.cudnn.version()
+        except AttributeError:  # pragma: no cover - partial torch builds
+            pass
+    values.update(overrides)
+    return Context(**values)
+
+
+_PRECISION = {"float32": "fp32", "float64": "fp64", "float16": "fp16", "bfloat16": "bf16"}
+
+
+def explain(
+    spec: LayerSpec,
+    framework: str = "keras-tensorflow",
+    device: Any = "cpu",
+    options: KerasOptions | None = None,
+    *,
+    context: Context | None = None,
+    rules: Sequence[Rule] | None = None,
+) -> Verdict:
+    """Predict the kernel family and precision of ``spec`` and list every reason it is not cuDNN."""
+    framework = normalize_framework(framework)
+    ctx = context if context is not None else context_for(device)
+    table = RULES if rules is None else tuple(rules)
+    notes: list[str] = []
+    if framework in ("torch-compile", "onnxruntime"):
+        if options is not None and options.differences():
+            raise ExplainError(f"Keras options {options.short()} given for framework {framework!r}")
+        return _explain_exported(spec, framework, ctx, table)
+    if framework == "torch":
+        if spec.cell == "gru" and not spec.reset_after:
+            raise ExplainError("PyTorch's GRU is reset-after only: reset_after=False exists in Keras alone")
+        if options is not None and options.differences():
+            raise ExplainError(f"Keras options {options.short()} given for framework 'torch'")
+        opts = KerasOptions()
+    else:
+        backend = "tensorflow" if framework == "keras-tensorflow" else "torch"
+        opts = (options or KerasOptions(backend=backend)).replace(backend=backend)
+        if spec.proj_size:
+            raise ExplainError(f"proj_size={spec.proj_size}: Keras's LSTM has no projection (PyTorch-only feature)")
+    reasons = []
+    forced_error = False
+    for rule in table:
+        if framework not in rule.frameworks:
+            continue
+        finding = rule.check(spec, opts, ctx)
+        if finding is None:
+            continue
+        reasons.append(Reason(rule.id, finding, rule.change(spec, opts, ctx), rule.cost, rule.source, rule.effect))
+        if framework in rule.raises_when_forced:
+            forced_error = True
+    blocking = [r for r in reasons if r.effect == "fallback"]
+    raises = None
+    if framework == "torch":
+        kernel = _torch_kernel(spec, ctx, blocking)
+    elif blocking:
+        if framework == "keras-tensorflow":
+            kernel = "tf-generic"
+        elif ctx.device == "cuda" and {r.rule for r in blocking} == {"cudnn_disabled"}:
+            kernel = "cuda-generic"  # torch._VF.lstm with cuDNN off: PyTorch's generic CUDA kernels
+        else:
+            kernel = "cuda-generic" if ctx.device == "cuda" else "cpu-native"
+        if opts.use_cudnn is True and forced_error:
+            raises = (
+                "ValueError: use_cudnn=True was specified, but cuDNN is not supported for this layer "
+                "configuration with this backend"
+            )
+        elif opts.use_cudnn is True and framework == "keras-torch":
+            notes.append("use_cudnn=True does not raise here: Keras's torch backend falls back to its own loop")
+    else:
+        kernel = "cudnn"
+        errors = [r for r in reasons if r.effect == "error"]
+        if errors:
+            raises = "InvalidArgumentError (tf.Assert in the cuDNN path): " + errors[0].finding.split(":")[0]
+    precision = _precision(framework, spec, kernel, ctx)
+    if framework != "torch" and spec.bidirectional and kernel == "cudnn":
+        notes.append(
+            "bidirectional: two cuDNN calls on TensorFlow; one fused call on the torch backend when the layer has "
+            "no mask, dropout or initial-state mismatch"
+        )
+    if framework == "keras-torch" and kernel != "cudnn" and opts.implementation == 1 and opts.use_cudnn != False:  # noqa: E712
+        notes.append("implementation=1 is ignored where Keras's torch backend runs its own fused loop")
+    if ctx.device == "cuda" and ctx.capability is None and precision == "tf32":
+        notes.append("compute capability unknown: TF32 assumed (Ampere or newer)")
+    return Verdict(
+        framework=framework,
+        device=ctx.device,
+        spec=spec,
+        options=None if framework == "torch" else opts,
+        kernel=kernel,
+        precision=precision,
+        reasons=tuple(reasons),
+        raises=raises,
+        notes=tuple(notes + _version_notes(framework)),
+        rules_from=_rules_from(framework),
+    )
+
+
+def _explain_exported(spec: LayerSpec, framework: str, ctx: Context, table: Sequence[Rule]) -> Verdict:
+    """torch.compile and ONNX Runtime: the rules of the table that apply to ``framework``."""
+    if spec.cell == "gru" and not spec.reset_after:
+        raise ExplainError("PyTorch's GRU is reset-after only: reset_after=False exists in Keras alone")
+    reasons = [
+        Reason(rule.id, finding, rule.change(spec, KerasOptions(), ctx), rule.cost, rule.source, rule.effect)
+        for rule in table
+        if framework in rule.frameworks and (finding := rule.check(spec, KerasOptions(), ctx)) is not None
+    ]
+    notes: list[str] = []
+    raises = next((f"{r.finding.split(':')[0]}: the export or the session fails" for r in reasons
+                   if r.effect == "error"), None)  # fmt: skip
+    ids = {r.rule for r in reasons}
+    if framework == "torch-compile":
+        blocking = [r for r in reasons if r.rule != "compile_allow_rnn"]
+        kernel = "inductor" if "compile_allow_rnn" in ids else _torch_kernel(spec, ctx, blocking)
+        if not ctx.compile_allow_rnn:
+            notes.append(
+                "Dynamo graph-breaks on the layer (allow_rnn=False): it runs eagerly; mode='reduce-overhead' "
+                "captures no CUDA graph around it"
+            )
+        elif ctx.device == "cpu" and kernel != "onednn":
+            kernel = "inductor"  # decomposed cells as inductor's C++ kernels
+    else:
+        kernel = "ort-cuda-rnn" if ctx.device == "cuda" and "onnx_cuda_provider" not in ids else "ort-rnn"
+        notes.append("ONNX Runtime runs inference only: no backward pass")
+    precision = _precision("torch", spec, kernel, ctx) if framework == "torch-compile" else "fp32"
+    return Verdict(
+        framework=framework, device=ctx.device, spec=spec, options=None, kernel=kernel, precision=precision,
+        reasons=tuple(reasons), raises=raises, notes=tuple(notes + _version_notes("torch")),
+        rules_from=_rules_from(framework),
+    )  # fmt: skip
+
+
+def onnx_export_problems(spec: LayerSpec) -> list[str]:
+    """Why ``spec`` cannot be exported to ONNX and run by ONNX Runtime (the ``onnxruntime`` rules whose
+    effect is an error), as short findings; empty when it can."""
+    ctx = Context()
+    return [
+        f"{rule.id}: {finding}"
+        for rule in RULES
+        if "onnxruntime" in rule.frameworks and rule.effect == "error"
+        and (finding := rule.check(spec, KerasOptions(), ctx)) is not None
+    ]  # fmt: skip
+
+
+def _torch_kernel(spec: LayerSpec, ctx: Context, blocking: list[Reason]) -> str:
+    if ctx.device == "cuda":
+        return "cuda-generic" if blocking else "cudnn"
+    dense = spec.length_mode != "packed"
+    if (
+        spec.cell == "lstm"
+        and dense
+        and not spec.proj_size
+        and ctx.mkldnn_enabled
+        and spec.dtype
+        in (
+            "float32",
+            "bfloat16",
+        )
+    ):
+        return "onednn"
+    return "cpu-native"
+
+
+def _precision(framework: str, spec: LayerSpec, kernel: str, ctx: Context) -> str:
+    base = _PRECISION.get(spec.dtype, spec.dtype)
+    if base != "fp32" or not ctx.tf32_capable:
+        return base
+    if framework == "keras-tensorflow":
+        return "tf32" if ctx.tf32 else base  # TF32 on by default for cuDNN RNNs and MatMul alike
+    if kernel == "cudnn":
+        return "tf32" if ctx.tf32 else base  # torch.backends.cudnn.allow_tf32 (default True)
+    return "tf32" if ctx.torch_matmul_tf32 else base  # generic loops: torch matmul TF32 (default off)
+
+
+def _rules_from(framework: str) -> str:
+    if framework in _TORCHES:
+        return f"torch {RULES_READ_FROM['torch']}"
+    if framework == "onnxruntime":
+        return f"torch {RULES_READ_FROM['torch']}, onnxscript {RULES_READ_FROM['onnxscript']}"
+    backend = "tensorflow" if framework == "keras-tensorflow" else "torch"
+    return f"keras {RULES_READ_FROM['keras']} ({backend} backend), {backend} {RULES_READ_FROM[backend]}"
+
+
+def _version_notes(framework: str) -> list[str]:
+    installed = installed_versions()
+    libs = ["torch"] if framework == "torch" else ["keras"]
+    notes = []
+    for lib in libs:
+        have = installed.get(lib)
+        if have is not None and have.split("+")[0] != RULES_READ_FROM[lib]:
+            notes.append(f"rules read from {lib} {RULES_READ_FROM[lib]}, installed {lib} {have}: re-check the source")
+    return notes
+
+
+def fix_all(spec: LayerSpec, options: KerasOptions | None, verdict: Verdict) -> tuple[LayerSpec, KerasOptions | None]:
+    """The spec and options with every reason's change applied (the cuDNN-eligible variant)."""
+    rules = {r.rule for r in verdict.reasons}
+    changes: dict[str, Any] = {}
+    if "use_bias" in rules:
+        spec = spec.replace(bias=True)
+    if "reset_after" in rules:
+        spec = spec.replace(reset_after=True)
+    if rules & {"torch_mask"} and spec.length_mode == "packed":
+        spec = spec.replace(length_mode="none", lengths=None)
+    if options is None:
+        return spec, None
+    if "use_cudnn" in rules:
+        changes["use_cudnn"] = "auto"
+    if "recurrent_dropout" in rules:
+        changes["recurrent_dropout"] = 0.0
+    if "activation" in rules:
+        changes["activation"] = "tanh"
+    if "recurrent_activation" in rules:
+        changes["recurrent_activation"] = "sigmoid"
+    if "unroll" in rules:
+        changes["unroll"] = False
+    if rules & {"tf_mask"}:
+        changes["mask"] = "auto"
+    return spec, options.replace(**changes)
+
+
+def without(rule_id: str) -> tuple[Rule, ...]:
+    """The rule table minus one rule (to show that agreement checks fail when a rule is missing)."""
+    if rule_id not in {r.id for r in RULES}:
+        raise ExplainError(f"unknown rule {rule_id!r} (valid: {', '.join(r.id for r in RULES)})")
+    return tuple(r for r in RULES if r.id != rule_id)
+
+
+__all__ = [
+    "FRAMEWORKS",
+    "RULES",
+    "RULES_READ_FROM",
+    "Context",
+    "ExplainError",
+    "Reason",
+    "Rule",
+    "Verdict",
+    "context_for",
+    "explain",
+    "fix_all",
+    "installed_versions",
+    "normalize_framework",
+    "onnx_export_problems",
+    "without",
+]

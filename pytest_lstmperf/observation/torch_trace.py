@@ -1,0 +1,516 @@
+"""Kernel trace: which kernel family actually ran, and in which element type.
+
+For PyTorch two observers run together:
+
+* a ``TorchDispatchMode`` sees every ATen op below the composite ``aten::lstm``/``aten::gru``
+  (``aten._cudnn_rnn``, ``aten.mkldnn_rnn_layer``, ``aten._thnn_fused_lstm_cell``, ...) with the dtypes of
+  its tensor arguments, after autocast has cast them; it works on the CPU and in the backward pass
+  (the mode is propagated to autograd's worker threads);
+* on CUDA, ``torch.profiler`` adds the GPU kernel names (``RNN_blockPersist_fp_LSTM<__half...>``,
+  ``lstm_cell_forward<float...>``), whose template arguments name the element type, and whose GEMM names
+  say whether tensor-core TF32 math ran.
+
+The family is decided from the ops (see ``classify_torch_ops``); the precision from the element type of the
+recurrent op's inputs, refined to ``tf32`` when a TF32 kernel ran.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class KernelTrace:
+    """What one pass (forward or backward) ran."""
+
+    family: str
+    precision: str
+    phase: str = "forward"
+    ops: tuple[str, ...] = ()
+    kernels: tuple[str, ...] = ()
+    dtypes: tuple[str, ...] = ()
+    detail: str = ""
+
+    def describe(self) -> str:
+        kernels = ", ".join(self.kernels[:6]) + (" ..." if len(self.kernels) > 6 else "")
+        ops = ", ".join(self.ops[:8]) + (" ..." if len(self.ops) > 8 else "")
+        text = f"{self.phase}: {self.family}/{self.precision} (ops: {ops or '-'}"
+        if self.kernels:
+            text += f"; kernels: {kernels}"
+        text += ")"
+        if self.detail:
+            text += f" [{self.detail}]"
+        return text
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "family": self.family,
+            "precision": self.precision,
+            "phase": self.phase,
+            "ops": list(self.ops),
+            "kernels": list(self.kernels),
+            "dtypes": list(self.dtypes),
+            "detail": self.detail,
+        }
+
+
+# ----------------------------------------------------------------------------------------- torch ops
+# Op name fragments (after stripping "aten::"/"aten." and overload) that identify each family.
+_CUDNN_OPS = {"_cudnn_rnn", "_cudnn_rnn_backward", "_cudnn_rnn_flatten_weight"}
+_ONEDNN_OPS = {"mkldnn_rnn_layer", "mkldnn_rnn_layer_backward"}
+_GENERIC_CELL_OPS = {
+    "_thnn_fused_lstm_cell",
+    "_thnn_fused_lstm_cell_backward_impl",
+    "_thnn_fused_lstm_cell_backward",
+    "_thnn_fused_gru_cell",
+    "_thnn_fused_gru_cell_backward",
+    "_thnn_differentiable_lstm_cell_backward",
+    "_thnn_differentiable_gru_cell_backward",
+}
+_NATIVE_CELL_OPS = {"sigmoid", "sigmoid_", "tanh", "tanh_", "sigmoid_backward", "tanh_backward"}
+_MATMUL_OPS = {"mm", "addmm", "matmul", "linear", "bmm", "baddbmm"}
+# the recurrent op whose input dtype is the path's precision
+_RECURRENT_OPS = _CUDNN_OPS | _ONEDNN_OPS | _GENERIC_CELL_OPS | {"lstm", "gru", "lstm_cell", "gru_cell"}
+
+_DTYPE_NAMES = {
+    "torch.float32": "fp32",
+    "torch.float64": "fp64",
+    "torch.float16": "fp16",
+    "torch.bfloat16": "bf16",
+}
+
+
+def short_op(name: str) -> str:
+    name = name.split("::")[-1]
+    if name.startswith("aten."):
+        name = name[5:]
+    return name.split(".")[0]
+
+
+def classify_torch_ops(ops: Sequence[str], device: str) -> str:
+    """The kernel family from the ATen ops seen in one pass.
+
+    cuDNN and oneDNN have their own ops. The generic CUDA path runs the fused cell kernels per step;
+    the native CPU path runs per-step matmuls with pointwise sigmoid/tanh (LSTM, GRU) and, for GRU on the
+    CPU, no fused cell op.
+    """
+    names = {short_op(o) for o in ops}
+    found = []
+    if names & _CUDNN_OPS - {"_cudnn_rnn_flatten_weight"}:
+        found.append("cudnn")
+    if names & _ONEDNN_OPS:
+        found.append("onednn")
+    if names & _GENERIC_CELL_OPS or (not found and names & _MATMUL_OPS and names & _NATIVE_CELL_OPS):
+        found.append("cuda-generic" if device == "cuda" else "cpu-native")
+    if not found:
+        return "none"
+    if len(found) > 1:
+        return "mixed"
+    return found[0]
+
+
+_TF32_KERNEL = re.compile(r"tf32|s1688|s16816|tensorop_s|_tf32", re.IGNORECASE)
+_KERNEL_ELEMENT = [
+    (re.compile(r"__half|\bhalf\b|_fp16|f16f16|h1688|h16816|_hmma", re.IGNORECASE), "fp16"),
+    (re.compile(r"bfloat16|__nv_bfloat16|bf16", re.IGNORECASE), "bf16"),
+    (re.compile(r"\bdouble\b|_fp64|d884|dgemm", re.IGNORECASE), "fp64"),
+]
+
+
+def precision_from(dtypes: Sequence[str], kernels: Sequence[str]) -> str:
+    """Precision of a pass: the recurrent op's input element type, ``tf32`` when a TF32 kernel ran."""
+    counted = [d for d in dtypes if d in ("fp64", "fp32", "fp16", "bf16")]
+    if not counted:
+        return "unknown"
+    # the lowest precision the recurrent op computed in
+    for candidate in ("fp16", "bf16", "fp32", "fp64"):
+        if candidate in counted:
+            base = candidate
+            break
+    if base == "fp32" and any(_TF32_KERNEL.search(k) for k in kernels):
+        return "tf32"
+    return base
+
+
+def kernel_element_types(kernels: Sequence[str]) -> set[str]:
+    seen = set()
+    for kernel in kernels:
+        for pattern, name in _KERNEL_ELEMENT:
+            if pattern.search(kernel):
+                seen.add(name)
+    return seen
+
+
+@dataclass
+class _Recorder:
+    ops: list[str] = field(default_factory=list)
+    dtypes: list[str] = field(default_factory=list)  # element types entering the recurrent ops
+    matmul_dtypes: list[str] = field(default_factory=list)  # ... entering matrix products (native paths)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def _dispatch_mode(recorder: _Recorder):
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_flatten
+
+    class _OpRecorder(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = short_op(str(func))
+            target = (
+                recorder.dtypes if name in _RECURRENT_OPS else recorder.matmul_dtypes if name in _MATMUL_OPS else None
+            )
+            if target is not None:
+                flat, _ = tree_flatten((args, kwargs or {}))
+                # the first floating tensor is the input (or, backward, the incoming gradient)
+                for item in flat:
+                    if isinstance(item, torch.Tensor) and item.is_floating_point():
+                        with recorder.lock:
+                            target.append(_DTYPE_NAMES.get(str(item.dtype), str(item.dtype)))
+                        break
+            with recorder.lock:
+                recorder.ops.append(name)
+            return func(*args, **(kwargs or {}))
+
+    return _OpRecorder()
+
+
+@contextlib.contextmanager
+def torch_trace(device: str, phase: str, profile_kernels: bool | None = None) -> Iterator[list[KernelTrace]]:
+    """Trace the PyTorch work inside the block; the yielded list receives one :class:`KernelTrace`.
+
+    ``profile_kernels`` (default: on CUDA) also collects GPU kernel names with ``torch.profiler``.
+    ``device`` is a kind (``cpu``, ``cuda``) or a torch device string (``cuda:1``).
+    """
+    import torch
+
+    device = device.split(":")[0]
+
+    recorder = _Recorder()
+    out: list[KernelTrace] = []
+    if profile_kernels is None:
+        profile_kernels = device == "cuda"
+    profiler = None
+    if profile_kernels:
+        from torch.profiler import ProfilerActivity, profile
+
+        profiler = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
+    with contextlib.ExitStack() as stack:
+        if profiler is not None:
+            stack.enter_context(profiler)
+        stack.enter_context(_dispatch_mode(recorder))
+        yield out
+        if device == "cuda":
+            torch.cuda.synchronize()
+    kernels: list[str] = []
+    if profiler is not None:
+        kernels = list(dict.fromkeys(name for name, on_gpu in profiled_events(profiler) if on_gpu))
+    ops = tuple(dict.fromkeys(recorder.ops))
+    family = classify_torch_ops(ops, device)
+    precision = precision_from(recorder.dtypes or recorder.matmul_dtypes, kernels)
+    detail = ""
+    if kernels:
+        elements = kernel_element_types(kernels)
+        if elements - {precision, "fp32"} and precision in ("fp32", "tf32"):
+            detail = f"kernel names show element types {sorted(elements)}"
+    out.append(
+        KernelTrace(
+            family=family,
+            precision=precision,
+            phase=phase,
+            ops=ops,
+            kernels=tuple(kernels),
+            dtypes=tuple(dict.fromkeys(recorder.dtypes or recorder.matmul_dtypes)),
+            detail=detail,
+        )
+    )
+
+
+def profiled_events(profiler: object) -> list[tuple[str, bool]]:
+    """``(name, on_gpu)`` of every event a finished ``torch.profiler.profile`` recorded, read from the raw
+    results: building torch's ``FunctionEvent`` list (``profiler.events()``) costs seconds for a call with
+    tens of thousands of ops (a Keras loop over 100 steps), reading the raw events a few milliseconds.
+    Names are demangled as ``events()`` demangles them."""
+    import torch
+
+    try:
+        raw = profiler.profiler.kineto_results.events()  # type: ignore[attr-defined]
+    except AttributeError:  # another profiler implementation: the slow, documented way
+        return [(e.name, "CUDA" in str(getattr(e, "device_type", ""))) for e in profiler.events()]  # type: ignore[attr-defined]
+    names: dict[str, str] = {}
+    out = []
+    for event in raw:
+        if getattr(event, "is_hidden_event", lambda: False)():  # as events() skips them
+            continue
+        name = event.name()
+        if name not in names:
+            names[name] = torch._C._demangle(name) if len(name) > 1 else name
+        out.append((names[name], "CUDA" in str(event.device_type())))
+    return out
+
+
+# ------------------------------------------------------------------------------------ per layer call
+#: torch module classes whose calls are recurrent layers (``nn.LSTM``/``nn.GRU``/``nn.RNN`` and their cells)
+_RECURRENT_MODULES = ("RNNBase", "RNNCellBase")
+#: ops that only a recurrent layer runs (matmuls with sigmoid/tanh alone are also an MLP)
+_RECURRENT_ONLY_OPS = _RECURRENT_OPS | {"_cudnn_rnn_backward", "mkldnn_rnn_layer_backward"}
+
+
+@dataclass
+class LayerCall:
+    """One call of a recurrent layer (or, ``phase="backward"``, the backward pass of all of them)."""
+
+    layer: str  # "LSTM(64, 128, num_layers=2)" or a Keras layer's name
+    device: str
+    phase: str = "forward"
+    ops: list[str] = field(default_factory=list)
+    dtypes: list[str] = field(default_factory=list)
+    matmul_dtypes: list[str] = field(default_factory=list)
+
+    def trace(self) -> KernelTrace:
+        ops = tuple(dict.fromkeys(self.ops))
+        dtypes = self.dtypes or self.matmul_dtypes
+        return KernelTrace(
+            family=classify_torch_ops(ops, self.device),
+            precision=precision_from(dtypes, ()),
+            phase=self.phase,
+            ops=ops,
+            dtypes=tuple(dict.fromkeys(dtypes)),
+            detail=self.layer,
+        )
+
+
+@dataclass
+class LayerRecorder:
+    """Ops bucketed per recurrent layer call; ops of the backward pass in one bucket per backward run."""
+
+    calls: list[LayerCall] = field(default_factory=list)
+    stack: list[LayerCall] = field(default_factory=list)
+    backward: list[LayerCall] = field(default_factory=list)
+    loose: LayerCall = field(default_factory=lambda: LayerCall("outside any recurrent layer", "cpu"))
+    paused: bool = False
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def enter(self, layer: str, device: str) -> None:
+        call = LayerCall(layer, device)
+        self.calls.append(call)
+        self.stack.append(call)
+
+    def leave(self) -> None:
+        if self.stack:
+            self.stack.pop()
+
+    def record(self, name: str, dtype: str | None, in_backward: bool) -> None:
+        with self.lock:
+            if in_backward:
+                if not self.backward:
+                    self.backward.append(LayerCall("backward pass", self._device(), "backward"))
+                bucket = self.backward[-1]
+            else:
+                bucket = self.stack[-1] if self.stack else self.loose
+            bucket.ops.append(name)
+            if dtype is not None:
+                (bucket.dtypes if name in _RECURRENT_OPS else bucket.matmul_dtypes).append(dtype)
+
+    def _device(self) -> str:
+        return self.calls[-1].device if self.calls else "cpu"
+
+    def traces(self) -> list[KernelTrace]:
+        """One trace per recurrent layer call (forward), then the backward pass when a layer ran forward.
+
+        Recurrent ops run outside any layer (``torch.lstm_cell`` called directly) count as a layer call
+        of their own; the backward pass counts only when a recurrent layer ran forward (an MLP's backward
+        runs the same matmuls and pointwise ops as the native LSTM's)."""
+        out = [call.trace() for call in self.calls if call.ops]
+        if set(self.loose.ops) & _RECURRENT_ONLY_OPS:
+            out.append(self.loose.trace())
+        if out:
+            out += [call.trace() for call in self.backward if call.ops]
+        return out
+
+
+def _in_backward(torch: object) -> bool:
+    try:
+        return torch._C._current_graph_task_id() != -1  # type: ignore[attr-defined]
+    except AttributeError:
+        return False
+
+
+def _layer_dispatch_mode(recorder: LayerRecorder):
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_flatten
+
+    class _LayerOpRecorder(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = short_op(str(func))
+            dtype = None
+            if name in _RECURRENT_OPS or name in _MATMUL_OPS:
+                flat, _ = tree_flatten((args, kwargs or {}))
+                first = next((t for t in flat if isinstance(t, torch.Tensor) and t.is_floating_point()), None)
+                dtype = None if first is None else _DTYPE_NAMES.get(str(first.dtype), str(first.dtype))
+            recorder.record(name, dtype, _in_backward(torch))
+            return func(*args, **(kwargs or {}))
+
+    return _LayerOpRecorder()
+
+
+def _layer_name(module: object) -> str:
+    return f"{type(module).__name__}({module.extra_repr()})"  # type: ignore[attr-defined]
+
+
+@contextlib.contextmanager
+def torch_layer_trace(recorder: LayerRecorder) -> Iterator[LayerRecorder]:
+    """Record, per call of a torch recurrent module (``nn.LSTM``, ``nn.GRU``, ``nn.LSTMCell``, ...), the ops it
+    dispatched; ``recorder.enter``/``leave`` let other frameworks' layers (Keras on torch) bucket theirs."""
+    import torch
+
+    def is_recurrent(module: object) -> bool:
+        return any(cls.__name__ in _RECURRENT_MODULES for cls in type(module).__mro__)
+
+    def pre(module: object, args: tuple) -> None:
+        if is_recurrent(module) and not recorder.paused:
+            first = args[0] if args else None
+            data = getattr(first, "data", first)  # PackedSequence
+            device = getattr(getattr(data, "device", None), "type", "cpu")
+            recorder.enter(_layer_name(module), "cuda" if device == "cuda" else "cpu")
+
+    def post(module: object, args: tuple, output: object) -> None:
+        if is_recurrent(module) and not recorder.paused:
+            recorder.leave()
+
+    hooks = [
+        torch.nn.modules.module.register_module_forward_pre_hook(pre),
+        torch.nn.modules.module.register_module_forward_hook(post),
+    ]
+    try:
+        with _layer_dispatch_mode(recorder):
+            yield recorder
+    finally:
+        for handle in hooks:
+            handle.remove()
+
+
+@contextlib.contextmanager
+def paused(recorder: LayerRecorder) -> Iterator[None]:
+    """Stop recording inside the block, with the dispatch mode off, so timed code runs at full speed."""
+    recorder.paused = True
+    try:
+        torch_dispatch = None
+        import sys
+
+        if "torch" in sys.modules:
+            from torch.utils._python_dispatch import _disable_current_modes
+
+            torch_dispatch = _disable_current_modes()
+        with torch_dispatch if torch_dispatch is not None else contextlib.nullcontext():
+            yield
+    finally:
+        recorder.paused = False
+
+
+# ------------------------------------------------------------------------------ compiled code (profiler)
+#: profiler event names that mark compiled code running (``torch.compile``'s region and its compiled graphs)
+_COMPILED_MARKS = ("Torch-Compiled Region", "CompiledFxGraph", "CompiledFunction")
+#: CUDA runtime calls that replay a captured CUDA graph (``mode="reduce-overhead"``'s cudagraph trees)
+_GRAPH_LAUNCH = ("cudaGraphLaunch", "cuGraphLaunch")
+#: GPU kernel name fragments of each family, for work the profiler sees only as kernels (a replayed graph)
+_KERNEL_FAMILIES = (
+    (re.compile(r"RNN_blockPersist|elemWiseRNNcell|LSTM_elementWise|GRU_elementWise|cudnn::rnn", re.I), "cudnn"),
+    (re.compile(r"lstm_cell_forward|lstm_cell_backward|gru_cell_forward|gru_cell_backward"), "cuda-generic"),
+    (re.compile(r"^triton_"), "inductor"),
+)
+_PROFILER_DTYPES = {"float": "fp32", "double": "fp64", "c10::Half": "fp16", "c10::BFloat16": "bf16"}
+
+
+@dataclass(frozen=True)
+class CompiledRun:
+    """What the profiler saw of compiled code in one pass: compiled regions entered, CUDA graphs replayed."""
+
+    compiled_regions: int = 0
+    graph_replays: int = 0
+
+    def describe(self) -> str:
+        return f"compiled regions run: {self.compiled_regions}; CUDA graph replays: {self.graph_replays}"
+
+
+def classify_compiled(ops: Sequence[str], kernels: Sequence[str], device: str, compiled: CompiledRun) -> str:
+    """The family of a pass that may have run compiled code.
+
+    ATen ops decide first (an eager LSTM after a graph break, or an op inductor calls as an extern kernel:
+    ``aten::mkldnn_rnn_layer`` on the CPU); then GPU kernel names (a replayed CUDA graph dispatches no ATen
+    op); a compiled graph that ran matrix products and no recurrent op is inductor's decomposition of the
+    cell loop (``inductor``: cuBLAS/MKL products plus generated pointwise kernels)."""
+    family = classify_torch_ops(ops, device)
+    names = {short_op(o) for o in ops}
+    if family == "none":
+        seen = {fam for k in kernels for pattern, fam in _KERNEL_FAMILIES if pattern.search(k)}
+        if seen:
+            family = seen.pop() if len(seen) == 1 else "mixed"
+        elif compiled.compiled_regions and names & _MATMUL_OPS:
+            family = "inductor"
+    elif compiled.compiled_regions and any(k.startswith("triton_") for k in kernels) and family != "cudnn":
+        # a fused cell loop: inductor's kernels beside matmuls that the native classifier also matches
+        family = "inductor"
+    return family
+
+
+@contextlib.contextmanager
+def profiler_trace(device: str, phase: str) -> Iterator[list[KernelTrace]]:
+    """Trace the block with ``torch.profiler`` alone (no ``TorchDispatchMode``).
+
+    Dynamo does not run compiled code while a dispatch mode is active (it falls back to eager: "non-infra
+    torch dispatch mode present"), so :func:`torch_trace` would observe the eager layer, not what
+    ``torch.compile`` runs. The profiler records the ATen ops the compiled code calls (extern kernels),
+    the GPU kernels (inductor's ``triton_*``, cuDNN's, those of a replayed CUDA graph), the compiled
+    regions entered and the CUDA graphs launched; the input element types of recurrent ops and products
+    give the precision."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    kind = device.split(":")[0]
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if kind == "cuda" else [])
+    out: list[KernelTrace] = []
+    with profile(activities=activities, record_shapes=True) as prof:
+        yield out
+        if kind == "cuda":
+            torch.cuda.synchronize()
+    ops: list[str] = []
+    kernels: list[str] = []
+    rec_dtypes: list[str] = []
+    mm_dtypes: list[str] = []
+    regions = launches = 0
+    for event in prof.profiler.kineto_results.events():  # type: ignore[union-attr]
+        name = event.name()
+        if any(mark in name for mark in _COMPILED_MARKS):
+            regions += 1
+        elif name in _GRAPH_LAUNCH:
+            launches += 1
+        elif "CUDA" in str(event.device_type()):
+            if name not in kernels:
+                kernels.append(name)
+        elif name.startswith("aten::"):
+            short = short_op(name)
+            ops.append(short)
+            target = rec_dtypes if short in _RECURRENT_OPS else mm_dtypes if short in _MATMUL_OPS else None
+            first = next((d for d in event.dtypes() if d in _PROFILER_DTYPES), None)
+            if target is not None and first is not None:
+                target.append(_PROFILER_DTYPES[first])
+    compiled = CompiledRun(regions, launches)
+    unique = tuple(dict.fromkeys(ops))
+    dtypes = rec_dtypes or mm_dtypes
+    out.append(
+        KernelTrace(
+            family=classify_compiled(unique, kernels, kind, compiled),
+            precision=precision_from(dtypes, kernels),
+            phase=phase,
+            ops=unique,
+            kernels=tuple(kernels),
+            dtypes=tuple(dict.fromkeys(dtypes)),
+            detail=compiled.describe(),
+        )
+    )

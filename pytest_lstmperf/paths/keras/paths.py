@@ -1,0 +1,416 @@
+"""Keras 3 execution paths, on the TensorFlow and on the torch backend, in the same registry as PyTorch's.
+
+Each path is one :class:`~pytest_lstmperf.paths.keras.layer.KerasOptions` (``options["keras"]``) on one device.
+The layer runs in the session's Keras worker for its backend (:mod:`pytest_lstmperf.paths.keras.worker`), so this
+module and the test process import neither keras nor tensorflow.
+
+* Paths whose claimed kernel is cuDNN accept only specs the explainer finds eligible; ``supports()`` returns
+  the explainer's reasons for the others (a packed spec on the torch backend, ``bias=False``, ...).
+* Kernel-only paths (``options["kernel_only"]``): options that change the layer's math on purpose
+  (``activation='relu'``) or its outputs (``return_sequences=False``) have no float64 reference, so
+  ``supports()`` refuses every spec with a reason starting ``"kernel-only:"`` (the equivalence suite reports the
+  skip); ``suites/test_keras_explainer.py`` runs them and checks the observed kernel against the explainer.
+* ``recurrent_dropout`` paths run in inference, where the math is the plain layer's; the option still keeps
+  the layer off cuDNN, which is what they check.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+from typing import TYPE_CHECKING, Any
+
+from .. import ExecutionPath, PathResult, register
+
+if TYPE_CHECKING:
+    from ...device import DeviceInfo
+    from ...model.case import Case
+    from ...model.spec import LayerSpec
+    from ...observation.torch_trace import KernelTrace
+
+_HERE = __name__
+
+#: upstream bugs a path would hit, keyed by keras version: (path option predicate, spec predicate, description)
+KNOWN_KERAS_BUGS: dict[str, list[tuple[str, str]]] = {
+    "3.15.1": [
+        (
+            "unroll+bidirectional+mask",
+            "Keras 3.15.1 bug with unroll=True, a mask and go_backwards (Bidirectional's backward layer): the "
+            "TensorFlow backend zeroes the backward outputs with the un-reversed mask (wrong outputs), the torch "
+            "backend raises AttributeError (torch.flip on a tuple) in keras/src/backend/*/rnn.py rnn()",
+        )
+    ]
+}
+
+
+_GATE = {
+    "keras-tf-cpu",
+    "keras-torch-cpu",
+    "keras-tf-cudnn",
+    "keras-tf-cuda-generic",
+    "keras-torch-cudnn",
+    "keras-torch-cuda-generic",
+}
+
+
+def _entry(name: str, backend: str, device: str, kernel: str, precision: str, description: str, **kw: Any) -> None:
+    from .layer import KerasOptions
+
+    extra = {k: kw.pop(k) for k in ("kernel_only", "min_capability") if k in kw}
+    # the quick merge gate times each backend's default and its generic fallback; variants run in the thorough set
+    in_gate = kw.pop("in_gate", name in _GATE)
+    options = KerasOptions(backend=backend, **kw)
+    register(
+        ExecutionPath(
+            name=name,
+            framework=f"keras-{backend}",
+            device=device,
+            kernel=kernel,
+            precision=precision,
+            description=description,
+            prepare_ref=f"{_HERE}:prepare",
+            available_ref=f"{_HERE}:available",
+            supports_ref=f"{_HERE}:supports",
+            options={"keras": options, **extra},
+            in_gate=in_gate and "kernel_only" not in extra,
+        )
+    )
+
+
+_RELU = "activation='relu' changes the layer's math; no float64 reference implements it"
+_LAST = "return_sequences=False returns the last step only; h_n is checked by the full-sequence paths"
+
+# ------------------------------------------------------------------ TensorFlow backend, CPU (runs in CI)
+_TF, _TO = "tensorflow", "torch"
+_entry("keras-tf-cpu", _TF, "cpu", "tf-generic", "fp32", "Keras on TensorFlow, defaults (use_cudnn='auto')")
+_entry("keras-tf-cpu-generic", _TF, "cpu", "tf-generic", "fp32", "use_cudnn=False, implementation=2", use_cudnn=False)
+_entry(
+    "keras-tf-cpu-impl1",
+    _TF,
+    "cpu",
+    "tf-generic",
+    "fp32",
+    "use_cudnn=False, implementation=1 (per-gate products)",
+    use_cudnn=False,
+    implementation=1,
+)
+_entry("keras-tf-cpu-unroll", _TF, "cpu", "tf-generic", "fp32", "unroll=True", unroll=True)
+_entry(
+    "keras-tf-cpu-backwards", _TF, "cpu", "tf-generic", "fp32", "go_backwards=True on reversed input", go_backwards=True
+)
+_entry(
+    "keras-tf-cpu-recurrent-dropout",
+    _TF,
+    "cpu",
+    "tf-generic",
+    "fp32",
+    "recurrent_dropout=0.25, called in inference",
+    recurrent_dropout=0.25,
+)
+_entry(
+    "keras-tf-cpu-mask-left",
+    _TF,
+    "cpu",
+    "tf-generic",
+    "fp32",
+    "packed specs with a left-padded mask",
+    mask="left",
+    in_gate=False,
+)
+_entry(
+    "keras-tf-cpu-mask-holes",
+    _TF,
+    "cpu",
+    "tf-generic",
+    "fp32",
+    "packed specs with a mask with gaps",
+    mask="holes",
+    in_gate=False,
+)
+_entry(
+    "keras-tf-cpu-relu",
+    _TF,
+    "cpu",
+    "tf-generic",
+    "fp32",
+    "activation='relu' (kernel check only)",
+    activation="relu",
+    kernel_only=_RELU,
+)
+_entry(
+    "keras-tf-cpu-last",
+    _TF,
+    "cpu",
+    "tf-generic",
+    "fp32",
+    "return_sequences=False (kernel check only)",
+    return_sequences=False,
+    kernel_only=_LAST,
+)
+# ------------------------------------------------------------------ TensorFlow backend, GPU
+_entry(
+    "keras-tf-cudnn",
+    _TF,
+    "cuda",
+    "cudnn",
+    "tf32",
+    "Keras on TensorFlow, cuDNN (use_cudnn='auto'; TF32 default)",
+    min_capability=(8, 0),
+)
+_entry(
+    "keras-tf-cudnn-forced",
+    _TF,
+    "cuda",
+    "cudnn",
+    "tf32",
+    "use_cudnn=True (raises instead of falling back)",
+    use_cudnn=True,
+    min_capability=(8, 0),
+)
+_entry(
+    "keras-tf-cuda-generic",
+    _TF,
+    "cuda",
+    "tf-generic",
+    "tf32",
+    "use_cudnn=False on the GPU (TF32 MatMul)",
+    use_cudnn=False,
+    min_capability=(8, 0),
+)
+_entry(
+    "keras-tf-cuda-recurrent-dropout",
+    _TF,
+    "cuda",
+    "tf-generic",
+    "tf32",
+    "recurrent_dropout=0.25 on the GPU, called in inference",
+    recurrent_dropout=0.25,
+    min_capability=(8, 0),
+)
+_entry(
+    "keras-tf-cuda-relu",
+    _TF,
+    "cuda",
+    "tf-generic",
+    "tf32",
+    "activation='relu' on the GPU (kernel check only)",
+    activation="relu",
+    kernel_only=_RELU,
+    min_capability=(8, 0),
+)
+# ------------------------------------------------------------------ torch backend (its own worker process)
+_entry("keras-torch-cpu", _TO, "cpu", "cpu-native", "fp32", "Keras on torch, defaults (Keras's own torch loop)")
+_entry(
+    "keras-torch-cpu-generic",
+    _TO,
+    "cpu",
+    "cpu-native",
+    "fp32",
+    "use_cudnn=False (Keras RNN cell loop)",
+    use_cudnn=False,
+)
+_entry(
+    "keras-torch-cpu-impl1",
+    _TO,
+    "cpu",
+    "cpu-native",
+    "fp32",
+    "use_cudnn=False, implementation=1",
+    use_cudnn=False,
+    implementation=1,
+)
+_entry(
+    "keras-torch-cudnn",
+    _TO,
+    "cuda",
+    "cudnn",
+    "tf32",
+    "Keras on torch, torch._VF cuDNN (cudnn.allow_tf32 default)",
+    min_capability=(8, 0),
+)
+_entry(
+    "keras-torch-cudnn-forced",
+    _TO,
+    "cuda",
+    "cudnn",
+    "tf32",
+    "use_cudnn=True on the torch backend",
+    use_cudnn=True,
+    min_capability=(8, 0),
+)
+_entry(
+    "keras-torch-cuda-generic",
+    _TO,
+    "cuda",
+    "cuda-generic",
+    "fp32",
+    "use_cudnn=False on CUDA (Keras cell loop)",
+    use_cudnn=False,
+)
+_entry("keras-torch-cuda-unroll", _TO, "cuda", "cuda-generic", "fp32", "unroll=True on CUDA", unroll=True)
+_entry(
+    "keras-torch-cuda-recurrent-dropout",
+    _TO,
+    "cuda",
+    "cuda-generic",
+    "fp32",
+    "recurrent_dropout=0.25 on CUDA, called in inference",
+    recurrent_dropout=0.25,
+)
+_entry("keras-torch-cuda-relu", _TO, "cuda", "cuda-generic", "fp32", "activation='relu' on CUDA (kernel check only)",
+       activation="relu", kernel_only=_RELU)  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------- checks
+def _missing(backend: str) -> str | None:
+    if importlib.util.find_spec("keras") is None:
+        return "keras is not installed (pip install 'keras>=3.10')"
+    try:
+        major = int(importlib.metadata.version("keras").split(".")[0])
+    except (importlib.metadata.PackageNotFoundError, ValueError):
+        major = 3
+    if major < 3:
+        return f"keras {importlib.metadata.version('keras')} is Keras 2; these paths need Keras 3"
+    if backend == "tensorflow" and importlib.util.find_spec("tensorflow") is None:
+        return "TensorFlow is not installed (pip install tensorflow-cpu, or tensorflow[and-cuda] for the GPU paths)"
+    if backend == "torch" and importlib.util.find_spec("torch") is None:
+        return "torch is not installed, so Keras's torch backend cannot run"
+    return None
+
+
+def available(path: ExecutionPath, device: DeviceInfo) -> str | None:
+    options = path.options["keras"]
+    reason = _missing(options.backend)
+    if reason:
+        return reason
+    if path.device != "cuda":
+        return None
+    from .worker import KerasUnavailable, get_worker
+
+    try:
+        info = get_worker(options.backend).info
+    except KerasUnavailable as exc:
+        return str(exc)
+    if not info.get("gpus"):
+        if options.backend == "tensorflow":
+            built = "a CUDA build" if info.get("cuda_build") else "a CPU-only build"
+            return f"TensorFlow {info.get('tensorflow')} ({built}) sees no GPU, so its cuDNN and GPU paths cannot run"
+        return f"torch {info.get('torch')} sees no CUDA device in the Keras worker"
+    if path.kernel == "cudnn" and options.backend == "torch" and not info.get("cudnn"):
+        return f"torch {info.get('torch')} has no cuDNN"
+    need = path.options.get("min_capability")
+    capability = (device.fingerprint or {}).get("capability")
+    if need and capability:
+        major, minor = (int(p) for p in capability.split(".")[:2])
+        if (major, minor) < need:
+            return f"compute capability {capability} has no TF32; this path claims TF32 math"
+    return None
+
+
+def known_bug(path: ExecutionPath, spec: LayerSpec) -> str | None:
+    try:
+        version = importlib.metadata.version("keras")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    options = path.options["keras"]
+    for key, text in KNOWN_KERAS_BUGS.get(version, []):
+        if key == "unroll+bidirectional+mask" and options.unroll and spec.bidirectional:
+            from .layer import mask_style
+
+            if mask_style(spec, options) != "none":
+                return text
+    return None
+
+
+def supports_kernel(path: ExecutionPath, spec: LayerSpec) -> str | None:
+    """Whether the path can run ``spec`` at all (kernel-only paths included)."""
+    from ...observation.explain import explain
+    from .layer import unsupported
+
+    options = path.options["keras"]
+    if spec.dtype != "float32":
+        return f"Keras paths run float32 specs (got {spec.dtype}); mixed precision is a Keras policy, not covered"
+    reason = unsupported(spec, options)
+    if reason:
+        return reason
+    bug = known_bug(path, spec)
+    if bug:
+        return bug
+    if path.kernel == "cudnn":
+        verdict = explain(spec, path.framework, path.device, options)
+        if verdict.kernel != "cudnn" or verdict.raises:
+            why = "; ".join(r.finding for r in verdict.reasons) or verdict.raises
+            return f"{path.name} claims cuDNN; this spec is not eligible: {why}"
+    return None
+
+
+def supports(path: ExecutionPath, spec: LayerSpec) -> str | None:
+    kernel_only = path.options.get("kernel_only")
+    if kernel_only:
+        return f"kernel-only: {kernel_only} (suites/test_keras_explainer.py checks its kernel)"
+    return supports_kernel(path, spec)
+
+
+# ---------------------------------------------------------------------------------------------- runner
+class KerasRun:
+    """A Keras stack prepared in the worker of its backend; each call is one round trip."""
+
+    def __init__(self, path: ExecutionPath, case: Case, device: DeviceInfo) -> None:
+        from .worker import _case_arrays, get_worker
+
+        self.path = path
+        self.options = path.options["keras"]
+        self.worker = get_worker(self.options.backend)
+        self.handle = self.worker.request(
+            "prepare",
+            spec=case.spec.to_dict(),
+            options=self.options.to_dict(),
+            arrays=_case_arrays(case),
+            device=device.kind,
+        )
+
+    def _call(self, method: str, *args: Any) -> Any:
+        return self.worker.request("call", handle=self.handle, method=method, args=args)
+
+    def run(self) -> PathResult:
+        result = self._call("run")
+        notes = result.pop("notes", [])
+        return PathResult(notes=notes, **result)
+
+    def forward(self) -> object:
+        return self._call("forward")
+
+    def train_step(self) -> object:
+        return self._call("train_step")
+
+    def trace_forward(self) -> KernelTrace:
+        return self._call("trace_forward")
+
+    def synchronize(self) -> None:
+        self._call("synchronize")
+
+    def time(self, kind: str, repeats: int, warmup: int = 1) -> list[float]:
+        """Seconds per synchronised call measured inside the worker (no pipe round trip in the figure)."""
+        return self._call("time", kind, repeats, warmup)
+
+    def device_time(self, kind: str, samples: int) -> Any:
+        """:class:`pytest_lstmperf.speed.timing.DeviceTime` of ``forward`` or ``train_step``, measured in the worker,
+        whose process launches the kernels (a CUDA graph captured here would be empty)."""
+        return self._call("device_time", kind, samples)
+
+    def host_counters(self, kind: str) -> dict[str, Any]:
+        """Host counters of ``forward`` or ``train_step``, counted in the worker, which dispatches the ops."""
+        return self._call("host_counters", kind)
+
+    def close(self) -> None:
+        """Free the worker's copy (deferred to the next request: no pipe traffic from a finaliser)."""
+        if self.handle is not None:
+            self.worker.defer_release(self.handle)
+        self.handle = None
+
+    def __del__(self) -> None:
+        self.close()
+
+
+def prepare(path: ExecutionPath, case: Case, device: DeviceInfo) -> KerasRun:
+    return KerasRun(path, case, device)

@@ -1,0 +1,382 @@
+"""The speed report: a markdown and an HTML page with PNG plots (matplotlib, Agg backend).
+
+Written by ``--lstmperf-report=DIR`` at the end of a run, or from saved results::
+
+    python -m pytest_lstmperf.speed.report OUTDIR results.json [more.json ...]
+
+where each file is pytest-benchmark JSON written by this plugin (``--benchmark-json``, a baseline file).
+Several files can be combined, e.g. a CPU run and a GPU run of the batch sweep, which draws the CPU/GPU
+crossover. Plots: time per call against batch size (crossover marked), sequence length and hidden size,
+one line per path and device; and baseline against now when a baseline was compared.
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+import json
+import math
+import sys
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from .timing import PEAK_METHOD, format_peak_fraction
+
+SWEEPS = (
+    ("batch", "batch", "batch size"),
+    ("seq", "seq_len", "sequence length"),
+    ("hidden", "hidden_size", "hidden size"),
+)
+
+
+def _fmt(value: float | None) -> str:
+    from .regression import format_seconds
+
+    return format_seconds(value)
+
+
+def _median(data: Sequence[float]) -> float | None:
+    values = sorted(x for x in data if x)
+    return values[len(values) // 2] if values else None
+
+
+def records_from_json(data: dict[str, Any]) -> list[dict[str, Any]]:
+    """Report records from a pytest-benchmark JSON document written with this plugin active."""
+    out = []
+    for bench in data.get("benchmarks", []):
+        extra = dict(bench.get("extra_info") or {})
+        if "path" not in extra:
+            continue
+        samples = list(bench.get("stats", {}).get("data") or [])
+        extra.setdefault("time_per_call_s", _median(samples) or bench.get("stats", {}).get("median"))
+        out.append({"fullname": bench["fullname"], "name": bench["name"], "extra_info": extra, "data": samples})
+    return out
+
+
+def _series(
+    records: Iterable[dict[str, Any]], sweep: str, field: str
+) -> dict[tuple[str, str], list[tuple[int, float]]]:
+    """(path, device kind) -> sorted (x, seconds) for forward records of ``sweep``."""
+    series: dict[tuple[str, str], dict[int, float]] = defaultdict(dict)
+    for record in records:
+        extra = record["extra_info"]
+        if sweep not in (extra.get("sweeps") or []) or extra.get("mode") != "forward":
+            continue
+        value = extra.get("time_per_call_s")
+        spec = extra.get("spec") or {}
+        if not value or field not in spec:
+            continue
+        kind = str(extra.get("device", "?")).split(":")[0]
+        series[(extra["path"], kind)][int(spec[field])] = float(value)
+    return {key: sorted(points.items()) for key, points in series.items() if points}
+
+
+def crossover(series: dict[tuple[str, str], list[tuple[int, float]]]) -> int | None:
+    """The smallest batch from which the fastest GPU path beats the fastest CPU path (None if never/unknown)."""
+    from ..workloads.workloads import find_crossover
+
+    best: dict[str, dict[int, float]] = {"cpu": {}, "cuda": {}}
+    for (_, kind), points in series.items():
+        if kind not in best:
+            continue
+        for x, y in points:
+            best[kind][x] = min(y, best[kind].get(x, float("inf")))
+    return find_crossover(best["cpu"], best["cuda"])
+
+
+def plain_log_scale(ax: Any, which: str, base: int = 10, suffix: str = "") -> None:
+    """A log scale on ``ax``'s ``which`` axis ("x" or "y") whose tick labels are plain numbers (``0.5``,
+    ``20``, ``4x``, never ``5x10^-1``), thinned by the span at draw time so that they cannot crowd: every
+    tick within about a decade, mantissas 1, 2 and 5 up to three decades, powers of ten beyond."""
+    import matplotlib.ticker as ticker
+
+    axis = ax.xaxis if which == "x" else ax.yaxis
+    (ax.set_xscale if which == "x" else ax.set_yscale)("log", base=base)
+    if base != 10:
+        axis.set_major_locator(ticker.LogLocator(base=base, numticks=16))
+        axis.set_minor_locator(ticker.NullLocator())
+
+    def label(value: float, _pos: int | None = None) -> str:
+        if value <= 0:
+            return ""
+        low, high = sorted(axis.get_view_interval())
+        decades = math.log10(high / low) if low > 0 else math.inf
+        mantissa = round(value / 10 ** math.floor(math.log10(value) + 1e-9), 6)
+        keep = base != 10 or decades <= 1.2 or mantissa == 1 or (decades <= 3 and mantissa in (2, 5))
+        number = str(round(value)) if value >= 100 else f"{value:.3g}"
+        return f"{number}{suffix}" if keep else ""
+
+    axis.set_major_formatter(ticker.FuncFormatter(label))
+    axis.set_minor_formatter(ticker.FuncFormatter(label))
+    ax.tick_params(axis=which, which="minor", labelsize=7)
+
+
+def _plot_sweep(out: Path, records: list[dict[str, Any]], sweep: str, field: str, label: str) -> Path | None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    series = _series(records, sweep, field)
+    if not series:
+        return None
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for (path, kind), points in sorted(series.items()):
+        xs, ys = zip(*points, strict=True)
+        ax.plot(
+            xs, [y * 1e3 for y in ys], marker="o", label=f"{path} ({kind})", linestyle="-" if kind == "cuda" else "--"
+        )
+    plain_log_scale(ax, "x", base=2)
+    plain_log_scale(ax, "y")
+    ax.set_xlabel(label)
+    ax.set_ylabel("time per call (ms)")
+    title = f"forward time vs {label}"
+    if sweep == "batch":
+        cross = crossover(series)
+        if cross is not None:
+            ax.axvline(cross, color="grey", linestyle=":")
+            ax.annotate(
+                f"GPU faster from batch {cross}",
+                (cross, ax.get_ylim()[1]),
+                fontsize=8,
+                xytext=(4, -12),
+                textcoords="offset points",
+            )
+            title += f" (CPU/GPU crossover at batch {cross})"
+        elif len({kind for _, kind in series}) < 2:
+            title += " (one device: run CPU and GPU and combine to see the crossover)"
+    ax.set_title(title, fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    target = out / f"time_vs_{sweep}.png"
+    fig.savefig(target, dpi=110)
+    plt.close(fig)
+    return target
+
+
+def _plot_baseline(
+    out: Path, records: list[dict[str, Any]], baseline: list[dict[str, Any]], gate: Any = None
+) -> Path | None:
+    """Now/baseline per benchmark. With the gate's decisions: the ratio each one was decided on (device time
+    where both runs have CUDA-graph samples, else per call), coloured by verdict; without: per-call medians."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    decided = {d.name: d for d in getattr(gate, "decisions", []) if d.ratio is not None}
+    then = {b["fullname"]: _median(b.get("stats", {}).get("data") or []) for b in baseline}
+    rows: list[tuple[str, float, str]] = []
+    for r in records:
+        decision = decided.get(r["fullname"])
+        if decision is not None:
+            rows.append((r["name"], float(decision.ratio), decision.verdict))
+        elif then.get(r["fullname"]) and r["extra_info"].get("time_per_call_s"):
+            ratio = r["extra_info"]["time_per_call_s"] / then[r["fullname"]]
+            rows.append((r["name"], ratio, "regressed" if ratio >= 1.10 else "improved" if ratio <= 1 / 1.10 else ""))
+    if not rows:
+        return None
+    rows.sort()
+    metrics = sorted({decided[r["fullname"]].metric for r in records if r["fullname"] in decided})
+    fig, ax = plt.subplots(figsize=(9, max(3.0, 0.28 * len(rows) + 1)))
+    colors = {
+        "regressed": "tab:red",
+        "kernel-changed": "tab:red",
+        "host-work-changed": "tab:red",
+        "improved": "tab:green",
+    }
+    ax.barh(range(len(rows)), [ratio for _, ratio, _ in rows], color=[colors.get(v, "tab:grey") for *_, v in rows])
+    ax.axvline(1.0, color="black", linewidth=0.8)
+    ax.set_yticks(range(len(rows)))
+    ax.set_yticklabels([name.replace("test_", "") for name, _, _ in rows], fontsize=6)
+    what = " and ".join(m.replace("device", "device time").replace("per-call", "time per call") for m in metrics)
+    ax.set_xlabel(f"now / baseline ({what or 'time per call'})")
+    ax.set_title("baseline vs now (red: regressed, green: improved)", fontsize=10)
+    fig.tight_layout()
+    target = out / "baseline_vs_now.png"
+    fig.savefig(target, dpi=110)
+    plt.close(fig)
+    return target
+
+
+#: the fixed reference of the "vs generic" column per device kind: the torch layer on its generic kernel
+GENERIC_REFERENCE = {"cpu": "torch-cpu-native", "cuda": "torch-cuda-generic"}
+
+
+def generic_reference(group: Iterable[dict[str, Any]]) -> float | None:
+    """Time per call of :data:`GENERIC_REFERENCE`'s path among ``group`` (records of one mode and shape),
+    whatever order the records arrived in (pytest-xdist workers report in any order); None without it."""
+    for record in group:
+        extra = record["extra_info"]
+        kind = str(extra.get("device", "?")).split(":")[0]
+        if extra.get("path") == GENERIC_REFERENCE.get(kind) and extra.get("time_per_call_s"):
+            return float(extra["time_per_call_s"])
+    return None
+
+
+def _table(records: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
+    header = [
+        "mode",
+        "shape",
+        "path",
+        "device",
+        "per call",
+        "device time",
+        "host share",
+        "vs generic (torch)",
+        "kernel",
+        "GFLOP/s",
+        "% of measured peak",
+    ]
+    rows = []
+    by_case: dict[tuple[str, str, str], list[dict[str, Any]]] = defaultdict(list)
+    for record in records:
+        extra = record["extra_info"]
+        by_case[(extra.get("mode", "?"), extra.get("shape", "?"), str(extra.get("device", "?")))].append(record)
+    for (mode, shape, device), group in sorted(by_case.items()):
+        reference = generic_reference(group)
+        for record in sorted(group, key=lambda r: r["extra_info"].get("path", "")):
+            extra = record["extra_info"]
+            per_call = extra.get("time_per_call_s")
+            host = extra.get("host_overhead")
+            flops = extra.get("flops_per_s")
+            rows.append(
+                [
+                    mode,
+                    shape,
+                    extra.get("path", "?"),
+                    device,
+                    _fmt(per_call),
+                    _fmt(extra.get("device_time_s")),
+                    "-" if host is None else f"{host:.0%}",
+                    f"{reference / per_call:.2f}x" if reference and per_call else "-",
+                    f"{extra.get('kernel', '?')}/{extra.get('precision', '?')}",
+                    "-" if not flops else f"{flops / 1e9:.1f}",
+                    format_peak_fraction(extra.get("peak_fraction")),
+                ]
+            )
+    return header, rows
+
+
+def _md_table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(c).replace("|", "\\|") for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _html_table(header: list[str], rows: list[list[str]]) -> str:
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>" for row in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def write_report(
+    out: Path,
+    records: list[dict[str, Any]],
+    baseline: list[dict[str, Any]] | None = None,
+    device: str = "",
+    gate: Any = None,
+) -> Path:
+    """Write ``index.md``, ``index.html`` and the PNG plots into ``out``; returns the HTML page's path."""
+    out.mkdir(parents=True, exist_ok=True)
+    records = [r for r in records if r.get("extra_info", {}).get("time_per_call_s")]
+    plots = [p for p in (_plot_sweep(out, records, s, f, label) for s, f, label in SWEEPS) if p is not None]
+    if baseline:
+        compared = _plot_baseline(out, records, baseline, gate)
+        if compared is not None:
+            plots.append(compared)
+    header, rows = _table(records)
+    gate_rows: list[list[str]] = []
+    gate_header = ["test", "baseline", "now", "ratio", "p-value", "kernel then", "kernel now", "verdict"]
+    if gate is not None:
+        for d in gate.decisions:
+            gate_rows.append(
+                [
+                    d.name,
+                    _fmt(d.base_median),
+                    _fmt(d.now_median),
+                    "-" if d.ratio is None else f"{d.ratio:.3f}",
+                    "-" if d.pvalue is None else f"{d.pvalue:.2g}",
+                    d.kernel_then or "-",
+                    d.kernel_now or "-",
+                    d.verdict,
+                ]
+            )
+    title = "LSTM/GRU speed report"
+    md = [
+        f"# {title}",
+        "",
+        f"Device: {device or 'see the table'}",
+        "",
+        "## Benchmarks",
+        "",
+        "Time per call is host wall time around a synchronised call (what users wait for); device time is "
+        "CUDA-graph replay (or CUDA events, see notes); host share = 1 - device/per call; vs generic (torch) is "
+        f"the time per call of {' on the CPU, '.join(GENERIC_REFERENCE.values())} on a GPU (same mode and "
+        "shape) over the row's; % of measured peak is achieved FLOP/s against the "
+        f"{PEAK_METHOD} on the same device (over 100%: flagged as a measurement error).",
+        "",
+        _md_table(header, rows),
+        "",
+    ]
+    if gate_rows:
+        md += ["## Speed gate", "", f"{gate.summary()}", "", _md_table(gate_header, gate_rows), ""]
+    if plots:
+        md += ["## Plots", ""] + [f"![{p.stem}]({p.name})" for p in plots] + [""]
+    (out / "index.md").write_text("\n".join(md), encoding="utf-8")
+    body = [
+        f"<h1>{title}</h1>",
+        f"<p>Device: {html.escape(device or '-')}</p>",
+        "<h2>Benchmarks</h2>",
+        _html_table(header, rows),
+    ]
+    if gate_rows:
+        body += ["<h2>Speed gate</h2>", f"<p>{html.escape(gate.summary())}</p>", _html_table(gate_header, gate_rows)]
+    if plots:
+        body += ["<h2>Plots</h2>"] + [f'<p><img src="{p.name}" alt="{p.stem}"></p>' for p in plots]
+    style = (
+        "body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;font-size:12px}"
+        "td,th{border:1px solid #ccc;padding:2px 6px;text-align:left}img{max-width:100%}"
+    )
+    page = (
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{title}</title><style>{style}</style>"
+        f"</head><body>{''.join(body)}</body></html>"
+    )
+    target = out / "index.html"
+    target.write_text(page, encoding="utf-8")
+    return target
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m pytest_lstmperf.speed.report", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("out", type=Path, help="output folder")
+    parser.add_argument("results", nargs="+", type=Path, help="pytest-benchmark JSON files written by this plugin")
+    parser.add_argument("--baseline", type=Path, help="a baseline file to draw baseline vs now against")
+    args = parser.parse_args(argv)
+    records: list[dict[str, Any]] = []
+    devices = []
+    for path in args.results:
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            print(f"{path}: cannot read: {exc}", file=sys.stderr)
+            return 2
+        records += records_from_json(data)
+        fp = (data.get("lstmperf") or {}).get("device_key")
+        if fp:
+            devices.append(fp)
+    baseline = None
+    if args.baseline:
+        baseline = json.loads(args.baseline.read_text(encoding="utf-8")).get("benchmarks", [])
+    page = write_report(args.out, records, baseline, ", ".join(dict.fromkeys(devices)))
+    print(page)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,592 @@
+"""Timing that is right on GPUs: what a user waits for, what the GPU spends, and whether the clock held.
+
+* **Time per call** (what users feel): host wall clock around ``call(); synchronize()``, one call per round,
+  after warm-up. The synchronisation makes queued CUDA work count; the host overhead (Python, dispatch,
+  kernel launches) is included. pytest-benchmark takes these samples when it runs enabled; under
+  pytest-xdist it disables itself and :func:`time_rounds` takes them the same way.
+* **Device time**: a CUDA graph of one call is captured and replayed; CUDA events around the replays time the
+  kernels without the host (the graph launches them back to back). When capture fails (an op that
+  synchronises, a CPU fallback inside the call) the call itself is timed with CUDA events around several
+  back-to-back calls (their mean is one sample), a note says so: that figure also holds the gaps where the
+  GPU waited for launches, so it is an upper bound.
+* **Host counters** (:func:`host_counters`): per call, ATen ops dispatched, GPU kernels launched,
+  host-device synchronisations and bytes allocated, counted in one untimed call: exact, whatever the load.
+* **Host overhead share**: ``1 - device / per call``.
+* **Achieved FLOP/s** against the device's *measured* peak: the best of several large GEMMs in the same
+  precision, once per process (:func:`measured_peak_flops`, :data:`PEAK_METHOD`); a share above 100% is
+  flagged as a measurement error (:func:`format_peak_fraction`).
+* **SM clock**: :class:`ClockSampler` polls the SM clock in a background thread through NVML
+  (``pynvml``, from the nvidia-ml-py package) or, without it, a streaming
+  ``nvidia-smi --query-gpu=clocks.sm,clocks.max.sm --format=csv,noheader,nounits --loop-ms=N``; a round is flagged
+  as throttled when the clock sampled during it fell below 75% of the maximum SM clock (nvbench's rule).
+  Neither available, or a CPU run: no flags, and the reason is recorded.
+
+torch is imported only inside the functions that need it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import shutil
+import statistics
+import subprocess
+import threading
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+#: a round whose SM clock fell below this share of the maximum is throttled (nvbench: 75%)
+THROTTLE_FRACTION = 0.75
+
+
+# -------------------------------------------------------------------------------------------- rounds
+@dataclass(frozen=True)
+class RoundPlan:
+    """How many rounds a benchmark gets: enough for a stable median, bounded for CI."""
+
+    warmup: int = 3  # calls before anything is timed (cuDNN plans, allocator, lazy init)
+    min_rounds: int = 15
+    max_rounds: int = 60
+    target_s: float = 0.5  # timed work per benchmark when calls are fast
+    device_samples: int = 15  # device-time samples (each of several graph replays)
+
+    def rounds_for(self, call_s: float) -> int:
+        if not call_s or call_s <= 0 or not math.isfinite(call_s):
+            return self.min_rounds
+        return max(self.min_rounds, min(self.max_rounds, math.ceil(self.target_s / call_s)))
+
+
+def estimate_call(call: Callable[[], object], warmup: int, clock: Callable[[], float] = time.perf_counter) -> float:
+    """Warm up, then the median of three timed calls (``call`` must synchronise)."""
+    for _ in range(max(warmup, 1)):
+        call()
+    times = []
+    for _ in range(3):
+        start = clock()
+        call()
+        times.append(clock() - start)
+    return statistics.median(times)
+
+
+def time_rounds(
+    call: Callable[[], object],
+    rounds: int,
+    clock: Callable[[], float] = time.perf_counter,
+    between: Callable[[], object] | None = None,
+) -> tuple[list[float], list[tuple[float, float]]]:
+    """Per-round seconds of ``call`` (which must synchronise) on ``clock``, and each round's (start, end)
+    window on the wall clock (``time.perf_counter``, which the SM clock sampler stamps with). ``between``
+    runs untimed before every round (as pytest-benchmark's ``setup``)."""
+    data, windows = [], []
+    for _ in range(rounds):
+        if between is not None:
+            between()
+        start, wall = clock(), time.perf_counter()
+        call()
+        data.append(clock() - start)
+        windows.append((wall, time.perf_counter()))
+    return data, windows
+
+
+class DriftProbe:
+    """A fixed host-bound workload, timed once before every round of a benchmark (untimed there).
+
+    Twenty small ``addmm`` + ``tanh`` launches on 32x32 tensors of the benchmark's device, then a
+    synchronisation: a few hundred microseconds spent almost entirely in Python, the dispatcher and kernel
+    launches, the costs that dominate a host-bound RNN call. It touches no LSTM or GRU, so a slowdown of
+    the layer does not move it, while a host that is slower today (frequency, a noisy neighbour) does. The
+    speed gate divides the host part of the current samples by median(probe now) / median(probe baseline)
+    (``--lstmperf-drift=probe``, the default; see ``regression.compare_samples``).
+    """
+
+    STEPS = 20
+
+    def __init__(self, torch_device: str, clock: Callable[[], float] = time.perf_counter) -> None:
+        import torch
+
+        self._torch = torch
+        self.device = torch.device(torch_device)
+        gen = torch.Generator().manual_seed(0)
+        self.a = (torch.randn(32, 32, generator=gen) / 32).to(self.device)
+        self.b = torch.randn(32, 32, generator=gen).to(self.device)
+        self.clock = clock
+        self.samples: list[float] = []
+        self._work()  # first call pays one-off costs (allocator, kernel loading); not a sample
+
+    def _work(self) -> None:
+        torch = self._torch
+        with torch.no_grad():
+            x = self.b
+            for _ in range(self.STEPS):
+                x = torch.addmm(self.b, x, self.a).tanh_()
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+
+    def sample(self) -> None:
+        start = self.clock()
+        self._work()
+        self.samples.append(self.clock() - start)
+
+
+def benchmark_timer(config: Any) -> Callable[[], float]:
+    """The clock pytest-benchmark times with (``--benchmark-timer``, default ``time.perf_counter``), so that
+    rounds timed here (under pytest-xdist) use the same one."""
+    from pytest_benchmark.utils import load_timer
+
+    raw = config.getoption("benchmark_timer", None)
+    if not raw:
+        return time.perf_counter
+    return load_timer(str(raw)).target
+
+
+# --------------------------------------------------------------------------------------- device time
+@dataclass(frozen=True)
+class DeviceTime:
+    method: str  # "cuda-graph", "cuda-events", "host" (CPU: the host is the device)
+    samples: tuple[float, ...] = ()
+    note: str = ""
+
+    @property
+    def median(self) -> float | None:
+        return statistics.median(self.samples) if self.samples else None
+
+
+def device_time(call: Callable[[], object], device: str, samples: int = 15, replays: int = 5) -> DeviceTime:
+    """Device-side seconds per call of ``call`` (which must *not* synchronise) on ``device``.
+
+    Each sample is the mean of ``replays`` back-to-back graph replays or, where capture fails, of ``replays``
+    back-to-back calls between one pair of CUDA events (queued without a synchronisation, so the GPU works
+    through them while the host launches the next ones: per-call event noise averages out over the batch)."""
+    if not device.startswith("cuda"):
+        return DeviceTime("host", (), "on the CPU the host runs the kernels: device time is the time per call")
+    import torch
+
+    dev = torch.device(device)
+    try:
+        return DeviceTime("cuda-graph", tuple(_graph_replay_times(torch, dev, call, samples, replays)))
+    except Exception as exc:
+        with contextlib.suppress(Exception):
+            torch.cuda.synchronize(dev)
+        reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:200]
+        note = (
+            f"CUDA graph capture failed ({reason}); device time from CUDA events around {replays} back-to-back "
+            f"calls per sample (kernels plus launch gaps: an upper bound)"
+        )
+    try:
+        return DeviceTime("cuda-events", tuple(_event_times(torch, dev, call, samples, replays)), note)
+    except Exception as exc:
+        return DeviceTime("none", (), f"{note}; event timing failed too ({type(exc).__name__}: {exc})")
+
+
+def _graph_replay_times(torch: Any, dev: Any, call: Callable[[], object], samples: int, replays: int) -> list[float]:
+    # capture recipe from the CUDA graphs notes: warm up on a side stream, then capture one call
+    side = torch.cuda.Stream(dev)
+    side.wait_stream(torch.cuda.current_stream(dev))
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            call()
+    torch.cuda.current_stream(dev).wait_stream(side)
+    torch.cuda.synchronize(dev)
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with torch.cuda.graph(graph):
+                call()
+        if any("graph is empty" in str(w.message).lower() for w in caught):
+            # the call launched nothing on this process's capture stream (its kernels ran elsewhere, e.g.
+            # in another process): replaying the empty graph would time nothing
+            raise RuntimeError("the captured CUDA graph is empty: the call launched no kernels on this stream")
+        graph.replay()
+        torch.cuda.synchronize(dev)
+        out = []
+        for _ in range(samples):
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(replays):
+                graph.replay()
+            end.record()
+            end.synchronize()
+            out.append(start.elapsed_time(end) / 1000.0 / replays)
+        return out
+    finally:
+        del graph
+
+
+def _event_times(torch: Any, dev: Any, call: Callable[[], object], samples: int, calls: int = 1) -> list[float]:
+    out = []
+    call()  # warm-up, untimed
+    torch.cuda.synchronize(dev)
+    for _ in range(samples):
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(calls):
+            call()
+        end.record()
+        end.synchronize()
+        out.append(start.elapsed_time(end) / 1000.0 / calls)
+    return out
+
+
+def batch_medians(samples: Sequence[float], batches: int = 3) -> list[float]:
+    """Medians of ``batches`` consecutive, equal-sized batches of ``samples`` (the last takes the remainder):
+    how far the median of one run moves between runs, for the noise band of a baseline. Empty when there
+    are fewer samples than batches."""
+    if len(samples) < batches or batches < 1:
+        return []
+    size = len(samples) // batches
+    cuts = [samples[i * size : (i + 1) * size] for i in range(batches - 1)]
+    cuts.append(samples[(batches - 1) * size :])
+    return [statistics.median(cut) for cut in cuts]
+
+
+# ---------------------------------------------------------------------------------------- host counters
+#: ``torch.profiler`` runtime events that make the host wait for the device
+SYNC_EVENTS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy")
+
+
+def host_counters(call: Callable[[], object], device: str) -> dict[str, Any]:
+    """What one call of ``call`` (which must *not* synchronise) asks of the host, counted in one untimed call.
+
+    ``aten_ops``: ATen ops dispatched below autograd (a ``TorchDispatchMode``, which autograd propagates to
+    its backward threads); ``alloc_bytes``: on CUDA the caching allocator's ``allocated_bytes`` growth
+    during the call (workspaces included), on the CPU the bytes of the fresh storages the ops return (the
+    mode sees each op's outputs; views and in-place results, which allocate nothing, are not counted);
+    ``kernels`` and ``syncs`` (CUDA only; 0 on the CPU, which launches no GPU work): GPU kernels launched and
+    host-device synchronisations (``cudaStreamSynchronize``, ``cudaDeviceSynchronize``,
+    ``cudaEventSynchronize``, ``cudaMemcpy`` runtime calls) seen by ``torch.profiler``. Counts are exact
+    and do not depend on the machine's load; the caller counts after warm-up, never during timed rounds.
+    """
+    import torch
+
+    cuda = device.startswith("cuda")
+    counter = _OpCounter()
+    profiler = None
+    if cuda:
+        from torch.profiler import ProfilerActivity, profile
+
+        torch.cuda.synchronize(device)
+        profiler = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
+        before = torch.cuda.memory_stats(device).get("allocated_bytes.all.allocated", 0)
+    with contextlib.ExitStack() as stack:
+        if profiler is not None:
+            stack.enter_context(profiler)
+        stack.enter_context(_counting_mode(counter))
+        call()
+        if cuda:
+            torch.cuda.synchronize(device)
+    out = {"aten_ops": counter.ops, "kernels": 0, "syncs": 0, "alloc_bytes": counter.fresh_bytes}
+    if profiler is not None:
+        kernels = syncs = 0
+        from ..observation.torch_trace import profiled_events
+
+        for name, on_gpu in profiled_events(profiler):
+            if on_gpu:
+                kernels += not name.startswith(("Memcpy", "Memset"))  # copies and fills are no launches
+            elif name.split("_v")[0] in SYNC_EVENTS:  # runtime names may carry a version suffix
+                syncs += 1
+        after = torch.cuda.memory_stats(device).get("allocated_bytes.all.allocated", 0)
+        # the synchronisation that closes the counted call is ours, not the call's
+        out.update(kernels=kernels, syncs=max(0, syncs - 1), alloc_bytes=int(after - before))
+    return out
+
+
+class _OpCounter:
+    def __init__(self) -> None:
+        self.ops = 0
+        self.fresh_bytes = 0
+
+
+@contextlib.contextmanager
+def _counting_mode(counter: _OpCounter) -> Any:
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves
+
+    class Counting(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            kwargs = kwargs or {}
+            inputs = {
+                t.untyped_storage().data_ptr()
+                for t in tree_leaves((args, kwargs))
+                if isinstance(t, torch.Tensor) and not t.is_meta
+            }
+            result = func(*args, **kwargs)
+            counter.ops += 1
+            seen: set[int] = set()
+            for t in tree_leaves(result):
+                if isinstance(t, torch.Tensor) and t.device.type == "cpu":
+                    storage = t.untyped_storage()
+                    ptr = storage.data_ptr()
+                    if ptr and ptr not in inputs and ptr not in seen:
+                        seen.add(ptr)
+                        counter.fresh_bytes += storage.nbytes()
+            return result
+
+    with Counting():
+        yield
+
+
+def host_overhead(per_call_s: float | None, device_s: float | None) -> float | None:
+    """Share of the time per call that the device was not computing (0..1)."""
+    if not per_call_s or device_s is None or per_call_s <= 0:
+        return None
+    return min(1.0, max(0.0, 1.0 - device_s / per_call_s))
+
+
+# ------------------------------------------------------------------------------------------ peak FLOP/s
+_PEAKS: dict[tuple[str, str], float | None] = {}
+_MATMUL_DTYPE = {"fp64": "float64", "fp32": "float32", "tf32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+#: square GEMM sizes tried per device kind, ascending until one call takes longer than PEAK_CALL_BUDGET_S
+PEAK_SIZES = {"cpu": (256, 512, 1024, 2048), "cuda": (2048, 4096, 8192)}
+PEAK_REPEATS = 5
+PEAK_CALL_BUDGET_S = 0.05
+#: how the peak is obtained, for tables and reports
+PEAK_METHOD = (
+    "measured peak: the best FLOP/s of square GEMMs (all threads; sizes growing up to 2048 on the CPU, 8192 "
+    f"on a GPU, while a call takes under {PEAK_CALL_BUDGET_S * 1e3:.0f} ms; best of {PEAK_REPEATS} calls each) "
+    "in the precision and, for fp16/bf16, also in fp32"
+)
+
+
+def measured_peak_flops(device: str, precision: str) -> float | None:
+    """The device's peak FLOP/s in ``precision``, measured once per process (:data:`PEAK_METHOD`)."""
+    key = (device, precision)
+    if key not in _PEAKS:
+        try:
+            _PEAKS[key] = _measure_peak(device, precision)
+        except Exception:
+            _PEAKS[key] = None
+    return _PEAKS[key]
+
+
+def format_peak_fraction(fraction: float | None) -> str:
+    """``52.0%``; a share above 100% cannot be a share of a peak: flagged as a measurement error."""
+    if fraction is None:
+        return "-"
+    if fraction > 1.0:
+        return f"{fraction:.0%}: measurement error (peak under-measured)"
+    return f"{fraction:.1%}"
+
+
+def _measure_peak(device: str, precision: str) -> float | None:
+    """The best of several GEMM sizes and repeats: a peak is an upper bound, so every disturbance (a busy
+    neighbour, a cold cache, a size the library tiles badly) can only lower a sample, and the maximum is the
+    most faithful estimate. A layer in fp16/bf16 may compute parts in fp32 (CPU autocast does), so for those
+    precisions the fp32 GEMM is a candidate too."""
+    import torch
+
+    if precision not in _MATMUL_DTYPE:
+        return None
+    cuda = device.startswith("cuda")
+    names = [_MATMUL_DTYPE[precision]] + (["float32"] if precision in ("fp16", "bf16") else [])
+    saved = torch.backends.cuda.matmul.allow_tf32
+    try:
+        torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
+        rates = [rate for name in names for rate in _gemm_rates(torch, device, getattr(torch, name), cuda)]
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = saved
+    return max(rates) if rates else None
+
+
+def _gemm_rates(torch: Any, device: str, dtype: Any, cuda: bool) -> list[float]:
+    """FLOP/s per GEMM size, ascending, stopping after the first size whose fastest call exceeds the budget."""
+    rates = []
+    for n in PEAK_SIZES["cuda" if cuda else "cpu"]:
+        if dtype == torch.float64 and n > 4096:
+            break
+        best = _fastest_gemm(torch, device, dtype, n)
+        rates.append(2.0 * n**3 / best)
+        if best > PEAK_CALL_BUDGET_S:
+            break
+    return rates
+
+
+def _fastest_gemm(torch: Any, device: str, dtype: Any, n: int) -> float:
+    """Seconds of the fastest of :data:`PEAK_REPEATS` synchronised ``n x n`` GEMMs (after one warm-up call)."""
+    a = torch.randn(n, n, device=device).to(dtype)
+    b = torch.randn(n, n, device=device).to(dtype)
+    sync = (lambda: torch.cuda.synchronize(device)) if device.startswith("cuda") else (lambda: None)
+    torch.mm(a, b)
+    sync()
+    best = math.inf
+    for _ in range(PEAK_REPEATS):
+        start = time.perf_counter()
+        torch.mm(a, b)
+        sync()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+# ------------------------------------------------------------------------------------------ SM clock
+@dataclass
+class ClockSampler:
+    """Samples the SM clock of one GPU in the background; see the module docstring for the sources."""
+
+    device: str  # "cuda:0", "cpu"
+    interval_s: float = 0.025
+    source: str = "none"
+    reason: str = ""
+    max_mhz: float | None = None
+    samples: list[tuple[float, float]] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+    _proc: subprocess.Popen | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def start(self) -> ClockSampler:
+        if not self.device.startswith("cuda"):
+            self.reason = "no GPU clock on the CPU"
+            return self
+        ident = _gpu_identity(self.device)
+        reasons = []
+        try:
+            self._start_nvml(ident)
+            return self
+        except Exception as exc:
+            reasons.append(
+                f"NVML: {type(exc).__name__}: {exc}"
+                if not isinstance(exc, ImportError)
+                else "NVML: pynvml not installed (pip install nvidia-ml-py)"
+            )
+        try:
+            self._start_smi(ident)
+            return self
+        except Exception as exc:
+            reasons.append(f"nvidia-smi: {exc}")
+        self.source = "none"
+        self.reason = "SM clock not sampled: " + "; ".join(reasons)
+        return self
+
+    # -- NVML
+    def _start_nvml(self, ident: dict[str, Any]) -> None:
+        import pynvml  # type: ignore[import-not-found]
+
+        pynvml.nvmlInit()
+        handle = None
+        if ident.get("uuid"):
+            with contextlib.suppress(Exception):
+                handle = pynvml.nvmlDeviceGetHandleByUUID(ident["uuid"])
+        if handle is None:
+            handle = pynvml.nvmlDeviceGetHandleByIndex(ident.get("index", 0))
+        clock = pynvml.NVML_CLOCK_SM
+        self.max_mhz = float(pynvml.nvmlDeviceGetMaxClockInfo(handle, clock))
+        first = float(pynvml.nvmlDeviceGetClockInfo(handle, clock))
+        self._add(first)
+        self.source = "nvml"
+
+        def loop() -> None:
+            while not self._stop.wait(self.interval_s):
+                with contextlib.suppress(Exception):
+                    self._add(float(pynvml.nvmlDeviceGetClockInfo(handle, clock)))
+
+        self._thread = threading.Thread(target=loop, name="lstmperf-sm-clock", daemon=True)
+        self._thread.start()
+
+    # -- nvidia-smi
+    def _start_smi(self, ident: dict[str, Any]) -> None:
+        exe = shutil.which("nvidia-smi")
+        if exe is None:
+            raise RuntimeError("not on PATH")
+        target = ident.get("uuid") or str(ident.get("index", 0))
+        interval_ms = max(int(self.interval_s * 1000), 20)
+        cmd = [
+            exe,
+            "-i",
+            target,
+            "--query-gpu=clocks.sm,clocks.max.sm",
+            "--format=csv,noheader,nounits",
+            f"--loop-ms={interval_ms}",
+        ]
+        probe = subprocess.run(cmd[:-1], capture_output=True, text=True, timeout=15)
+        if probe.returncode != 0 and ident.get("uuid"):
+            cmd[2] = str(ident.get("index", 0))
+            probe = subprocess.run(cmd[:-1], capture_output=True, text=True, timeout=15)
+        if probe.returncode != 0:
+            raise RuntimeError((probe.stderr or probe.stdout).strip()[:200] or f"exit {probe.returncode}")
+        now, top = _parse_smi(probe.stdout)
+        self.max_mhz = top
+        self._add(now)
+        self.source = "nvidia-smi"
+        self._proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+
+        def reader() -> None:
+            assert self._proc is not None and self._proc.stdout is not None
+            for line in self._proc.stdout:
+                if self._stop.is_set():
+                    break
+                with contextlib.suppress(ValueError):
+                    self._add(_parse_smi(line)[0])
+
+        self._thread = threading.Thread(target=reader, name="lstmperf-sm-clock", daemon=True)
+        self._thread.start()
+
+    def _add(self, mhz: float) -> None:
+        with self._lock:
+            self.samples.append((time.perf_counter(), mhz))
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._proc is not None:
+            with contextlib.suppress(Exception):
+                self._proc.terminate()
+                self._proc.wait(5)
+        if self._thread is not None:
+            self._thread.join(2)
+
+    @property
+    def active(self) -> bool:
+        return self.source != "none"
+
+    def round_clocks(self, windows: Sequence[tuple[float, float]]) -> list[float | None]:
+        """The lowest SM clock seen in each round's window (the nearest earlier sample if none fell in it)."""
+        with self._lock:
+            samples = list(self.samples)
+        return clocks_for_windows(samples, windows, slack=self.interval_s)
+
+    def throttled(self, windows: Sequence[tuple[float, float]]) -> list[bool]:
+        return throttled_flags(self.round_clocks(windows), self.max_mhz)
+
+
+def clocks_for_windows(
+    samples: Sequence[tuple[float, float]], windows: Sequence[tuple[float, float]], slack: float = 0.0
+) -> list[float | None]:
+    out: list[float | None] = []
+    for start, end in windows:
+        inside = [mhz for t, mhz in samples if start - slack <= t <= end + slack]
+        if inside:
+            out.append(min(inside))
+            continue
+        before = [mhz for t, mhz in samples if t <= end]
+        out.append(before[-1] if before else None)
+    return out
+
+
+def throttled_flags(
+    clocks: Sequence[float | None], max_mhz: float | None, fraction: float = THROTTLE_FRACTION
+) -> list[bool]:
+    if not max_mhz:
+        return [False] * len(clocks)
+    return [c is not None and c < fraction * max_mhz for c in clocks]
+
+
+def _parse_smi(text: str) -> tuple[float, float]:
+    line = text.strip().splitlines()[0]
+    now, top = (float(part.strip()) for part in line.split(",")[:2])
+    return now, top
+
+
+def _gpu_identity(device: str) -> dict[str, Any]:
+    """Index and UUID of a CUDA device, so NVML and nvidia-smi look at the same GPU as torch."""
+    ident: dict[str, Any] = {"index": int(device.split(":")[1]) if ":" in device else 0}
+    with contextlib.suppress(Exception):
+        import torch
+
+        uuid = str(torch.cuda.get_device_properties(ident["index"]).uuid)
+        ident["uuid"] = uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}"
+    return ident

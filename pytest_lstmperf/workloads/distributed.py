@@ -1,0 +1,664 @@
+"""Multi-process training of a stacked LSTM: data parallel (DistributedDataParallel) and model parallel (the
+layers split into pipeline stages, one per rank, micro-batches flowing through them), on NCCL across GPUs or
+on gloo across CPU processes.
+
+Started by the plugin (:func:`launch`: one process per rank running this module's entry point, the way
+torchrun runs it, with the rendezvous store hosted by the launcher on a port the system chose) or by
+torchrun, the way users start it::
+
+    torchrun --nproc-per-node 2 -m pytest_lstmperf.workloads.distributed --strategy ddp --out result.pt
+
+Every run trains the same model from the same initial weights on the same data and returns rank 0's view
+of the trained weights, the real (non-padding) time steps processed, and timings. :func:`single_process`
+is the reference both strategies must agree with (same data order; DDP averages the gradients of equal
+shards, which is the full batch's mean gradient; the pipeline computes exactly the full model).
+
+A fault for the checks' tests: ``PYTEST_LSTMPERF_WORKER_PLANT`` (e.g. ``perturb:1e-3``) is planted in the
+worker processes only (``pytest_lstmperf.testing.faults``), so the distributed result disagrees with the
+single-process one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+STRATEGIES = ("ddp", "pipeline")
+BALANCES = ("equal", "measured")
+WORKER_PLANT_ENV = "PYTEST_LSTMPERF_WORKER_PLANT"
+# a rank that fails raises this in the worker processes only (tests of the launcher's failure report)
+WORKER_RAISE_ENV = "PYTEST_LSTMPERF_WORKER_RAISE"
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """The model, the data and the schedule of one training run."""
+
+    layers: int = 4
+    input_size: int = 32
+    hidden: int = 64
+    seq_len: int = 20
+    batch: int = 16  # global batch: DDP splits it over ranks; the pipeline splits it into micro-batches
+    steps: int = 3
+    lr: float = 0.1
+    seed: int = 0
+    micro_batches: int = 4
+    bucketing: bool = False  # variable-length data batched by automatic length buckets instead of padded
+    sequences: int = 0  # variable-length dataset size (0: fixed-length batches of seq_len)
+    timed_passes: int = 1  # passes over the batches timed after the warm-up pass; the median pass counts
+    balance: str = "equal"  # pipeline stages: equal layer counts, or balanced by measured per-layer time
+
+    def __post_init__(self) -> None:
+        for name in ("layers", "input_size", "hidden", "seq_len", "batch", "steps", "micro_batches", "timed_passes"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.balance not in BALANCES:
+            raise ValueError(f"unknown balance {self.balance!r} (valid: {', '.join(BALANCES)})")
+
+    def check_world(self, strategy: str, world: int) -> None:
+        if strategy not in STRATEGIES:
+            raise ValueError(f"unknown strategy {strategy!r} (valid: {', '.join(STRATEGIES)})")
+        if strategy == "ddp" and self.batch % world:
+            raise ValueError(f"DDP needs the batch ({self.batch}) divisible by the world size ({world})")
+        if strategy == "pipeline" and self.layers < world:
+            raise ValueError(f"a pipeline of {world} stages needs at least {world} layers, got {self.layers}")
+        if strategy == "pipeline" and self.batch % self.micro_batches:
+            raise ValueError(f"the batch ({self.batch}) must split into {self.micro_batches} micro-batches")
+
+
+@dataclass
+class RunResult:
+    strategy: str
+    world: int
+    backend: str
+    weights: dict[str, np.ndarray]
+    tokens: int  # real (non-padding) time steps trained on
+    seconds: float  # wall time of the timed steps (after one warm-up pass), slowest rank
+    comm_seconds: float | None = None  # DDP: time with gradient sync minus time without
+    notes: list[str] = field(default_factory=list)
+    stages: list[tuple[int, int]] | None = None  # pipeline: the layer range [lo, hi) of each rank
+
+    @property
+    def throughput(self) -> float:
+        return self.tokens / self.seconds if self.seconds else float("nan")
+
+    @property
+    def comm_share(self) -> float | None:
+        if self.comm_seconds is None or not self.seconds:
+            return None
+        return max(self.comm_seconds, 0.0) / self.seconds
+
+
+# --------------------------------------------------------------------------------------------- model
+def build_layers(cfg: TrainConfig) -> list[Any]:
+    """The stacked LSTM as single-layer ``nn.LSTM`` modules (so stages can take any of them), seeded."""
+    import torch
+
+    torch.manual_seed(cfg.seed)
+    return [
+        torch.nn.LSTM(cfg.input_size if i == 0 else cfg.hidden, cfg.hidden, batch_first=True) for i in range(cfg.layers)
+    ]
+
+
+def make_batches(cfg: TrainConfig) -> list[tuple[Any, Any, Any]]:
+    """``(x, target, lengths)`` per step, on the CPU. Fixed-length unless ``cfg.sequences``."""
+    import torch
+
+    gen = torch.Generator().manual_seed(cfg.seed + 1)
+    if not cfg.sequences:
+        out = []
+        for _ in range(cfg.steps):
+            x = torch.randn(cfg.batch, cfg.seq_len, cfg.input_size, generator=gen)
+            y = torch.randn(cfg.batch, cfg.seq_len, cfg.hidden, generator=gen)
+            out.append((x, y, torch.full((cfg.batch,), cfg.seq_len)))
+        return out
+    from .workloads import auto_buckets, bucketed_batches, draw_lengths, padded_batches
+
+    lengths = draw_lengths(cfg.sequences, cfg.seq_len, "long-tailed", cfg.seed)
+    groups = (
+        bucketed_batches(lengths, auto_buckets(lengths, 8), cfg.batch, cfg.seed)
+        if cfg.bucketing
+        else padded_batches(lengths, cfg.batch)
+    )
+    out = []
+    for index in groups:
+        if len(index) < cfg.batch:
+            continue  # equal batches keep DDP shards and micro-batches even
+        n = torch.as_tensor(lengths[index])
+        t = int(n.max())
+        x = torch.randn(cfg.batch, t, cfg.input_size, generator=gen)
+        y = torch.randn(cfg.batch, t, cfg.hidden, generator=gen)
+        out.append((x, y, n))
+    return out
+
+
+def _loss(out: Any, y: Any, lengths: Any, total: int) -> Any:
+    """Sum of squared errors over the valid steps, divided by ``total`` valid elements of the full batch."""
+    import torch
+
+    steps = torch.arange(out.shape[1], device=out.device)[None, :, None]
+    valid = steps < lengths.to(out.device)[:, None, None]
+    return (((out - y) ** 2) * valid).sum() / total
+
+
+def _weights(layers: list[Any], offset: int = 0) -> dict[str, np.ndarray]:
+    return {
+        f"layer{offset + i}.{name}": p.detach().double().cpu().numpy()
+        for i, layer in enumerate(layers)
+        for name, p in layer.named_parameters()
+    }
+
+
+def _plant_from_env() -> Callable[[], None] | None:
+    raw = os.environ.get(WORKER_PLANT_ENV)
+    if not raw:
+        return None
+    from ..testing.faults import parse_faults, plant
+
+    return plant(parse_faults(raw))
+
+
+def _sync(device: Any) -> None:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+# --------------------------------------------------------------------------------------------- reference
+def single_process(cfg: TrainConfig, device: str = "cpu") -> RunResult:
+    """One process, the whole model, the whole batch: the reference of both strategies."""
+    import torch
+
+    dev = torch.device(device)
+    layers = [layer.to(dev) for layer in build_layers(cfg)]
+    params = [p for layer in layers for p in layer.parameters()]
+    opt = torch.optim.SGD(params, lr=cfg.lr)
+    batches = make_batches(cfg)
+
+    def step(x: Any, y: Any, n: Any) -> None:
+        out = x.to(dev)
+        for layer in layers:
+            out, _ = layer(out)
+        opt.zero_grad()
+        _loss(out, y.to(dev), n, int(n.sum()) * cfg.hidden).backward()
+        opt.step()
+
+    for x, y, n in batches:
+        step(x, y, n)
+    weights = _weights(layers)
+    seconds, tokens = _timed_pass(lambda b: step(*b), batches, dev, cfg.timed_passes)
+    return RunResult("single", 1, "none", weights, tokens, seconds)
+
+
+def _timed_pass(step: Callable[[Any], None], batches: list, dev: Any, passes: int = 1) -> tuple[float, int]:
+    """Median seconds of ``passes`` synchronised passes over ``batches``, and the real time steps of one."""
+    times = []
+    for _ in range(passes):
+        _sync(dev)
+        start = time.perf_counter()
+        for batch in batches:
+            step(batch)
+        _sync(dev)
+        times.append(time.perf_counter() - start)
+    return float(np.median(times)), int(sum(int(b[2].sum()) for b in batches))
+
+
+# --------------------------------------------------------------------------------------------- workers
+def _device_for(rank: int, backend: str) -> Any:
+    import torch
+
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
+        return torch.device("cuda", rank)
+    return torch.device("cpu")
+
+
+def ddp_worker(rank: int, world: int, cfg: TrainConfig, backend: str) -> RunResult:
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    dev = _device_for(rank, backend)
+    model = torch.nn.Sequential(*[_Unwrap(layer) for layer in build_layers(cfg)]).to(dev)
+    ddp = DistributedDataParallel(model, device_ids=[rank] if dev.type == "cuda" else None)
+    opt = torch.optim.SGD(ddp.parameters(), lr=cfg.lr)
+    batches = make_batches(cfg)
+    share = cfg.batch // world
+
+    def step(batch: Any, sync: bool = True) -> None:
+        x, y, n = batch
+        lo, hi = rank * share, (rank + 1) * share
+        total = int(n[lo:hi].sum()) * cfg.hidden
+        context = contextlib.nullcontext() if sync else ddp.no_sync()
+        with context:
+            out = ddp(x[lo:hi].to(dev))
+            opt.zero_grad()
+            # mean over this shard; DDP averages the shards' gradients: the full batch's mean when shards are
+            # equal (fixed-length data); with variable lengths each shard is weighted equally
+            _loss(out, y[lo:hi].to(dev), n[lo:hi], total).backward()
+        opt.step()  # also unsynced (the replicas then drift apart, after the weights are taken): same work
+
+    for batch in batches:
+        step(batch)
+    weights = _weights([m.layer for m in model])
+    seconds, _ = _timed_pass(step, batches, dev, cfg.timed_passes)
+    unsynced, _ = _timed_pass(lambda b: step(b, sync=False), batches, dev, cfg.timed_passes)
+    times = _gather_max(torch.tensor([seconds, unsynced], dtype=torch.float64, device=dev), dist)
+    tokens_all = _gather_sum(torch.tensor([_shard_tokens(batches, rank, share)], device=dev), dist)
+    # the DDP reducer holds the process group and gloo work objects: release them before the group is
+    # destroyed, not at interpreter exit (a gloo worker thread torn down then aborts the process)
+    ddp = opt = None  # type: ignore[assignment]
+    gc.collect()
+    return RunResult("ddp", world, backend, weights, int(tokens_all[0]), float(times[0]),
+                     comm_seconds=float(times[0] - times[1]))  # fmt: skip
+
+
+def _shard_tokens(batches: list, rank: int, share: int) -> int:
+    return int(sum(int(n[rank * share : (rank + 1) * share].sum()) for _, _, n in batches))
+
+
+def _gather_max(t: Any, dist: Any) -> Any:
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.cpu()
+
+
+def _gather_sum(t: Any, dist: Any) -> Any:
+    dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t.cpu()
+
+
+class _Unwrap:
+    """``nn.LSTM`` returns ``(output, state)``; a Sequential stage needs the output only."""
+
+    def __new__(cls, layer: Any) -> Any:
+        import torch
+
+        class Stage(torch.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.layer = layer
+
+            def forward(self, x: Any) -> Any:
+                return self.layer(x)[0]
+
+        return Stage()
+
+
+def stage_bounds(layers: int, world: int) -> list[tuple[int, int]]:
+    """Contiguous layer ranges per stage, as even as possible (earlier stages take the remainder)."""
+    base, extra = divmod(layers, world)
+    bounds, start = [], 0
+    for rank in range(world):
+        size = base + (1 if rank < extra else 0)
+        bounds.append((start, start + size))
+        start += size
+    return bounds
+
+
+def balanced_bounds(layer_seconds: Sequence[float], stages: int) -> list[tuple[int, int]]:
+    """Contiguous layer ranges, one per stage, that minimise the slowest stage's total time (the pipeline's
+    throughput is set by its slowest stage). Exact: dynamic programming over split points; among equally
+    slow splits, the one whose stages are most even in layer count."""
+    times = [float(t) for t in layer_seconds]
+    if stages < 1 or len(times) < stages:
+        raise ValueError(f"{len(times)} layers cannot fill {stages} pipeline stages (each needs at least one)")
+    if not all(t > 0 and t < float("inf") for t in times):
+        raise ValueError(f"layer times must be positive and finite, got {times}")
+    prefix = np.concatenate([[0.0], np.cumsum(times)])
+    n = len(times)
+    # best[k][j]: (slowest stage, layer-count spread) of the first j layers in k stages; cut[k][j]: last split
+    best = [[(float("inf"), 0)] * (n + 1) for _ in range(stages + 1)]
+    cut = [[0] * (n + 1) for _ in range(stages + 1)]
+    best[0][0] = (0.0, 0)
+    for k in range(1, stages + 1):
+        for j in range(k, n - (stages - k) + 1):
+            for i in range(k - 1, j):
+                slowest = max(best[k - 1][i][0], prefix[j] - prefix[i])
+                candidate = (slowest, max(best[k - 1][i][1], abs((j - i) - n / stages)))
+                if candidate < best[k][j]:
+                    best[k][j], cut[k][j] = candidate, i
+    bounds, j = [], n
+    for k in range(stages, 0, -1):
+        bounds.append((cut[k][j], j))
+        j = cut[k][j]
+    return bounds[::-1]
+
+
+def measure_layer_seconds(cfg: TrainConfig, device: Any, repeats: int = 3) -> list[float]:
+    """Median seconds of one training pass (forward and backward) of each layer on one micro-batch, measured
+    on ``device``: what a stage of those layers costs per micro-batch."""
+    import torch
+
+    mb = cfg.batch // cfg.micro_batches
+    out = []
+    for i, layer in enumerate(build_layers(cfg)):
+        layer = layer.to(device)
+        x = torch.randn(mb, cfg.seq_len, cfg.input_size if i == 0 else cfg.hidden, device=device, requires_grad=True)
+        samples = []
+        for _ in range(repeats + 1):  # the first pass warms up (allocations, algorithm choice)
+            _sync(device)
+            start = time.perf_counter()
+            layer(x)[0].sum().backward()
+            _sync(device)
+            samples.append(time.perf_counter() - start)
+        out.append(float(np.median(samples[1:])))
+    return out
+
+
+def _pipeline_bounds(cfg: TrainConfig, world: int, rank: int, dev: Any, dist: Any) -> list[tuple[int, int]]:
+    """Every rank's layer range: equal layer counts, or (``balance="measured"``) balanced by the per-layer
+    times rank 0 measures on its device and sends to every rank (so all ranks split the model the same way)."""
+    if cfg.balance == "equal" or world == 1:
+        return stage_bounds(cfg.layers, world)
+    shared: list[Any] = [measure_layer_seconds(cfg, dev) if rank == 0 else None]
+    dist.broadcast_object_list(shared, src=0)
+    return balanced_bounds(shared[0], world)
+
+
+def pipeline_worker(rank: int, world: int, cfg: TrainConfig, backend: str) -> RunResult:
+    """GPipe schedule: every micro-batch forward through the stages, then every backward in reverse."""
+    import torch
+    import torch.distributed as dist
+
+    dev = _device_for(rank, backend)
+    bounds = _pipeline_bounds(cfg, world, rank, dev, dist)
+    lo, hi = bounds[rank]
+    layers = [layer.to(dev) for layer in build_layers(cfg)[lo:hi]]
+    params = [p for layer in layers for p in layer.parameters()]
+    opt = torch.optim.SGD(params, lr=cfg.lr)
+    batches = make_batches(cfg)
+    first, last = rank == 0, rank == world - 1
+
+    def step(batch: Any) -> None:
+        x, y, n = batch
+        t = x.shape[1]
+        mb = cfg.batch // cfg.micro_batches
+        total = int(n.sum()) * cfg.hidden
+        inputs, outputs = [], []
+        opt.zero_grad()
+        for m in range(cfg.micro_batches):
+            if first:
+                inp = x[m * mb : (m + 1) * mb].to(dev)
+            else:
+                inp = torch.empty(mb, t, cfg.hidden if lo > 0 else cfg.input_size, device=dev)
+                dist.recv(inp, src=rank - 1)
+                inp.requires_grad_(True)
+            out = inp
+            for layer in layers:
+                out, _ = layer(out)
+            if not last:
+                dist.send(out.detach().contiguous(), dst=rank + 1)
+            inputs.append(inp)
+            outputs.append(out)
+        for m in reversed(range(cfg.micro_batches)):
+            if last:
+                sl = slice(m * mb, (m + 1) * mb)
+                _loss(outputs[m], y[sl].to(dev), n[sl], total).backward()
+            else:
+                grad = torch.empty(outputs[m].shape, dtype=outputs[m].dtype, device=dev)
+                dist.recv(grad, src=rank + 1)
+                outputs[m].backward(grad)
+            if not first:
+                dist.send(inputs[m].grad.contiguous(), dst=rank - 1)
+        opt.step()
+
+    for batch in batches:
+        step(batch)
+    weights = _weights(layers, offset=lo)
+    seconds, tokens = _timed_pass(step, batches, dev, cfg.timed_passes)
+    times = _gather_max(torch.tensor([seconds], dtype=torch.float64, device=dev), dist)
+    return RunResult("pipeline", world, backend, weights, tokens, float(times[0]), stages=bounds)
+
+
+WORKERS = {"ddp": ddp_worker, "pipeline": pipeline_worker}
+
+
+# --------------------------------------------------------------------------------------------- launching
+def _entry(rank: int, world: int, strategy: str, cfg: TrainConfig, backend: str, init: str, out: str) -> None:
+    """One rank's whole life in the process group: train, merge every rank's weights into rank 0's result file,
+    wait for every rank, destroy the group. Raises on any failure (the caller ends the process)."""
+    import torch
+    import torch.distributed as dist
+
+    undo = _plant_from_env()
+    dist.init_process_group(backend, init_method=init, rank=rank, world_size=world)
+    if os.environ.get(WORKER_RAISE_ENV) == str(rank):
+        raise RuntimeError(f"planted failure in rank {rank} ({WORKER_RAISE_ENV}={rank})")
+    result = WORKERS[strategy](rank, world, cfg, backend)
+    # every rank's weights reach rank 0 (pipeline stages hold different layers; DDP replicas agree)
+    gathered: list[Any] = [None] * world
+    dist.all_gather_object(gathered, result.weights)
+    if rank == 0:
+        merged: dict[str, np.ndarray] = {}
+        for part in gathered:
+            for name, value in part.items():
+                merged.setdefault(name, value)
+        result.weights = merged
+        torch.save(asdict(result), out)
+    dist.barrier()  # every rank done with the group before any destroys it
+    gc.collect()
+    dist.destroy_process_group()
+    if undo is not None:
+        undo()
+
+
+def _end_process(status: int) -> None:
+    """End a rank's process without the interpreter's teardown. By now the result is written, every rank has
+    passed the last barrier and the group is destroyed; what is left is interpreter finalization and C++ static
+    destructors, which run while threads of the native libraries (c10d, gloo, OpenMP) may still be alive. A
+    ``std::thread`` destroyed while joinable there calls std::terminate ("terminate called without an active
+    exception", SIGABRT: the abort CI saw once). Nothing remains to clean up, so skip it: flush what the rank
+    printed and leave."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(status)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class RankFailure(RuntimeError):
+    """A rank process failed: the message names the rank, its exit code or signal and its last output lines."""
+
+
+TAIL_LINES = 8
+
+
+def _tail(path: str, lines: int = TAIL_LINES) -> list[str]:
+    try:
+        with open(path, errors="replace") as fh:
+            text = fh.read()
+    except OSError as exc:
+        return [f"(its output could not be read: {exc})"]
+    kept = [line for line in text.splitlines() if line.strip()]
+    return kept[-lines:] or ["(it printed nothing)"]
+
+
+def _how_it_ended(code: int) -> str:
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return f"was killed by {signal.Signals(-code).name}"
+        return f"was killed by signal {-code}"
+    return f"exited with status {code}"
+
+
+def _rank_command(strategy: str, cfg: TrainConfig, backend: str, out: str) -> list[str]:
+    args = [sys.executable, "-m", "pytest_lstmperf.workloads.distributed", "--strategy", strategy, "--backend", backend,
+            "--out", out]  # fmt: skip
+    for name, value in asdict(cfg).items():
+        args += [f"--{name.replace('_', '-')}", str(value).lower() if isinstance(value, bool) else str(value)]
+    return args
+
+
+def _rank_env(rank: int, world: int, port: int, backend: str) -> dict[str, str]:
+    package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world),
+           "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+           # the launcher hosts the store, as torchrun's agent does: every rank is a client of it
+           "TORCHELASTIC_USE_AGENT_STORE": "True",
+           "PYTHONPATH": os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p)}  # fmt: skip
+    if backend == "gloo":  # ranks share the host's cores instead of each starting one thread per core
+        env["OMP_NUM_THREADS"] = str(max(1, available_cores() // world))
+    return env
+
+
+def available_cores() -> int:
+    """CPU cores this process may run on (its affinity mask, which containers and taskset narrow)."""
+    with contextlib.suppress(AttributeError, OSError):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def _watch(procs: list[subprocess.Popen], logs: list[str], what: str, timeout_s: float) -> None:
+    """Wait for every rank to exit 0. The first rank to fail (or the deadline) stops the others, and the error
+    says which rank failed, how, and its last output lines."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        codes = [p.poll() for p in procs]
+        failed = [rank for rank, code in enumerate(codes) if code not in (None, 0)]
+        if failed or all(code == 0 for code in codes) or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    stopped = _stop(procs)
+    if failed:
+        lines = [f"{what} failed: rank {rank} {_how_it_ended(codes[rank])}" for rank in failed]
+        if stopped:
+            lines[0] += f" (stopped rank{'s' if len(stopped) > 1 else ''} {', '.join(map(str, stopped))})"
+        for rank in failed:
+            lines += [f"  rank {rank}, last lines of its output:", *(f"    {x}" for x in _tail(logs[rank]))]
+        raise RankFailure("\n".join(lines))
+    if stopped:
+        raise TimeoutError(f"{what} did not finish in {timeout_s:.0f} s (stopped ranks {stopped}); last lines of "
+                           f"rank 0: {' | '.join(_tail(logs[0], 3))}")  # fmt: skip
+
+
+def _stop(procs: list[subprocess.Popen]) -> list[int]:
+    stopped = [rank for rank, p in enumerate(procs) if p.poll() is None]
+    for rank in stopped:
+        procs[rank].kill()
+    for p in procs:
+        p.wait()
+    return stopped
+
+
+def launch(strategy: str, world: int, cfg: TrainConfig, backend: str = "gloo", timeout_s: float = 600) -> RunResult:
+    """Run ``strategy`` on ``world`` processes (gloo: CPU; nccl: one GPU each) and return rank 0's result.
+    A rank that fails raises :class:`RankFailure` with that rank's own error."""
+    import torch
+    import torch.distributed as tdist
+
+    cfg.check_world(strategy, world)
+    if backend not in ("gloo", "nccl"):
+        raise ValueError(f"unknown backend {backend!r} (valid: gloo, nccl)")
+    if backend == "nccl" and torch.cuda.device_count() < world:
+        raise ValueError(f"nccl with {world} ranks needs {world} GPUs, {torch.cuda.device_count()} usable")
+    from datetime import timedelta
+
+    what = f"{strategy} on {world} rank{'s' if world > 1 else ''} ({backend})"
+    with tempfile.TemporaryDirectory(prefix="lstmperf-dist-") as tmp:
+        out = os.path.join(tmp, "result.pt")
+        # port 0: the system picks a free port while the store listens on it (no window for another process)
+        store = tdist.TCPStore("127.0.0.1", 0, world, is_master=True, wait_for_workers=False,
+                               timeout=timedelta(seconds=timeout_s))  # fmt: skip
+        logs = [os.path.join(tmp, f"rank{rank}.log") for rank in range(world)]
+        procs = []
+        try:
+            for rank in range(world):
+                with open(logs[rank], "w") as log:
+                    procs.append(subprocess.Popen(
+                        _rank_command(strategy, cfg, backend, out), env=_rank_env(rank, world, store.port, backend),
+                        stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT))  # fmt: skip
+            _watch(procs, logs, what, timeout_s)
+        finally:
+            _stop(procs)
+            del store
+        data = torch.load(out, weights_only=False)
+    return RunResult(**data)
+
+
+def initial_weights(cfg: TrainConfig) -> dict[str, np.ndarray]:
+    return _weights(build_layers(cfg))
+
+
+def updates(weights: dict[str, np.ndarray], cfg: TrainConfig) -> dict[str, np.ndarray]:
+    """What training changed: trained minus initial weights (the sharp thing to compare; the weights
+    themselves are dominated by their initial values)."""
+    start = initial_weights(cfg)
+    return {name: value - start[name] for name, value in weights.items()}
+
+
+def update_difference(a: RunResult, b: RunResult, cfg: TrainConfig) -> tuple[float, str]:
+    """:func:`max_relative_difference` of two runs' weight updates."""
+    return max_relative_difference(updates(a.weights, cfg), updates(b.weights, cfg))
+
+
+def max_relative_difference(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) -> tuple[float, str]:
+    """The largest ``|a - b| / |b|`` (norms) over the tensors both hold, and its tensor's name."""
+    if set(a) != set(b):
+        missing = sorted(set(a) ^ set(b))
+        raise ValueError(f"the runs hold different tensors: {', '.join(missing[:6])}")
+    worst, name = 0.0, ""
+    for key in a:
+        err = float(np.linalg.norm(a[key] - b[key]) / max(np.linalg.norm(b[key]), 1e-300))
+        if err > worst:
+            worst, name = err, key
+    return worst, name
+
+
+# --------------------------------------------------------------------------------------------- torchrun
+def main(argv: list[str] | None = None) -> int:
+    """Entry point under torchrun (reads RANK, WORLD_SIZE, MASTER_ADDR/PORT from the environment)."""
+    parser = argparse.ArgumentParser(prog="python -m pytest_lstmperf.workloads.distributed")
+    parser.add_argument("--strategy", choices=STRATEGIES, default="ddp")
+    parser.add_argument("--backend", choices=("gloo", "nccl"), default=None, help="default: nccl with GPUs, else gloo")
+    parser.add_argument("--out", required=True, help="rank 0 writes its result here (torch.save of a dict)")
+    for name, value in asdict(TrainConfig()).items():
+        kind = (lambda s: s.lower() in ("1", "true", "yes")) if isinstance(value, bool) else type(value)
+        parser.add_argument(f"--{name.replace('_', '-')}", type=kind, default=value)
+    args = parser.parse_args(argv)
+    if "RANK" not in os.environ:
+        parser.error("run under torchrun (RANK and WORLD_SIZE unset)")
+    world, rank = int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"])
+    try:
+        cfg = TrainConfig(**{k: getattr(args, k) for k in asdict(TrainConfig())})
+        cfg.check_world(args.strategy, world)
+    except ValueError as exc:
+        parser.error(str(exc))
+    import torch
+
+    backend = args.backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    try:
+        _entry(rank, world, args.strategy, cfg, backend, "env://", args.out)
+    except BaseException:
+        traceback.print_exc()
+        _end_process(1)
+    if rank == 0:
+        result = RunResult(**torch.load(args.out, weights_only=False))
+        comm = "" if result.comm_share is None else f", communication {100 * result.comm_share:.0f}% of the step time"
+        print(f"{args.strategy} on {world} ranks ({backend}): {result.tokens} time steps in {result.seconds:.3f} s "
+              f"= {result.throughput:.4g} steps/s{comm}; result written to {args.out}", flush=True)  # fmt: skip
+    _end_process(0)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
