@@ -65,7 +65,9 @@ def add_explain_command(subparsers: Any) -> None:
         "recurrent_dropout, unroll, use_cudnn, implementation, go_backwards, mask)",
     )  # fmt: skip
     parser.add_argument(
-        "--framework", "-f", default="keras-tensorflow",
+        "--framework",
+        "-f",
+        default="keras-tensorflow",
         help="keras-tensorflow (default), keras-torch, torch, torch-compile or onnxruntime",
     )
     parser.add_argument("--device", "-d", default="cpu", help="cpu (default), cuda, cuda:N")

@@ -221,13 +221,15 @@ def devices(include_unusable: bool = False) -> st.SearchStrategy[str]:
 
 
 def path_names(device: str = "cpu", framework: str | None = "torch") -> st.SearchStrategy[str]:
-    """Names of the registered execution paths of ``device`` (and ``framework``: torch, keras; None: all)."""
+    """Names of the registered execution paths of ``device`` (and ``framework``: torch, keras, torch-compile,
+    onnxruntime; None: all)."""
     from .. import paths as registry
 
     names = [
         p.name
         for p in registry.for_device(device.split(":")[0])
-        if framework is None or p.framework == framework or p.framework.startswith(f"{framework}-")
+        # "keras" takes both Keras backends (keras-tensorflow, keras-torch); "torch" is eager torch only
+        if framework is None or p.framework == framework or (framework == "keras" and p.framework.startswith("keras-"))
     ]
     if not names:
         raise ValueError(f"no registered path for device {device!r} and framework {framework!r}")
