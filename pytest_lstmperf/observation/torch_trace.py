@@ -483,6 +483,7 @@ def profiler_trace(device: str, phase: str) -> Iterator[list[KernelTrace]]:
     kernels: list[str] = []
     rec_dtypes: list[str] = []
     mm_dtypes: list[str] = []
+    any_dtypes: list[str] = []  # element types entering any ATen op (a replayed graph's input copies)
     regions = launches = 0
     for event in prof.profiler.kineto_results.events():  # type: ignore[union-attr]
         name = event.name()
@@ -496,13 +497,20 @@ def profiler_trace(device: str, phase: str) -> Iterator[list[KernelTrace]]:
         elif name.startswith("aten::"):
             short = short_op(name)
             ops.append(short)
-            target = rec_dtypes if short in _RECURRENT_OPS else mm_dtypes if short in _MATMUL_OPS else None
+            target = rec_dtypes if short in _RECURRENT_OPS else mm_dtypes if short in _MATMUL_OPS else any_dtypes
             first = next((d for d in event.dtypes() if d in _PROFILER_DTYPES), None)
-            if target is not None and first is not None:
+            if first is not None:
                 target.append(_PROFILER_DTYPES[first])
     compiled = CompiledRun(regions, launches)
     unique = tuple(dict.fromkeys(ops))
     dtypes = rec_dtypes or mm_dtypes
+    note = compiled.describe()
+    if not dtypes and launches and any_dtypes:
+        # a replayed CUDA graph dispatches no recurrent op or product: its inputs' element types (the copies into
+        # the graph's static buffers), unless a kernel name shows a narrower type
+        narrower = kernel_element_types(kernels) - {"fp32", "fp64"}
+        dtypes = sorted(narrower) or any_dtypes
+        note += "; precision from the element types entering the replayed graph and its kernel names"
     out.append(
         KernelTrace(
             family=classify_compiled(unique, kernels, kind, compiled),
@@ -511,6 +519,6 @@ def profiler_trace(device: str, phase: str) -> Iterator[list[KernelTrace]]:
             ops=unique,
             kernels=tuple(kernels),
             dtypes=tuple(dict.fromkeys(dtypes)),
-            detail=compiled.describe(),
+            detail=note,
         )
     )
