@@ -340,3 +340,18 @@ def test_bench_params_say_why_an_inference_path_has_no_training_benchmark() -> N
     spec = LayerSpec(training=True)
     assert run_spec(path, spec, "forward") == spec.replace(training=False)  # type: ignore[arg-type]
     assert run_spec(path, spec, "train") == spec  # type: ignore[arg-type]
+
+
+@needs_onnx
+def test_explain_run_observes_the_kernel_of_each_new_framework() -> None:
+    """``lstmperf explain --run``: each framework's layer runs on its own runner (not Keras's), and the observed
+    kernel matches the prediction."""
+    from pytest_lstmperf.device import DeviceInfo
+    from pytest_lstmperf.observation.eligibility import build_report
+
+    spec = LayerSpec(training=False)
+    rows = build_report([("onnxruntime", spec, None), ("torch-compile", spec, None)], DeviceInfo("cpu"), run=True)
+    assert [(r.verdict.kernel, r.observed) for r in rows] == [
+        ("ort-rnn", "ort-rnn/fp32"),
+        ("onednn", "onednn/fp32"),
+    ]
