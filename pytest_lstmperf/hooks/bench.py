@@ -468,12 +468,23 @@ def bench_params(config: pytest.Config, mode: str) -> list[Any]:
             continue
         reason = session.unavailable.get(path.name)
         for shape in shapes:
-            if reason is None and path.supports(shape.spec) is not None:
-                continue
+            not_run = reason
+            if reason is None and path.supports(run_spec(path, shape.spec, mode)) is not None:
+                if not (mode == "train" and path.options.get("inference_only")):
+                    continue
+                not_run = path.supports(shape.spec)  # said once per shape: this path has no training step
             case = BenchCase(path.name, shape, mode, set_name)
-            marks = [pytest.mark.skip(reason=f"{path.name}: {reason}")] if reason else []
+            marks = [pytest.mark.skip(reason=f"{path.name}: {not_run}")] if not_run else []
             params.append(pytest.param(case, id=case.id, marks=marks))
     return params
+
+
+def run_spec(path: ExecutionPath, spec: Any, mode: str) -> Any:
+    """The spec a benchmark prepares: the shape's own, or its inference form for an inference-only path's
+    forward benchmark (ONNX Runtime; the shape keeps its id, so one shape is timed on every path)."""
+    if mode == "forward" and path.options.get("inference_only") and spec.training:
+        return spec.replace(training=False)
+    return spec
 
 
 # ---------------------------------------------------------------------------------------------- fixture
@@ -506,7 +517,7 @@ class BenchRunner:
         thresholds = self._thresholds()
         phases = self.benchmark.extra_info.setdefault("phase_s", {})
         started = time.perf_counter()
-        run = path.prepare(make_case(spec, session.seed), device)
+        run = path.prepare(make_case(run_spec(path, spec, case.mode), session.seed), device)
         call = run.forward if case.mode == "forward" else run.train_step
         extra = self.benchmark.extra_info
         extra.update(

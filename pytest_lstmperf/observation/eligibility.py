@@ -332,6 +332,10 @@ def _reference_slowdown(verdict: Verdict) -> tuple[str, str]:
     return (f"~{hit[0]:g}x", hit[1]) if hit else ("?", "no figure recorded")
 
 
+#: the module whose ``prepare`` runs a framework's layer (Keras frameworks: ``keras.paths``)
+_RUNNERS = {"torch": "torch_paths", "torch-compile": "compiled", "onnxruntime": "onnx_runtime"}
+
+
 def run_config(framework: str, spec: LayerSpec, options: KerasOptions | None, device: Any) -> Any:
     """A PreparedRun for one config on ``device`` (a DeviceInfo)."""
     from ..model.case import make_case
@@ -340,8 +344,7 @@ def run_config(framework: str, spec: LayerSpec, options: KerasOptions | None, de
     path = ExecutionPath(
         name="report", framework=framework, device=device.kind, kernel="none", precision="fp32",
         description="eligibility report run",
-        prepare_ref=("pytest_lstmperf.paths.torch_paths:prepare" if framework == "torch"
-                     else "pytest_lstmperf.paths.keras.paths:prepare"),
+        prepare_ref=f"pytest_lstmperf.paths.{_RUNNERS.get(framework, 'keras.paths')}:prepare",
         available_ref="", supports_ref="", options={} if options is None else {"keras": options},
     )  # fmt: skip
     return path.prepare(make_case(spec), device)

@@ -25,6 +25,16 @@ The rules are read from the library source named in each rule (``source``) at th
 * ``torch``: ``torch.nn.LSTM``/``GRU`` (aten/src/ATen/native/RNN.cpp): cuDNN for CUDA inputs when
   ``cudnn.enabled`` (bfloat16 needs cuDNN >= 9.13); on the CPU oneDNN for dense float32/bfloat16 LSTM without
   projections, else the native kernels.
+* ``torch-compile``: ``torch.compile`` of the torch layer. Dynamo graph-breaks on RNN modules unless
+  ``torch._dynamo.config.allow_rnn`` (``Context.compile_allow_rnn``) is set, so the layer runs eagerly on
+  the kernel the ``torch`` rules pick, and ``mode="reduce-overhead"`` has no graph to capture around it
+  (torch/_dynamo/variables/builder.py). With ``allow_rnn`` on CUDA ``aten::lstm``/``gru`` is decomposed
+  (torch/_decomp/decompositions.py ``lstm_impl``) into matmuls and inductor kernels: it leaves cuDNN. On
+  the CPU inductor keeps oneDNN's ``mkldnn_rnn_layer`` for an LSTM oneDNN takes.
+* ``onnxruntime``: ``torch.onnx.export`` (dynamo exporter) then ONNX Runtime. Not a cuDNN question: the
+  rules say what makes the export or the session fail (a packed sequence, ``proj_size``) and which
+  execution provider runs the ONNX ``LSTM``/``GRU`` node (``ort-rnn`` on the CPU, ``ort-cuda-rnn`` with
+  onnxruntime-gpu's CUDA provider; the routine inside the provider's kernel is not observable).
 
 Each rule is an entry of :data:`RULES`; a rule removed from the table (``explain(..., rules=...)``) makes the
 explainer disagree with the library, which the tests use to show the agreement check can fail.
@@ -43,21 +53,26 @@ from ..model.spec import LayerSpec
 from ..paths.keras.layer import KerasOptions, mask_style
 
 #: the library versions the rules below were read from (installed source, keras/src/..., torch RNN.cpp docs)
-RULES_READ_FROM = {"keras": "3.15.1", "tensorflow": "2.21.0", "torch": "2.13.0", "jax": "0.10.2"}
+RULES_READ_FROM = {"keras": "3.15.1", "tensorflow": "2.21.0", "torch": "2.13.0", "jax": "0.10.2", "onnxscript": "0.7.2"}
 
-FRAMEWORKS = ("keras-tensorflow", "keras-torch", "keras-jax", "torch")
+FRAMEWORKS = ("keras-tensorflow", "keras-torch", "keras-jax", "torch", "torch-compile", "onnxruntime")
 _ALIASES = {
     "keras-tensorflow": "keras-tensorflow", "keras-tf": "keras-tensorflow", "keras": "keras-tensorflow",
     "tensorflow": "keras-tensorflow", "tf": "keras-tensorflow",
     "keras-torch": "keras-torch", "keras-pytorch": "keras-torch",
     "keras-jax": "keras-jax", "jax": "keras-jax",
     "torch": "torch", "pytorch": "torch",
+    "torch-compile": "torch-compile", "torch.compile": "torch-compile", "compile": "torch-compile",
+    "onnxruntime": "onnxruntime", "onnx": "onnxruntime", "ort": "onnxruntime",
 }  # fmt: skip
 _KERAS_LSTM = "keras/src/layers/rnn/lstm.py LSTM.inner_loop (gru.py GRU.inner_loop)"
 _TF_RNN = "keras/src/backend/tensorflow/rnn.py"
 _TORCH_RNN = "keras/src/backend/torch/rnn.py"
 _JAX_RNN = "keras/src/backend/jax/rnn.py"
 _ATEN = "aten/src/ATen/native/RNN.cpp (use_cudnn / use_mkldnn)"
+_DYNAMO = "torch/_dynamo/variables/builder.py (allow_rnn); torch/_decomp/decompositions.py lstm_impl/gru_impl"
+_ONNX = "torch/onnx/_internal/exporter (dynamo exporter) with onnxscript's aten::lstm/gru -> ONNX LSTM/GRU"
+_TORCHES = ("torch", "torch-compile")
 
 
 class ExplainError(ValueError):
@@ -78,6 +93,8 @@ class Context:
     torch_matmul_tf32: bool = False  # torch.backends.cuda.matmul.allow_tf32 (default off)
     mkldnn_enabled: bool = True
     compiling: bool = False  # inside torch.compile / torch.jit tracing
+    compile_allow_rnn: bool = False  # torch._dynamo.config.allow_rnn (framework torch-compile)
+    ort_cuda_provider: bool = True  # onnxruntime lists CUDAExecutionProvider (framework onnxruntime, device cuda)
 
     @property
     def sees_gpu(self) -> bool:
@@ -353,7 +370,7 @@ RULES: tuple[Rule, ...] = (
         raises_when_forced=("keras-jax",),
     ),
     Rule(
-        "cudnn_disabled", ("keras-torch", "torch"),
+        "cudnn_disabled", ("keras-torch", *_TORCHES),
         lambda s, o, c: (
             "torch.backends.cudnn.enabled is False: torch._VF.lstm/gru runs PyTorch's generic CUDA kernels"
             if c.device == "cuda" and not c.cudnn_enabled else None
@@ -363,7 +380,7 @@ RULES: tuple[Rule, ...] = (
         _ATEN,
     ),
     Rule(
-        "bf16_cudnn", ("keras-torch", "torch"),
+        "bf16_cudnn", ("keras-torch", *_TORCHES),
         lambda s, o, c: (
             f"bfloat16 with cuDNN {c.cudnn_version}: cuDNN RNNs take bfloat16 from 9.13 on"
             if c.device == "cuda" and s.dtype == "bfloat16" and (c.cudnn_version or 0) < 91300 else None
@@ -373,11 +390,56 @@ RULES: tuple[Rule, ...] = (
         _ATEN,
     ),
     Rule(
-        "torch_cpu", ("torch",),
+        "torch_cpu", _TORCHES,
         lambda s, o, c: "input on the CPU: cuDNN needs a CUDA tensor" if c.device != "cuda" else None,
         lambda s, o, c: "move the module and its input to a CUDA device (.to('cuda'))",
         "none for the layer; needs a GPU machine",
         _ATEN,
+    ),
+    Rule(
+        "compile_allow_rnn", ("torch-compile",),
+        lambda s, o, c: (
+            "torch._dynamo.config.allow_rnn=True: Dynamo traces the layer and aten::lstm/gru is decomposed into "
+            "per-step matmuls and inductor's generated kernels (family inductor), off cuDNN"
+            if c.compile_allow_rnn and c.device == "cuda" else None
+        ),
+        lambda s, o, c: "allow_rnn=True -> False (the default): Dynamo graph-breaks on the layer, which runs cuDNN",
+        "the layer is no longer compiled: no fusion across it, and mode='reduce-overhead' replays no CUDA graph "
+        "of it (the eager call's host overhead stays)",
+        _DYNAMO,
+    ),
+    Rule(
+        "onnx_packed", ("onnxruntime",),
+        lambda s, o, c: (
+            "a PackedSequence: torch.export cannot trace pack_padded_sequence (data-dependent batch sizes), so "
+            "torch.onnx.export raises TorchExportError"
+            if s.length_mode == "packed" else None
+        ),
+        lambda s, o, c: "export the layer on padded input (length_mode packed -> padded); mask or slice the outputs "
+        "after the session",
+        "padded steps update the state (the ONNX LSTM's sequence_lens input is not filled by the exporter)",
+        _ONNX, effect="error",
+    ),
+    Rule(
+        "onnx_proj", ("onnxruntime",),
+        lambda s, o, c: (
+            f"proj_size={s.proj_size}: ONNX's LSTM has no projection; the exporter emits a plain LSTM node without "
+            "weight_hr, and the session fails at run time (\"Input initial_c must have shape ...\")"
+            if s.proj_size else None
+        ),
+        lambda s, o, c: f"proj_size={s.proj_size} -> 0 (or a Linear after an LSTM without projection)",
+        "changes the layer: a projected LSTM's weights do not carry over; retrain",
+        _ONNX, effect="error",
+    ),
+    Rule(
+        "onnx_cuda_provider", ("onnxruntime",),
+        lambda s, o, c: (
+            "onnxruntime lists no CUDAExecutionProvider (the CPU package is installed): the session runs on "
+            "the CPU provider" if c.device == "cuda" and not c.ort_cuda_provider else None
+        ),
+        lambda s, o, c: "pip install onnxruntime-gpu (it replaces onnxruntime) on a machine with CUDA",
+        "none for the layer; a GPU build of ONNX Runtime matching the machine's CUDA",
+        "onnxruntime.get_available_providers()",
     ),
 )  # fmt: skip
 
@@ -455,6 +517,10 @@ def explain(
     ctx = context if context is not None else context_for(device)
     table = RULES if rules is None else tuple(rules)
     notes: list[str] = []
+    if framework in ("torch-compile", "onnxruntime"):
+        if options is not None and options.differences():
+            raise ExplainError(f"Keras options {options.short()} given for framework {framework!r}")
+        return _explain_exported(spec, framework, ctx, table)
     if framework == "torch":
         if spec.cell == "gru" and not spec.reset_after:
             raise ExplainError("PyTorch's GRU is reset-after only: reset_after=False exists in Keras alone")
@@ -536,6 +602,52 @@ def _jax_gru_runs_fused(framework: str, spec: LayerSpec, rule_id: str) -> bool:
                                                                                 "recurrent_dropout")  # fmt: skip
 
 
+def _explain_exported(spec: LayerSpec, framework: str, ctx: Context, table: Sequence[Rule]) -> Verdict:
+    """torch.compile and ONNX Runtime: the rules of the table that apply to ``framework``."""
+    if spec.cell == "gru" and not spec.reset_after:
+        raise ExplainError("PyTorch's GRU is reset-after only: reset_after=False exists in Keras alone")
+    reasons = [
+        Reason(rule.id, finding, rule.change(spec, KerasOptions(), ctx), rule.cost, rule.source, rule.effect)
+        for rule in table
+        if framework in rule.frameworks and (finding := rule.check(spec, KerasOptions(), ctx)) is not None
+    ]
+    notes: list[str] = []
+    raises = next((f"{r.finding.split(':')[0]}: the export or the session fails" for r in reasons
+                   if r.effect == "error"), None)  # fmt: skip
+    ids = {r.rule for r in reasons}
+    if framework == "torch-compile":
+        blocking = [r for r in reasons if r.rule != "compile_allow_rnn"]
+        kernel = "inductor" if "compile_allow_rnn" in ids else _torch_kernel(spec, ctx, blocking)
+        if not ctx.compile_allow_rnn:
+            notes.append(
+                "Dynamo graph-breaks on the layer (allow_rnn=False): it runs eagerly; mode='reduce-overhead' "
+                "captures no CUDA graph around it"
+            )
+        elif ctx.device == "cpu" and kernel != "onednn":
+            kernel = "inductor"  # decomposed cells as inductor's C++ kernels
+    else:
+        kernel = "ort-cuda-rnn" if ctx.device == "cuda" and "onnx_cuda_provider" not in ids else "ort-rnn"
+        notes.append("ONNX Runtime runs inference only: no backward pass")
+    precision = _precision("torch", spec, kernel, ctx) if framework == "torch-compile" else "fp32"
+    return Verdict(
+        framework=framework, device=ctx.device, spec=spec, options=None, kernel=kernel, precision=precision,
+        reasons=tuple(reasons), raises=raises, notes=tuple(notes + _version_notes("torch")),
+        rules_from=_rules_from(framework),
+    )  # fmt: skip
+
+
+def onnx_export_problems(spec: LayerSpec) -> list[str]:
+    """Why ``spec`` cannot be exported to ONNX and run by ONNX Runtime (the ``onnxruntime`` rules whose
+    effect is an error), as short findings; empty when it can."""
+    ctx = Context()
+    return [
+        f"{rule.id}: {finding}"
+        for rule in RULES
+        if "onnxruntime" in rule.frameworks and rule.effect == "error"
+        and (finding := rule.check(spec, KerasOptions(), ctx)) is not None
+    ]  # fmt: skip
+
+
 def _torch_kernel(spec: LayerSpec, ctx: Context, blocking: list[Reason]) -> str:
     if ctx.device == "cuda":
         return "cuda-generic" if blocking else "cudnn"
@@ -572,8 +684,10 @@ def _precision(framework: str, spec: LayerSpec, kernel: str, ctx: Context, polic
 
 
 def _rules_from(framework: str) -> str:
-    if framework == "torch":
+    if framework in _TORCHES:
         return f"torch {RULES_READ_FROM['torch']}"
+    if framework == "onnxruntime":
+        return f"torch {RULES_READ_FROM['torch']}, onnxscript {RULES_READ_FROM['onnxscript']}"
     backend = {"keras-tensorflow": "tensorflow", "keras-jax": "jax"}.get(framework, "torch")
     return f"keras {RULES_READ_FROM['keras']} ({backend} backend), {backend} {RULES_READ_FROM[backend]}"
 
@@ -637,5 +751,6 @@ __all__ = [
     "fix_all",
     "installed_versions",
     "normalize_framework",
+    "onnx_export_problems",
     "without",
 ]
