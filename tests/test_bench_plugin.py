@@ -593,7 +593,7 @@ def test_keras_device_time_is_measured_in_its_worker() -> None:
     from pytest_lstmperf.device import resolve_device
     from pytest_lstmperf.model.case import make_case
     from pytest_lstmperf.model.spec import LayerSpec
-    from pytest_lstmperf.paths.keras.worker import LocalKerasRun
+    from pytest_lstmperf.paths.keras.runners import LocalKerasRun
 
     path = registry.get("keras-torch-cpu")
     device = resolve_device("cpu")
