@@ -19,8 +19,9 @@ from pathlib import Path
 import pytest
 
 from pytest_lstmperf.hooks import terminal
+from pytest_lstmperf.observation import claims
 from pytest_lstmperf.speed import gate as speed_gate
-from pytest_lstmperf.speed import runner, shapes, timing
+from pytest_lstmperf.speed import shapes, timing
 
 pytest_plugins = ["pytester"]
 
@@ -239,10 +240,10 @@ def test_known_kernel_finding_needs_every_difference_explained() -> None:
         options={"known_findings": {("precision", "fp16"): "autocast casts to half"}},
     )  # fmt: skip
     trace = SimpleNamespace
-    assert runner.known_kernel_finding(path, trace(family="cudnn", precision="fp16")) == "autocast casts to half"
-    assert runner.known_kernel_finding(path, trace(family="cuda-generic", precision="fp16")) is None
-    assert runner.known_kernel_finding(path, trace(family="cudnn", precision="fp32")) is None
-    assert runner.known_kernel_finding(path, trace(family="cudnn", precision="bf16")) is None
+    assert claims.known_kernel_finding(path, trace(family="cudnn", precision="fp16")) == "autocast casts to half"
+    assert claims.known_kernel_finding(path, trace(family="cuda-generic", precision="fp16")) is None
+    assert claims.known_kernel_finding(path, trace(family="cudnn", precision="fp32")) is None
+    assert claims.known_kernel_finding(path, trace(family="cudnn", precision="bf16")) is None
 
 
 def test_per_test_threshold_marker_and_compare_fail(gate) -> None:
@@ -516,9 +517,9 @@ def test_measured_peak_on_cpu() -> None:
 
 
 def test_shape_sets() -> None:
-    gate_cpu = shapes.bench_set("gate", "cpu")
+    gate_cpu = shapes.set_shapes("gate", "cpu")
     assert any(s.spec.batch == 1 for s in gate_cpu)
-    thorough = shapes.bench_set("thorough", "cuda")
+    thorough = shapes.set_shapes("thorough", "cuda")
     specs = {s.spec for s in thorough}
     assert shapes._lstm(1024, 1024, 64, 25) in specs and shapes._lstm(256, 256, 2, 150) in specs
     batches = sorted(s.spec.batch for s in thorough if "batch" in s.sweeps)
@@ -526,7 +527,7 @@ def test_shape_sets() -> None:
     assert {"hidden", "seq", "deepbench-train", "deepbench-infer"} <= {w for s in thorough for w in s.sweeps}
     assert len(specs) == len(thorough)
     with pytest.raises(ValueError, match="valid: gate, thorough"):
-        shapes.bench_set("all", "cpu")
+        shapes.set_shapes("all", "cpu")
 
 
 def test_summary_lines_speedup_over_generic() -> None:

@@ -121,7 +121,6 @@ def test_finding_on_other_versions_is_reported_as_reconfirmed(monkeypatch) -> No
     from types import SimpleNamespace
 
     from pytest_lstmperf.observation import claims as known_findings
-    from pytest_lstmperf.speed import runner
 
     seen = {"torch": "2.11", "cudnn": "91900"}
     finding = known_findings.KnownFinding("p", "precision", "fp16", "casts to half", seen)
@@ -133,9 +132,9 @@ def test_finding_on_other_versions_is_reported_as_reconfirmed(monkeypatch) -> No
     monkeypatch.setattr(known_findings, "KNOWN_FINDINGS", (finding,))
     monkeypatch.setattr(known_findings, "current_versions", lambda framework="torch": {"torch": "2.13.0"})
     path = dataclasses.replace(registry.get("torch-cpu-native"), name="p", kernel="cudnn", precision="bf16")
-    text = runner.known_kernel_finding(path, SimpleNamespace(family="cudnn", precision="fp16"))
+    text = known_findings.known_kernel_finding(path, SimpleNamespace(family="cudnn", precision="fp16"))
     assert text == "casts to half [re-confirmed on torch 2.13.0 (first seen on torch 2.11)]"
-    assert runner.known_kernel_finding(path, SimpleNamespace(family="cudnn", precision="fp32")) is None
+    assert known_findings.known_kernel_finding(path, SimpleNamespace(family="cudnn", precision="fp32")) is None
 
 
 def test_the_builtin_findings_carry_their_versions() -> None:

@@ -27,6 +27,7 @@ from .. import options
 from ..speed.gate import GateState, gate_knobs, run_gate
 from ..speed.provenance import benchmark_header, provenance, record_command
 from ..speed.runner import RECORD_KEY, BenchCase, BenchRunner
+from ..speed.shapes import bench_set
 from .terminal import outcome_lines, print_speed_section
 
 if TYPE_CHECKING:
@@ -65,11 +66,6 @@ def _setting(config: pytest.Config, name: str) -> options.Resolved:
     return options.resolve(config, name)
 
 
-def bench_set(config: pytest.Config) -> str:
-    """The selected benchmark set: ``gate`` (quick) or ``thorough``."""
-    return str(_setting(config, "lstmperf_bench_set").value)
-
-
 def _is_worker(config: pytest.Config) -> bool:
     return hasattr(config, "workerinput")
 
@@ -98,9 +94,7 @@ def _device(config: pytest.Config) -> DeviceInfo:
 
 
 def _fields(device: DeviceInfo) -> dict[str, str]:
-    from ..speed.baseline import comparable_fields
-
-    return comparable_fields(device.kind, device.fingerprint)
+    return device.comparable()
 
 
 def _baselines_dir(config: pytest.Config) -> Path:
@@ -247,11 +241,12 @@ def bench_params(config: pytest.Config, mode: str) -> list[Any]:
 
     Paths the device cannot run are kept as skipped parameters, so that the summary says why.
     """
-    from ..speed.shapes import bench_set
+    from ..session import ensure_session
+    from ..speed.shapes import set_shapes
 
-    session = _session(config)
-    set_name = _setting(config, "lstmperf_bench_set").value
-    shapes = [s for s in bench_set(set_name, session.device.kind) if mode in s.modes]
+    session = ensure_session(config)
+    set_name = bench_set(config)
+    shapes = [s for s in set_shapes(set_name, session.device.kind) if mode in s.modes]
     params = []
     for path in session.selected:
         if set_name == "gate" and not getattr(path, "in_gate", True):
@@ -270,15 +265,6 @@ def bench_params(config: pytest.Config, mode: str) -> list[Any]:
 def lstmperf_benchmark(benchmark: Any, request: pytest.FixtureRequest, lstmperf: Any) -> BenchRunner:
     """Measure one :class:`BenchCase` through pytest-benchmark's ``benchmark`` fixture."""
     return BenchRunner(benchmark, request, lstmperf, _state(request.config))
-
-
-def _session(config: pytest.Config) -> Any:
-    """The run's LstmPerfSession, created from the settings if no hook has created it yet."""
-    from ..session import SESSION_KEY, LstmPerfSession
-
-    if SESSION_KEY not in config.stash:
-        config.stash[SESSION_KEY] = LstmPerfSession.from_config(config)
-    return config.stash[SESSION_KEY]
 
 
 # ------------------------------------------------------------------------------------- collecting records
@@ -308,7 +294,7 @@ def pytest_benchmark_update_machine_info(config: pytest.Config, machine_info: di
         device = _device(config)
     except pytest.UsageError:
         return
-    from ..speed.baseline import device_key
+    from ..device import device_key
 
     machine_info["lstmperf"] = {"device_key": device_key(_fields(device)), "fingerprint": dict(device.fingerprint)}
 
@@ -320,7 +306,8 @@ def pytest_benchmark_update_json(config: pytest.Config, benchmarks: Any, output_
         device = _device(config)
     except pytest.UsageError:
         return
-    from ..speed.baseline import FORMAT, device_key
+    from ..device import device_key
+    from ..speed.baseline import FORMAT
 
     fields = _fields(device)
     output_json["lstmperf"] = {

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..model.spec import LayerSpec
+from ..observation.claims import satisfies
 from .tolerance import Tolerance, ToleranceTooLoose, pairwise_tolerance, tolerance
 
 
@@ -34,16 +35,11 @@ def relative_error(value: np.ndarray, reference: np.ndarray) -> float:
     return diff / norm if norm > 0 else diff
 
 
-#: a claimed precision is met by these observed ones: "tf32" means TF32 math is *allowed*; where the library
-#: picks full fp32 kernels for a shape (small layers, persistent kernels) the pass is more precise, not less
-SATISFIES = {"tf32": ("tf32", "fp32")}
-
-
 def bound_precision(claimed: str, observed: str) -> str:
     """The precision whose bound a pass is held to: the one it was observed to run in (autocast that ran
     fp16 where bf16 was claimed is held to fp16); an observation that satisfies the claim (fp32 kernels
     where TF32 is allowed) or that the trace could not tell (``unknown``) keeps the claimed precision."""
-    if observed in SATISFIES.get(claimed, (claimed,)) or observed not in ("fp32", "tf32", "fp16", "bf16", "fp64"):
+    if satisfies(claimed, observed) or observed not in ("fp32", "tf32", "fp16", "bf16", "fp64"):
         return claimed
     return observed
 
@@ -65,7 +61,7 @@ def check_trace(expected: tuple[str, str], trace: object | None, pass_: str) -> 
                 f"(ops seen: {ops}; GPU kernels seen: {kernels})",
             )
         )
-    if trace.precision not in SATISFIES.get(expected_precision, (expected_precision,)):  # type: ignore[attr-defined]
+    if not satisfies(expected_precision, trace.precision):  # type: ignore[attr-defined]
         found.append(
             Mismatch(
                 "precision",

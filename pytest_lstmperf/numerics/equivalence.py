@@ -18,17 +18,19 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from ..model.case import make_case
 from ..model.reference import run_reference
 from ..model.spec import LayerSpec
-from ..observation.claims import KnownFinding, current_versions, explain_trace, findings_for
-from ..session import Finding, LstmPerfSession
-from .checks import SATISFIES, Mismatch, bound_precision, check_against, check_finite, check_trace, format_failure
+from ..observation.claims import Finding, KnownFinding, current_versions, explain_trace, findings_for
+from .checks import Mismatch, bound_precision, check_against, check_finite, check_trace, format_failure
 from .tolerance import Tolerance, pairwise_tolerance, tolerance
+
+if TYPE_CHECKING:
+    from ..session import LstmPerfSession
 
 #: checks whose failure is decided at once: no shrinking, no further examples (a NaN, a wrong kernel or
 #: precision, a missing tensor, no memory, a bound that cannot check); an out-of-bound error may shrink
@@ -93,10 +95,6 @@ def _fail(path_name: str, spec: LayerSpec, seed: int, mismatches: list[Mismatch]
     )
 
 
-def _same_precision(claimed: str, observed: str) -> bool:
-    return observed in SATISFIES.get(claimed, (claimed,))
-
-
 def _trace_checks(path: Any, spec: LayerSpec, result: Any, node: pytest.Item | None) -> list[Mismatch]:
     """Kernel and precision of each pass against the claim; a difference a known finding documents is
     recorded as confirmed (expected), any other is a mismatch."""
@@ -109,7 +107,7 @@ def _trace_checks(path: Any, spec: LayerSpec, result: Any, node: pytest.Item | N
             _note(
                 node, "lstmperf_observed", f"{'fwd' if pass_ == 'forward' else 'bwd'} {trace.family}/{trace.precision}"
             )
-        known = explain_trace(path, expected, trace, _same_precision) if found and trace is not None else None
+        known = explain_trace(path, expected, trace) if found and trace is not None else None
         if known:
             for finding in known:
                 _tally(node).confirmed.setdefault(finding, []).append(spec.short())

@@ -401,7 +401,7 @@ def _keras_run(model: Any, inputs: Any) -> _Run:
     """Outputs and gradients w.r.t. the trainable weights (inference mode: no dropout), observed per layer."""
     import keras
 
-    from ..hooks.kernel_marker import observe
+    from ..observation.calls import observe
 
     with observe() as seen:
         if keras.backend.backend() == "tensorflow":

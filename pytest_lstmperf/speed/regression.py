@@ -28,6 +28,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from ..observation.claims import same_kernel
+
 #: verdicts that fail the session
 FAILING = ("regressed", "kernel-changed", "host-work-changed", "path-lost")
 #: verdicts that say the benchmark was compared (a run with none of them compared nothing)
@@ -258,17 +260,6 @@ def pick_samples(
     if metric == "device":
         return "device", [], [], why
     return "per-call", base_data, now_data, f"decided on per-call time: {why}"
-
-
-def same_kernel(then: str, now: str) -> bool:
-    """``family/precision`` strings agree; fp32 and tf32 count as one precision (see torch_trace.py: TF32 is
-    inferred from GEMM kernel names, which an RNN kernel may or may not show)."""
-
-    def norm(text: str) -> tuple[str, str]:
-        family, _, precision = text.partition("/")
-        return family, "fp32" if precision == "tf32" else precision
-
-    return norm(then) == norm(now)
 
 
 def correct_for_drift(samples: Sequence[float], drift: float, device_s: float | None = None) -> list[float]:

@@ -73,10 +73,21 @@ def _series(
     return {key: sorted(points.items()) for key, points in series.items() if points}
 
 
+def find_crossover(cpu: dict[int, float], gpu: dict[int, float]) -> int | None:
+    """The smallest batch size from which the GPU is faster than the CPU at every larger measured batch.
+
+    ``cpu``/``gpu`` map batch size to seconds per call. None when the GPU never wins for good (or no batch
+    size was measured on both); the smallest measured batch when the GPU wins everywhere.
+    """
+    common = sorted(set(cpu) & set(gpu))
+    for index, batch in enumerate(common):
+        if all(gpu[b] < cpu[b] for b in common[index:]):
+            return batch
+    return None
+
+
 def crossover(series: dict[tuple[str, str], list[tuple[int, float]]]) -> int | None:
     """The smallest batch from which the fastest GPU path beats the fastest CPU path (None if never/unknown)."""
-    from ..workloads.workloads import find_crossover
-
     best: dict[str, dict[int, float]] = {"cpu": {}, "cuda": {}}
     for (_, kind), points in series.items():
         if kind not in best:

@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from .. import options
+from ..observation.claims import kernel_mismatch, known_kernel_finding
+from .shapes import bench_set
 
 if TYPE_CHECKING:
     from ..device import DeviceInfo
@@ -103,7 +105,7 @@ class BenchRunner:
         mismatch = kernel_mismatch(path, trace)
         if mismatch:
             self._attach(extra, [], thresholds, failed="kernel")
-            from ..session import Finding
+            from ..observation.claims import Finding
 
             known = known_kernel_finding(path, trace)
             message = f"known finding on {path.name} ({spec.short()}): {known}" if known else mismatch
@@ -173,7 +175,7 @@ class BenchRunner:
             device=device.name,
             mode=label,
             shape="-",
-            set=options.resolve(self.config, "lstmperf_bench_set").value,
+            set=bench_set(self.config),
             kernel=trace.family,
             precision=trace.precision,
             kernels=list(trace.kernels[:8]),
@@ -188,7 +190,7 @@ class BenchRunner:
 
         data = self._time(
             timed,
-            ROUNDS[options.resolve(self.config, "lstmperf_bench_set").value],
+            ROUNDS[bench_set(self.config)],
             extra,
             lambda samples: timing.device_time(fn, device.torch_device, samples),
             lambda: timing.host_counters(fn, device.torch_device),
@@ -441,44 +443,6 @@ def _synchronizer(torch_device: str) -> Any:
     import torch
 
     return lambda: torch.cuda.synchronize(torch_device)
-
-
-def kernel_mismatch(path: ExecutionPath, trace: Any) -> str:
-    """A message when the observed kernel family or precision is not what the path claims, else ''.
-
-    fp32 and tf32 count as one precision: TF32 is inferred from GEMM kernel names (see torch_trace.py), which a
-    cuDNN RNN kernel does not always show; the equivalence suite's tolerances tell them apart.
-    """
-    from .regression import same_kernel
-
-    expected = f"{path.kernel}/{path.precision}"
-    observed = f"{trace.family}/{trace.precision}"
-    if same_kernel(expected, observed):
-        return ""
-    kernels = ", ".join(k[:90] for k in trace.kernels[:6]) or "-"
-    ops = ", ".join(trace.ops[:10]) or "-"
-    return (
-        f"{path.name}: expected kernel {expected}, observed {observed} (ops seen: {ops}; GPU kernels seen: {kernels})"
-    )
-
-
-def known_kernel_finding(path: ExecutionPath, trace: Any) -> str | None:
-    """The documented upstream behaviour that explains a kernel mismatch, else None: every differing part
-    must be explained by a finding of ``pytest_lstmperf.observation.claims`` (the one table the equivalence suites
-    read too); on versions other than it was seen with, the text says it was re-confirmed."""
-    from ..observation.claims import current_versions, explain_trace
-    from .regression import same_kernel
-
-    found = explain_trace(
-        path,
-        (path.kernel, path.precision),
-        trace,
-        lambda claimed, seen: same_kernel(f"{path.kernel}/{claimed}", f"{path.kernel}/{seen}"),
-    )
-    if not found:
-        return None
-    versions = current_versions(path.framework)
-    return "; ".join(f.describe(versions) for f in found)
 
 
 def _explanation(path: ExecutionPath, spec: Any, device: Any, trace: Any) -> str:
