@@ -94,16 +94,12 @@ def _fmt_time(value: float | None) -> str:
 def summary_lines(records: list[dict[str, Any]]) -> list[str]:
     """Per mode, shape and path: time per call, device time, host share, speedup over generic, kernel, %peak."""
     from ..speed import timing
-    from ..speed.report import generic_reference
+    from ..speed.report import by_case, generic_reference
 
     rows = [("mode", "shape", "path", "per call", "device", "host", "vs generic (torch)", "kernel", "%peak")]
-    by_case: dict[tuple[str, str], list[dict[str, Any]]] = {}
-    for record in records:
-        extra = record["extra_info"]
-        by_case.setdefault((extra.get("mode", "?"), extra.get("shape", "?")), []).append(record)
-    for (mode, shape), group in sorted(by_case.items()):
+    for (mode, shape), group in by_case(records, "mode", "shape"):
         ref = generic_reference(group)
-        for record in sorted(group, key=lambda r: r["extra_info"].get("path", "")):
+        for record in group:
             extra = record["extra_info"]
             per_call = extra.get("time_per_call_s")
             host = extra.get("host_overhead")

@@ -183,26 +183,24 @@ def compare_samples(
         where = f"host part (above device time {format_seconds(device_s)})" if device_s else "time"
         notes.append(f"{where} divided by drift {drift:.3f} of the same-run probe")
     ratio = statistics.median(n) / base_median if base_median and n else None
+
+    def decided(verdict: str, pvalue: float | None = None) -> Decision:
+        return Decision(
+            verdict=verdict,
+            ratio=ratio,
+            pvalue=pvalue,
+            base_median=base_median,
+            now_median=now_median,
+            notes=tuple(notes),
+            **common,
+        )  # type: ignore[arg-type]
+
     if kernel_then and kernel_now and not same_kernel(kernel_then, kernel_now):
         notes.append(f"kernel changed: {kernel_then} -> {kernel_now}")
-        return Decision(
-            verdict="kernel-changed",
-            ratio=ratio,
-            base_median=base_median,
-            now_median=now_median,
-            notes=tuple(notes),
-            **common,
-        )  # type: ignore[arg-type]
+        return decided("kernel-changed")
     if len(b) < thresholds.min_samples or len(n) < thresholds.min_samples or ratio is None:
         notes.append(f"too few usable samples ({len(b)} baseline, {len(n)} now; need {thresholds.min_samples} each)")
-        return Decision(
-            verdict="inconclusive",
-            ratio=ratio,
-            base_median=base_median,
-            now_median=now_median,
-            notes=tuple(notes),
-            **common,
-        )  # type: ignore[arg-type]
+        return decided("inconclusive")
     testable = min_attainable_pvalue(len(b), len(n)) < thresholds.pvalue
     if ratio >= 1.0:
         p = mannwhitney_greater(n, b)
@@ -214,15 +212,7 @@ def compare_samples(
         verdict = "improved" if big and (p < thresholds.pvalue or not testable) else "unchanged"
     if big and not testable:
         notes.append(f"{len(b)}+{len(n)} samples cannot reach p<{thresholds.pvalue:g}; decided on the ratio alone")
-    return Decision(
-        verdict=verdict,
-        ratio=ratio,
-        pvalue=p,
-        base_median=base_median,
-        now_median=now_median,
-        notes=tuple(notes),
-        **common,
-    )  # type: ignore[arg-type]
+    return decided(verdict, p)
 
 
 METRICS = ("auto", "device", "per-call")

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from .. import options
-from ..observation.claims import kernel_mismatch, known_kernel_finding
+from ..observation.claims import Finding, kernel_mismatch, known_kernel_finding
 from .shapes import bench_set
 
 if TYPE_CHECKING:
@@ -69,11 +69,7 @@ class BenchRunner:
         reason = path.available(device)
         if reason:
             pytest.skip(f"{path.name}: {reason}")
-        from ..device import shared_gpu
-
-        shared = shared_gpu(device)
-        if shared:
-            pytest.skip(f"not timed: {shared}; a benchmark needs a GPU of its own (use -n auto or fewer workers)")
+        _skip_shared_gpu(device)
         spec = case.shape.spec
         thresholds = self._thresholds()
         phases = self.benchmark.extra_info.setdefault("phase_s", {})
@@ -102,39 +98,14 @@ class BenchRunner:
             kernel=trace.family, precision=trace.precision, kernels=list(trace.kernels[:8]), ops=list(trace.ops[:16])
         )
         self.request.node.user_properties.append(("lstmperf_observed", f"{case.mode} {trace.family}/{trace.precision}"))
-        mismatch = kernel_mismatch(path, trace)
-        if mismatch:
-            self._attach(extra, [], thresholds, failed="kernel")
-            from ..observation.claims import Finding
-
-            known = known_kernel_finding(path, trace)
-            message = f"known finding on {path.name} ({spec.short()}): {known}" if known else mismatch
-            finding = Finding(path.name, "known" if known else "kernel", spec.short(), message)
-            self.request.node.user_properties.append(("lstmperf_finding", json.dumps(asdict(finding))))
-            if known:
-                pytest.xfail(f"{message} [{mismatch}]")
-            pytest.fail(mismatch + _explanation(path, spec, device, trace), pytrace=False)
-
-        plan = ROUNDS[case.set_name]
+        self._check_kernel(path, spec, device, trace, extra, thresholds)
 
         def timed() -> None:
             call()
             run.synchronize()
 
-        # a run whose kernels launch in another process (Keras's worker) measures its device time and
-        # counts its host work there
-        own_time, own_counts = getattr(run, "device_time", None), getattr(run, "host_counters", None)
-        from . import timing
-
-        def dev_time(samples: int) -> timing.DeviceTime:
-            if own_time is not None:
-                return own_time(case.mode, samples)
-            return timing.device_time(call, device.torch_device, samples)
-
-        def counters() -> dict[str, Any]:
-            return own_counts(case.mode) if own_counts is not None else timing.host_counters(call, device.torch_device)
-
-        data = self._time(timed, plan, extra, dev_time, counters, thresholds)
+        dev_time, counters = _meters(run, call, case.mode, device)
+        data = self._time(timed, ROUNDS[case.set_name], extra, dev_time, counters, thresholds)
         if data is None:
             return self._attach(extra, [], thresholds)
         flops = spec.flops_forward * (3 if case.mode == "train" else 1)  # backward ~ 2x forward
@@ -154,13 +125,8 @@ class BenchRunner:
         from . import timing
         from .shapes import ROUNDS
 
-        session = self.session
-        device = session.device
-        from ..device import shared_gpu
-
-        shared = shared_gpu(device)
-        if shared:
-            pytest.skip(f"not timed: {shared}; a benchmark needs a GPU of its own (use -n auto or fewer workers)")
+        device = self.session.device
+        _skip_shared_gpu(device)
         thresholds = self._thresholds()
         sync = _synchronizer(device.torch_device)
         result = fn()
@@ -200,6 +166,23 @@ class BenchRunner:
             self._flops(extra, float(flops), trace.precision)
         self._attach(extra, data or [], thresholds)
         return result
+
+    def _check_kernel(
+        self, path: ExecutionPath, spec: Any, device: DeviceInfo, trace: Any, extra: dict, thresholds: dict
+    ) -> None:
+        """Fail (or xfail, for a known finding) at once, recording the finding, when the kernel that ran is not
+        the path's claim (:func:`~pytest_lstmperf.observation.claims.kernel_mismatch`)."""
+        mismatch = kernel_mismatch(path, trace)
+        if not mismatch:
+            return
+        self._attach(extra, [], thresholds, failed="kernel")
+        known = known_kernel_finding(path, trace)
+        message = f"known finding on {path.name} ({spec.short()}): {known}" if known else mismatch
+        finding = Finding(path.name, "known" if known else "kernel", spec.short(), message)
+        self.request.node.user_properties.append(("lstmperf_finding", json.dumps(asdict(finding))))
+        if known:
+            pytest.xfail(f"{message} [{mismatch}]")
+        pytest.fail(mismatch + _explanation(path, spec, device, trace), pytrace=False)
 
     def _time(
         self,
@@ -426,6 +409,32 @@ class BenchRunner:
         }
         node.user_properties.append((RECORD_KEY, record))
         return record
+
+
+def _skip_shared_gpu(device: DeviceInfo) -> None:
+    from ..device import shared_gpu
+
+    shared = shared_gpu(device)
+    if shared:
+        pytest.skip(f"not timed: {shared}; a benchmark needs a GPU of its own (use -n auto or fewer workers)")
+
+
+def _meters(run: Any, call: Any, mode: str, device: DeviceInfo) -> tuple[Any, Any]:
+    """``(dev_time(samples), counters())`` of a prepared run: a run whose kernels launch in another process
+    (Keras's worker) measures its device time and counts its host work there."""
+    from . import timing
+
+    own_time, own_counts = getattr(run, "device_time", None), getattr(run, "host_counters", None)
+
+    def dev_time(samples: int) -> timing.DeviceTime:
+        if own_time is not None:
+            return own_time(mode, samples)
+        return timing.device_time(call, device.torch_device, samples)
+
+    def counters() -> dict[str, Any]:
+        return own_counts(mode) if own_counts is not None else timing.host_counters(call, device.torch_device)
+
+    return dev_time, counters
 
 
 def _ratio(base: Any, now: Any) -> float | None:
