@@ -352,7 +352,7 @@ def prepare(path: ExecutionPath, case: Case, device: DeviceInfo) -> TorchRun:
 @contextlib.contextmanager
 def path_switches(torch: Any, opts: dict) -> Iterator[None]:
     """The backend switches a path is defined by (only those; the rest stay as the user has them), restored
-    afterwards. Also used for a user's own model (``own_model``)."""
+    afterwards. Also used for a user's own model (``numerics.verify_model``)."""
     saved = (torch.backends.cudnn.enabled, torch.backends.cudnn.allow_tf32, torch.backends.mkldnn.enabled)
     try:
         if opts.get("cudnn") is False:
