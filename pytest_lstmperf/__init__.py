@@ -21,6 +21,7 @@ except PackageNotFoundError:  # running from a source tree that is not installed
 _EXPORTS = {
     "verify_model": "numerics.verify_model",
     "ModelCheckFailed": "numerics.verify_model",
+    "KnownFindingWarning": "numerics.verify_model",
     "PathOutcome": "numerics.verify_model",
     "model_paths": "numerics.verify_model",
     "report": "observation.eligibility",

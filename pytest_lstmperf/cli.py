@@ -65,7 +65,10 @@ def add_explain_command(subparsers: Any) -> None:
         "recurrent_dropout, unroll, use_cudnn, implementation, go_backwards, mask)",
     )  # fmt: skip
     parser.add_argument(
-        "--framework", "-f", default="keras-tensorflow", help="keras-tensorflow (default), keras-torch or torch"
+        "--framework",
+        "-f",
+        default="keras-tensorflow",
+        help="keras-tensorflow (default), keras-torch, keras-jax, torch, torch-compile or onnxruntime",
     )
     parser.add_argument("--device", "-d", default="cpu", help="cpu (default), cuda, cuda:N")
     parser.add_argument("--run", action="store_true", help="also run the layer here and show the observed kernel")

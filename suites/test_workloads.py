@@ -67,11 +67,25 @@ OVERHEAD = {
     ("cuda", "gate"): [(256, 1, 100), (256, 64, 100), (1024, 64, 25)],
     ("cuda", "thorough"): list(itertools.product((256, 512, 1024), (1, 16, 64), (25, 100))),
 }
-KERAS_OVERHEAD_PATHS = {"cpu": ("keras-torch-cpu", "keras-tf-cpu"), "cuda": ("keras-torch-cudnn", "keras-tf-cudnn")}
-PRECISION_PATHS = {
-    "cpu": ("torch-cpu-onednn", "torch-cpu-autocast-bf16", "torch-cpu-native-autocast-bf16"),
-    "cuda": ("torch-cudnn-fp32", "torch-cudnn-default", "torch-cuda-autocast-fp16", "torch-cuda-autocast-bf16"),
+KERAS_OVERHEAD_PATHS = {
+    "cpu": ("keras-torch-cpu", "keras-tf-cpu", "keras-jax-cpu"),
+    "cuda": ("keras-torch-cudnn", "keras-tf-cudnn", "keras-jax-cudnn"),
 }
+#: torch.compile and ONNX Runtime, timed in this process against the same raw cost
+EXPORTED_OVERHEAD_PATHS = {
+    "cpu": ("torch-compile-cpu", "onnxruntime-cpu"),
+    "cuda": ("torch-compile-cudnn", "torch-compile-reduce-overhead", "onnxruntime-cuda"),
+}
+PRECISION_PATHS = {
+    "cpu": (
+        "torch-cpu-onednn", "torch-cpu-autocast-bf16", "torch-cpu-native-autocast-bf16", "torch-compile-cpu",
+        "onnxruntime-cpu",
+    ),
+    "cuda": (
+        "torch-cudnn-fp32", "torch-cudnn-default", "torch-cuda-autocast-fp16", "torch-cuda-autocast-bf16",
+        "torch-compile-cudnn", "onnxruntime-cuda",
+    ),
+}  # fmt: skip
 #: the path each precision path is timed against ("vs fp32")
 FP32_REFERENCE = {"cpu": "torch-cpu-onednn", "cuda": "torch-cudnn-fp32"}
 PRECISION_REPEATS = 15
@@ -106,6 +120,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize("overhead_shape", shapes, ids=[f"{c}-H{h}-B{b}-T{t}" for c, h, b, t in shapes])
     if "keras_overhead_path" in metafunc.fixturenames:
         metafunc.parametrize("keras_overhead_path", KERAS_OVERHEAD_PATHS[kind])
+    if "exported_overhead_path" in metafunc.fixturenames:
+        metafunc.parametrize("exported_overhead_path", EXPORTED_OVERHEAD_PATHS[kind])
     if "precision_case" in metafunc.fixturenames:
         cases = [(p, s) for s in PRECISION_SHAPES[(kind, set_name)] for p in PRECISION_PATHS[kind]]
         metafunc.parametrize("precision_case", cases, ids=[f"{p}-{s.short()}" for p, s in cases])
@@ -273,6 +289,31 @@ def test_keras_overhead(
     assert not problems, f"{path.name} on {spec.short()}: " + "; ".join(m.message for m in problems)
 
 
+def test_compiled_and_onnx_overhead(
+    lstmperf: Any, overhead_shape: tuple, exported_overhead_path: str, request: pytest.FixtureRequest
+) -> None:
+    """torch.compile and ONNX Runtime on the same shape against the raw cost of the eager torch layer (the graph
+    replay on CUDA, the ATen op on the CPU): 15 synchronised forward calls after the path's warm-up (compiling
+    and exporting are not timed); the path must run its claimed kernel."""
+    cell, hidden, batch, seq = overhead_shape
+    path = registry.get(exported_overhead_path)
+    spec = LayerSpec(cell=cell, input_size=hidden, hidden_size=hidden, batch=batch, seq_len=seq, training=False)
+    reason = path.available(lstmperf.device) or path.supports(spec)
+    if reason:
+        pytest.skip(f"{path.name}: {reason}")
+    raw = _raw_cost(overhead_shape, lstmperf.device.torch_device)
+    run = path.prepare(make_case(spec, lstmperf.seed), lstmperf.device)
+    trace = run.trace_forward()
+    seconds, _ = workloads.paired_median_times([run.forward, run.forward], run.synchronize, repeats=15)
+    kernels = len(trace.kernels) if lstmperf.device.kind == "cuda" else len(trace.ops)
+    add_row(request, "overhead", shape=f"{cell}-H{hidden}-B{batch}-T{seq}", device=lstmperf.device.name,
+            framework=path.name, ran=f"{trace.family}/{trace.precision}", module_s=seconds, op_s=None,
+            graph_s=raw.graph_s, raw_s=raw.raw_s, ratio=seconds / raw.raw_s, host_s=max(seconds - raw.raw_s, 0.0),
+            kernels=kernels, precision=path.precision, note=trace.detail)  # fmt: skip
+    problems = check_trace(path.expected(spec), trace, "forward")
+    assert not problems, f"{path.name} on {spec.short()}: " + "; ".join(m.message for m in problems)
+
+
 # ------------------------------------------------------------------------------------------- precision
 def test_precision_speed_and_error(lstmperf: Any, precision_case: tuple, request: pytest.FixtureRequest) -> None:
     """Time and error side by side; then the equivalence suite's kernel and tolerance checks. The path is timed
@@ -280,16 +321,24 @@ def test_precision_speed_and_error(lstmperf: Any, precision_case: tuple, request
     at the same moment in the same process (also under pytest-xdist, where workers load each other)."""
     name, spec = precision_case
     path = registry.get(name)
+    if path.options.get("inference_only"):
+        spec = spec.replace(training=False)  # ONNX Runtime: forward only, which is all this table times
     reason = path.available(lstmperf.device) or path.supports(spec)
     if reason:
         pytest.skip(f"{name}: {reason}")
-    case = make_case(checkable_spec(path, spec.replace(training=True)) or spec, lstmperf.seed)
+    training = not path.options.get("inference_only")
+    case = make_case(checkable_spec(path, spec.replace(training=training)) or spec, lstmperf.seed)
     run = path.prepare(case, lstmperf.device)  # its forward() runs without autograd, as the speed suite's
     fp32_path = registry.get(FP32_REFERENCE[lstmperf.device.kind])
     calls = [run.forward]
     if name != fp32_path.name and not (fp32_path.available(lstmperf.device) or fp32_path.supports(spec)):
         calls.append(fp32_path.prepare(case, lstmperf.device).forward)
-    seconds, *fp32_s = workloads.paired_median_times(calls, run.synchronize, repeats=PRECISION_REPEATS)
+    if path.framework == "onnxruntime":
+        # ONNX Runtime's thread pool and torch's OpenMP threads slow each other when called in alternation in
+        # one process (torch's CPU LSTM 50-500x slower on a 2-core machine): each is timed on its own, in turn
+        seconds, *fp32_s = (workloads.median_time(c, run.synchronize, PRECISION_REPEATS) for c in calls)
+    else:
+        seconds, *fp32_s = workloads.paired_median_times(calls, run.synchronize, repeats=PRECISION_REPEATS)
     if name == fp32_path.name:
         fp32_s = [seconds]
     device_s = None

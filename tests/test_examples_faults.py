@@ -1,8 +1,10 @@
 """The examples' tests must fail when the fault they guard against is planted: each run copies an example into
 a fresh project, plants one fault in a conftest (the example's code is not edited) and runs its tests.
 
-Faults: oneDNN switched off; the LSTM replaced by a hand-written LSTMCell loop with the same weights; a Keras
-LSTM built with ``activation="relu"`` (leaves cuDNN on a GPU; caught on any machine by the eligibility test).
+Faults: oneDNN switched off; the LSTM replaced by a hand-written LSTMCell loop with the same weights; a slowed
+forward (the model's forward run twice per call, as a stray extra call would: caught by the speed test against
+the baseline recorded before, through the exact ATen op count, whatever the machine's load); a Keras LSTM built
+with ``activation="relu"`` (leaves cuDNN on a GPU; caught on any machine by the eligibility test).
 """
 
 from __future__ import annotations
@@ -64,6 +66,20 @@ def planted_init(self, *args, **kwargs):
 wlm_model.RNNModel.__init__ = planted_init
 """
 
+SLOWED_FORWARD = """
+import wlm_model
+
+original_forward = wlm_model.RNNModel.forward
+
+
+def slowed_forward(self, input, hidden):
+    original_forward(self, input, hidden)  # a stray extra forward pass, its result thrown away
+    return original_forward(self, input, hidden)
+
+
+wlm_model.RNNModel.forward = slowed_forward
+"""
+
 RELU_ACTIVATION = """
 import os
 
@@ -92,15 +108,17 @@ def _project(pytester: pytest.Pytester, example: str, fault: str) -> None:
     (pytester.path / "conftest.py").write_text(fault)
 
 
-def _run(pytester: pytest.Pytester) -> pytest.RunResult:
-    return pytester.runpytest_subprocess("-p", "no:cacheprovider", "--device=cpu", "-rf", "--benchmark-disable")
+def _run(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
+    return pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "--device=cpu", "-rf", *(args or ("--benchmark-disable",))
+    )  # fmt: skip
 
 
 @needs_torch
 def test_word_language_model_fails_with_onednn_off(pytester: pytest.Pytester) -> None:
     _project(pytester, "word_language_model", ONEDNN_OFF)
     result = _run(pytester)
-    result.assert_outcomes(passed=1, failed=2)
+    result.assert_outcomes(passed=2, failed=2)
     result.stdout.fnmatch_lines(
         [
             "*lstmperf_kernel: expected onednn; 2 of 2 recurrent layer calls did not:*",
@@ -116,10 +134,23 @@ def test_word_language_model_fails_with_onednn_off(pytester: pytest.Pytester) ->
 def test_word_language_model_fails_with_a_cell_loop(pytester: pytest.Pytester) -> None:
     _project(pytester, "word_language_model", CELL_LOOP)
     result = _run(pytester)
-    result.assert_outcomes(failed=3)
+    result.assert_outcomes(passed=1, failed=3)
     text = result.stdout.str()
     assert "LSTMCell(16, 32)" in text and "expected kernel family 'onednn', observed 'cpu-native'" in text
-    assert "no built LSTM/GRU layer found" in text
+    # the eligibility test sees the two cells (rows of their own) where the model had one 2-layer LSTM
+    result.stdout.fnmatch_lines(["FAILED *test_layers_are_cudnn_eligible*"])
+
+
+@needs_torch
+def test_word_language_model_speed_test_fails_with_a_slowed_forward(pytester: pytest.Pytester) -> None:
+    _project(pytester, "word_language_model", "")
+    assert _run(pytester, "-k", "speed", "--lstmperf-save-baseline").ret == 0
+    (pytester.path / "conftest.py").write_text(SLOWED_FORWARD)
+    result = _run(pytester, "-k", "speed", "--benchmark-compare")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED, result.stdout.str()
+    result.stdout.fnmatch_lines(
+        ["*test_forward_speed*", "*host work per call changed: aten_ops *", "*SPEED GATE FAILED*"]
+    )
 
 
 @pytest.mark.skipif(importlib.util.find_spec("keras") is None, reason="keras is not installed")

@@ -83,8 +83,8 @@ def test_fix_all_makes_the_layer_eligible() -> None:
 
 
 def test_bad_input_is_a_clear_error() -> None:
-    with pytest.raises(ex.ExplainError, match="valid: keras-tensorflow, keras-torch, torch"):
-        ex.explain(LayerSpec(), "jax")
+    with pytest.raises(ex.ExplainError, match="valid: keras-tensorflow, keras-torch, keras-jax, torch"):
+        ex.explain(LayerSpec(), "mxnet")
     with pytest.raises(KerasOptionsError, match="not a Keras activation"):
         KerasOptions(activation="relux")
     with pytest.raises(ex.ExplainError, match="proj_size"):
@@ -207,7 +207,7 @@ def test_cli_explain_prints_reasons(capsys: pytest.CaptureFixture[str]) -> None:
     [
         (["explain", "lstm", "activation=relux"], "not a Keras activation"),
         (["explain", "lstm", "foo=1"], "unknown layer keys ['foo']"),
-        (["explain", "lstm", "-f", "jax"], "unknown framework 'jax'"),
+        (["explain", "lstm", "-f", "mxnet"], "unknown framework 'mxnet'"),
         (["explain", "lstm", "units=0"], "hidden_size=0"),
         (["explain", "lstm", "proj_size=4"], "proj_size"),
         (["report", "/nonexistent/configs.json"], "cannot read"),

@@ -44,6 +44,9 @@ ALLOWED = {
     ("observation.eligibility", "paths"): "the report runs a model's layers on the registered paths",
     ("paths.keras.runners", "speed.timing"): "the Keras worker measures device time and host counters in its own "
     "process",
+    ("paths.compiled", "speed"): "a compiled run measures its own device time (no dispatch mode, no outer graph "
+    "capture around compiled code)",
+    ("paths.onnx_runtime", "speed.timing"): "an ONNX Runtime run says what device time it has (the host's, on the CPU)",
     ("numerics.measure", "testing.faults"): "the sharpness sweep plants the faults the checks must catch",
     ("workloads.distributed", "testing.faults"): "a rank process plants the fault its test asked for",
 }

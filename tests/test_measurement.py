@@ -221,10 +221,10 @@ def test_every_record_says_how_it_was_measured(spin, tmp_path: Path) -> None:
         assert planted["alloc_bytes"] > counts["alloc_bytes"], name
 
 
-def test_suspected_regression_is_measured_again(spin, tmp_path: Path) -> None:
+def test_suspected_regression_is_measured_again(spin, gate_recording, tmp_path: Path) -> None:
     """Compared against a baseline, a benchmark over the threshold is timed a second time (fresh warm-up,
     twice the rounds); both ratios are recorded; a clean one is not re-measured."""
-    assert spin("--lstmperf-save-baseline", "-k", "B1-").ret == 0
+    gate_recording.install(spin.path, keep=lambda b: "B1-" in b["name"])  # as `--lstmperf-save-baseline -k B1-`
     clean = tmp_path / "clean.json"
     spin("--benchmark-compare", "-k", "B1-", f"--benchmark-json={clean}")
     (bench,) = _records(clean).values()
@@ -264,6 +264,74 @@ def test_user_benchmark_is_recorded_and_gated(user) -> None:
     )
     result = user(*slowed)
     assert result.ret == 0, result.stdout.str()
+
+
+MARKED_TESTS = """
+def forward(net, x):
+    with torch.no_grad():
+        return net(x)
+
+
+@pytest.mark.lstmperf
+def test_marked(benchmark, model):
+    out = benchmark(forward, *model)
+    assert out.shape == (4, 10, 3)
+
+
+@pytest.mark.lstmperf("forward")
+@pytest.mark.lstmperf_threshold(2.0)
+def test_marked_lenient(benchmark, model):
+    benchmark.extra_info["note"] = "the user's own extra_info is kept"
+    benchmark(forward, *model)
+
+
+def test_unmarked(benchmark):
+    benchmark(sum, range(100))
+"""
+MARKED_TEST = USER_TEST[: USER_TEST.index("def test_tagger_forward")] + MARKED_TESTS
+
+
+def test_marked_plain_benchmark_is_recorded_and_gated(user) -> None:
+    """pytest-benchmark's own ``benchmark`` under ``@pytest.mark.lstmperf``: recorded into the device's
+    baseline with its observed kernel and host counters, failed through the ATen op count when extra work is
+    planted in every LSTM call (``host-work:3``: 4 more ATen ops per call), and under a 1.5x slowdown failed
+    at the default threshold while ``@pytest.mark.lstmperf_threshold(2.0)`` passes its twin. The unmarked
+    ``benchmark`` test beside them is left to pytest-benchmark: no record, no baseline entry."""
+    user.path.joinpath("test_user.py").write_text(MARKED_TEST)
+    result = user("--lstmperf-save-baseline")
+    assert result.ret == 0, result.stdout.str()
+    (path,) = sorted((user.path / "baselines").glob("*.json"))
+    entries = {e["name"]: e for e in json.loads(path.read_text())["benchmarks"]}
+    assert sorted(entries) == ["test_marked", "test_marked_lenient"]
+    marked, lenient = entries["test_marked"]["extra_info"], entries["test_marked_lenient"]["extra_info"]
+    assert (marked["path"], marked["mode"], marked["kernel"], lenient["mode"]) == ("user", "call", "onednn", "forward")
+    assert marked["host_counters"]["aten_ops"] > 0 and lenient["note"] == "the user's own extra_info is kept"
+    faults = ("--benchmark-compare", "-p", "pytest_lstmperf.testing.faults")
+    result = user(*faults, "--lstmperf-plant=host-work:3")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED, result.stdout.str()
+    text = result.stdout.str()
+    assert "host work per call changed" in text and "aten_ops" in text, text
+    result = user(*faults, "--lstmperf-plant=slowdown:1.5")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED, result.stdout.str()
+    result.stdout.fnmatch_lines(["*speed gate against*1 regressed, 1 unchanged*"])
+
+
+def test_marker_misuse_is_a_clear_failure(user) -> None:
+    user.path.joinpath("test_user.py").write_text(
+        "import pytest\n\n"
+        "@pytest.mark.lstmperf\ndef test_no_benchmark():\n    pass\n\n"
+        "@pytest.mark.lstmperf(flops=-1)\ndef test_bad_flops(benchmark):\n    benchmark(int)\n\n"
+        "@pytest.mark.lstmperf\ndef test_pedantic(benchmark):\n    benchmark.pedantic(int, rounds=3)\n"
+    )
+    result = user("-rf")
+    result.assert_outcomes(failed=3)
+    result.stdout.fnmatch_lines(
+        [
+            "*test_no_benchmark uses no `benchmark` fixture*",
+            "*@pytest.mark.lstmperf: flops=-1: a positive number*",
+            "*benchmark.pedantic(...) is not measured by pytest-lstmperf*",
+        ]
+    )
 
 
 def test_trust_table_counts_detections_and_false_alarms(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

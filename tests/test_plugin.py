@@ -43,7 +43,7 @@ def test_help_imports_no_framework() -> None:
         """
         import sys, pytest
         rc = pytest.main(["--help", "-p", "no:cacheprovider"])
-        heavy = sorted(m for m in ("torch", "tensorflow", "keras") if m in sys.modules)
+        heavy = sorted(m for m in ("torch", "tensorflow", "keras", "jax") if m in sys.modules)
         print("HEAVY:", heavy)
         sys.exit(rc)
         """
@@ -189,16 +189,19 @@ def test_unused_plugin_resolves_no_device(pytester) -> None:
 
 
 @pytest.mark.parametrize("xdist", [[], ["-n", "2"]], ids=["serial", "xdist"])
-def test_suites_run_serial_and_under_xdist(pytester, xdist) -> None:
-    pytest.importorskip("xdist")
-    result = run(
-        pytester,
-        str(SUITES / "test_kernels.py"),
-        str(SUITES / "test_equivalence.py"),
-        "--device=cpu",
-        "--lstmperf-paths=torch-cpu-native,torch-cpu-onednn",
-        *xdist,
-    )
+def test_suites_run_serial_and_under_xdist(pytester, request, xdist) -> None:
+    if xdist:
+        pytest.importorskip("xdist")
+        result = run(
+            pytester,
+            str(SUITES / "test_kernels.py"),
+            str(SUITES / "test_equivalence.py"),
+            "--device=cpu",
+            "--lstmperf-paths=torch-cpu-native,torch-cpu-onednn",
+            *xdist,
+        )
+    else:  # serial: the session's clean run of the same suites (on these two paths and the CPU autocast ones)
+        result = request.getfixturevalue("clean_suites_run")
     assert result.ret == 0, result.stdout.str()
     out = result.stdout.str()
     assert "failed" not in out.splitlines()[-1]

@@ -94,6 +94,78 @@ def test_torch_model_report_and_in_process_report(
         assert falls_back(report(net, torch.randn(30, 1, 8))[0])
 
 
+CELL_MODEL = """
+import torch
+
+class Predictor(torch.nn.Module):
+    \"\"\"A hand-written loop over two LSTMCells, the style of pytorch/examples' time_sequence_prediction.\"\"\"
+
+    def __init__(self):
+        super().__init__()
+        self.lstm1 = torch.nn.LSTMCell(1, 16)
+        self.lstm2 = torch.nn.LSTMCell(16, 16)
+
+    def forward(self, x):
+        h = c = h2 = c2 = torch.zeros(x.shape[0], 16, dtype=x.dtype)
+        for x_t in x.split(1, dim=1):
+            h, c = self.lstm1(x_t, (h, c))
+            h2, c2 = self.lstm2(h, (h2, c2))
+        return h2
+"""
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")
+def test_cell_loop_model_is_reported_as_falling_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
+) -> None:
+    """A model of LSTMCells has no cuDNN/oneDNN kernel: one row per cell (its batch and number of calls per
+    forward from the example input), falling back on both devices, with the change that reaches cuDNN. The CLI
+    takes the model class itself (a callable returning the model)."""
+    import torch
+
+    from pytest_lstmperf import falls_back, report
+    from pytest_lstmperf.cli import main
+
+    (tmp_path / "cell_model.py").write_text(CELL_MODEL)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from cell_model import Predictor
+
+    for device, family in (("cuda", "cuda-generic"), ("cpu", "cpu-native")):
+        rows = report(Predictor(), torch.randn(3, 25), device=device)
+        assert [(r.verdict.spec.batch, r.verdict.spec.seq_len, r.verdict.kernel) for r in rows] == [(3, 25, family)] * 2
+        assert all(falls_back(r) for r in rows)
+        assert "run the sequence through nn.LSTM(1, 16)" in rows[0].verdict.describe()
+    assert main(["report", "cell_model:Predictor", "--device", "cuda", "--fail-on-fallback"]) == 1
+    assert "2 of 2 layers fall back" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")
+def test_rows_name_their_layer_and_a_per_step_loop_is_noted() -> None:
+    """Two GRUs of one shape (a seq2seq encoder and decoder) are told apart by their names in the model; a GRU
+    called once per token (pytorch/tutorials' seq2seq pattern) is eligible, with a note that says so."""
+    import torch
+
+    from pytest_lstmperf import report
+
+    class PerToken(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.encoder = torch.nn.Sequential(torch.nn.GRU(8, 8))
+            self.decoder = torch.nn.GRU(8, 8)
+
+        def forward(self, x):
+            hidden = None
+            for t in range(x.shape[0]):
+                _, hidden = self.encoder[0](x[t : t + 1], hidden)
+            return self.decoder(x, hidden)[0]
+
+    rows = report(PerToken(), torch.randn(5, 2, 8), device="cuda")
+    assert [(r.layer, r.verdict.spec.seq_len) for r in rows] == [("encoder.0", 1), ("decoder", 5)]
+    assert rows[0].config.startswith("encoder.0: torch gru-I8-H8-L1-B2-T1")
+    assert any("called 5 times in one forward" in n for n in rows[0].verdict.notes)
+    assert not any("called" in n for n in rows[1].verdict.notes)
+
+
 @settings(max_examples=10, deadline=None, derandomize=True)
 @given(config=lstm_configs("ci"), path=path_names("cpu"))
 def test_public_strategies_build_torch_layers(config: dict, path: str) -> None:

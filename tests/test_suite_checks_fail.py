@@ -7,28 +7,23 @@ A clean run of the same selection passes, so a failure is the fault's doing.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
+from pytester_runs import suites_args
 
 pytest.importorskip("torch", reason="the suites run PyTorch paths (pip install 'pytest-lstmperf[torch]')")
 
-REPO = Path(__file__).resolve().parents[1]
-SUITES = [str(REPO / "suites" / "test_kernels.py"), str(REPO / "suites" / "test_equivalence.py")]
-
 
 def run_suites(pytester: pytest.Pytester, paths: str, plant: str | None = None) -> pytest.RunResult:
-    args = ["-p", "no:cacheprovider", *SUITES, "--device=cpu", f"--lstmperf-paths={paths}"]
+    args = suites_args(paths)
     if plant:
         args += ["-p", "pytest_lstmperf.testing.faults", f"--lstmperf-plant={plant}"]
     return pytester.runpytest_subprocess(*args)
 
 
-def test_clean_run_passes(pytester) -> None:
-    result = run_suites(
-        pytester, "torch-cpu-onednn,torch-cpu-native,torch-cpu-autocast-bf16,torch-cpu-native-autocast-bf16"
-    )
+def test_clean_run_passes(clean_suites_run: pytest.RunResult) -> None:
+    """The same selection without a fault (the session's clean run of the suites on every CPU torch path)."""
+    result = clean_suites_run
     assert result.ret == 0, result.stdout.str()
     assert "FINDINGS" not in result.stdout.str()
 

@@ -154,7 +154,8 @@ def test_suite_passes_and_reports(pytester: pytest.Pytester, monkeypatch: pytest
     _suite(pytester, monkeypatch)
     result = pytester.runpytest_subprocess(*SUITE_ARGS, "--lstmperf-report=rep", timeout=600)
     assert result.ret == 0, result.stdout.str()
-    result.stdout.fnmatch_lines(["lstmperf workloads: precision: *(3 tests)", "test_workloads.py ..*"])
+    # precision: torch-cpu-onednn, the two bf16 paths, torch-compile-cpu, onnxruntime-cpu
+    result.stdout.fnmatch_lines(["lstmperf workloads: precision: *(5 tests)", "test_workloads.py ..*"])
     result.stdout.fnmatch_lines([
         "*lstmperf workloads*",
         "padding vs packing vs bucketing*",

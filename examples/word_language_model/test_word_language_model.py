@@ -1,6 +1,8 @@
 """What a maintainer of the word-language model guards: its LSTM runs the fast kernel of the device (oneDNN on
-the CPU, cuDNN on a GPU), every execution path agrees with a float64 run of the model, and no layer is built in
-a way that leaves cuDNN on a GPU. Run with ``pytest examples --device=cpu`` (or ``--device=cuda``)."""
+the CPU, cuDNN on a GPU), every execution path agrees with a float64 run of the model, no layer is built in
+a way that leaves cuDNN on a GPU, and the forward pass is no slower than the device's recorded baseline.
+Run with ``pytest examples --device=cpu`` (or ``--device=cuda``); record the speed baseline once with
+``--lstmperf-save-baseline`` and gate later runs with ``--benchmark-compare``."""
 
 import pytest
 import torch
@@ -45,3 +47,16 @@ def test_layers_are_cudnn_eligible(model, batch):
     assert [row.verdict.spec.seq_len for row in rows] == [BPTT]
     fallen = [row.verdict.describe() for row in rows if pytest_lstmperf.falls_back(row)]
     assert not fallen, "\n".join(fallen)
+
+
+@pytest.mark.lstmperf("forward")
+def test_forward_speed(benchmark, model, batch):
+    tokens, _ = batch
+    model.eval()
+
+    def forward():
+        with torch.no_grad():
+            return model(tokens, model.init_hidden(BATCH))
+
+    output, _ = benchmark(forward)
+    assert output.shape == (BPTT * BATCH, NTOKEN)

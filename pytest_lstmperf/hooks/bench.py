@@ -11,6 +11,9 @@ page); the terminal section is :mod:`.terminal`.
   pytest-benchmark loads it, so its comparison table and ``--benchmark-compare-fail`` work as usual; the
   gate then compares raw samples and fails the session in ``pytest_sessionfinish``.
 * ``--lstmperf-save-baseline`` records missing entries, ``--lstmperf-update-baseline`` replaces them.
+* ``@pytest.mark.lstmperf`` on a test using pytest-benchmark's own ``benchmark`` fixture: that test's
+  ``benchmark(fn, *args, **kwargs)`` is measured as ``lstmperf_benchmark(fn)`` is (:class:`MarkedBenchmark`);
+  unmarked ``benchmark`` tests are left to pytest-benchmark.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import pytest
 from .. import options
 from ..speed.gate import GateState, gate_knobs, run_gate
 from ..speed.provenance import benchmark_header, provenance, record_command
-from ..speed.runner import RECORD_KEY, BenchCase, BenchRunner
+from ..speed.runner import BENCH_MARKER, RECORD_KEY, BenchCase, BenchRunner, MarkedBenchmark, run_spec
 from ..speed.shapes import bench_set
 from .terminal import outcome_lines, print_speed_section
 
@@ -116,6 +119,12 @@ def pytest_configure(config: pytest.Config) -> None:
         "lstmperf_threshold(ratio=None, pvalue=None): per-test regression threshold for the speed gate "
         "(ratio of medians above which a significant slowdown fails; p-value level of the rank test)",
     )
+    config.addinivalue_line(
+        "markers",
+        f"{BENCH_MARKER}(label='call', *, flops=None): measure this test's pytest-benchmark `benchmark(fn, *args, "
+        "**kwargs)` as lstmperf_benchmark(fn) does: device time, observed kernel, host counters, the device's "
+        "baseline (--lstmperf-save-baseline) and the speed gate (--benchmark-compare); flops= per call",
+    )
     # pytest-benchmark loads what --benchmark-compare names in its own pytest_configure (trylast): point it
     # at this device's baseline first.
     compare = config.getoption("benchmark_compare", None)
@@ -145,7 +154,10 @@ def _explicit_lstmperf(config: pytest.Config) -> bool:
     for setting in options.SETTINGS.values():
         if not options.is_added(config, setting.name):
             continue
-        if config.getoption(setting.name, default=None) or os.environ.get(setting.env) or config.getini(setting.ini):
+        given = config.getoption(setting.name, default=None)
+        if setting.alias:  # ``--device``, where this plugin owns it (its destination is ours alone)
+            given = given or config.getoption(setting.alias_dest, default=None)
+        if given or os.environ.get(setting.env) or config.getini(setting.ini):
             return True
     return False
 
@@ -253,10 +265,13 @@ def bench_params(config: pytest.Config, mode: str) -> list[Any]:
             continue
         reason = session.unavailable.get(path.name)
         for shape in shapes:
-            if reason is None and path.supports(shape.spec) is not None:
-                continue
+            not_run = reason
+            if reason is None and path.supports(run_spec(path, shape.spec, mode)) is not None:
+                if not (mode == "train" and path.options.get("inference_only")):
+                    continue
+                not_run = path.supports(shape.spec)  # said once per shape: this path has no training step
             case = BenchCase(path.name, shape, mode, set_name)
-            marks = [pytest.mark.skip(reason=f"{path.name}: {reason}")] if reason else []
+            marks = [pytest.mark.skip(reason=f"{path.name}: {not_run}")] if not_run else []
             params.append(pytest.param(case, id=case.id, marks=marks))
     return params
 
@@ -265,6 +280,56 @@ def bench_params(config: pytest.Config, mode: str) -> list[Any]:
 def lstmperf_benchmark(benchmark: Any, request: pytest.FixtureRequest, lstmperf: Any) -> BenchRunner:
     """Measure one :class:`BenchCase` through pytest-benchmark's ``benchmark`` fixture."""
     return BenchRunner(benchmark, request, lstmperf, _state(request.config))
+
+
+def _marked_options(item: pytest.Item) -> tuple[str, float | None]:
+    """``(label, flops)`` of ``@pytest.mark.lstmperf``, or a test failure naming what is wrong."""
+    marker = item.get_closest_marker(BENCH_MARKER)
+    kwargs = dict(marker.kwargs) if marker is not None else {}
+    label = kwargs.pop("label", marker.args[0] if marker is not None and marker.args else "call")
+    flops = kwargs.pop("flops", None)
+    problem = ""
+    if kwargs or (marker is not None and len(marker.args) > 1):
+        problem = f"unknown arguments {sorted(kwargs) or list(marker.args[1:])} (valid: label, flops=)"
+    elif not isinstance(label, str) or not label:
+        problem = f"label={label!r}: a non-empty string"
+    elif flops is not None and (not isinstance(flops, (int, float)) or flops <= 0):
+        problem = f"flops={flops!r}: a positive number of floating-point operations per call"
+    if problem:
+        pytest.fail(f"@pytest.mark.{BENCH_MARKER}: {problem}", pytrace=False)
+    return label, flops
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A marked test that uses ``benchmark`` also gets ``lstmperf_benchmark`` (measured, recorded, gated)."""
+    for item in items:
+        names = getattr(item, "fixturenames", None)
+        if names is None or item.get_closest_marker(BENCH_MARKER) is None:
+            continue
+        if "benchmark" in names and BENCH_FIXTURE not in names:
+            names.append(BENCH_FIXTURE)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> Any:
+    """In a marked test, the test function gets :class:`MarkedBenchmark` as ``benchmark`` (pytest-benchmark
+    gets its own fixture back for its report)."""
+    if pyfuncitem.get_closest_marker(BENCH_MARKER) is None:
+        return (yield)
+    funcargs = pyfuncitem.funcargs
+    if "benchmark" not in funcargs:
+        pytest.fail(
+            f"@pytest.mark.{BENCH_MARKER} marks a pytest-benchmark test, and {pyfuncitem.name} uses no "
+            f"`benchmark` fixture: add it (benchmark(fn, *args)) or use the `{BENCH_FIXTURE}` fixture",
+            pytrace=False,
+        )
+    label, flops = _marked_options(pyfuncitem)
+    plain = funcargs["benchmark"]
+    funcargs["benchmark"] = MarkedBenchmark(plain, funcargs[BENCH_FIXTURE], label, flops)
+    try:
+        return (yield)
+    finally:
+        funcargs["benchmark"] = plain
 
 
 # ------------------------------------------------------------------------------------- collecting records

@@ -49,6 +49,8 @@ def verdict_problem(seen: Observation, kernel: str, precision: str | None = None
     from ..numerics.checks import check_trace
 
     ran = seen.all_traces()
+    if seen.problems:  # a layer that ran but could not be described is never passed in silence
+        return "lstmperf_kernel: " + "; ".join(dict.fromkeys(seen.problems))
     wrong = []
     for trace in ran:
         where = f"{trace.phase} {trace.detail}".strip()

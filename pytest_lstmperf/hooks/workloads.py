@@ -50,6 +50,7 @@ PARTS = {
     "test_crossover": "crossover: batch sweep of each path",
     "test_framework_overhead": "framework overhead: torch module call against the raw op",
     "test_keras_overhead": "framework overhead: Keras 3 layers in their backend's worker process",
+    "test_compiled_and_onnx_overhead": "framework overhead: torch.compile and ONNX Runtime (compile/export untimed)",
     "test_precision_speed_and_error": "precision: each path's speed and error, then its kernel and tolerance checks",
 }
 
@@ -197,6 +198,12 @@ def notes(rows: list[dict[str, Any]]) -> dict[str, list[str]]:
             f"forward ms: median of 15 forward calls without autograd, each path timed in alternation with {ref} "
             "on the same inputs (fp32 ms); vs fp32 is the ratio of that pair. Device ms: CUDA-graph replay."
         )
+        if any(r["path"].startswith("onnxruntime") for r in by_kind["precision"]):
+            out["precision"].append(
+                "onnxruntime-* rows: the path and the fp32 path timed one after the other, not in alternation "
+                "(ONNX Runtime's thread pool and torch's OpenMP threads slow each other when alternated in one "
+                "process); the rows are for inference specs (-eval), ONNX Runtime having no backward pass."
+            )
     if by_kind["overhead"]:
         out["overhead"] += _overhead_notes(by_kind["overhead"])
     for kind, mine in [(kind, mine) for kind, mine in by_kind.items() if mine]:
@@ -212,7 +219,15 @@ def notes(rows: list[dict[str, Any]]) -> dict[str, list[str]]:
 
 def _overhead_notes(rows: list[dict[str, Any]]) -> list[str]:
     lines = ["call ms and aten op ms: median of 15 calls each, the module and the op timed in alternation."]
-    if any(r.get("framework", "torch") != "torch" for r in rows):
+    if any(r.get("framework", "torch").startswith("torch-compile") or r.get("framework", "").startswith("onnx")
+           for r in rows):  # fmt: skip
+        lines.append(
+            "torch-compile-* and onnxruntime-* rows: median of 15 synchronised forward calls in the test process, "
+            "after the path's warm-up (compiling and exporting are not timed); ONNX Runtime's call includes its "
+            "copies from and to host arrays. A torch.compile row that ran the eager kernel (Dynamo graph-breaks "
+            "on the layer) measures what compiling adds around it: guard checks, the graph break, no CUDA graph."
+        )
+    if any(r.get("framework", "torch").startswith("keras") for r in rows):
         lines.append(
             "Keras rows: the call is timed inside the backend's worker process (15 synchronised calls after 3 "
             "warm-up calls, no pipe round trip in the figure); the raw cost is the torch layer's, measured in the "
@@ -225,8 +240,11 @@ def _overhead_notes(rows: list[dict[str, Any]]) -> list[str]:
         if r.get("framework", "torch") != "torch" and raw and r.get("ran", "").split("/")[0] != raw.split("/")[0]:
             differ[(r["framework"], r.get("ran", ""), raw)].append(r["shape"])
     for (framework, ran, raw), shapes in sorted(differ.items()):
-        why = (" (Keras on the torch backend calls torch's fused kernel only on CUDA; on the CPU it runs its own "
-               "step loop)") if framework == "keras-torch" else ""  # fmt: skip
+        why = {
+            "keras-torch": " (Keras on the torch backend calls torch's fused kernel only on CUDA; on the CPU it runs "
+            "its own step loop)",
+            "keras-jax": " (Keras on JAX runs an XLA-compiled loop, and cuDNN only for an LSTM on a GPU)",
+        }.get(framework, "")
         lines.append(
             f"{framework} ran {ran} ({', '.join(shapes)}) where the raw cost is torch's {raw} op: its call/raw "
             f"includes the difference of kernels, not only framework overhead{why}."

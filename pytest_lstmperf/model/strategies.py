@@ -137,7 +137,9 @@ def specs_for_path(path: object, bounds: ShapeBounds) -> st.SearchStrategy[Layer
     modes: tuple[str, ...] = ("packed",) if packed_only else ("none", "none", "padded")
     cells = tuple(options.get("cells", ("lstm", "gru")))  # type: ignore[arg-type]
     reset = (True, False) if options.get("reset_before_ok") else (True,)
-    base = specs(bounds, cells=cells, length_modes=modes, reset_after=reset)
+    # an inference-only path (ONNX Runtime) gets inference specs, rather than three in four refused
+    training = (False,) if options.get("inference_only") else (True, True, True, False)
+    base = specs(bounds, cells=cells, length_modes=modes, training=training, reset_after=reset)
     supported = base.filter(lambda spec: path.supports(spec) is None)  # type: ignore[attr-defined]
     return supported.map(lambda spec: checkable_spec(path, spec)).filter(lambda spec: spec is not None)
 
@@ -206,13 +208,15 @@ def devices(include_unusable: bool = False) -> st.SearchStrategy[str]:
 
 
 def path_names(device: str = "cpu", framework: str | None = "torch") -> st.SearchStrategy[str]:
-    """Names of the registered execution paths of ``device`` (and ``framework``: torch, keras; None: all)."""
+    """Names of the registered execution paths of ``device`` (and ``framework``: torch, keras, torch-compile,
+    onnxruntime; None: all)."""
     from .. import paths as registry
 
     names = [
         p.name
         for p in registry.for_device(device.split(":")[0])
-        if framework is None or p.framework == framework or p.framework.startswith(f"{framework}-")
+        # "keras" takes both Keras backends (keras-tensorflow, keras-torch); "torch" is eager torch only
+        if framework is None or p.framework == framework or (framework == "keras" and p.framework.startswith("keras-"))
     ]
     if not names:
         raise ValueError(f"no registered path for device {device!r} and framework {framework!r}")

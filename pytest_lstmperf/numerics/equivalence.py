@@ -267,7 +267,9 @@ def representative_spec(path: Any, cell: str = "lstm") -> LayerSpec | None:
         seq_len=10,  # type: ignore[arg-type]
         initial_state=True,
     )
-    for candidate in (base, base.replace(length_mode="packed", lengths=(10, 7, 3, 1))):
+    packed = base.replace(length_mode="packed", lengths=(10, 7, 3, 1))
+    # inference forms last: for paths that run no backward pass (ONNX Runtime), whose supports() says so
+    for candidate in (base, packed, base.replace(training=False), packed.replace(training=False)):
         if path.supports(candidate) is None:
             return candidate
     return None

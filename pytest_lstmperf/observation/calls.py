@@ -149,7 +149,7 @@ def _keras_layers(seen: Observation) -> Iterator[None]:
             try:
                 seen.layers.append(describe_keras_layer(self, sequences, mask))
             except Exception as exc:
-                seen.problems.append(f"could not describe {self.name}: {exc}")
+                seen.problems.append(f"could not describe Keras layer {self.name!r}: {type(exc).__name__}: {exc}")
             recorder = seen.recorder if keras.backend.backend() == "torch" else None
             if recorder is None or recorder.paused:
                 return _original(self, sequences, initial_state, mask, training=training)

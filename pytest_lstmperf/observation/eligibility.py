@@ -49,10 +49,13 @@ class ReportRow:
     slowdown: str = "-"
     slowdown_source: str = ""
     error: str | None = None
+    #: the layer's name in the model (``encoder.gru``), where the rows come from a model
+    layer: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "config": self.config,
+            "layer": self.layer,
             "predicted": f"{self.verdict.kernel}/{self.verdict.precision}",
             "observed": self.observed,
             "match": None if self.observed is None else self.observed.split("/")[0] == self.verdict.kernel,
@@ -65,6 +68,23 @@ class ReportRow:
 
 
 Config = tuple[str, LayerSpec, KerasOptions | None]
+
+
+class ModelConfigs(list):
+    """The configs of a model's layers, with ``names``: each layer's name in the model (``encoder.gru``,
+    ``bidirectional/forward_lstm``), in the same order; the report's rows carry them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: list[str] = []
+        #: index -> a note on how the model calls that layer (a loop over time steps)
+        self.notes: dict[int, str] = {}
+
+    def add(self, name: str, config: Config) -> None:
+        self.append(config)
+        self.names.append(name)
+
+
 _SPEC_FIELDS = {f.name for f in dataclasses.fields(LayerSpec)}
 _OPTION_FIELDS = {f.name for f in dataclasses.fields(KerasOptions)}
 ALIASES = {"units": "hidden_size", "use_bias": "bias", "input_dim": "input_size"}
@@ -87,7 +107,7 @@ def config_from_dict(data: dict[str, Any]) -> Config:
         if option_values:
             raise ValueError(f"Keras options {sorted(option_values)} given for framework 'torch'")
         return framework, spec, None
-    option_values["backend"] = "tensorflow" if framework == "keras-tensorflow" else "torch"
+    option_values["backend"] = {"keras-tensorflow": "tensorflow", "keras-jax": "jax"}.get(framework, "torch")
     return framework, spec, KerasOptions(**option_values)
 
 
@@ -97,22 +117,27 @@ def configs_from_model(model: Any, batch: int = 4, seq_len: int = 10, example_in
     The batch and sequence length are the model's own where it has them: a Keras layer's built input shape, or
     (torch) the shapes each layer is called with on ``example_inputs``; ``batch``/``seq_len`` fill in the rest.
     A Keras model is a Keras model on every backend (on the torch backend it is also a ``torch.nn.Module``)."""
-    configs: list[Config] = []
+    configs = ModelConfigs()
     if hasattr(model, "_flatten_layers"):
         return _keras_configs(model, batch, seq_len)
     torch_nn = getattr(importlib.import_module("torch"), "nn", None) if _has("torch") else None
     if torch_nn is not None and isinstance(model, torch_nn.Module):
         seen = _torch_call_shapes(model, example_inputs)
-        for module in model.modules():
+        for name, module in model.named_modules():
+            if isinstance(module, (torch_nn.LSTMCell, torch_nn.GRUCell)):
+                configs.add(name, (CELL_FRAMEWORK, _cell_spec(module, seen.get(id(module), (batch, seq_len))), None))
             if isinstance(module, (torch_nn.LSTM, torch_nn.GRU)):
-                configs.append((
+                calls = seen.get(id(module), (batch, seq_len, 1))[2]
+                if calls > 1:
+                    configs.notes[len(configs)] = _loop_note(calls, seen[id(module)][1])
+                configs.add(name or type(module).__name__, (
                     "torch",
                     LayerSpec(
                         cell="lstm" if isinstance(module, torch_nn.LSTM) else "gru",
                         input_size=module.input_size, hidden_size=module.hidden_size, num_layers=module.num_layers,
                         bidirectional=module.bidirectional, proj_size=getattr(module, "proj_size", 0),
-                        bias=module.bias, batch=seen.get(id(module), (batch, seq_len))[0],
-                        seq_len=seen.get(id(module), (batch, seq_len))[1],
+                        bias=module.bias, batch=seen.get(id(module), (batch, seq_len, 1))[0],
+                        seq_len=seen.get(id(module), (batch, seq_len, 1))[1],
                     ),
                     None,
                 ))  # fmt: skip
@@ -120,21 +145,28 @@ def configs_from_model(model: Any, batch: int = 4, seq_len: int = 10, example_in
     raise ValueError(f"{type(model).__name__} is neither a torch.nn.Module nor a Keras model")
 
 
-def _torch_call_shapes(model: Any, example_inputs: Any) -> dict[int, tuple[int, int]]:
-    """``id(module) -> (batch, seq_len)`` of each nn.LSTM/GRU called on ``example_inputs`` (none given: {})."""
+def _torch_call_shapes(model: Any, example_inputs: Any) -> dict[int, tuple[int, int, int]]:
+    """``id(module) -> (batch, seq_len, calls)`` of each nn.LSTM/GRU (a cell: seq_len = calls) called on
+    ``example_inputs`` in one forward (none given: {})."""
     if example_inputs is None:
         return {}
     import torch
 
-    seen: dict[int, tuple[int, int]] = {}
+    seen: dict[int, tuple[int, int, int]] = {}
 
     def hook(module: Any, args: tuple) -> None:
         data = getattr(args[0], "data", args[0])
+        calls = seen.get(id(module), (0, 0, 0))[2] + 1
         if data.dim() == 3:
             t, b = (data.shape[1], data.shape[0]) if module.batch_first else (data.shape[0], data.shape[1])
-            seen[id(module)] = (int(b), int(t))
+            seen[id(module)] = (int(b), int(t), calls)
+
+    def cell_hook(module: Any, args: tuple) -> None:
+        steps = seen.get(id(module), (0, 0, 0))[1] + 1
+        seen[id(module)] = (int(args[0].shape[0]) if args[0].dim() == 2 else 1, steps, steps)
 
     handles = [m.register_forward_pre_hook(hook) for m in model.modules() if isinstance(m, torch.nn.RNNBase)]
+    handles += [m.register_forward_pre_hook(cell_hook) for m in model.modules() if isinstance(m, torch.nn.RNNCellBase)]
     try:
         with torch.no_grad():
             model(*(example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)))
@@ -142,6 +174,53 @@ def _torch_call_shapes(model: Any, example_inputs: Any) -> dict[int, tuple[int, 
         for handle in handles:
             handle.remove()
     return seen
+
+
+def _loop_note(calls: int, seq_len: int) -> str:
+    return (
+        f"called {calls} times in one forward of the model, {seq_len} time step(s) per call: the kernel runs per "
+        "call, so every call's launches and Python overhead remain; where the model allows (encoders, teacher "
+        "forcing), pass the whole sequence in one call"
+    )
+
+
+#: the framework name of a torch LSTMCell/GRUCell row: a cell has no cuDNN or oneDNN kernel in PyTorch
+CELL_FRAMEWORK = "torch-cell"
+
+
+def _cell_spec(module: Any, batch_steps: tuple[int, ...]) -> LayerSpec:
+    """A cell as a one-layer spec whose length is its number of calls per forward (the steps of its loop)."""
+    import torch
+
+    return LayerSpec(
+        cell="gru" if isinstance(module, torch.nn.GRUCell) else "lstm", input_size=module.input_size,
+        hidden_size=module.hidden_size, bias=bool(module.bias), batch=batch_steps[0], seq_len=batch_steps[1],
+    )  # fmt: skip
+
+
+def cell_verdict(spec: LayerSpec, device: Any) -> Verdict:
+    """A cell's row: it runs one step per call, and PyTorch has no cuDNN or oneDNN cell kernel, so a loop over
+    it runs the generic per-step kernels on every device (fused cell kernels on a GPU, matmuls and pointwise
+    ops on the CPU); only a whole-sequence ``nn.LSTM``/``nn.GRU`` reaches cuDNN or oneDNN."""
+    from .explain import Reason
+
+    kind = str(getattr(device, "kind", device)).split(":")[0]
+    layer = "LSTM" if spec.cell == "lstm" else "GRU"
+    reason = Reason(
+        rule="cell",
+        finding=f"nn.{layer}Cell({spec.input_size}, {spec.hidden_size}) steps one time step per call: PyTorch "
+        "has no cuDNN or oneDNN cell kernel",
+        change=f"run the sequence through nn.{layer}({spec.input_size}, {spec.hidden_size}) in one call "
+        "instead of a loop over the cell",
+        cost="per-step kernel launches and Python overhead for the whole loop; not measured here",
+        source="PyTorch: aten::lstm_cell/gru_cell (_thnn_fused_*_cell on CUDA) have no cuDNN or oneDNN "
+        "implementation (the kernel marker observes them as cuda-generic / cpu-native)",
+    )
+    return Verdict(
+        framework=CELL_FRAMEWORK, device=kind, spec=spec, options=None,
+        kernel="cuda-generic" if kind == "cuda" else "cpu-native", precision="fp32", reasons=(reason,),
+        rules_from="pytest_lstmperf.eligibility_report.cell_verdict",
+    )  # fmt: skip
 
 
 def _keras_input_shape(layer: Any) -> tuple[Any, ...] | None:
@@ -160,7 +239,7 @@ def _keras_configs(model: Any, batch: int, seq_len: int) -> list[Config]:
 
     from .calls import _activation_name
 
-    configs: list[Config] = []
+    configs = ModelConfigs()
     for layer in model._flatten_layers(include_self=True, recursive=True):
         if isinstance(layer, (keras.layers.LSTM, keras.layers.GRU)) and layer.built:
             cell = layer.cell
@@ -180,7 +259,7 @@ def _keras_configs(model: Any, batch: int, seq_len: int) -> list[Config]:
                 recurrent_dropout=float(cell.recurrent_dropout), dropout=float(cell.dropout),
                 unroll=bool(layer.unroll), go_backwards=bool(layer.go_backwards),
             )  # fmt: skip
-            configs.append((framework, spec, options))
+            configs.add(layer.name, (framework, spec, options))
     return configs
 
 
@@ -192,14 +271,17 @@ def falls_back(row: ReportRow) -> bool:
         return True
     if verdict.device.startswith("cuda"):
         return verdict.kernel != "cudnn"
-    return verdict.framework == "torch" and verdict.spec.cell == "lstm" and verdict.kernel != "onednn"
+    return verdict.framework in ("torch", CELL_FRAMEWORK) and verdict.spec.cell == "lstm" and verdict.kernel != "onednn"
 
 
 def report(model: Any, example_inputs: Any = None, *, device: str = "cpu", run: bool = False) -> list[ReportRow]:
     """The eligibility rows of a model's LSTM/GRU layers, in-process (torch or Keras on any backend)."""
     configs = configs_from_model(model, example_inputs=example_inputs)
     if not configs:
-        raise ValueError(f"{type(model).__name__}: no built LSTM/GRU layer found")
+        raise ValueError(
+            f"{type(model).__name__}: no built LSTM/GRU layer found (looked for torch nn.LSTM/nn.GRU/nn.LSTMCell/"
+            "nn.GRUCell modules and Keras LSTM/GRU layers, Bidirectional-wrapped ones included)"
+        )
     if run:
         from ..device import resolve_device
 
@@ -230,8 +312,8 @@ def load_configs(source: str, batch: int = 4, seq_len: int = 10) -> list[Config]
     obj = getattr(module, attribute or "CONFIGS", None)
     if obj is None:
         raise ValueError(f"{source}: {module_name} has no attribute {attribute or 'CONFIGS'!r}")
-    if callable(obj) and not hasattr(obj, "modules") and not hasattr(obj, "_flatten_layers"):
-        obj = obj()
+    if isinstance(obj, type) or (callable(obj) and not hasattr(obj, "modules") and not hasattr(obj, "_flatten_layers")):
+        obj = obj()  # a model class or a factory: the model it builds
     if isinstance(obj, list):
         return [item if isinstance(item, tuple) else config_from_dict(item) for item in obj]
     return configs_from_model(obj, batch=batch, seq_len=seq_len)
@@ -250,6 +332,10 @@ def _reference_slowdown(verdict: Verdict) -> tuple[str, str]:
     return (f"~{hit[0]:g}x", hit[1]) if hit else ("?", "no figure recorded")
 
 
+#: the module whose ``prepare`` runs a framework's layer (Keras frameworks: ``keras.paths``)
+_RUNNERS = {"torch": "torch_paths", "torch-compile": "compiled", "onnxruntime": "onnx_runtime"}
+
+
 def run_config(framework: str, spec: LayerSpec, options: KerasOptions | None, device: Any) -> Any:
     """A PreparedRun for one config on ``device`` (a DeviceInfo)."""
     from ..model.case import make_case
@@ -258,8 +344,7 @@ def run_config(framework: str, spec: LayerSpec, options: KerasOptions | None, de
     path = ExecutionPath(
         name="report", framework=framework, device=device.kind, kernel="none", precision="fp32",
         description="eligibility report run",
-        prepare_ref=("pytest_lstmperf.paths.torch_paths:prepare" if framework == "torch"
-                     else "pytest_lstmperf.paths.keras.paths:prepare"),
+        prepare_ref=f"pytest_lstmperf.paths.{_RUNNERS.get(framework, 'keras.paths')}:prepare",
         available_ref="", supports_ref="", options={} if options is None else {"keras": options},
     )  # fmt: skip
     return path.prepare(make_case(spec), device)
@@ -283,9 +368,17 @@ def _median_train_time(run: Any, repeats: int = 5) -> float:
 
 def build_report(configs: list[Config], device: Any = "cpu", run: bool = False) -> list[ReportRow]:
     rows = []
-    for framework, spec, options in configs:
+    names = getattr(configs, "names", None) or [""] * len(configs)
+    for index, (name, (framework, spec, options)) in enumerate(zip(names, configs, strict=True)):
+        if framework == CELL_FRAMEWORK:
+            verdict = cell_verdict(spec, device)
+            row = ReportRow(verdict.config(), verdict, None, "?", "not measured: a cell loop vs nn.LSTM/GRU")
+            rows.append(_named(row, name))
+            continue
         verdict = explain(spec, framework, device, options, context=context_for(device))
-        row = ReportRow(config=verdict.config(), verdict=verdict)
+        if index in getattr(configs, "notes", {}):
+            verdict = dataclasses.replace(verdict, notes=(*verdict.notes, configs.notes[index]))  # type: ignore[attr-defined]
+        row = _named(ReportRow(config=verdict.config(), verdict=verdict), name)
         row.slowdown, row.slowdown_source = _reference_slowdown(verdict)
         if run:
             try:
@@ -303,6 +396,12 @@ def build_report(configs: list[Config], device: Any = "cpu", run: bool = False) 
                 row.observed = "error"
         rows.append(row)
     return rows
+
+
+def _named(row: ReportRow, name: str) -> ReportRow:
+    if name:
+        row.layer, row.config = name, f"{name}: {row.config}"
+    return row
 
 
 def render_table(rows: list[ReportRow]) -> str:

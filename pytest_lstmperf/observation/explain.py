@@ -15,9 +15,26 @@ The rules are read from the library source named in each rule (``source``) at th
   ``lstm``/``gru`` raise ``NotImplementedError`` for any mask (and GRU ``reset_after=False``), and otherwise run
   ``torch._VF.lstm/gru`` only for CUDA inputs passing ``cudnn_ok``; every other case runs Keras's own torch loop
   *without raising*, so ``use_cudnn=True`` does not guarantee cuDNN there.
+* ``keras-jax``: Keras 3 on JAX (``keras/src/backend/jax/rnn.py``). Same layer gate; ``lstm`` raises
+  ``NotImplementedError`` for any mask and unless ``cudnn_ok`` (tanh/sigmoid, no unroll, a bias, and JAX's
+  *default* backend a GPU), and otherwise calls ``jax.experimental.rnn.lstm``, which lowers to cuDNN (TF32
+  allowed unless ``jax_default_matmul_precision`` is ``highest``). JAX has no cuDNN GRU: ``gru`` runs the
+  backend's own fused ``lax.scan`` (input projection hoisted) for ``reset_after=True`` without mask or unroll,
+  on any device, and raises ``NotImplementedError`` otherwise. Every non-cuDNN layer is an XLA-compiled loop
+  (``jax-generic``). With ``use_cudnn=True`` each ``NotImplementedError`` becomes the layer's ``ValueError``.
 * ``torch``: ``torch.nn.LSTM``/``GRU`` (aten/src/ATen/native/RNN.cpp): cuDNN for CUDA inputs when
   ``cudnn.enabled`` (bfloat16 needs cuDNN >= 9.13); on the CPU oneDNN for dense float32/bfloat16 LSTM without
   projections, else the native kernels.
+* ``torch-compile``: ``torch.compile`` of the torch layer. Dynamo graph-breaks on RNN modules unless
+  ``torch._dynamo.config.allow_rnn`` (``Context.compile_allow_rnn``) is set, so the layer runs eagerly on
+  the kernel the ``torch`` rules pick, and ``mode="reduce-overhead"`` has no graph to capture around it
+  (torch/_dynamo/variables/builder.py). With ``allow_rnn`` on CUDA ``aten::lstm``/``gru`` is decomposed
+  (torch/_decomp/decompositions.py ``lstm_impl``) into matmuls and inductor kernels: it leaves cuDNN. On
+  the CPU inductor keeps oneDNN's ``mkldnn_rnn_layer`` for an LSTM oneDNN takes.
+* ``onnxruntime``: ``torch.onnx.export`` (dynamo exporter) then ONNX Runtime. Not a cuDNN question: the
+  rules say what makes the export or the session fail (a packed sequence, ``proj_size``) and which
+  execution provider runs the ONNX ``LSTM``/``GRU`` node (``ort-rnn`` on the CPU, ``ort-cuda-rnn`` with
+  onnxruntime-gpu's CUDA provider; the routine inside the provider's kernel is not observable).
 
 Each rule is an entry of :data:`RULES`; a rule removed from the table (``explain(..., rules=...)``) makes the
 explainer disagree with the library, which the tests use to show the agreement check can fail.
@@ -36,19 +53,26 @@ from ..model.spec import LayerSpec
 from ..paths.keras.layer import KerasOptions, mask_style
 
 #: the library versions the rules below were read from (installed source, keras/src/..., torch RNN.cpp docs)
-RULES_READ_FROM = {"keras": "3.15.1", "tensorflow": "2.21.0", "torch": "2.13.0"}
+RULES_READ_FROM = {"keras": "3.15.1", "tensorflow": "2.21.0", "torch": "2.13.0", "jax": "0.10.2", "onnxscript": "0.7.2"}
 
-FRAMEWORKS = ("keras-tensorflow", "keras-torch", "torch")
+FRAMEWORKS = ("keras-tensorflow", "keras-torch", "keras-jax", "torch", "torch-compile", "onnxruntime")
 _ALIASES = {
     "keras-tensorflow": "keras-tensorflow", "keras-tf": "keras-tensorflow", "keras": "keras-tensorflow",
     "tensorflow": "keras-tensorflow", "tf": "keras-tensorflow",
     "keras-torch": "keras-torch", "keras-pytorch": "keras-torch",
+    "keras-jax": "keras-jax", "jax": "keras-jax",
     "torch": "torch", "pytorch": "torch",
+    "torch-compile": "torch-compile", "torch.compile": "torch-compile", "compile": "torch-compile",
+    "onnxruntime": "onnxruntime", "onnx": "onnxruntime", "ort": "onnxruntime",
 }  # fmt: skip
 _KERAS_LSTM = "keras/src/layers/rnn/lstm.py LSTM.inner_loop (gru.py GRU.inner_loop)"
 _TF_RNN = "keras/src/backend/tensorflow/rnn.py"
 _TORCH_RNN = "keras/src/backend/torch/rnn.py"
+_JAX_RNN = "keras/src/backend/jax/rnn.py"
 _ATEN = "aten/src/ATen/native/RNN.cpp (use_cudnn / use_mkldnn)"
+_DYNAMO = "torch/_dynamo/variables/builder.py (allow_rnn); torch/_decomp/decompositions.py lstm_impl/gru_impl"
+_ONNX = "torch/onnx/_internal/exporter (dynamo exporter) with onnxscript's aten::lstm/gru -> ONNX LSTM/GRU"
+_TORCHES = ("torch", "torch-compile")
 
 
 class ExplainError(ValueError):
@@ -69,6 +93,8 @@ class Context:
     torch_matmul_tf32: bool = False  # torch.backends.cuda.matmul.allow_tf32 (default off)
     mkldnn_enabled: bool = True
     compiling: bool = False  # inside torch.compile / torch.jit tracing
+    compile_allow_rnn: bool = False  # torch._dynamo.config.allow_rnn (framework torch-compile)
+    ort_cuda_provider: bool = True  # onnxruntime lists CUDAExecutionProvider (framework onnxruntime, device cuda)
 
     @property
     def sees_gpu(self) -> bool:
@@ -170,7 +196,8 @@ class Rule:
     raises_when_forced: tuple[str, ...] = ()  # frameworks where use_cudnn=True turns this into a ValueError
 
 
-_K = ("keras-tensorflow", "keras-torch")
+_K = ("keras-tensorflow", "keras-torch", "keras-jax")
+_KJ = ("keras-tensorflow", "keras-jax")  # backends whose lstm() raises where cudnn_ok fails (ValueError if forced)
 RULES: tuple[Rule, ...] = (
     Rule(
         "use_cudnn", _K,
@@ -197,8 +224,8 @@ RULES: tuple[Rule, ...] = (
         lambda s, o, c: f"activation={o.activation!r} is not tanh" if o.activation != "tanh" else None,
         lambda s, o, c: f"activation={o.activation!r} -> 'tanh'",
         "changes the layer's function: weights trained with the other activation do not carry over; retrain",
-        f"{_TF_RNN} _do_{{lstm,gru}}_arguments_support_cudnn; {_TORCH_RNN} cudnn_ok",
-        raises_when_forced=("keras-tensorflow",),
+        f"{_TF_RNN} _do_{{lstm,gru}}_arguments_support_cudnn; {_TORCH_RNN} cudnn_ok; {_JAX_RNN} cudnn_ok",
+        raises_when_forced=_KJ,
     ),
     Rule(
         "recurrent_activation", _K,
@@ -208,16 +235,16 @@ RULES: tuple[Rule, ...] = (
         ),
         lambda s, o, c: f"recurrent_activation={o.recurrent_activation!r} -> 'sigmoid'",
         "changes the gates' function: retrain (hard_sigmoid models lose their cheap gate, no gain on GPU)",
-        f"{_TF_RNN} _do_{{lstm,gru}}_arguments_support_cudnn; {_TORCH_RNN} cudnn_ok",
-        raises_when_forced=("keras-tensorflow",),
+        f"{_TF_RNN} _do_{{lstm,gru}}_arguments_support_cudnn; {_TORCH_RNN} cudnn_ok; {_JAX_RNN} cudnn_ok",
+        raises_when_forced=_KJ,
     ),
     Rule(
         "unroll", _K,
         lambda s, o, c: "unroll=True: cuDNN runs the rolled loop only" if o.unroll else None,
         lambda s, o, c: "unroll=True -> False",
         "none for the math; unrolling only pays off for very short sequences and grows the graph",
-        f"{_TF_RNN} cudnn_ok; {_TORCH_RNN} cudnn_ok",
-        raises_when_forced=("keras-tensorflow",),
+        f"{_TF_RNN} cudnn_ok; {_TORCH_RNN} cudnn_ok; {_JAX_RNN} cudnn_ok",
+        raises_when_forced=_KJ,
     ),
     Rule(
         "use_bias", _K,
@@ -225,8 +252,8 @@ RULES: tuple[Rule, ...] = (
         lambda s, o, c: "use_bias=False -> True",
         "adds a bias per gate; with bias_initializer='zeros' (and unit_forget_bias=False) it starts as the same "
         "function and is then trained",
-        f"{_TF_RNN} cudnn_ok; {_TORCH_RNN} cudnn_ok",
-        raises_when_forced=("keras-tensorflow",),
+        f"{_TF_RNN} cudnn_ok; {_TORCH_RNN} cudnn_ok; {_JAX_RNN} cudnn_ok",
+        raises_when_forced=_KJ,
     ),
     Rule(
         "reset_after", _K,
@@ -237,7 +264,7 @@ RULES: tuple[Rule, ...] = (
         lambda s, o, c: "reset_after=False -> True",
         "a different GRU (reset gate applied after the recurrent product, a second bias): weights do not carry "
         "over exactly; retrain",
-        f"{_TF_RNN} _do_gru_arguments_support_cudnn; {_TORCH_RNN} gru (raises NotImplementedError)",
+        f"{_TF_RNN} _do_gru_arguments_support_cudnn; {_TORCH_RNN} gru, {_JAX_RNN} gru (raise NotImplementedError)",
         raises_when_forced=_K,
     ),
     Rule(
@@ -304,7 +331,46 @@ RULES: tuple[Rule, ...] = (
         f"{_TORCH_RNN} lstm: `torch.compiler.is_compiling()`",
     ),
     Rule(
-        "cudnn_disabled", ("keras-torch", "torch"),
+        "jax_gru", ("keras-jax",),
+        lambda s, o, c: (
+            "GRU on JAX: jax.experimental.rnn has a cuDNN LSTM but no GRU, so Keras's JAX backend never runs a GRU "
+            "on cuDNN; reset_after=True without mask or unroll runs its fused lax.scan (input projection hoisted "
+            "out of the loop), anything else Keras's cell loop"
+            if s.cell == "gru" else None
+        ),
+        lambda s, o, c: "KERAS_BACKEND=jax -> tensorflow or torch (both run GRU(reset_after=True) on cuDNN), or "
+        "GRU -> LSTM on JAX",
+        "another backend changes the whole program's framework (weights carry over through keras.saving); an LSTM "
+        "is a different layer (about 4/3 the parameters): retrain",
+        f"{_JAX_RNN} gru (no cuDNN call), bidirectional_gru (raises NotImplementedError)",
+    ),
+    Rule(
+        "jax_gpu", ("keras-jax",),
+        lambda s, o, c: (
+            "JAX's default backend is not a GPU (jax.default_backend() != 'gpu'): Keras's JAX backend tries cuDNN "
+            "only when it is"
+            if not c.sees_gpu and s.cell == "lstm" else None
+        ),
+        lambda s, o, c: "run where JAX's default backend is a GPU (pip install 'jax[cuda13]' on an NVIDIA machine)",
+        "none for the layer; needs a GPU machine",
+        f"{_JAX_RNN} cudnn_ok -> _is_gpu_available",
+        raises_when_forced=("keras-jax",),
+    ),
+    Rule(
+        "jax_mask", ("keras-jax",),
+        lambda s, o, c: (
+            f"a {mask_style(s, o)}-padded mask: Keras's JAX backend has no masked cuDNN or fused path "
+            "(lstm()/gru() raise NotImplementedError) and runs Keras's cell loop"
+            if mask_style(s, o) != "none" else None
+        ),
+        lambda s, o, c: "drop the mask: batch sequences of equal length (bucketing), or use the TensorFlow backend, "
+        "whose cuDNN path takes right-padded masks",
+        "without a mask padded steps update the state; bucketing changes how batches are formed",
+        f"{_JAX_RNN} lstm/gru: `if mask is not None: raise NotImplementedError`",
+        raises_when_forced=("keras-jax",),
+    ),
+    Rule(
+        "cudnn_disabled", ("keras-torch", *_TORCHES),
         lambda s, o, c: (
             "torch.backends.cudnn.enabled is False: torch._VF.lstm/gru runs PyTorch's generic CUDA kernels"
             if c.device == "cuda" and not c.cudnn_enabled else None
@@ -314,7 +380,7 @@ RULES: tuple[Rule, ...] = (
         _ATEN,
     ),
     Rule(
-        "bf16_cudnn", ("keras-torch", "torch"),
+        "bf16_cudnn", ("keras-torch", *_TORCHES),
         lambda s, o, c: (
             f"bfloat16 with cuDNN {c.cudnn_version}: cuDNN RNNs take bfloat16 from 9.13 on"
             if c.device == "cuda" and s.dtype == "bfloat16" and (c.cudnn_version or 0) < 91300 else None
@@ -324,11 +390,56 @@ RULES: tuple[Rule, ...] = (
         _ATEN,
     ),
     Rule(
-        "torch_cpu", ("torch",),
+        "torch_cpu", _TORCHES,
         lambda s, o, c: "input on the CPU: cuDNN needs a CUDA tensor" if c.device != "cuda" else None,
         lambda s, o, c: "move the module and its input to a CUDA device (.to('cuda'))",
         "none for the layer; needs a GPU machine",
         _ATEN,
+    ),
+    Rule(
+        "compile_allow_rnn", ("torch-compile",),
+        lambda s, o, c: (
+            "torch._dynamo.config.allow_rnn=True: Dynamo traces the layer and aten::lstm/gru is decomposed into "
+            "per-step matmuls and inductor's generated kernels (family inductor), off cuDNN"
+            if c.compile_allow_rnn and c.device == "cuda" else None
+        ),
+        lambda s, o, c: "allow_rnn=True -> False (the default): Dynamo graph-breaks on the layer, which runs cuDNN",
+        "the layer is no longer compiled: no fusion across it, and mode='reduce-overhead' replays no CUDA graph "
+        "of it (the eager call's host overhead stays)",
+        _DYNAMO,
+    ),
+    Rule(
+        "onnx_packed", ("onnxruntime",),
+        lambda s, o, c: (
+            "a PackedSequence: torch.export cannot trace pack_padded_sequence (data-dependent batch sizes), so "
+            "torch.onnx.export raises TorchExportError"
+            if s.length_mode == "packed" else None
+        ),
+        lambda s, o, c: "export the layer on padded input (length_mode packed -> padded); mask or slice the outputs "
+        "after the session",
+        "padded steps update the state (the ONNX LSTM's sequence_lens input is not filled by the exporter)",
+        _ONNX, effect="error",
+    ),
+    Rule(
+        "onnx_proj", ("onnxruntime",),
+        lambda s, o, c: (
+            f"proj_size={s.proj_size}: ONNX's LSTM has no projection; the exporter emits a plain LSTM node without "
+            "weight_hr, and the session fails at run time (\"Input initial_c must have shape ...\")"
+            if s.proj_size else None
+        ),
+        lambda s, o, c: f"proj_size={s.proj_size} -> 0 (or a Linear after an LSTM without projection)",
+        "changes the layer: a projected LSTM's weights do not carry over; retrain",
+        _ONNX, effect="error",
+    ),
+    Rule(
+        "onnx_cuda_provider", ("onnxruntime",),
+        lambda s, o, c: (
+            "onnxruntime lists no CUDAExecutionProvider (the CPU package is installed): the session runs on "
+            "the CPU provider" if c.device == "cuda" and not c.ort_cuda_provider else None
+        ),
+        lambda s, o, c: "pip install onnxruntime-gpu (it replaces onnxruntime) on a machine with CUDA",
+        "none for the layer; a GPU build of ONNX Runtime matching the machine's CUDA",
+        "onnxruntime.get_available_providers()",
     ),
 )  # fmt: skip
 
@@ -347,7 +458,7 @@ def normalize_framework(framework: str) -> str:
 def installed_versions() -> dict[str, str | None]:
     """Installed versions, read from package metadata (imports nothing)."""
     out: dict[str, str | None] = {}
-    for name, dist in (("keras", "keras"), ("tensorflow", "tensorflow"), ("torch", "torch")):
+    for name, dist in (("keras", "keras"), ("tensorflow", "tensorflow"), ("torch", "torch"), ("jax", "jax")):
         version = None
         for candidate in (dist, f"{dist}-cpu"):
             try:
@@ -406,6 +517,10 @@ def explain(
     ctx = context if context is not None else context_for(device)
     table = RULES if rules is None else tuple(rules)
     notes: list[str] = []
+    if framework in ("torch-compile", "onnxruntime"):
+        if options is not None and options.differences():
+            raise ExplainError(f"Keras options {options.short()} given for framework {framework!r}")
+        return _explain_exported(spec, framework, ctx, table)
     if framework == "torch":
         if spec.cell == "gru" and not spec.reset_after:
             raise ExplainError("PyTorch's GRU is reset-after only: reset_after=False exists in Keras alone")
@@ -413,7 +528,7 @@ def explain(
             raise ExplainError(f"Keras options {options.short()} given for framework 'torch'")
         opts = KerasOptions()
     else:
-        backend = "tensorflow" if framework == "keras-tensorflow" else "torch"
+        backend = {"keras-tensorflow": "tensorflow", "keras-jax": "jax"}.get(framework, "torch")
         opts = (options or KerasOptions(backend=backend)).replace(backend=backend)
         if spec.proj_size:
             raise ExplainError(f"proj_size={spec.proj_size}: Keras's LSTM has no projection (PyTorch-only feature)")
@@ -426,7 +541,7 @@ def explain(
         if finding is None:
             continue
         reasons.append(Reason(rule.id, finding, rule.change(spec, opts, ctx), rule.cost, rule.source, rule.effect))
-        if framework in rule.raises_when_forced:
+        if framework in rule.raises_when_forced and not _jax_gru_runs_fused(framework, spec, rule.id):
             forced_error = True
     blocking = [r for r in reasons if r.effect == "fallback"]
     raises = None
@@ -435,6 +550,8 @@ def explain(
     elif blocking:
         if framework == "keras-tensorflow":
             kernel = "tf-generic"
+        elif framework == "keras-jax":
+            kernel = "jax-generic"
         elif ctx.device == "cuda" and {r.rule for r in blocking} == {"cudnn_disabled"}:
             kernel = "cuda-generic"  # torch._VF.lstm with cuDNN off: PyTorch's generic CUDA kernels
         else:
@@ -446,16 +563,19 @@ def explain(
             )
         elif opts.use_cudnn is True and framework == "keras-torch":
             notes.append("use_cudnn=True does not raise here: Keras's torch backend falls back to its own loop")
+        elif opts.use_cudnn is True and framework == "keras-jax":
+            notes.append("use_cudnn=True does not raise here: Keras's JAX backend counts its fused GRU scan as the "
+                         "fast path")  # fmt: skip
     else:
         kernel = "cudnn"
         errors = [r for r in reasons if r.effect == "error"]
         if errors:
             raises = "InvalidArgumentError (tf.Assert in the cuDNN path): " + errors[0].finding.split(":")[0]
-    precision = _precision(framework, spec, kernel, ctx)
+    precision = _precision(framework, spec, kernel, ctx, opts.dtype_policy)
     if framework != "torch" and spec.bidirectional and kernel == "cudnn":
         notes.append(
-            "bidirectional: two cuDNN calls on TensorFlow; one fused call on the torch backend when the layer has "
-            "no mask, dropout or initial-state mismatch"
+            "bidirectional: two cuDNN calls on TensorFlow; one fused call on the torch and JAX backends when the "
+            "layer has no mask, dropout or initial-state mismatch"
         )
     if framework == "keras-torch" and kernel != "cudnn" and opts.implementation == 1 and opts.use_cudnn != False:  # noqa: E712
         notes.append("implementation=1 is ignored where Keras's torch backend runs its own fused loop")
@@ -473,6 +593,59 @@ def explain(
         notes=tuple(notes + _version_notes(framework)),
         rules_from=_rules_from(framework),
     )
+
+
+def _jax_gru_runs_fused(framework: str, spec: LayerSpec, rule_id: str) -> bool:
+    """A GRU on JAX whose ``gru()`` does not raise for this rule (it checks reset_after, unroll and the mask
+    only, not the activations, the bias or the device): the fused scan runs, so ``use_cudnn=True`` is silent."""
+    return framework == "keras-jax" and spec.cell == "gru" and rule_id not in ("unroll", "reset_after", "jax_mask",
+                                                                                "recurrent_dropout")  # fmt: skip
+
+
+def _explain_exported(spec: LayerSpec, framework: str, ctx: Context, table: Sequence[Rule]) -> Verdict:
+    """torch.compile and ONNX Runtime: the rules of the table that apply to ``framework``."""
+    if spec.cell == "gru" and not spec.reset_after:
+        raise ExplainError("PyTorch's GRU is reset-after only: reset_after=False exists in Keras alone")
+    reasons = [
+        Reason(rule.id, finding, rule.change(spec, KerasOptions(), ctx), rule.cost, rule.source, rule.effect)
+        for rule in table
+        if framework in rule.frameworks and (finding := rule.check(spec, KerasOptions(), ctx)) is not None
+    ]
+    notes: list[str] = []
+    raises = next((f"{r.finding.split(':')[0]}: the export or the session fails" for r in reasons
+                   if r.effect == "error"), None)  # fmt: skip
+    ids = {r.rule for r in reasons}
+    if framework == "torch-compile":
+        blocking = [r for r in reasons if r.rule != "compile_allow_rnn"]
+        kernel = "inductor" if "compile_allow_rnn" in ids else _torch_kernel(spec, ctx, blocking)
+        if not ctx.compile_allow_rnn:
+            notes.append(
+                "Dynamo graph-breaks on the layer (allow_rnn=False): it runs eagerly; mode='reduce-overhead' "
+                "captures no CUDA graph around it"
+            )
+        elif ctx.device == "cpu" and kernel != "onednn":
+            kernel = "inductor"  # decomposed cells as inductor's C++ kernels
+    else:
+        kernel = "ort-cuda-rnn" if ctx.device == "cuda" and "onnx_cuda_provider" not in ids else "ort-rnn"
+        notes.append("ONNX Runtime runs inference only: no backward pass")
+    precision = _precision("torch", spec, kernel, ctx) if framework == "torch-compile" else "fp32"
+    return Verdict(
+        framework=framework, device=ctx.device, spec=spec, options=None, kernel=kernel, precision=precision,
+        reasons=tuple(reasons), raises=raises, notes=tuple(notes + _version_notes("torch")),
+        rules_from=_rules_from(framework),
+    )  # fmt: skip
+
+
+def onnx_export_problems(spec: LayerSpec) -> list[str]:
+    """Why ``spec`` cannot be exported to ONNX and run by ONNX Runtime (the ``onnxruntime`` rules whose
+    effect is an error), as short findings; empty when it can."""
+    ctx = Context()
+    return [
+        f"{rule.id}: {finding}"
+        for rule in RULES
+        if "onnxruntime" in rule.frameworks and rule.effect == "error"
+        and (finding := rule.check(spec, KerasOptions(), ctx)) is not None
+    ]  # fmt: skip
 
 
 def _torch_kernel(spec: LayerSpec, ctx: Context, blocking: list[Reason]) -> str:
@@ -494,21 +667,28 @@ def _torch_kernel(spec: LayerSpec, ctx: Context, blocking: list[Reason]) -> str:
     return "cpu-native"
 
 
-def _precision(framework: str, spec: LayerSpec, kernel: str, ctx: Context) -> str:
-    base = _PRECISION.get(spec.dtype, spec.dtype)
+_POLICY_PRECISION = {"mixed_float16": "fp16", "mixed_bfloat16": "bf16"}
+
+
+def _precision(framework: str, spec: LayerSpec, kernel: str, ctx: Context, policy: str = "float32") -> str:
+    base = _POLICY_PRECISION.get(policy) or _PRECISION.get(spec.dtype, spec.dtype)
     if base != "fp32" or not ctx.tf32_capable:
         return base
-    if framework == "keras-tensorflow":
-        return "tf32" if ctx.tf32 else base  # TF32 on by default for cuDNN RNNs and MatMul alike
+    if framework in ("keras-tensorflow", "keras-jax"):
+        # TF32 on by default for TF's cuDNN RNNs and MatMul alike; on JAX for XLA's fp32 dots at the default
+        # precision and for jax.experimental.rnn's cuDNN call (cudnn_allow_tf32)
+        return "tf32" if ctx.tf32 else base
     if kernel == "cudnn":
         return "tf32" if ctx.tf32 else base  # torch.backends.cudnn.allow_tf32 (default True)
     return "tf32" if ctx.torch_matmul_tf32 else base  # generic loops: torch matmul TF32 (default off)
 
 
 def _rules_from(framework: str) -> str:
-    if framework == "torch":
+    if framework in _TORCHES:
         return f"torch {RULES_READ_FROM['torch']}"
-    backend = "tensorflow" if framework == "keras-tensorflow" else "torch"
+    if framework == "onnxruntime":
+        return f"torch {RULES_READ_FROM['torch']}, onnxscript {RULES_READ_FROM['onnxscript']}"
+    backend = {"keras-tensorflow": "tensorflow", "keras-jax": "jax"}.get(framework, "torch")
     return f"keras {RULES_READ_FROM['keras']} ({backend} backend), {backend} {RULES_READ_FROM[backend]}"
 
 
@@ -531,7 +711,7 @@ def fix_all(spec: LayerSpec, options: KerasOptions | None, verdict: Verdict) -> 
         spec = spec.replace(bias=True)
     if "reset_after" in rules:
         spec = spec.replace(reset_after=True)
-    if rules & {"torch_mask"} and spec.length_mode == "packed":
+    if rules & {"torch_mask", "jax_mask"} and spec.length_mode == "packed":
         spec = spec.replace(length_mode="none", lengths=None)
     if options is None:
         return spec, None
@@ -571,5 +751,6 @@ __all__ = [
     "fix_all",
     "installed_versions",
     "normalize_framework",
+    "onnx_export_problems",
     "without",
 ]

@@ -411,3 +411,114 @@ def paused(recorder: LayerRecorder) -> Iterator[None]:
             yield
     finally:
         recorder.paused = False
+
+
+# ------------------------------------------------------------------------------ compiled code (profiler)
+#: profiler event names that mark compiled code running (``torch.compile``'s region and its compiled graphs)
+_COMPILED_MARKS = ("Torch-Compiled Region", "CompiledFxGraph", "CompiledFunction")
+#: CUDA runtime calls that replay a captured CUDA graph (``mode="reduce-overhead"``'s cudagraph trees)
+_GRAPH_LAUNCH = ("cudaGraphLaunch", "cuGraphLaunch")
+#: GPU kernel name fragments of each family, for work the profiler sees only as kernels (a replayed graph)
+_KERNEL_FAMILIES = (
+    (re.compile(r"RNN_blockPersist|elemWiseRNNcell|LSTM_elementWise|GRU_elementWise|cudnn::rnn", re.I), "cudnn"),
+    (re.compile(r"lstm_cell_forward|lstm_cell_backward|gru_cell_forward|gru_cell_backward"), "cuda-generic"),
+    (re.compile(r"^triton_"), "inductor"),
+)
+_PROFILER_DTYPES = {"float": "fp32", "double": "fp64", "c10::Half": "fp16", "c10::BFloat16": "bf16"}
+
+
+@dataclass(frozen=True)
+class CompiledRun:
+    """What the profiler saw of compiled code in one pass: compiled regions entered, CUDA graphs replayed."""
+
+    compiled_regions: int = 0
+    graph_replays: int = 0
+
+    def describe(self) -> str:
+        return f"compiled regions run: {self.compiled_regions}; CUDA graph replays: {self.graph_replays}"
+
+
+def classify_compiled(ops: Sequence[str], kernels: Sequence[str], device: str, compiled: CompiledRun) -> str:
+    """The family of a pass that may have run compiled code.
+
+    ATen ops decide first (an eager LSTM after a graph break, or an op inductor calls as an extern kernel:
+    ``aten::mkldnn_rnn_layer`` on the CPU); then GPU kernel names (a replayed CUDA graph dispatches no ATen
+    op); a compiled graph that ran matrix products and no recurrent op is inductor's decomposition of the
+    cell loop (``inductor``: cuBLAS/MKL products plus generated pointwise kernels)."""
+    family = classify_torch_ops(ops, device)
+    names = {short_op(o) for o in ops}
+    if family == "none":
+        seen = {fam for k in kernels for pattern, fam in _KERNEL_FAMILIES if pattern.search(k)}
+        if seen:
+            family = seen.pop() if len(seen) == 1 else "mixed"
+        elif compiled.compiled_regions and names & _MATMUL_OPS:
+            family = "inductor"
+    elif compiled.compiled_regions and any(k.startswith("triton_") for k in kernels) and family != "cudnn":
+        # a fused cell loop: inductor's kernels beside matmuls that the native classifier also matches
+        family = "inductor"
+    return family
+
+
+@contextlib.contextmanager
+def profiler_trace(device: str, phase: str) -> Iterator[list[KernelTrace]]:
+    """Trace the block with ``torch.profiler`` alone (no ``TorchDispatchMode``).
+
+    Dynamo does not run compiled code while a dispatch mode is active (it falls back to eager: "non-infra
+    torch dispatch mode present"), so :func:`torch_trace` would observe the eager layer, not what
+    ``torch.compile`` runs. The profiler records the ATen ops the compiled code calls (extern kernels),
+    the GPU kernels (inductor's ``triton_*``, cuDNN's, those of a replayed CUDA graph), the compiled
+    regions entered and the CUDA graphs launched; the input element types of recurrent ops and products
+    give the precision."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    kind = device.split(":")[0]
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if kind == "cuda" else [])
+    out: list[KernelTrace] = []
+    with profile(activities=activities, record_shapes=True) as prof:
+        yield out
+        if kind == "cuda":
+            torch.cuda.synchronize()
+    ops: list[str] = []
+    kernels: list[str] = []
+    rec_dtypes: list[str] = []
+    mm_dtypes: list[str] = []
+    any_dtypes: list[str] = []  # element types entering any ATen op (a replayed graph's input copies)
+    regions = launches = 0
+    for event in prof.profiler.kineto_results.events():  # type: ignore[union-attr]
+        name = event.name()
+        if any(mark in name for mark in _COMPILED_MARKS):
+            regions += 1
+        elif name in _GRAPH_LAUNCH:
+            launches += 1
+        elif "CUDA" in str(event.device_type()):
+            if name not in kernels:
+                kernels.append(name)
+        elif name.startswith("aten::"):
+            short = short_op(name)
+            ops.append(short)
+            target = rec_dtypes if short in _RECURRENT_OPS else mm_dtypes if short in _MATMUL_OPS else any_dtypes
+            first = next((d for d in event.dtypes() if d in _PROFILER_DTYPES), None)
+            if first is not None:
+                target.append(_PROFILER_DTYPES[first])
+    compiled = CompiledRun(regions, launches)
+    unique = tuple(dict.fromkeys(ops))
+    dtypes = rec_dtypes or mm_dtypes
+    note = compiled.describe()
+    if not dtypes and launches and any_dtypes:
+        # a replayed CUDA graph dispatches no recurrent op or product: its inputs' element types (the copies into
+        # the graph's static buffers), unless a kernel name shows a narrower type
+        narrower = kernel_element_types(kernels) - {"fp32", "fp64"}
+        dtypes = sorted(narrower) or any_dtypes
+        note += "; precision from the element types entering the replayed graph and its kernel names"
+    out.append(
+        KernelTrace(
+            family=classify_compiled(unique, kernels, kind, compiled),
+            precision=precision_from(dtypes, kernels),
+            phase=phase,
+            ops=unique,
+            kernels=tuple(kernels),
+            dtypes=tuple(dict.fromkeys(dtypes)),
+            detail=note,
+        )
+    )

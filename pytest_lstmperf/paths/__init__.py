@@ -31,6 +31,11 @@ KERNEL_FAMILIES = (
     "onednn",  # torch CPU aten::mkldnn_rnn_layer
     "cpu-native",  # torch CPU per-step linear + pointwise ops
     "tf-generic",  # TensorFlow While loop of MatMul/Sigmoid/Tanh
+    "jax-generic",  # XLA-compiled loop (lax.scan while loop, or unrolled) of dots + logistic/tanh, no cuDNN call
+    "inductor",  # torch.compile's decomposition of the cell loop: matmuls + generated (triton/C++) kernels
+    "ort-rnn",  # ONNX LSTM/GRU node run by ONNX Runtime's CPU kernel
+    "ort-cuda-rnn",  # ONNX LSTM/GRU node run by ONNX Runtime's CUDA execution provider
+    "ort-decomposed",  # ONNX graph without an LSTM/GRU node (the recurrence as Loop/Scan/MatMul nodes)
     "none",  # nothing recurrent ran (a bug in the path or the trace)
     "mixed",  # more than one family in one pass
 )
@@ -136,14 +141,20 @@ def register(path: ExecutionPath) -> ExecutionPath:
 
 
 def _load_builtin() -> None:
-    from . import torch_paths  # noqa: F401  (registers on import; imports no framework)
+    # register on import and import no framework (compiled imports torch_paths: the eager paths come first)
+    from . import compiled, onnx_runtime, torch_paths  # noqa: F401
 
     with contextlib.suppress(ImportError):  # module absent in a partial install
         from .keras import paths as keras_paths  # noqa: F401
 
 
+_BUILTIN_LOADED: list[bool] = []
+
+
 def all_paths() -> dict[str, ExecutionPath]:
-    if not REGISTRY:
+    # loaded once, whatever was registered before (importing one path module first registers only its paths)
+    if not _BUILTIN_LOADED:
+        _BUILTIN_LOADED.append(True)
         _load_builtin()
     return REGISTRY
 

@@ -235,6 +235,7 @@ class TorchRun:
         if dev.type == "cuda":
             self.module.flatten_parameters()
         self.module.train(spec.training)
+        self.layer: Any = self.module  # what a call runs (a compiled path puts torch.compile's wrapper here)
         x = _tensor(case.x).to(device=dev, dtype=dtype)
         self.x = x if spec.batch_first else x.transpose(0, 1).contiguous()
         self.h0 = None if case.h0 is None else _tensor(case.h0).to(device=dev, dtype=dtype)
@@ -262,20 +263,25 @@ class TorchRun:
             from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
             packed = pack_padded_sequence(x, self.lengths, batch_first=self.spec.batch_first, enforce_sorted=False)
-            out, state = self.module(packed, hx)
+            out, state = self.layer(packed, hx)
             out, _ = pad_packed_sequence(out, batch_first=self.spec.batch_first, total_length=self.spec.seq_len)
         else:
-            out, state = self.module(x, hx)
+            out, state = self.layer(x, hx)
         if self.spec.cell == "lstm":
             h_n, c_n = state
         else:
             h_n, c_n = state, None
         return out, h_n, c_n
 
-    # ---- PreparedRun protocol
-    def run(self) -> PathResult:
+    def _tracer(self) -> Any:
+        """The kernel trace a pass runs under (``torch_trace``: dispatch mode, and the profiler on CUDA)."""
         from ..observation.torch_trace import torch_trace
 
+        return torch_trace
+
+    # ---- PreparedRun protocol
+    def run(self) -> PathResult:
+        torch_trace = self._tracer()
         torch = self.torch
         spec = self.spec
         x = self.x.detach().clone().requires_grad_(spec.training)
@@ -323,9 +329,7 @@ class TorchRun:
         return out
 
     def trace_forward(self) -> KernelTrace:
-        from ..observation.torch_trace import torch_trace
-
-        with torch_trace(self.device.kind, "forward") as trace:
+        with self._tracer()(self.device.kind, "forward") as trace:
             self.forward()
         return trace[0]
 

@@ -3,7 +3,8 @@
 :class:`BenchRunner` prepares a path, checks the kernel it ran against the path's claim (failing at once on a
 mismatch), times the call with ``benchmark.pedantic`` (a synchronising callable, bounded rounds), measures
 device time, SM clock, host counters and FLOP/s into ``extra_info``, re-measures a suspect, and attaches a
-record to the test report (so pytest-xdist brings it to the controller).
+record to the test report (so pytest-xdist brings it to the controller). :class:`MarkedBenchmark` is
+pytest-benchmark's ``benchmark`` in a test marked ``@pytest.mark.lstmperf``, measured the same way.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ if TYPE_CHECKING:
 
 #: the ``user_properties`` key of a benchmark's record
 RECORD_KEY = "lstmperf_bench"
+#: the marker that makes a plain ``benchmark`` test an lstmperf benchmark
+BENCH_MARKER = "lstmperf"
 
 
 @dataclass(frozen=True)
@@ -45,6 +48,14 @@ class BenchCase:
 
     def __repr__(self) -> str:
         return self.id
+
+
+def run_spec(path: ExecutionPath, spec: Any, mode: str) -> Any:
+    """The spec a benchmark prepares: the shape's own, or its inference form for an inference-only path's
+    forward benchmark (ONNX Runtime; the shape keeps its id, so one shape is timed on every path)."""
+    if mode == "forward" and path.options.get("inference_only") and spec.training:
+        return spec.replace(training=False)
+    return spec
 
 
 class BenchRunner:
@@ -74,7 +85,7 @@ class BenchRunner:
         thresholds = self._thresholds()
         phases = self.benchmark.extra_info.setdefault("phase_s", {})
         started = time.perf_counter()
-        run = path.prepare(make_case(spec, session.seed), device)
+        run = path.prepare(make_case(run_spec(path, spec, case.mode), session.seed), device)
         call = run.forward if case.mode == "forward" else run.train_step
         extra = self.benchmark.extra_info
         extra.update(
@@ -409,6 +420,35 @@ class BenchRunner:
         }
         node.user_properties.append((RECORD_KEY, record))
         return record
+
+
+class MarkedBenchmark:
+    """pytest-benchmark's ``benchmark`` in a test marked ``@pytest.mark.lstmperf``: ``benchmark(fn, *args,
+    **kwargs)`` is measured by :meth:`BenchRunner.__call__` (one record, baseline entry and gate verdict like
+    ``lstmperf_benchmark(fn)``); every other attribute (``extra_info``, ``group``, ...) is pytest-benchmark's."""
+
+    def __init__(self, benchmark: Any, runner: BenchRunner, label: str, flops: float | None) -> None:
+        object.__setattr__(self, "_parts", (benchmark, runner, label, flops))
+
+    def __call__(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        from functools import partial
+
+        _, runner, label, flops = self._parts
+        return runner(partial(fn, *args, **kwargs) if args or kwargs else fn, label=label, flops=flops)
+
+    def pedantic(self, *args: Any, **kwargs: Any) -> Any:
+        pytest.fail(
+            f"@pytest.mark.{BENCH_MARKER}: benchmark.pedantic(...) is not measured by pytest-lstmperf, which chooses "
+            "its own rounds (about 0.25 s of timed work) and synchronises after each call; call "
+            "benchmark(fn, *args, **kwargs) instead, or remove the marker to keep pytest-benchmark's pedantic mode",
+            pytrace=False,
+        )
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._parts[0], name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self._parts[0], name, value)
 
 
 def _skip_shared_gpu(device: DeviceInfo) -> None:

@@ -42,6 +42,10 @@ session resolves its paths: "behind the suite's back") and undone at ``pytest_un
     that adds work per call, as a careless change to a model's Python does. The host counters
     (``aten_ops``, ``kernels``, ``alloc_bytes``) grow by ``N + 1``, ``N`` (CUDA) and the allocation; the
     time per call grows by the host cost of the ops. Outputs are unchanged. CPU and CUDA.
+``onnx-weight:EPS``
+    Every exported ONNX model (the ``onnxruntime-*`` paths) has its recurrent weight ``R`` (the ``LSTM``/``GRU``
+    node's third input) scaled by ``1 + EPS`` after export, before the session loads it: the silent drift
+    after export that a deployment fears. The torch layer is untouched.
 
 The slowdown measures and waits on a clock: ``wall`` (default; ``time.perf_counter``, the clock
 pytest-benchmark times with) or ``thread`` (``time.thread_time``, the CPU time of the calling thread, spun
@@ -66,7 +70,9 @@ import pytest
 
 ENV = "PYTEST_LSTMPERF_PLANT"
 CLOCK_ENV = "PYTEST_LSTMPERF_PLANT_CLOCK"
-VALID = "cudnn-off, onednn-off, perturb:EPS, slowdown:F, kernel-slowdown:F, host-work:N, wrong-precision"
+VALID = (
+    "cudnn-off, onednn-off, perturb:EPS, slowdown:F, kernel-slowdown:F, host-work:N, wrong-precision, onnx-weight:EPS"
+)
 #: the clocks the slowdown measures and waits on
 CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "thread": time.thread_time}
 
@@ -99,15 +105,16 @@ def parse_faults(raw: str) -> list[Fault]:
             if arg:
                 raise ValueError(f"{part!r}: {kind} takes no value (valid: {VALID})")
             faults.append(Fault(kind))
-        elif kind in ("perturb", "slowdown", "kernel-slowdown", "host-work"):
+        elif kind in ("perturb", "onnx-weight", "slowdown", "kernel-slowdown", "host-work"):
             try:
                 value = float(arg)
             except ValueError:
                 raise ValueError(
-                    f"{part!r}: {kind} needs a number, e.g. {kind}:{'1e-3' if kind == 'perturb' else '1.25'}"
+                    f"{part!r}: {kind} needs a number, e.g. "
+                    f"{kind}:{'1e-3' if kind in ('perturb', 'onnx-weight') else '1.25'}"
                     f" (valid: {VALID})"
                 ) from None
-            if kind != "perturb" and not value >= 1.0:
+            if kind not in ("perturb", "onnx-weight") and not value >= 1.0:
                 raise ValueError(f"{part!r}: the slowdown factor must be >= 1 (valid: {VALID})")
             if kind == "host-work" and value != int(value):
                 raise ValueError(f"{part!r}: host-work needs a whole number of extra ops (valid: {VALID})")
@@ -405,6 +412,26 @@ def _plant_host_work(ops: int) -> Callable[[], None]:
     return _patch_forward(wrap)
 
 
+def _plant_onnx_weight(eps: float) -> Callable[[], None]:
+    from ..paths import onnx_runtime
+
+    def hook(model: Any) -> None:
+        import numpy as np
+        from onnx import numpy_helper
+
+        recurrent = [n for n in model.graph.node if n.op_type in ("LSTM", "GRU")]
+        names = {n.input[2] for n in recurrent if len(n.input) > 2}
+        for init in model.graph.initializer:
+            if init.name in names:
+                scaled = numpy_helper.to_array(init) * np.float32(1.0 + eps)
+                init.CopyFrom(numpy_helper.from_array(scaled.astype(np.float32), init.name))
+        if not names:
+            raise RuntimeError("onnx-weight fault: no LSTM/GRU node with an initializer weight R in the export")
+
+    onnx_runtime.EXPORT_HOOKS.append(hook)
+    return lambda: onnx_runtime.EXPORT_HOOKS.remove(hook)
+
+
 def plant(faults: list[Fault], clock: str = "wall") -> Callable[[], None]:
     """Apply ``faults``; returns a function that undoes them (in reverse order). ``clock`` is the one the
     slowdown measures and waits on (see the module docstring)."""
@@ -425,6 +452,8 @@ def plant(faults: list[Fault], clock: str = "wall") -> Callable[[], None]:
                 undos.append(_plant_kernel_slowdown(float(fault.value or 1.0)))
             elif fault.kind == "host-work":
                 undos.append(_plant_host_work(int(fault.value or 1)))
+            elif fault.kind == "onnx-weight":
+                undos.append(_plant_onnx_weight(float(fault.value or 0.0)))
     except BaseException:
         for undo in reversed(undos):
             undo()

@@ -30,8 +30,12 @@ import numpy as np
 
 from ...model.spec import LayerSpec
 
-BACKENDS = ("tensorflow", "torch")
+BACKENDS = ("tensorflow", "torch", "jax")
 MASK_STYLES = ("auto", "none", "right", "left", "holes")
+#: Keras dtype policies a path may set; the mixed ones keep float32 variables and compute in 16 bits
+DTYPE_POLICIES = ("float32", "mixed_float16", "mixed_bfloat16")
+#: backends whose runner feeds mixed-precision outputs their own seeds (the others run float32 only)
+MIXED_BACKENDS = ("jax",)
 #: names keras.activations.get resolves in Keras 3.15; an observed layer's own function is named "custom:<name>"
 ACTIVATIONS = (
     "tanh", "sigmoid", "relu", "linear", "hard_sigmoid", "elu", "selu", "gelu", "softsign", "softplus",
@@ -49,7 +53,7 @@ class KerasOptionsError(ValueError):
 class KerasOptions:
     """The Keras-only options of an LSTM/GRU layer, and how the path calls it."""
 
-    backend: Literal["tensorflow", "torch"] = "tensorflow"
+    backend: Literal["tensorflow", "torch", "jax"] = "tensorflow"
     use_cudnn: Literal["auto"] | bool = "auto"
     implementation: int = 2
     activation: str = "tanh"
@@ -63,6 +67,8 @@ class KerasOptions:
     return_state: bool = True
     #: call the layer with ``training=True`` (dropout active) or ``False`` (inference)
     call_training: bool = False
+    #: the layers' Keras dtype policy (``float32``, or ``mixed_float16``/``mixed_bfloat16`` on float32 specs)
+    dtype_policy: str = "float32"
 
     def __post_init__(self) -> None:
         problems = []
@@ -82,6 +88,13 @@ class KerasOptions:
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0.0 <= value < 1.0:
                 problems.append(f"{name}={value!r} (must be a number in [0, 1))")
+        if self.dtype_policy not in DTYPE_POLICIES:
+            problems.append(f"dtype_policy={self.dtype_policy!r} (valid: {', '.join(DTYPE_POLICIES)})")
+        elif self.dtype_policy != "float32" and self.backend not in MIXED_BACKENDS:
+            problems.append(
+                f"dtype_policy={self.dtype_policy!r} with backend={self.backend!r}: mixed-precision paths run on "
+                f"{', '.join(MIXED_BACKENDS)} only"
+            )
         if self.mask not in MASK_STYLES:
             problems.append(f"mask={self.mask!r} (valid: {', '.join(MASK_STYLES)})")
         for name in ("unroll", "go_backwards", "return_sequences", "return_state", "call_training"):
@@ -198,7 +211,7 @@ def layer_kwargs(spec: LayerSpec, options: KerasOptions) -> dict[str, Any]:
         "unroll": options.unroll,
         "use_cudnn": options.use_cudnn,
         "implementation": options.implementation,
-        "dtype": spec.dtype,
+        "dtype": spec.dtype if options.dtype_policy == "float32" else options.dtype_policy,
     }
     if spec.cell == "gru":
         kwargs["reset_after"] = spec.reset_after

@@ -1,4 +1,4 @@
-"""Keras 3 execution paths, on the TensorFlow and on the torch backend, in the same registry as PyTorch's.
+"""Keras 3 execution paths, on the TensorFlow, torch and JAX backends, in the same registry as PyTorch's.
 
 Each path is one :class:`~pytest_lstmperf.paths.keras.layer.KerasOptions` (``options["keras"]``) on one device.
 The layer runs in the session's Keras worker for its backend (:mod:`pytest_lstmperf.paths.keras.pool`), so this
@@ -10,6 +10,11 @@ module and the test process import neither keras nor tensorflow.
   (``activation='relu'``) or its outputs (``return_sequences=False``) have no float64 reference, so
   ``supports()`` refuses every spec with a reason starting ``"kernel-only:"`` (the equivalence suite reports the
   skip); ``suites/test_keras_explainer.py`` runs them and checks the observed kernel against the explainer.
+* JAX paths (``keras-jax-*``): Keras 3.15's JAX backend sends an eligible LSTM to cuDNN through
+  ``jax.experimental.rnn.lstm`` when JAX's default backend is a GPU, and runs every GRU (JAX has no cuDNN GRU)
+  and every other layer as an XLA-compiled loop (``jax-generic``). ``keras-jax-cuda-scan`` takes exactly the
+  specs the explainer sends off cuDNN with default options (``options["off_cudnn"]``), so the GPU's default
+  GRU is checked too.
 * ``recurrent_dropout`` paths run in inference, where the math is the plain layer's; the option still keeps
   the layer off cuDNN, which is what they check.
 """
@@ -38,7 +43,14 @@ KNOWN_KERAS_BUGS: dict[str, list[tuple[str, str]]] = {
             "Keras 3.15.1 bug with unroll=True, a mask and go_backwards (Bidirectional's backward layer): the "
             "TensorFlow backend zeroes the backward outputs with the un-reversed mask (wrong outputs), the torch "
             "backend raises AttributeError (torch.flip on a tuple) in keras/src/backend/*/rnn.py rnn()",
-        )
+        ),
+        (
+            "jax+mixed+gru-no-bias",
+            "Keras 3.15.1 bug on the JAX backend: GRU(use_bias=False) under a mixed dtype policy raises TypeError "
+            "('scan body function carry input and carry output must have equal types'): the fused scan of "
+            "keras/src/backend/jax/rnn.py gru() makes its missing biases with jnp.zeros in float32, which promotes "
+            "the 16-bit step to float32",
+        ),
     ]
 }
 
@@ -50,13 +62,17 @@ _GATE = {
     "keras-tf-cuda-generic",
     "keras-torch-cudnn",
     "keras-torch-cuda-generic",
+    "keras-jax-cpu",
+    "keras-jax-cudnn",
+    "keras-jax-cuda-scan",
+    "keras-jax-cuda-generic",
 }
 
 
 def _entry(name: str, backend: str, device: str, kernel: str, precision: str, description: str, **kw: Any) -> None:
     from .layer import KerasOptions
 
-    extra = {k: kw.pop(k) for k in ("kernel_only", "min_capability") if k in kw}
+    extra = {k: kw.pop(k) for k in ("kernel_only", "min_capability", "off_cudnn") if k in kw}
     # the quick merge gate times each backend's default and its generic fallback; variants run in the thorough set
     in_gate = kw.pop("in_gate", name in _GATE)
     options = KerasOptions(backend=backend, **kw)
@@ -261,6 +277,33 @@ _entry("keras-torch-cuda-relu", _TO, "cuda", "cuda-generic", "fp32", "activation
        activation="relu", kernel_only=_RELU)  # fmt: skip
 
 
+# ------------------------------------------------------------------ JAX backend (its own worker process)
+_JX = "jax"
+_entry("keras-jax-cpu", _JX, "cpu", "jax-generic", "fp32",
+       "Keras on JAX, defaults: XLA loop (LSTM: Keras's cell loop; GRU: the backend's fused scan)")  # fmt: skip
+# no use_cudnn=False path on the CPU: the LSTM default already is Keras's cell loop there, and a masked or
+# reset_after=False GRU of keras-jax-cpu runs the cell loop too (the JAX suites cost CI minutes of compilation)
+_entry("keras-jax-cpu-mixed-bf16", _JX, "cpu", "jax-generic", "bf16",
+       "dtype policy mixed_bfloat16: float32 variables, bfloat16 compute in the XLA loop",
+       dtype_policy="mixed_bfloat16", in_gate=False)  # fmt: skip
+_entry("keras-jax-cudnn", _JX, "cuda", "cudnn", "tf32",
+       "Keras on JAX, LSTM through jax.experimental.rnn.lstm (cuDNN; TF32 allowed by JAX's default precision)",
+       min_capability=(8, 0))  # fmt: skip
+_entry("keras-jax-cudnn-backwards", _JX, "cuda", "cudnn", "tf32", "go_backwards=True on the cuDNN LSTM",
+       go_backwards=True, min_capability=(8, 0))  # fmt: skip
+_entry("keras-jax-cudnn-mixed-fp16", _JX, "cuda", "cudnn", "fp16",
+       "dtype policy mixed_float16: Keras's cuDNN test ignores the dtype, so the LSTM goes to "
+       "jax.experimental.rnn.lstm in float16", dtype_policy="mixed_float16", in_gate=False)  # fmt: skip
+_entry("keras-jax-cuda-scan", _JX, "cuda", "jax-generic", "tf32",
+       "defaults on specs kept off cuDNN (GRU, masks): the XLA loop on the GPU", off_cudnn=True,
+       min_capability=(8, 0))  # fmt: skip
+_entry("keras-jax-cuda-generic", _JX, "cuda", "jax-generic", "tf32",
+       "use_cudnn=False on the GPU (XLA loop; fp32 dots at JAX's default precision may use TF32)",
+       use_cudnn=False, min_capability=(8, 0))  # fmt: skip
+_entry("keras-jax-cuda-relu", _JX, "cuda", "jax-generic", "tf32", "activation='relu' on the GPU (kernel check only)",
+       activation="relu", kernel_only=_RELU, min_capability=(8, 0))  # fmt: skip
+
+
 # ---------------------------------------------------------------------------------------------- checks
 def _missing(backend: str) -> str | None:
     if importlib.util.find_spec("keras") is None:
@@ -275,7 +318,21 @@ def _missing(backend: str) -> str | None:
         return "TensorFlow is not installed (pip install tensorflow-cpu, or tensorflow[and-cuda] for the GPU paths)"
     if backend == "torch" and importlib.util.find_spec("torch") is None:
         return "torch is not installed, so Keras's torch backend cannot run"
+    if backend == "jax" and importlib.util.find_spec("jax") is None:
+        return "JAX is not installed (pip install 'pytest-lstmperf[jax]', or 'jax[cuda13]' for the GPU paths)"
     return None
+
+
+def _gpu_missing(backend: str, info: dict) -> str:
+    if backend == "tensorflow":
+        built = "a CUDA build" if info.get("cuda_build") else "a CPU-only build"
+        return f"TensorFlow {info.get('tensorflow')} ({built}) sees no GPU, so its cuDNN and GPU paths cannot run"
+    if backend == "jax":
+        return (
+            f"JAX {info.get('jax')} has no GPU backend (default backend {info.get('default_backend')!r}; "
+            "pip install 'jax[cuda13]' on an NVIDIA machine)"
+        )
+    return f"torch {info.get('torch')} sees no CUDA device in the Keras worker"
 
 
 def available(path: ExecutionPath, device: DeviceInfo) -> str | None:
@@ -293,12 +350,11 @@ def available(path: ExecutionPath, device: DeviceInfo) -> str | None:
     except KerasUnavailable as exc:
         return str(exc)
     if not info.get("gpus"):
-        if options.backend == "tensorflow":
-            built = "a CUDA build" if info.get("cuda_build") else "a CPU-only build"
-            return f"TensorFlow {info.get('tensorflow')} ({built}) sees no GPU, so its cuDNN and GPU paths cannot run"
-        return f"torch {info.get('torch')} sees no CUDA device in the Keras worker"
+        return _gpu_missing(options.backend, info)
     if path.kernel == "cudnn" and options.backend == "torch" and not info.get("cudnn"):
         return f"torch {info.get('torch')} has no cuDNN"
+    if path.kernel == "cudnn" and options.backend == "jax" and not info.get("cudnn_rnn"):
+        return f"jaxlib {info.get('jax')} has no cuDNN RNN (jax.experimental.rnn needs the CUDA plugin's gpu_rnn)"
     need = path.options.get("min_capability")
     capability = (device.fingerprint or {}).get("capability")
     if need and capability:
@@ -320,7 +376,25 @@ def known_bug(path: ExecutionPath, spec: LayerSpec) -> str | None:
 
             if mask_style(spec, options) != "none":
                 return text
+        if key == "jax+mixed+gru-no-bias" and _runs_fused_jax_gru(options, spec) and not spec.bias:
+            return text
     return None
+
+
+def _runs_fused_jax_gru(options: Any, spec: LayerSpec) -> bool:
+    """A GRU that Keras's JAX backend sends to its fused scan, under a mixed dtype policy."""
+    from .layer import mask_style
+
+    return (
+        options.backend == "jax"
+        and options.dtype_policy != "float32"
+        and spec.cell == "gru"
+        and spec.reset_after
+        and not options.unroll
+        and not options.recurrent_dropout
+        and options.use_cudnn is not False
+        and mask_style(spec, options) == "none"
+    )
 
 
 def supports_kernel(path: ExecutionPath, spec: LayerSpec) -> str | None:
@@ -330,7 +404,10 @@ def supports_kernel(path: ExecutionPath, spec: LayerSpec) -> str | None:
 
     options = path.options["keras"]
     if spec.dtype != "float32":
-        return f"Keras paths run float32 specs (got {spec.dtype}); mixed precision is a Keras policy, not covered"
+        return (
+            f"Keras paths run float32 specs (got {spec.dtype}); mixed precision is a Keras dtype policy, which the "
+            "keras-jax-*-mixed-* paths set on float32 specs"
+        )
     reason = unsupported(spec, options)
     if reason:
         return reason
@@ -342,6 +419,8 @@ def supports_kernel(path: ExecutionPath, spec: LayerSpec) -> str | None:
         if verdict.kernel != "cudnn" or verdict.raises:
             why = "; ".join(r.finding for r in verdict.reasons) or verdict.raises
             return f"{path.name} claims cuDNN; this spec is not eligible: {why}"
+    if path.options.get("off_cudnn") and explain(spec, path.framework, path.device, options).kernel == "cudnn":
+        return f"{path.name} takes the specs kept off cuDNN; this one is eligible (the cuDNN path checks it)"
     return None
 
 

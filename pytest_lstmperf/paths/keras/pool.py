@@ -36,6 +36,8 @@ class WorkerClient:
         env = dict(os.environ)
         env["KERAS_BACKEND"] = backend
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        # JAX would take 75% of the GPU at start; the torch paths of the same session share that GPU
+        env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
         root = str(Path(__file__).resolve().parents[3])
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         self.process = subprocess.Popen(

@@ -22,6 +22,7 @@ from .transport import KerasUnavailable
 BACKEND_RUNNERS = {
     "tensorflow": ".tensorflow_runner:TensorFlowRunner",
     "torch": ".torch_runner:TorchRunner",
+    "jax": ".jax_runner:JaxRunner",
 }
 
 
@@ -88,6 +89,8 @@ class LocalKerasRun:
         name = "gpu:0" if self.device == "cuda" and self.options.backend == "tensorflow" else None
         if self.options.backend == "torch":
             name = "cuda:0" if self.device == "cuda" else "cpu"
+        if self.options.backend == "jax":
+            name = "gpu:0" if self.device == "cuda" else "cpu:0"
         return self.keras.device(name)
 
     # -- conversions shared by both backends
@@ -165,6 +168,8 @@ class LocalKerasRun:
         """Device seconds per call of ``forward`` or ``train_step`` (``speed.timing.device_time``)."""
         from ...speed.timing import DeviceTime, device_time
 
+        if self.options.backend == "jax" and self.device == "cuda":
+            return DeviceTime("none", (), self._impl.device_time_note())  # type: ignore[attr-defined]
         if self.options.backend != "torch" and self.device == "cuda":
             return DeviceTime(
                 "none",
@@ -180,7 +185,9 @@ class LocalKerasRun:
         counted in this process, which dispatches the ops; TensorFlow's ops are no ATen ops: a note only."""
         if self.options.backend != "torch":
             return {
-                "note": "Keras on TensorFlow dispatches TensorFlow ops, which the ATen counters do not see: "
+                "note": f"Keras on {self.options.backend} dispatches "
+                f"{'XLA executables' if self.options.backend == 'jax' else 'TensorFlow ops'}, which the ATen counters "
+                "do not see: "
                 "no host counters (the time per call decides)"
             }
         from ...speed.timing import host_counters

@@ -17,7 +17,8 @@ from .transport import recv, send
 
 
 class Server:
-    """The worker's requests: ``hello``, ``prepare`` (returns a handle), ``call``, ``release``, ``graph_probe``."""
+    """The worker's requests: ``hello``, ``prepare`` (returns a handle), ``call``, ``release``, ``graph_probe``,
+    ``jax_probe``."""
 
     def __init__(self, backend: str) -> None:
         self.backend = backend
@@ -27,6 +28,10 @@ class Server:
     def hello(self) -> dict[str, Any]:
         import keras
 
+        if self.backend == "jax":
+            from .jax_runner import hello
+
+            return hello()
         info: dict[str, Any] = {"keras": keras.__version__, "backend": keras.backend.backend(), "gpus": []}
         if self.backend == "tensorflow":
             import tensorflow as tf
@@ -60,6 +65,12 @@ class Server:
 
     def call(self, handle: int, method: str, args: tuple = ()) -> Any:
         return getattr(self.runs[handle], method)(*args)
+
+    def jax_probe(self, configs: list) -> list[dict[str, Any]]:
+        """JAX only: Keras's cuDNN decision per config (:func:`.jax_runner.cudnn_attempts`)."""
+        from .jax_runner import cudnn_attempts
+
+        return cudnn_attempts(configs)
 
     def graph_probe(self, spec: dict, options: dict, arrays: dict) -> dict[str, Any]:
         """TF only: the family of the graph Keras builds for this layer when it believes a GPU is present.

@@ -1,0 +1,215 @@
+"""Keras 3 on the JAX backend, inside the Keras worker whose ``KERAS_BACKEND`` is ``jax``.
+
+The layer stack is called functionally: its variables are bound to explicit arrays through
+``keras.StatelessScope`` (as Keras's own JAX trainer does), so that the forward call and the training step
+are ``jax.jit`` functions of (weights, input, initial states), and gradients come from ``jax.vjp`` against
+the case's output seeds. What each compiles to is read from the compiled HLO
+(:mod:`pytest_lstmperf.observation.jax_trace`), so the trace is of the very executable that is timed.
+
+Placement: every argument is committed to the path's device (``jax.devices("gpu"|"cpu")[0]``), so XLA
+compiles for it. Keras's cuDNN test (``keras/src/backend/jax/rnn.py`` ``_is_gpu_available``) asks for JAX's
+*default* backend, not for the arrays' device; the worker's environment leaves that to JAX.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .runners import BackendRunner
+
+if TYPE_CHECKING:
+    from .runners import LocalKerasRun
+
+
+def hello() -> dict[str, Any]:
+    """What the worker reports at start: versions, devices, and whether jaxlib's cuDNN RNN is linked."""
+    import jax
+    import keras
+
+    gpus = [d for d in jax.devices() if d.platform == "gpu"] if jax.default_backend() == "gpu" else []
+    info: dict[str, Any] = {
+        "keras": keras.__version__,
+        "backend": keras.backend.backend(),
+        "jax": jax.__version__,
+        "default_backend": jax.default_backend(),
+        "gpus": [getattr(d, "device_kind", str(d)) for d in gpus],
+    }
+    try:
+        from jax._src.lib import gpu_rnn
+
+        # defined only where the CUDA (or ROCm) plugin's RNN library loaded
+        info["cudnn_rnn"] = bool(gpus) and hasattr(gpu_rnn, "compute_rnn_workspace_reserve_space_sizes")
+    except ImportError:
+        info["cudnn_rnn"] = False
+    return info
+
+
+def _device(kind: str) -> Any:
+    import jax
+
+    return jax.devices("gpu" if kind == "cuda" else "cpu")[0]
+
+
+def tf32_capable(device: Any) -> bool:
+    """Compute capability >= 8.0 (Ampere or newer), where XLA's and cuDNN's fp32 may run TF32."""
+    capability = getattr(device, "compute_capability", None)
+    try:
+        return device.platform == "gpu" and float(str(capability)) >= 8.0
+    except (TypeError, ValueError):
+        return device.platform == "gpu"
+
+
+class JaxRunner(BackendRunner):
+    """``forward``/``train_step`` as jitted functions of explicit arrays; the owner is a ``LocalKerasRun``."""
+
+    def __init__(self, owner: LocalKerasRun) -> None:
+        import jax
+        import keras
+
+        self.jax = jax
+        self.owner = owner
+        dtype = owner.spec.dtype
+        self.dev = _device(owner.device)
+        self.tf32 = tf32_capable(self.dev)
+        put = lambda a: jax.device_put(np.asarray(a, dtype=dtype), self.dev)  # noqa: E731
+        self.variables = owner.stack.variables()
+        self.params = [jax.device_put(v.value, self.dev) for v in self.variables]
+        self.x = put(owner.x_np)
+        self.mask = None if owner.mask_np is None else jax.device_put(owner.mask_np, self.dev)
+        states = owner.states_np()
+        self.states = None if states is None else [put(s) for s in states]
+        self.seeds = [put(s) for s in owner.seeds_np()]
+        stack, training, variables = owner.stack, owner.options.call_training, self.variables
+
+        def call(params: list, x: Any, states: list | None) -> tuple:
+            per = None if states is None else [[s[i] for i in range(s.shape[0])] for s in states]
+            with keras.StatelessScope(state_mapping=list(zip(variables, params, strict=True))):
+                out, hs, cs = stack.call(x, self.mask, per, training)
+            return out, hs, cs
+
+        def train(params: list, x: Any, states: list | None) -> tuple:
+            outs, pullback = jax.vjp(call, params, x, states)
+            out, hs, cs = outs
+            seeds = (self.seeds[0], [self.seeds[1][i] for i in range(len(hs))],
+                     [self.seeds[2][i] for i in range(len(cs))] if cs else [])  # fmt: skip
+            # a mixed-precision layer returns 16-bit tensors: each seed takes its output's dtype
+            cotangent = jax.tree.map(lambda seed, value: seed.astype(value.dtype), seeds, (out, hs, cs))
+            return outs, pullback(cotangent)
+
+        self.functions = {"forward": jax.jit(call), "backward": jax.jit(train)}
+        self.args = (self.params, self.x, self.states)
+        self.compiled: dict[str, Any] = {}
+        self.lowered_text: dict[str, str] = {}
+        self.last: Any = None
+
+    def _executable(self, phase: str) -> Any:
+        """The XLA executable of the forward call or the training step, compiled once: the trace reads the
+        same executable that runs and is timed."""
+        if phase not in self.compiled:
+            lowered = self.functions[phase].lower(*self.args)
+            self.compiled[phase] = lowered.compile()
+            self.lowered_text[phase] = lowered.as_text(dialect="hlo")
+        return self.compiled[phase]
+
+    def _trace(self, phase: str) -> Any:
+        from ...observation.jax_trace import cudnn_allows_tf32, hlo_trace
+
+        text = self._executable(phase).as_text()
+        return hlo_trace(text, phase, tf32_capable=self.tf32, cudnn_tf32=cudnn_allows_tf32(),
+                         program=self.lowered_text[phase], detail="from compiled HLO")  # fmt: skip
+
+    def run(self) -> dict[str, Any]:
+        owner, spec = self.owner, self.owner.spec
+        fwd_trace = self._trace("forward")
+        bwd_trace = self._trace("backward") if spec.training else None
+        if spec.training:
+            (out, hs, cs), (g_params, g_x, g_states) = self._executable("backward")(*self.args)
+        else:
+            out, hs, cs = self._executable("forward")(*self.args)
+        result: dict[str, Any] = {
+            "output": owner.canonical_output(_f64(out)),
+            "h_n": np.stack([_f64(h) for h in hs]),
+            "c_n": np.stack([_f64(c) for c in cs]) if cs else None,
+            "grads": {},
+            "forward_trace": fwd_trace,
+            "backward_trace": bwd_trace,
+        }
+        if spec.training:
+            gstates = [_f64(g) for g in g_states or []]
+            result["grads"] = owner.canonical_grads(_f64(g_x), gstates, [_f64(g) for g in g_params])
+        return result
+
+    def forward(self) -> None:
+        self.last = self._executable("forward")(*self.args)
+
+    def train_step(self) -> None:
+        self.last = self._executable("backward")(*self.args)
+
+    def trace_forward(self) -> Any:
+        return self._trace("forward")
+
+    def synchronize(self) -> None:
+        if self.last is not None:
+            self.jax.block_until_ready(self.last)
+
+    def device_time_note(self) -> str:
+        return (
+            "Keras on JAX runs XLA executables on JAX's own CUDA streams, which torch's CUDA graphs and events do "
+            "not see: no device time (the time per call decides)"
+        )
+
+
+def _f64(value: Any) -> np.ndarray:
+    return np.asarray(value, dtype=np.float64)
+
+
+# ------------------------------------------------------------------------------------------- cuDNN decision probe
+def cudnn_attempts(configs: list[tuple[dict, dict]]) -> list[dict[str, Any]]:
+    """For each ``(spec dict, options dict)``: would Keras's JAX backend call ``jax.experimental.rnn.lstm``
+    (cuDNN) on a GPU? Runs on any machine: ``_is_gpu_available`` is replaced by ``lambda: True`` and
+    ``jax.experimental.rnn.lstm`` by a recorder that raises ``RuntimeError`` (which ``lstm()`` turns into its
+    fallback), while the forward call is traced (``jax.jit(...).lower``: nothing runs). Returns ``attempted``,
+    the error the layer raised (``use_cudnn=True``), and whose loop the lowered module holds."""
+    import importlib
+
+    from ...model.spec import LayerSpec
+    from .layer import KerasOptions
+    from .runners import LocalKerasRun
+
+    backend_rnn = importlib.import_module("keras.src.backend.jax.rnn")
+    jax_rnn = importlib.import_module("jax.experimental.rnn")
+    originals = (backend_rnn._is_gpu_available, jax_rnn.lstm)
+    calls: list[int] = []
+
+    def recorder(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        raise RuntimeError("cuDNN decision probe: no GPU here")
+
+    backend_rnn._is_gpu_available, jax_rnn.lstm = (lambda: True), recorder
+    results = []
+    try:
+        for spec_dict, options_dict in configs:
+            calls.clear()
+            spec, options = LayerSpec.from_dict(spec_dict), KerasOptions.from_dict(options_dict)
+            row: dict[str, Any] = {"attempted": False, "error": None, "loop": None}
+            try:
+                run = LocalKerasRun(spec, options, _probe_arrays(spec), "cpu")
+                impl: JaxRunner = run._impl  # type: ignore[assignment]
+                text = impl.functions["forward"].lower(*impl.args).as_text(dialect="hlo")
+                row["loop"] = "cell" if ("lstm_cell" in text or "gru_cell" in text) else "backend"
+            except Exception as exc:  # the layer's own error is the observation
+                row["error"] = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+            row["attempted"] = bool(calls)
+            results.append(row)
+    finally:
+        backend_rnn._is_gpu_available, jax_rnn.lstm = originals
+    return results
+
+
+def _probe_arrays(spec: Any) -> dict[str, Any]:
+    from ...model.case import make_case
+    from .runners import case_arrays
+
+    return case_arrays(make_case(spec))

@@ -1,0 +1,96 @@
+"""Pytest runs in subprocesses for fixtures that outlive one test (``pytester`` is per test), and the projects
+they run: the speed gate's spin project, the suites on the CPU torch paths."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+# what the gate fixture clears from the environment of its runs
+CLEARED_ENV = (
+    "PYTEST_ADDOPTS",
+    "PYTEST_LSTMPERF_PLANT",
+    "PYTEST_LSTMPERF_DEVICE",
+    "PYTEST_LSTMPERF_PATHS",
+    "PYTEST_XDIST_WORKER",
+    "PYTEST_XDIST_WORKER_COUNT",
+    "PYTEST_XDIST_TESTRUNUID",
+)
+
+
+@dataclass(frozen=True)
+class GateRecording:
+    """The recording run's result and the baseline files it wrote (name -> text)."""
+
+    result: pytest.RunResult
+    files: dict[str, str]
+
+    def install(self, root: Path, keep: Callable[[dict], bool] | None = None) -> Path:
+        """Write the recorded baseline into ``root/baselines``; ``keep`` selects benchmarks, as a ``-k`` given
+        to the recording run would have. Returns the baseline file's path."""
+        folder = root / "baselines"
+        folder.mkdir(exist_ok=True)
+        assert len(self.files) == 1, (
+            f"the shared recording run wrote {len(self.files)} baseline files, not 1 "
+            f"(exit {self.result.ret}):\n{self.result.stdout.str()}\n{self.result.stderr.str()}"
+        )
+        ((name, text),) = self.files.items()
+        if keep is not None:
+            data = json.loads(text)
+            data["benchmarks"] = [b for b in data["benchmarks"] if keep(b)]
+            assert data["benchmarks"], "the selection keeps no recorded benchmark"
+            text = json.dumps(data, indent=4)
+        (folder / name).write_text(text)
+        return folder / name
+
+
+def run_pytest_in(root: Path, *args: str, env: dict[str, str], timeout: float = 300) -> pytest.RunResult:
+    """``pytester.runpytest_subprocess`` for a folder a session-scoped fixture owns (pytester is per test)."""
+    basetemp = root / "basetemp"
+    env = {
+        **env,
+        "HOME": str(root),
+        "PY_COLORS": "0",
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH", "")])),
+    }
+    start = time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", f"--basetemp={basetemp}", *args],
+        cwd=root, env=env, capture_output=True, text=True, timeout=timeout,
+    )  # fmt: skip
+    lines = proc.stdout.splitlines(), proc.stderr.splitlines()
+    return pytest.RunResult(proc.returncode, *lines, time.perf_counter() - start)
+
+
+REPO = Path(__file__).resolve().parents[1]
+CPU_TORCH_PATHS = "torch-cpu-onednn,torch-cpu-native,torch-cpu-autocast-bf16,torch-cpu-native-autocast-bf16"
+
+
+def suites_args(paths: str) -> list[str]:
+    """The kernel and equivalence suites on the CPU, on ``paths``."""
+    suites = [str(REPO / "suites" / name) for name in ("test_kernels.py", "test_equivalence.py")]
+    return ["-p", "no:cacheprovider", *suites, "--device=cpu", f"--lstmperf-paths={paths}"]
+
+
+def write_gate_project(root: Path) -> None:
+    """The real benchmark suite with the spin path registered (the gate fixture's project)."""
+    from test_bench_plugin import SPIN_MODULE, SUITE
+
+    (root / "spinpath.py").write_text(SPIN_MODULE)
+    (root / "conftest.py").write_text("import spinpath  # noqa: F401 - registers the spin path\n")
+    (root / "test_benchmarks.py").write_text(SUITE.read_text())
+
+
+def gate_env() -> dict[str, str]:
+    """The environment of the gate fixture's runs."""
+    env = {k: v for k, v in os.environ.items() if k not in CLEARED_ENV}
+    env["PYTEST_LSTMPERF_PLANT_CLOCK"] = "thread"
+    return env
