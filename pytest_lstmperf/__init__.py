@@ -26,7 +26,7 @@ _EXPORTS = {
     "model_paths": "numerics.verify_model",
     "report": "observation.eligibility",
     "falls_back": "observation.eligibility",
-    "observe": "hooks.kernel_marker",
+    "observe": "observation.calls",
     "verdict_problem": "hooks.kernel_marker",
     "KernelExpectation": "hooks.kernel_marker",
     "LayerSpec": "model.spec",

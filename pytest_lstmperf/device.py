@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import platform
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 DEVICE_CHOICES = "auto, cpu, cuda, cuda:N"
@@ -18,6 +19,40 @@ _DEVICE_RE = re.compile(r"^(auto|cpu|cuda)(?::(\d+))?$")
 
 class DeviceError(ValueError):
     """The requested device is malformed or not usable here."""
+
+
+#: fingerprint fields that must agree for timings to be comparable
+COMPARABLE_FIELDS = {
+    "cuda": ("gpu", "capability", "driver", "cuda", "cudnn", "torch"),
+    "cpu": ("cpu", "threads", "torch"),
+}
+
+
+def comparable_fields(kind: str, fingerprint: Mapping[str, str]) -> dict[str, str]:
+    """The fields of a device fingerprint that decide whether two timings can be compared."""
+    names = COMPARABLE_FIELDS.get(kind)
+    if names is None:
+        raise ValueError(f"unknown device kind {kind!r} (valid: {', '.join(COMPARABLE_FIELDS)})")
+    return {"kind": kind, **{name: str(fingerprint.get(name, "?")) for name in names}}
+
+
+def device_key(fields: Mapping[str, str]) -> str:
+    """The one device key: readable and file-name-safe, from :func:`comparable_fields` (a baseline's file name,
+    ``NVIDIA_H100_80GB_HBM3-cc9.0-drv570.86-cuda13.0-cudnn91900-torch2.11.0``); a field left out of ``fields``
+    (the driver, for :meth:`DeviceInfo.key`) is left out of the key."""
+    if fields.get("kind") == "cuda":
+        parts = [
+            fields.get("gpu", "gpu"),
+            f"cc{fields.get('capability', '')}",
+            *([f"drv{fields['driver']}"] if "driver" in fields else []),
+            f"cuda{fields.get('cuda', '')}",
+            f"cudnn{fields.get('cudnn', '')}",
+            f"torch{fields.get('torch', '')}",
+        ]
+    else:
+        parts = ["cpu", fields.get("cpu", ""), f"{fields.get('threads', '')}t", f"torch{fields.get('torch', '')}"]
+    key = re.sub(r"[^A-Za-z0-9.+-]+", "_", "-".join(parts)).strip("_.")
+    return key[:200]
 
 
 @dataclass(frozen=True)
@@ -34,25 +69,14 @@ class DeviceInfo:
     def torch_device(self) -> str:
         return self.name
 
+    def comparable(self) -> dict[str, str]:
+        """The fingerprint fields that decide whether two timings on devices can be compared."""
+        return comparable_fields(self.kind, self.fingerprint)
+
     def key(self) -> str:
-        """A file-name-safe key of what makes timings on this device comparable."""
-        fp = self.fingerprint
-        if self.kind == "cuda":
-            parts = [
-                fp.get("gpu", "gpu"),
-                f"cc{fp.get('capability', '')}",
-                f"cuda{fp.get('cuda', '')}",
-                f"cudnn{fp.get('cudnn', '')}",
-                f"torch{fp.get('torch', '')}",
-            ]
-        else:
-            parts = [
-                "cpu",
-                fp.get("cpu", platform.machine()),
-                f"{fp.get('threads', '')}t",
-                f"torch{fp.get('torch', '')}",
-            ]
-        return re.sub(r"[^A-Za-z0-9.+-]+", "_", "-".join(parts)).strip("_")
+        """:func:`device_key` of this device without the driver version: names the tolerance-measurement files
+        (``docs/data/tolerance-samples-<key>.json``), whose numbers do not depend on the driver."""
+        return device_key({k: v for k, v in self.comparable().items() if k != "driver"})
 
     def describe(self) -> str:
         fp = self.fingerprint

@@ -181,6 +181,155 @@ add_setting(
 )
 
 
+# ------------------------------------------------------------------------------------- speed gate
+def parse_threshold(raw: str) -> float:
+    value = parse_float()(raw)
+    if not 1.0 < value < 100.0:
+        raise ValueError(f"{raw!r} must be a ratio above 1.0 (e.g. 1.10: 10% slower counts)")
+    return value
+
+
+def parse_pvalue(raw: str) -> float:
+    value = parse_float(0.0, 1.0)(raw)
+    if not 0.0 < value < 1.0:
+        raise ValueError(f"{raw!r} must be strictly between 0 and 1 (e.g. 0.002)")
+    return value
+
+
+def _parse_dir(raw: str) -> str:
+    return raw.strip()
+
+
+#: the speed gate's settings (options added by :mod:`.hooks.bench`)
+BENCH_SETTINGS = [
+    add_setting(s).name
+    for s in (
+        Setting(
+            "lstmperf_bench_set",
+            "--lstmperf-bench-set",
+            "PYTEST_LSTMPERF_BENCH_SET",
+            "lstmperf_bench_set",
+            "gate",
+            parse_choice(("gate", "thorough")),
+            "benchmark shapes: gate (quick, for merge gating) or thorough (DeepBench shapes, batch, hidden "
+            "and sequence-length sweeps)",
+            "SET",
+        ),
+        Setting(
+            "lstmperf_save_baseline",
+            "--lstmperf-save-baseline",
+            "PYTEST_LSTMPERF_SAVE_BASELINE",
+            "lstmperf_save_baseline",
+            "false",
+            parse_bool,
+            "record this run's benchmarks missing from this device's baseline (existing entries are kept)",
+        ),
+        Setting(
+            "lstmperf_update_baseline",
+            "--lstmperf-update-baseline",
+            "PYTEST_LSTMPERF_UPDATE_BASELINE",
+            "lstmperf_update_baseline",
+            "false",
+            parse_bool,
+            "record this run's benchmarks into this device's baseline, replacing existing entries",
+        ),
+        Setting(
+            "lstmperf_add_baseline_run",
+            "--lstmperf-add-baseline-run",
+            "PYTEST_LSTMPERF_ADD_BASELINE_RUN",
+            "lstmperf_add_baseline_run",
+            "false",
+            parse_bool,
+            "add this run to the recorded baseline's noise band (its per-call and device medians and host counters) "
+            "without replacing any entry: record with --lstmperf-save-baseline, then add 2 or more runs, so that "
+            "the per-call threshold covers how much clean runs differ from each other",
+        ),
+        Setting(
+            "lstmperf_accept_inconclusive",
+            "--lstmperf-accept-inconclusive",
+            "PYTEST_LSTMPERF_ACCEPT_INCONCLUSIVE",
+            "lstmperf_accept_inconclusive",
+            "false",
+            parse_bool,
+            "let --benchmark-compare pass when benchmarks are inconclusive (too few usable samples, not timed) or "
+            "nothing was compared (every benchmark skipped or deselected); by default such a run fails",
+        ),
+        Setting(
+            "lstmperf_baselines",
+            "--lstmperf-baselines",
+            "PYTEST_LSTMPERF_BASELINES",
+            "lstmperf_baselines",
+            "",
+            _parse_dir,
+            "folder of the device-keyed baselines (default: baselines/ at the rootdir)",
+            "DIR",
+        ),
+        Setting(
+            "lstmperf_threshold",
+            "--lstmperf-threshold",
+            "PYTEST_LSTMPERF_THRESHOLD",
+            "lstmperf_threshold",
+            "1.10",
+            parse_threshold,
+            "minimum slowdown that counts as a regression, as a ratio of medians (marker lstmperf_threshold "
+            "overrides per test)",
+            "RATIO",
+        ),
+        Setting(
+            "lstmperf_pvalue",
+            "--lstmperf-pvalue",
+            "PYTEST_LSTMPERF_PVALUE",
+            "lstmperf_pvalue",
+            "0.002",
+            parse_pvalue,
+            "level of the one-sided Mann-Whitney U test on raw samples",
+            "P",
+        ),
+        Setting(
+            "lstmperf_drift",
+            "--lstmperf-drift",
+            "PYTEST_LSTMPERF_DRIFT",
+            "lstmperf_drift",
+            "off",
+            parse_choice(("probe", "off")),
+            "machine-drift correction of per-call decisions: probe (divide the host part of each time by the "
+            "now/baseline ratio of a fixed host-bound probe timed between the benchmark's rounds) or off",
+            "MODE",
+        ),
+        Setting(
+            "lstmperf_metric",
+            "--lstmperf-metric",
+            "PYTEST_LSTMPERF_METRIC",
+            "lstmperf_metric",
+            "auto",
+            parse_choice(("auto", "device", "per-call")),
+            "what the speed gate compares: auto (device time from CUDA-graph replay where both runs have it, "
+            "else the per-call time), device, or per-call (host overhead included)",
+            "METRIC",
+        ),
+        Setting(
+            "lstmperf_report",
+            "--lstmperf-report",
+            "PYTEST_LSTMPERF_REPORT",
+            "lstmperf_report",
+            "",
+            _parse_dir,
+            "write a markdown and HTML speed report with PNG plots into DIR",
+            "DIR",
+        ),
+    )
+]
+
+
+#: speed gate settings given as flags without a value on the command line
+BENCH_FLAGS = (
+    "lstmperf_save_baseline",
+    "lstmperf_update_baseline",
+    "lstmperf_add_baseline_run",
+    "lstmperf_accept_inconclusive",
+)
+
+
 def add_options(parser: pytest.Parser, names: list[str] | None = None) -> None:
     group = parser.getgroup("lstmperf", "LSTM/GRU kernel, equivalence and speed checks (pytest-lstmperf)")
     for setting in SETTINGS.values():

@@ -15,20 +15,11 @@ from typing import TYPE_CHECKING
 import pytest
 
 from . import options
+from .observation.claims import Finding
 
 if TYPE_CHECKING:
     from .device import DeviceInfo
     from .paths import ExecutionPath
-
-
-@dataclass
-class Finding:
-    """A path that disagreed with what it claims: reported in the summary, and failing its test."""
-
-    path: str
-    check: str  # "kernel", "precision", "tolerance", "nan", "pairwise", "oom"
-    spec: str
-    message: str
 
 
 @dataclass(eq=False)  # registered as a plugin: must stay hashable

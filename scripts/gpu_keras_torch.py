@@ -90,7 +90,7 @@ def main() -> int:
     from pytest_lstmperf.model.spec import LayerSpec
     from pytest_lstmperf.observation.explain import context_for, explain
     from pytest_lstmperf.paths.keras.layer import KerasOptions
-    from pytest_lstmperf.paths.keras.worker import LocalKerasRun, _case_arrays
+    from pytest_lstmperf.paths.keras.runners import LocalKerasRun, case_arrays
 
     if args.device == "cuda" and not torch.cuda.is_available():
         print("no CUDA device visible to torch (run on a GPU machine or pass --device cpu)", file=sys.stderr)
@@ -132,7 +132,7 @@ def main() -> int:
                 kernel_only = kernel_only or not options.return_sequences
                 case = make_case(spec)
                 try:
-                    result = LocalKerasRun(spec, options, _case_arrays(case), args.device).run()
+                    result = LocalKerasRun(spec, options, case_arrays(case), args.device).run()
                 except Exception as exc:
                     row["observed"] = f"raises {type(exc).__name__}"
                     row["error"] = str(exc).splitlines()[0][:200]
@@ -161,7 +161,7 @@ def main() -> int:
                             timed_lengths = {"lengths": tuple(int(x) for x in np.linspace(100, 40, 32))}
                         big = LayerSpec(cell=cell, **TIMED, **{**spec_changes, **timed_lengths})
                         timer = LocalKerasRun(
-                            big, options.replace(call_training=True), _case_arrays(make_case(big)), args.device
+                            big, options.replace(call_training=True), case_arrays(make_case(big)), args.device
                         )
                         first = timer.time("train_step", 1, warmup=1)[0]
                         repeats = max(3, min(30, int(0.4 / max(first, 1e-4))))

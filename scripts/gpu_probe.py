@@ -40,7 +40,16 @@ def main() -> None:
     specs = [
         LayerSpec(input_size=64, hidden_size=256, num_layers=2, batch=8, seq_len=100),
         LayerSpec(cell="gru", input_size=32, hidden_size=64, num_layers=1, bidirectional=True, batch=4, seq_len=20),
-        LayerSpec(input_size=16, hidden_size=32, proj_size=8, batch=3, seq_len=7, length_mode="packed", lengths=(7, 4, 2), initial_state=True),
+        LayerSpec(
+            input_size=16,
+            hidden_size=32,
+            proj_size=8,
+            batch=3,
+            seq_len=7,
+            length_mode="packed",
+            lengths=(7, 4, 2),
+            initial_state=True,
+        ),
     ]
     rows = []
     for spec in specs:
@@ -59,9 +68,20 @@ def main() -> None:
                 continue
             err = rel(r.output, ref.output) if ref is not None else float("nan")
             gerr = rel(r.grads["weight_hh_l0"], ref.grads["weight_hh_l0"]) if ref is not None else float("nan")
-            row = dict(path=p.name, spec=spec.short(), fwd=r.forward_trace.to_dict(), bwd=r.backward_trace.to_dict(), err=err, gerr=gerr, secs=time.time() - t)
+            row = dict(
+                path=p.name,
+                spec=spec.short(),
+                fwd=r.forward_trace.to_dict(),
+                bwd=r.backward_trace.to_dict(),
+                err=err,
+                gerr=gerr,
+                secs=time.time() - t,
+            )
             rows.append(row)
-            print(f"{p.name:28s} {spec.short():40s} fwd {r.forward_trace.family}/{r.forward_trace.precision} bwd {r.backward_trace.family}/{r.backward_trace.precision} out-err {err:.2e} grad-err {gerr:.2e}")
+            print(
+                f"{p.name:28s} {spec.short():40s} fwd {r.forward_trace.family}/{r.forward_trace.precision} "
+                f"bwd {r.backward_trace.family}/{r.backward_trace.precision} out-err {err:.2e} grad-err {gerr:.2e}"
+            )
             print("     fwd kernels:", r.forward_trace.kernels[:12])
             print("     bwd kernels:", r.backward_trace.kernels[:12])
     with open(os.path.join(out, "probe.json"), "w") as fh:

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import pytest
 
-from pytest_lstmperf.hooks.bench import BenchCase, BenchRunner, bench_params
+from pytest_lstmperf.hooks.bench import bench_params
+from pytest_lstmperf.speed.runner import BenchCase, BenchRunner
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

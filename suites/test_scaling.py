@@ -30,8 +30,8 @@ from typing import Any
 
 import pytest
 
-from pytest_lstmperf.hooks.bench import bench_set
 from pytest_lstmperf.hooks.workloads import add_row
+from pytest_lstmperf.speed.shapes import bench_set
 
 torch = pytest.importorskip("torch")
 

@@ -29,8 +29,8 @@ import numpy as np
 import pytest
 
 from pytest_lstmperf import paths as registry
-from pytest_lstmperf.hooks.bench import bench_set
 from pytest_lstmperf.hooks.workloads import add_row
+from pytest_lstmperf.speed.shapes import bench_set
 
 torch = pytest.importorskip("torch")
 
@@ -226,7 +226,7 @@ def test_crossover(lstmperf: Any, pytestconfig: pytest.Config, request: pytest.F
 
 
 def _same_kernel(observed: str, expected: str) -> bool:
-    from pytest_lstmperf.speed.regression import same_kernel
+    from pytest_lstmperf.observation.claims import same_kernel
 
     return same_kernel(observed, expected)
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from pytest_lstmperf.device import comparable_fields, device_key
 from pytest_lstmperf.speed import baseline as bl
 
 H100 = {
@@ -48,23 +49,23 @@ def record(name: str, median: float = 1e-3, n: int = 10, kernel: str = "cudnn") 
 def save(store: bl.BaselineStore, records: list[dict], update: bool = False, fp: dict = H100) -> bl.SaveReport:
     kind = "cuda" if "gpu" in fp else "cpu"
     return store.save(
-        records, fields=bl.comparable_fields(kind, fp), fingerprint=fp, provenance=PROV, header=HEADER, update=update
+        records, fields=comparable_fields(kind, fp), fingerprint=fp, provenance=PROV, header=HEADER, update=update
     )
 
 
 def fields(fp: dict = H100) -> dict:
-    return bl.comparable_fields("cuda" if "gpu" in fp else "cpu", fp)
+    return comparable_fields("cuda" if "gpu" in fp else "cpu", fp)
 
 
 def test_key_covers_what_makes_numbers_comparable() -> None:
-    key = bl.device_key(fields())
+    key = device_key(fields())
     assert key == "NVIDIA_H100_80GB_HBM3-cc9.0-drv570.86-cuda13.0-cudnn91900-torch2.11.0"
     for name in ("gpu", "driver", "cuda", "cudnn", "torch", "capability"):
-        assert bl.device_key(fields({**H100, name: "other"})) != key, name
-    assert bl.device_key(fields({**H100, "sms": "114"})) == key  # not a comparability field by itself
-    cpu_key = bl.device_key(fields(CPU))
+        assert device_key(fields({**H100, name: "other"})) != key, name
+    assert device_key(fields({**H100, "sms": "114"})) == key  # not a comparability field by itself
+    cpu_key = device_key(fields(CPU))
     assert cpu_key == "cpu-AMD_EPYC_7B13-2t-torch2.13.0"
-    assert bl.device_key(fields({**CPU, "threads": "16"})) != cpu_key
+    assert device_key(fields({**CPU, "threads": "16"})) != cpu_key
 
 
 def test_differences_are_named() -> None:

@@ -18,7 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from pytest_lstmperf.hooks import bench as bench_plugin
+from pytest_lstmperf.hooks import terminal
+from pytest_lstmperf.observation import claims
+from pytest_lstmperf.speed import gate as speed_gate
 from pytest_lstmperf.speed import shapes, timing
 
 pytest_plugins = ["pytester"]
@@ -239,10 +241,10 @@ def test_known_kernel_finding_needs_every_difference_explained() -> None:
         options={"known_findings": {("precision", "fp16"): "autocast casts to half"}},
     )  # fmt: skip
     trace = SimpleNamespace
-    assert bench_plugin.known_kernel_finding(path, trace(family="cudnn", precision="fp16")) == "autocast casts to half"
-    assert bench_plugin.known_kernel_finding(path, trace(family="cuda-generic", precision="fp16")) is None
-    assert bench_plugin.known_kernel_finding(path, trace(family="cudnn", precision="fp32")) is None
-    assert bench_plugin.known_kernel_finding(path, trace(family="cudnn", precision="bf16")) is None
+    assert claims.known_kernel_finding(path, trace(family="cudnn", precision="fp16")) == "autocast casts to half"
+    assert claims.known_kernel_finding(path, trace(family="cuda-generic", precision="fp16")) is None
+    assert claims.known_kernel_finding(path, trace(family="cudnn", precision="fp32")) is None
+    assert claims.known_kernel_finding(path, trace(family="cudnn", precision="bf16")) is None
 
 
 def test_per_test_threshold_marker_and_compare_fail(gate, gate_recording) -> None:
@@ -517,9 +519,9 @@ def test_measured_peak_on_cpu() -> None:
 
 
 def test_shape_sets() -> None:
-    gate_cpu = shapes.bench_set("gate", "cpu")
+    gate_cpu = shapes.set_shapes("gate", "cpu")
     assert any(s.spec.batch == 1 for s in gate_cpu)
-    thorough = shapes.bench_set("thorough", "cuda")
+    thorough = shapes.set_shapes("thorough", "cuda")
     specs = {s.spec for s in thorough}
     assert shapes._lstm(1024, 1024, 64, 25) in specs and shapes._lstm(256, 256, 2, 150) in specs
     batches = sorted(s.spec.batch for s in thorough if "batch" in s.sweeps)
@@ -527,7 +529,7 @@ def test_shape_sets() -> None:
     assert {"hidden", "seq", "deepbench-train", "deepbench-infer"} <= {w for s in thorough for w in s.sweeps}
     assert len(specs) == len(thorough)
     with pytest.raises(ValueError, match="valid: gate, thorough"):
-        shapes.bench_set("all", "cpu")
+        shapes.set_shapes("all", "cpu")
 
 
 def test_summary_lines_speedup_over_generic() -> None:
@@ -547,13 +549,13 @@ def test_summary_lines_speedup_over_generic() -> None:
         return {"name": path, "extra_info": extra}
 
     # the reference is the fixed generic path of the device, whatever order the records arrive in
-    lines = bench_plugin.summary_lines(
+    lines = terminal.summary_lines(
         [rec("torch-cudnn-fp32", "cudnn", 1e-3), rec("torch-cuda-generic", "cuda-generic", 3e-3)]
     )
     fast = next(line for line in lines if "torch-cudnn-fp32" in line)
     slow = next(line for line in lines if "torch-cuda-generic " in line)
     assert "3.00x" in fast and "75%" in fast and "1.00x" in slow
-    reordered = bench_plugin.summary_lines(
+    reordered = terminal.summary_lines(
         [rec("torch-cuda-generic", "cuda-generic", 3e-3), rec("torch-cudnn-fp32", "cudnn", 1e-3)]
     )
     assert any("3.00x" in line and "torch-cudnn-fp32" in line for line in reordered)
@@ -595,7 +597,7 @@ def test_keras_device_time_is_measured_in_its_worker() -> None:
     from pytest_lstmperf.device import resolve_device
     from pytest_lstmperf.model.case import make_case
     from pytest_lstmperf.model.spec import LayerSpec
-    from pytest_lstmperf.paths.keras.worker import LocalKerasRun
+    from pytest_lstmperf.paths.keras.runners import LocalKerasRun
 
     path = registry.get("keras-torch-cpu")
     device = resolve_device("cpu")
@@ -617,7 +619,7 @@ def test_keras_device_time_is_measured_in_its_worker() -> None:
 
 
 # ------------------------------------------------------------------ the decision per record (no subprocess)
-KNOBS = bench_plugin.GateKnobs(metric="auto", ratio=1.10, pvalue=0.002, probe=False)
+KNOBS = speed_gate.GateKnobs(metric="auto", ratio=1.10, pvalue=0.002, probe=False)
 
 
 def _spread(median: float, n: int = 30, step: float = 0.002) -> list[float]:
@@ -652,39 +654,39 @@ COUNTERS = {"aten_ops": 40, "kernels": 12, "syncs": 1, "alloc_bytes": 100_000}
 def test_gpu_host_side_slowdown_is_gated_beside_device_time() -> None:
     """On a GPU a slowdown of the host part alone (device time unchanged) used to pass: now per-call decides too."""
     base = _entry(_gpu_record(1e-3, 2e-4, COUNTERS))
-    clean = bench_plugin.decide_record(_gpu_record(1e-3, 2e-4, COUNTERS), base, KNOBS)
+    clean = speed_gate.decide_record(_gpu_record(1e-3, 2e-4, COUNTERS), base, KNOBS)
     assert clean.verdict == "unchanged", clean
     assert [c.split(":")[0] for c in clean.checks] == ["device", "per-call", "host"]
-    slow_host = bench_plugin.decide_record(_gpu_record(1.25e-3, 2e-4, COUNTERS), base, KNOBS)
+    slow_host = speed_gate.decide_record(_gpu_record(1.25e-3, 2e-4, COUNTERS), base, KNOBS)
     assert slow_host.verdict == "regressed" and slow_host.metric == "per-call", slow_host
     assert slow_host.checks[0].startswith("device: unchanged")
-    slow_device = bench_plugin.decide_record(_gpu_record(1e-3, 2.5e-4, COUNTERS), base, KNOBS)
+    slow_device = speed_gate.decide_record(_gpu_record(1e-3, 2.5e-4, COUNTERS), base, KNOBS)
     assert slow_device.verdict == "regressed" and slow_device.metric == "device"
     # the device-only metric is still there for hosts too noisy for per-call gating
-    only = bench_plugin.GateKnobs("device", 1.10, 0.002, False)
-    assert bench_plugin.decide_record(_gpu_record(1.25e-3, 2e-4), base, only).verdict == "unchanged"
+    only = speed_gate.GateKnobs("device", 1.10, 0.002, False)
+    assert speed_gate.decide_record(_gpu_record(1.25e-3, 2e-4), base, only).verdict == "unchanged"
 
 
 def test_per_call_threshold_is_at_least_the_recorded_noise_band() -> None:
     """The CPU false alarm (1.132x seconds after recording): a baseline whose own runs spread 8% gates per-call
     at 1 + 2 x 8% = 1.16, so 1.13x is unchanged while 1.25x still fails."""
     base = _entry(_gpu_record(1e-3, 2e-4), spread=0.08)
-    near = bench_plugin.decide_record(_gpu_record(1.13e-3, 2e-4), base, KNOBS)
+    near = speed_gate.decide_record(_gpu_record(1.13e-3, 2e-4), base, KNOBS)
     assert near.verdict == "unchanged", near
     assert any("per-call threshold 1.160" in n for n in near.notes)
-    assert bench_plugin.decide_record(_gpu_record(1.25e-3, 2e-4), base, KNOBS).verdict == "regressed"
+    assert speed_gate.decide_record(_gpu_record(1.25e-3, 2e-4), base, KNOBS).verdict == "regressed"
     quiet = _entry(_gpu_record(1e-3, 2e-4), spread=0.01)  # a quiet baseline keeps the configured 1.10
-    assert bench_plugin.decide_record(_gpu_record(1.13e-3, 2e-4), quiet, KNOBS).verdict == "regressed"
+    assert speed_gate.decide_record(_gpu_record(1.13e-3, 2e-4), quiet, KNOBS).verdict == "regressed"
 
 
 def test_host_counter_change_fails_with_the_counter_named() -> None:
     base = _entry(_gpu_record(1e-3, 2e-4, COUNTERS))
-    moved = bench_plugin.decide_record(_gpu_record(1e-3, 2e-4, {**COUNTERS, "syncs": 2}), base, KNOBS)
+    moved = speed_gate.decide_record(_gpu_record(1e-3, 2e-4, {**COUNTERS, "syncs": 2}), base, KNOBS)
     assert moved.verdict == "host-work-changed" and moved.failed
     assert "host work per call changed: syncs per call 1 -> 2" in moved.notes
     # an old baseline without counters: said, not failed
     old = _entry(_gpu_record(1e-3, 2e-4))
-    note = bench_plugin.decide_record(_gpu_record(1e-3, 2e-4, COUNTERS), old, KNOBS)
+    note = speed_gate.decide_record(_gpu_record(1e-3, 2e-4, COUNTERS), old, KNOBS)
     assert note.verdict == "unchanged" and "host: not compared (the baseline has no host counters" in note.checks[-1]
 
 
@@ -692,18 +694,18 @@ def test_remeasured_suspect_is_decided_on_the_remeasurement() -> None:
     base = _entry(_gpu_record(1e-3, 2e-4))
     noise = {"confirmed": False, "first_ratio": 1.3, "data": _spread(1e-3), "device_samples": _spread(2e-4)}
     record = _gpu_record(1.3e-3, 2e-4, remeasured=noise)
-    decision = bench_plugin.decide_record(record, base, KNOBS)
+    decision = speed_gate.decide_record(record, base, KNOBS)
     assert decision.verdict == "unchanged"
     assert "not confirmed by re-measurement: the first measurement (1.300x) was noise" in decision.notes
     real = {"confirmed": True, "first_ratio": 1.3, "data": _spread(1.3e-3), "device_samples": _spread(2e-4)}
-    decision = bench_plugin.decide_record(_gpu_record(1.3e-3, 2e-4, remeasured=real), base, KNOBS)
+    decision = speed_gate.decide_record(_gpu_record(1.3e-3, 2e-4, remeasured=real), base, KNOBS)
     assert decision.verdict == "regressed" and any(n.startswith("confirmed by re-measurement") for n in decision.notes)
 
 
 def test_untimed_benchmark_is_inconclusive_not_skipped() -> None:
     base = _entry(_gpu_record(1e-3, 2e-4))
     record = {**_gpu_record(1e-3, 2e-4), "data": []}
-    decision = bench_plugin.decide_record(record, base, KNOBS)
+    decision = speed_gate.decide_record(record, base, KNOBS)
     assert decision.verdict == "inconclusive" and "not timed in this run" in decision.notes[0]
 
 

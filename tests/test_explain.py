@@ -139,10 +139,11 @@ keras_configs = st.tuples(
 
 
 def keras_own_verdict(spec: LayerSpec, options: KerasOptions) -> dict:
-    from pytest_lstmperf.paths.keras.worker import _case_arrays, get_worker
+    from pytest_lstmperf.paths.keras.pool import get_worker
+    from pytest_lstmperf.paths.keras.runners import case_arrays
 
     return get_worker("tensorflow").request(
-        "graph_probe", spec=spec.to_dict(), options=options.to_dict(), arrays=_case_arrays(make_case(spec))
+        "graph_probe", spec=spec.to_dict(), options=options.to_dict(), arrays=case_arrays(make_case(spec))
     )
 
 

@@ -223,7 +223,7 @@ def _disagreements(observed: list[dict], rules=None) -> list[str]:
 
 @pytest.fixture(scope="module")
 def keras_decisions() -> list[dict]:
-    from pytest_lstmperf.paths.keras.worker import get_worker
+    from pytest_lstmperf.paths.keras.pool import get_worker
 
     configs = [(spec.to_dict(), options.to_dict()) for spec, options in CONFIGS]
     return get_worker("jax").request("jax_probe", configs=configs)
@@ -254,7 +254,7 @@ def test_known_keras_bug_mixed_gru_without_bias_still_raises() -> None:
     refusal honest: run anyway, the installed keras must still raise the scan's carry TypeError."""
     from pytest_lstmperf.device import resolve_device
     from pytest_lstmperf.model.case import make_case
-    from pytest_lstmperf.paths.keras.worker import KerasWorkerError
+    from pytest_lstmperf.paths.keras.transport import KerasWorkerError
 
     path = registry.get("keras-jax-cpu-mixed-bf16")
     spec = LayerSpec(cell="gru", input_size=6, hidden_size=8, batch=3, seq_len=4, bias=False)

@@ -120,22 +120,21 @@ def test_known_finding_not_observed_is_listed(known_path, session) -> None:
 def test_finding_on_other_versions_is_reported_as_reconfirmed(monkeypatch) -> None:
     from types import SimpleNamespace
 
-    from pytest_lstmperf.hooks import bench as bench_plugin
-    from pytest_lstmperf.observation import claims as known_findings
+    from pytest_lstmperf.observation import claims
 
     seen = {"torch": "2.11", "cudnn": "91900"}
-    finding = known_findings.KnownFinding("p", "precision", "fp16", "casts to half", seen)
+    finding = claims.KnownFinding("p", "precision", "fp16", "casts to half", seen)
     assert finding.describe({"torch": "2.11.0+cu130", "cudnn": "91900"}) == "casts to half"
     assert finding.describe({"torch": "2.13.0", "cudnn": "91900"}) == (
         "casts to half [re-confirmed on torch 2.13.0 (first seen on torch 2.11)]"
     )
     # the speed suite's lookup reads the same table
-    monkeypatch.setattr(known_findings, "KNOWN_FINDINGS", (finding,))
-    monkeypatch.setattr(known_findings, "current_versions", lambda framework="torch": {"torch": "2.13.0"})
+    monkeypatch.setattr(claims, "KNOWN_FINDINGS", (finding,))
+    monkeypatch.setattr(claims, "current_versions", lambda framework="torch": {"torch": "2.13.0"})
     path = dataclasses.replace(registry.get("torch-cpu-native"), name="p", kernel="cudnn", precision="bf16")
-    text = bench_plugin.known_kernel_finding(path, SimpleNamespace(family="cudnn", precision="fp16"))
+    text = claims.known_kernel_finding(path, SimpleNamespace(family="cudnn", precision="fp16"))
     assert text == "casts to half [re-confirmed on torch 2.13.0 (first seen on torch 2.11)]"
-    assert bench_plugin.known_kernel_finding(path, SimpleNamespace(family="cudnn", precision="fp32")) is None
+    assert claims.known_kernel_finding(path, SimpleNamespace(family="cudnn", precision="fp32")) is None
 
 
 def test_the_builtin_findings_carry_their_versions() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from pytest_lstmperf.observation.claims import same_kernel
 from pytest_lstmperf.speed.regression import (
     Decision,
     GateResult,
@@ -16,7 +17,6 @@ from pytest_lstmperf.speed.regression import (
     mannwhitney_greater,
     min_attainable_pvalue,
     pick_samples,
-    same_kernel,
 )
 
 

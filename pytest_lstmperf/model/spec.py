@@ -149,6 +149,20 @@ class LayerSpec:
             flops += per_step * steps * self.directions
         return flops
 
+    def module_kwargs(self) -> dict[str, object]:
+        """The constructor arguments of the ``torch.nn.LSTM``/``GRU`` this spec describes."""
+        kwargs: dict[str, object] = dict(
+            input_size=self.input_size,
+            hidden_size=self.hidden_size,
+            num_layers=self.num_layers,
+            bias=self.bias,
+            batch_first=self.batch_first,
+            bidirectional=self.bidirectional,
+        )
+        if self.cell == "lstm":
+            kwargs["proj_size"] = self.proj_size
+        return kwargs
+
     def replace(self, **changes: object) -> LayerSpec:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
 

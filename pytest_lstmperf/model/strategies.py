@@ -186,20 +186,7 @@ def lstm_configs(profile: str = "ci", cells: tuple[str, ...] = ("lstm", "gru")) 
     """Keyword arguments of ``torch.nn.LSTM``/``GRU`` (plus ``cell``, ``batch``, ``seq_len``) within a profile."""
 
     def to_kwargs(spec: LayerSpec) -> dict:
-        kwargs = dict(
-            cell=spec.cell,
-            input_size=spec.input_size,
-            hidden_size=spec.hidden_size,
-            num_layers=spec.num_layers,
-            bias=spec.bias,
-            batch_first=spec.batch_first,
-            bidirectional=spec.bidirectional,
-            batch=spec.batch,
-            seq_len=spec.seq_len,
-        )
-        if spec.cell == "lstm":
-            kwargs["proj_size"] = spec.proj_size
-        return kwargs
+        return {"cell": spec.cell, **spec.module_kwargs(), "batch": spec.batch, "seq_len": spec.seq_len}
 
     return layer_specs(profile, cells).map(to_kwargs)
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..model.spec import LayerSpec
+from ..observation.claims import satisfies
 from .tolerance import Tolerance, ToleranceTooLoose, pairwise_tolerance, tolerance
 
 
@@ -32,16 +33,6 @@ def relative_error(value: np.ndarray, reference: np.ndarray) -> float:
     diff = float(np.linalg.norm((value - reference).ravel()))
     norm = float(np.linalg.norm(reference.ravel()))
     return diff / norm if norm > 0 else diff
-
-
-#: a claimed precision is met by these observed ones: "tf32" means TF32 math is *allowed*; where the library
-#: picks full fp32 kernels for a shape (small layers, persistent kernels) the pass is more precise, not less
-SATISFIES = {"tf32": ("tf32", "fp32")}
-
-
-def satisfies(claimed: str, observed: str) -> bool:
-    """Whether observed precision ``observed`` meets claimed precision ``claimed`` (:data:`SATISFIES`)."""
-    return observed in SATISFIES.get(claimed, (claimed,))
 
 
 def bound_precision(claimed: str, observed: str) -> str:

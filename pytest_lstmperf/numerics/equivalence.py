@@ -18,17 +18,19 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from ..model.case import make_case
 from ..model.reference import run_reference
 from ..model.spec import LayerSpec
-from ..observation.claims import KnownFinding, current_versions, explain_trace, findings_for
-from ..session import Finding, LstmPerfSession
-from .checks import Mismatch, bound_precision, check_against, check_finite, check_trace, format_failure, satisfies
+from ..observation.claims import Finding, KnownFinding, current_versions, explain_trace, findings_for
+from .checks import Mismatch, bound_precision, check_against, check_finite, check_trace, format_failure
 from .tolerance import Tolerance, pairwise_tolerance, tolerance
+
+if TYPE_CHECKING:
+    from ..session import LstmPerfSession
 
 #: checks whose failure is decided at once: no shrinking, no further examples (a NaN, a wrong kernel or
 #: precision, a missing tensor, no memory, a bound that cannot check); an out-of-bound error may shrink
@@ -105,7 +107,7 @@ def _trace_checks(path: Any, spec: LayerSpec, result: Any, node: pytest.Item | N
             _note(
                 node, "lstmperf_observed", f"{'fwd' if pass_ == 'forward' else 'bwd'} {trace.family}/{trace.precision}"
             )
-        known = explain_trace(path, expected, trace, satisfies) if found and trace is not None else None
+        known = explain_trace(path, expected, trace) if found and trace is not None else None
         if known:
             for finding in known:
                 _tally(node).confirmed.setdefault(finding, []).append(spec.short())

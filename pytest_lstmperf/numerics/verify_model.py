@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 
 from ..model.spec import LayerSpec
-from .checks import Mismatch, bound_precision, check_trace, format_failure, relative_error, satisfies
+from .checks import Mismatch, bound_precision, check_trace, format_failure, relative_error
 from .tolerance import tolerance
 
 SEED = 0
@@ -247,7 +247,7 @@ def _judge(path: Any, expected: tuple[str, str], trace: Any, where: str, known: 
     from ..observation.claims import current_versions, explain_trace
 
     found = check_trace(expected, trace, where)
-    explained = explain_trace(path, expected, trace, satisfies) if found else None
+    explained = explain_trace(path, expected, trace) if found else None
     if not explained:
         return found
     versions = current_versions(getattr(path, "framework", "torch"))
@@ -527,7 +527,7 @@ def _keras_run(model: Any, inputs: Any) -> _Run:
     """Outputs and gradients w.r.t. the trainable weights (inference mode: no dropout), observed per layer."""
     import keras
 
-    from ..hooks.kernel_marker import observe
+    from ..observation.calls import observe
 
     with observe() as seen:
         if keras.backend.backend() == "tensorflow":

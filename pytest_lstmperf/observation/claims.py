@@ -1,8 +1,11 @@
-"""Known findings: documented upstream behaviours that make a path run something other than it claims.
+"""What satisfies a claim, and the known findings: documented upstream behaviours that make a path run
+something other than it claims.
 
-The one table of them, and the one lookup. A known finding changes only what a path is *expected* to run
-(its kernel family or precision); it never switches off the path's numbers: the equivalence suite checks
-every path for NaN/Inf and against the bound of the precision it actually ran in, whatever is documented
+The one rule for whether an observed kernel and precision satisfy a claim (:func:`satisfies`,
+:func:`same_kernel`, with the claim checks built on them), the one table of known findings, and the one
+lookup. A known finding changes only what a path is *expected* to run (its kernel family or precision); it
+never switches off the path's numbers: the equivalence suite checks every path for NaN/Inf and against the
+bound of the precision it actually ran in, whatever is documented
 here (see :mod:`pytest_lstmperf.numerics.equivalence`).
 
 Each finding carries the versions it was seen with. On those versions it *applies*; on others it is
@@ -16,9 +19,23 @@ apply on every version.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..paths import ExecutionPath
+
+
+@dataclass
+class Finding:
+    """A path that disagreed with what it claims: reported in the summary, and failing its test."""
+
+    path: str
+    check: str  # "kernel", "precision", "tolerance", "nan", "pairwise", "oom"
+    spec: str
+    message: str
 
 
 @dataclass(frozen=True)
@@ -107,10 +124,13 @@ def current_versions(framework: str = "torch") -> dict[str, str]:
     return versions
 
 
-def explain_trace(path: Any, expected: tuple[str, str], trace: Any, same_precision) -> list[KnownFinding] | None:
+def explain_trace(
+    path: Any, expected: tuple[str, str], trace: Any, same_precision: Callable[[str, str], bool] | None = None
+) -> list[KnownFinding] | None:
     """The known findings that explain every difference between ``expected`` (family, precision) and the
     observed ``trace``: [] when there is none, None when one is not explained. ``same_precision(a, b)`` says
-    whether observed precision ``b`` meets claimed ``a``."""
+    whether observed precision ``b`` meets claimed ``a`` (default :func:`satisfies`)."""
+    same_precision = same_precision or satisfies
     family, precision = expected
     explained: list[KnownFinding] = []
     if trace.family != family:
@@ -120,3 +140,57 @@ def explain_trace(path: Any, expected: tuple[str, str], trace: Any, same_precisi
     if any(f is None for f in explained):
         return None
     return explained
+
+
+#: a claimed precision is met by these observed ones: "tf32" means TF32 math is *allowed*; where the library
+#: picks full fp32 kernels for a shape (small layers, persistent kernels) the pass is more precise, not less
+SATISFIES = {"tf32": ("tf32", "fp32")}
+
+
+def satisfies(claimed: str, observed: str) -> bool:
+    """Whether an observed precision meets the claimed one (the rule every claim check uses)."""
+    return observed in SATISFIES.get(claimed, (claimed,))
+
+
+def same_kernel(then: str, now: str) -> bool:
+    """Two ``family/precision`` observations agree: same family, and either precision satisfies the other
+    (fp32 and tf32 count as one: TF32 is inferred from GEMM kernel names, which an RNN kernel may or may not
+    show)."""
+    family_then, _, precision_then = then.partition("/")
+    family_now, _, precision_now = now.partition("/")
+    return family_then == family_now and (
+        satisfies(precision_then, precision_now) or satisfies(precision_now, precision_then)
+    )
+
+
+def kernel_mismatch(path: ExecutionPath, trace: Any) -> str:
+    """The benchmarks' kernel check: a message when the observed kernel family or precision is not what the
+    path claims, else ''. It is :func:`same_kernel`, not :func:`satisfies`: fp32 and tf32 count as one precision
+    in both directions (TF32 is inferred from GEMM kernel names, which a cuDNN RNN kernel does not always show);
+    the equivalence suite's tolerances tell them apart.
+    """
+    expected = f"{path.kernel}/{path.precision}"
+    observed = f"{trace.family}/{trace.precision}"
+    if same_kernel(expected, observed):
+        return ""
+    kernels = ", ".join(k[:90] for k in trace.kernels[:6]) or "-"
+    ops = ", ".join(trace.ops[:10]) or "-"
+    return (
+        f"{path.name}: expected kernel {expected}, observed {observed} (ops seen: {ops}; GPU kernels seen: {kernels})"
+    )
+
+
+def known_kernel_finding(path: ExecutionPath, trace: Any) -> str | None:
+    """The documented upstream behaviour that explains a kernel mismatch, else None: every differing part
+    must be explained by a known finding (the one table the equivalence suites read too); on versions other
+    than it was seen with, the text says it was re-confirmed."""
+    found = explain_trace(
+        path,
+        (path.kernel, path.precision),
+        trace,
+        lambda claimed, seen: same_kernel(f"{path.kernel}/{claimed}", f"{path.kernel}/{seen}"),
+    )
+    if not found:
+        return None
+    versions = current_versions(path.framework)
+    return "; ".join(f.describe(versions) for f in found)

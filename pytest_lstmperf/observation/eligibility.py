@@ -237,7 +237,7 @@ def _keras_input_shape(layer: Any) -> tuple[Any, ...] | None:
 def _keras_configs(model: Any, batch: int, seq_len: int) -> list[Config]:
     import keras
 
-    from ..hooks.kernel_marker import _activation_name
+    from .calls import _activation_name
 
     configs = ModelConfigs()
     for layer in model._flatten_layers(include_self=True, recursive=True):

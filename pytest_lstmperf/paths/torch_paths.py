@@ -228,17 +228,7 @@ class TorchRun:
         dev = torch.device(device.torch_device)
         self.dev = dev
         cls = torch.nn.LSTM if spec.cell == "lstm" else torch.nn.GRU
-        kwargs: dict[str, Any] = dict(
-            input_size=spec.input_size,
-            hidden_size=spec.hidden_size,
-            num_layers=spec.num_layers,
-            bias=spec.bias,
-            batch_first=spec.batch_first,
-            bidirectional=spec.bidirectional,
-        )
-        if spec.cell == "lstm":
-            kwargs["proj_size"] = spec.proj_size
-        self.module = cls(**kwargs).to(device=dev, dtype=dtype)
+        self.module = cls(**spec.module_kwargs()).to(device=dev, dtype=dtype)
         with torch.no_grad():
             for name, value in case.weights.items():
                 getattr(self.module, name).copy_(_tensor(value).to(dtype))
@@ -366,7 +356,7 @@ def prepare(path: ExecutionPath, case: Case, device: DeviceInfo) -> TorchRun:
 @contextlib.contextmanager
 def path_switches(torch: Any, opts: dict) -> Iterator[None]:
     """The backend switches a path is defined by (only those; the rest stay as the user has them), restored
-    afterwards. Also used for a user's own model (``own_model``)."""
+    afterwards. Also used for a user's own model (``numerics.verify_model``)."""
     saved = (torch.backends.cudnn.enabled, torch.backends.cudnn.allow_tf32, torch.backends.mkldnn.enabled)
     try:
         if opts.get("cudnn") is False:

@@ -23,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import stat
 import tempfile
 import time
@@ -32,47 +31,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..device import device_key
+
 #: version of the ``lstmperf`` section; bump when its meaning changes
 FORMAT = 1
 BROKEN_SUFFIX = ".broken"
 LOCK_TIMEOUT_S = 120.0
 
-#: fingerprint fields that must agree for timings to be comparable
-COMPARABLE_FIELDS = {
-    "cuda": ("gpu", "capability", "driver", "cuda", "cudnn", "torch"),
-    "cpu": ("cpu", "threads", "torch"),
-}
 #: other frameworks whose version matters for the benchmarks of their paths (checked per benchmark)
 FRAMEWORK_DISTRIBUTIONS = ("keras", "tensorflow")
 
 
 class BaselineError(Exception):
     """A baseline that cannot be used or written; the message says why and what to do."""
-
-
-def comparable_fields(kind: str, fingerprint: Mapping[str, str]) -> dict[str, str]:
-    """The fields of a device fingerprint that decide whether two timings can be compared."""
-    names = COMPARABLE_FIELDS.get(kind)
-    if names is None:
-        raise ValueError(f"unknown device kind {kind!r} (valid: {', '.join(COMPARABLE_FIELDS)})")
-    return {"kind": kind, **{name: str(fingerprint.get(name, "?")) for name in names}}
-
-
-def device_key(fields: Mapping[str, str]) -> str:
-    """A readable, file-name-safe key: ``NVIDIA_H100_80GB_HBM3-cc9.0-drv570.86-cuda13.0-cudnn91900-torch2.11.0``."""
-    if fields.get("kind") == "cuda":
-        parts = [
-            fields.get("gpu", "gpu"),
-            f"cc{fields.get('capability', '')}",
-            f"drv{fields.get('driver', '')}",
-            f"cuda{fields.get('cuda', '')}",
-            f"cudnn{fields.get('cudnn', '')}",
-            f"torch{fields.get('torch', '')}",
-        ]
-    else:
-        parts = ["cpu", fields.get("cpu", ""), f"{fields.get('threads', '')}t", f"torch{fields.get('torch', '')}"]
-    key = re.sub(r"[^A-Za-z0-9.+-]+", "_", "-".join(parts)).strip("_.")
-    return key[:200]
 
 
 def differences(baseline: Mapping[str, str], current: Mapping[str, str]) -> list[str]:

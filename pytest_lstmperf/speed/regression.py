@@ -28,6 +28,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from ..observation.claims import same_kernel
+
 #: verdicts that fail the session
 FAILING = ("regressed", "kernel-changed", "host-work-changed", "path-lost")
 #: verdicts that say the benchmark was compared (a run with none of them compared nothing)
@@ -181,26 +183,24 @@ def compare_samples(
         where = f"host part (above device time {format_seconds(device_s)})" if device_s else "time"
         notes.append(f"{where} divided by drift {drift:.3f} of the same-run probe")
     ratio = statistics.median(n) / base_median if base_median and n else None
+
+    def decided(verdict: str, pvalue: float | None = None) -> Decision:
+        return Decision(
+            verdict=verdict,
+            ratio=ratio,
+            pvalue=pvalue,
+            base_median=base_median,
+            now_median=now_median,
+            notes=tuple(notes),
+            **common,
+        )  # type: ignore[arg-type]
+
     if kernel_then and kernel_now and not same_kernel(kernel_then, kernel_now):
         notes.append(f"kernel changed: {kernel_then} -> {kernel_now}")
-        return Decision(
-            verdict="kernel-changed",
-            ratio=ratio,
-            base_median=base_median,
-            now_median=now_median,
-            notes=tuple(notes),
-            **common,
-        )  # type: ignore[arg-type]
+        return decided("kernel-changed")
     if len(b) < thresholds.min_samples or len(n) < thresholds.min_samples or ratio is None:
         notes.append(f"too few usable samples ({len(b)} baseline, {len(n)} now; need {thresholds.min_samples} each)")
-        return Decision(
-            verdict="inconclusive",
-            ratio=ratio,
-            base_median=base_median,
-            now_median=now_median,
-            notes=tuple(notes),
-            **common,
-        )  # type: ignore[arg-type]
+        return decided("inconclusive")
     testable = min_attainable_pvalue(len(b), len(n)) < thresholds.pvalue
     if ratio >= 1.0:
         p = mannwhitney_greater(n, b)
@@ -212,15 +212,7 @@ def compare_samples(
         verdict = "improved" if big and (p < thresholds.pvalue or not testable) else "unchanged"
     if big and not testable:
         notes.append(f"{len(b)}+{len(n)} samples cannot reach p<{thresholds.pvalue:g}; decided on the ratio alone")
-    return Decision(
-        verdict=verdict,
-        ratio=ratio,
-        pvalue=p,
-        base_median=base_median,
-        now_median=now_median,
-        notes=tuple(notes),
-        **common,
-    )  # type: ignore[arg-type]
+    return decided(verdict, p)
 
 
 METRICS = ("auto", "device", "per-call")
@@ -258,17 +250,6 @@ def pick_samples(
     if metric == "device":
         return "device", [], [], why
     return "per-call", base_data, now_data, f"decided on per-call time: {why}"
-
-
-def same_kernel(then: str, now: str) -> bool:
-    """``family/precision`` strings agree; fp32 and tf32 count as one precision (see torch_trace.py: TF32 is
-    inferred from GEMM kernel names, which an RNN kernel may or may not show)."""
-
-    def norm(text: str) -> tuple[str, str]:
-        family, _, precision = text.partition("/")
-        return family, "fp32" if precision == "tf32" else precision
-
-    return norm(then) == norm(now)
 
 
 def correct_for_drift(samples: Sequence[float], drift: float, device_s: float | None = None) -> list[float]:

@@ -73,10 +73,21 @@ def _series(
     return {key: sorted(points.items()) for key, points in series.items() if points}
 
 
+def find_crossover(cpu: dict[int, float], gpu: dict[int, float]) -> int | None:
+    """The smallest batch size from which the GPU is faster than the CPU at every larger measured batch.
+
+    ``cpu``/``gpu`` map batch size to seconds per call. None when the GPU never wins for good (or no batch
+    size was measured on both); the smallest measured batch when the GPU wins everywhere.
+    """
+    common = sorted(set(cpu) & set(gpu))
+    for index, batch in enumerate(common):
+        if all(gpu[b] < cpu[b] for b in common[index:]):
+            return batch
+    return None
+
+
 def crossover(series: dict[tuple[str, str], list[tuple[int, float]]]) -> int | None:
     """The smallest batch from which the fastest GPU path beats the fastest CPU path (None if never/unknown)."""
-    from ..workloads.workloads import find_crossover
-
     best: dict[str, dict[int, float]] = {"cpu": {}, "cuda": {}}
     for (_, kind), points in series.items():
         if kind not in best:
@@ -206,6 +217,18 @@ def _plot_baseline(
 GENERIC_REFERENCE = {"cpu": "torch-cpu-native", "cuda": "torch-cuda-generic"}
 
 
+def by_case(records: Iterable[dict[str, Any]], *fields: str) -> list[tuple[tuple[str, ...], list[dict[str, Any]]]]:
+    """Records grouped by the ``extra_info`` ``fields`` that make a case (mode, shape, ...), sorted, each group's
+    records sorted by path."""
+    groups: dict[tuple[str, ...], list[dict[str, Any]]] = defaultdict(list)
+    for record in records:
+        extra = record["extra_info"]
+        groups[tuple(str(extra.get(name, "?")) for name in fields)].append(record)
+    return [
+        (key, sorted(group, key=lambda r: r["extra_info"].get("path", ""))) for key, group in sorted(groups.items())
+    ]
+
+
 def generic_reference(group: Iterable[dict[str, Any]]) -> float | None:
     """Time per call of :data:`GENERIC_REFERENCE`'s path among ``group`` (records of one mode and shape),
     whatever order the records arrived in (pytest-xdist workers report in any order); None without it."""
@@ -232,13 +255,9 @@ def _table(records: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
         "% of measured peak",
     ]
     rows = []
-    by_case: dict[tuple[str, str, str], list[dict[str, Any]]] = defaultdict(list)
-    for record in records:
-        extra = record["extra_info"]
-        by_case[(extra.get("mode", "?"), extra.get("shape", "?"), str(extra.get("device", "?")))].append(record)
-    for (mode, shape, device), group in sorted(by_case.items()):
+    for (mode, shape, device), group in by_case(records, "mode", "shape", "device"):
         reference = generic_reference(group)
-        for record in sorted(group, key=lambda r: r["extra_info"].get("path", "")):
+        for record in group:
             extra = record["extra_info"]
             per_call = extra.get("time_per_call_s")
             host = extra.get("host_overhead")

@@ -13,6 +13,7 @@ Each :class:`BenchShape` names the sweeps it belongs to, which the report uses t
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from ..model.spec import LayerSpec
 
@@ -148,8 +149,15 @@ def _merge(shapes: list[BenchShape]) -> list[BenchShape]:
     return list(merged.values())
 
 
-def bench_set(name: str, device_kind: str) -> list[BenchShape]:
+def set_shapes(name: str, device_kind: str) -> list[BenchShape]:
     """The shapes of set ``name`` (one of :data:`SETS`) for a device kind (``cpu`` or ``cuda``)."""
     if name not in SETS:
         raise ValueError(f"unknown benchmark set {name!r} (valid: {', '.join(SETS)})")
     return _merge(_gate(device_kind)) if name == "gate" else _thorough(device_kind)
+
+
+def bench_set(config: Any) -> str:
+    """The name of the selected benchmark set (``--lstmperf-bench-set``): ``gate`` (quick) or ``thorough``."""
+    from .. import options
+
+    return str(options.resolve(config, "lstmperf_bench_set").value)

@@ -22,6 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from ..speed.report import find_crossover
+
 LENGTH_DISTRIBUTIONS = ("uniform", "long-tailed")
 MODES = ("padded", "packed", "bucketed")
 
@@ -129,19 +131,6 @@ def work(lengths: Sequence[int], batches: Sequence[np.ndarray]) -> Work:
 
 
 # ------------------------------------------------------------------------------------------ crossover
-def find_crossover(cpu: dict[int, float], gpu: dict[int, float]) -> int | None:
-    """The smallest batch size from which the GPU is faster than the CPU at every larger measured batch.
-
-    ``cpu``/``gpu`` map batch size to seconds per call. None when the GPU never wins for good (or no batch
-    size was measured on both); the smallest measured batch when the GPU wins everywhere.
-    """
-    common = sorted(set(cpu) & set(gpu))
-    for index, batch in enumerate(common):
-        if all(gpu[b] < cpu[b] for b in common[index:]):
-            return batch
-    return None
-
-
 # ------------------------------------------------------------------------------------------ timing
 def median_time(
     call: Callable[[], object], synchronize: Callable[[], None], repeats: int = 7, warmup: int = 2

@@ -13,9 +13,14 @@ compiles for it. Keras's cuDNN test (``keras/src/backend/jax/rnn.py`` ``_is_gpu_
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+from .runners import BackendRunner
+
+if TYPE_CHECKING:
+    from .runners import LocalKerasRun
 
 
 def hello() -> dict[str, Any]:
@@ -56,10 +61,10 @@ def tf32_capable(device: Any) -> bool:
         return device.platform == "gpu"
 
 
-class JaxImpl:
+class JaxRunner(BackendRunner):
     """``forward``/``train_step`` as jitted functions of explicit arrays; the owner is a ``LocalKerasRun``."""
 
-    def __init__(self, owner: Any) -> None:
+    def __init__(self, owner: LocalKerasRun) -> None:
         import jax
         import keras
 
@@ -171,7 +176,7 @@ def cudnn_attempts(configs: list[tuple[dict, dict]]) -> list[dict[str, Any]]:
 
     from ...model.spec import LayerSpec
     from .layer import KerasOptions
-    from .worker import LocalKerasRun
+    from .runners import LocalKerasRun
 
     backend_rnn = importlib.import_module("keras.src.backend.jax.rnn")
     jax_rnn = importlib.import_module("jax.experimental.rnn")
@@ -191,7 +196,7 @@ def cudnn_attempts(configs: list[tuple[dict, dict]]) -> list[dict[str, Any]]:
             row: dict[str, Any] = {"attempted": False, "error": None, "loop": None}
             try:
                 run = LocalKerasRun(spec, options, _probe_arrays(spec), "cpu")
-                impl = run._impl
+                impl: JaxRunner = run._impl  # type: ignore[assignment]
                 text = impl.functions["forward"].lower(*impl.args).as_text(dialect="hlo")
                 row["loop"] = "cell" if ("lstm_cell" in text or "gru_cell" in text) else "backend"
             except Exception as exc:  # the layer's own error is the observation
@@ -205,6 +210,6 @@ def cudnn_attempts(configs: list[tuple[dict, dict]]) -> list[dict[str, Any]]:
 
 def _probe_arrays(spec: Any) -> dict[str, Any]:
     from ...model.case import make_case
-    from .worker import _case_arrays
+    from .runners import case_arrays
 
-    return _case_arrays(make_case(spec))
+    return case_arrays(make_case(spec))

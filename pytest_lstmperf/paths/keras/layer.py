@@ -17,7 +17,7 @@ layer's backward sweep computes the forward recurrence; outputs come back in for
 Keras's own reversal against the reference.
 
 The module imports no framework at import time; :class:`KerasStack` imports keras when built (in a process
-whose ``KERAS_BACKEND`` is set, see :mod:`pytest_lstmperf.paths.keras.worker`).
+whose ``KERAS_BACKEND`` is set, see :mod:`pytest_lstmperf.paths.keras.pool`).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Keras 3 execution paths, on the TensorFlow, torch and JAX backends, in the same registry as PyTorch's.
 
 Each path is one :class:`~pytest_lstmperf.paths.keras.layer.KerasOptions` (``options["keras"]``) on one device.
-The layer runs in the session's Keras worker for its backend (:mod:`pytest_lstmperf.paths.keras.worker`), so this
+The layer runs in the session's Keras worker for its backend (:mod:`pytest_lstmperf.paths.keras.pool`), so this
 module and the test process import neither keras nor tensorflow.
 
 * Paths whose claimed kernel is cuDNN accept only specs the explainer finds eligible; ``supports()`` returns
@@ -342,7 +342,8 @@ def available(path: ExecutionPath, device: DeviceInfo) -> str | None:
         return reason
     if path.device != "cuda":
         return None
-    from .worker import KerasUnavailable, get_worker
+    from .pool import get_worker
+    from .transport import KerasUnavailable
 
     try:
         info = get_worker(options.backend).info
@@ -435,7 +436,8 @@ class KerasRun:
     """A Keras stack prepared in the worker of its backend; each call is one round trip."""
 
     def __init__(self, path: ExecutionPath, case: Case, device: DeviceInfo) -> None:
-        from .worker import _case_arrays, get_worker
+        from .pool import get_worker
+        from .runners import case_arrays
 
         self.path = path
         self.options = path.options["keras"]
@@ -444,7 +446,7 @@ class KerasRun:
             "prepare",
             spec=case.spec.to_dict(),
             options=self.options.to_dict(),
-            arrays=_case_arrays(case),
+            arrays=case_arrays(case),
             device=device.kind,
         )
 

@@ -21,7 +21,7 @@ Gradients: the gradient of a Keras summed bias is the gradient of both ``b_ih`` 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
@@ -101,15 +101,17 @@ def _check_layer(spec: LayerSpec, key: tuple[int, int], arrays: list[np.ndarray]
         raise KerasLayoutError(f"Keras weights of layer {key}: shapes {got}, expected {expected} for {spec.short()}")
 
 
-def from_keras(spec: LayerSpec, keras: Mapping[tuple[int, int], list[np.ndarray]]) -> dict[str, np.ndarray]:
-    """Canonical weights from Keras weight lists; single Keras biases land in ``b_ih`` with ``b_hh = 0``."""
-    reason = check_expressible(spec)
-    if reason:
-        raise KerasLayoutError(reason)
+def _to_canonical(
+    spec: LayerSpec,
+    lists: Mapping[tuple[int, int], list[np.ndarray]],
+    single_bias_hh: Callable[[np.ndarray], np.ndarray],
+) -> dict[str, np.ndarray]:
+    """Keras per-layer lists (kernel, recurrent kernel, bias) -> canonical arrays; where Keras has one bias,
+    ``bias_ih`` gets it and ``bias_hh`` gets ``single_bias_hh(bias)``."""
     out: dict[str, np.ndarray] = {}
     for layer in range(spec.num_layers):
         for direction in range(spec.directions):
-            arrays = [np.asarray(a, dtype=np.float64) for a in keras[(layer, direction)]]
+            arrays = [np.asarray(a, dtype=np.float64) for a in lists[(layer, direction)]]
             _check_layer(spec, (layer, direction), arrays)
             sfx = _suffix(layer, direction)
             out["weight_ih" + sfx] = np.ascontiguousarray(_reorder(arrays[0], spec, axis=1).T)
@@ -121,8 +123,16 @@ def from_keras(spec: LayerSpec, keras: Mapping[tuple[int, int], list[np.ndarray]
                     out["bias_hh" + sfx] = _reorder(bias[1], spec, 0)
                 else:
                     out["bias_ih" + sfx] = _reorder(bias, spec, 0)
-                    out["bias_hh" + sfx] = np.zeros_like(bias)
+                    out["bias_hh" + sfx] = single_bias_hh(bias)
     return out
+
+
+def from_keras(spec: LayerSpec, keras: Mapping[tuple[int, int], list[np.ndarray]]) -> dict[str, np.ndarray]:
+    """Canonical weights from Keras weight lists; single Keras biases land in ``b_ih`` with ``b_hh = 0``."""
+    reason = check_expressible(spec)
+    if reason:
+        raise KerasLayoutError(reason)
+    return _to_canonical(spec, keras, lambda bias: np.zeros_like(bias))
 
 
 def grads_to_canonical(
@@ -132,23 +142,7 @@ def grads_to_canonical(
 
     A single Keras bias feeds both canonical biases with weight one, so each receives its full gradient.
     """
-    out: dict[str, np.ndarray] = {}
-    for layer in range(spec.num_layers):
-        for direction in range(spec.directions):
-            arrays = [np.asarray(a, dtype=np.float64) for a in keras_grads[(layer, direction)]]
-            _check_layer(spec, (layer, direction), arrays)
-            sfx = _suffix(layer, direction)
-            out["weight_ih" + sfx] = np.ascontiguousarray(_reorder(arrays[0], spec, axis=1).T)
-            out["weight_hh" + sfx] = np.ascontiguousarray(_reorder(arrays[1], spec, axis=1).T)
-            if spec.bias:
-                bias = arrays[2]
-                if bias.ndim == 2:
-                    out["bias_ih" + sfx] = _reorder(bias[0], spec, 0)
-                    out["bias_hh" + sfx] = _reorder(bias[1], spec, 0)
-                else:
-                    out["bias_ih" + sfx] = _reorder(bias, spec, 0)
-                    out["bias_hh" + sfx] = _reorder(bias, spec, 0).copy()
-    return out
+    return _to_canonical(spec, keras_grads, lambda bias: _reorder(bias, spec, 0).copy())
 
 
 def canonical_normal_form(spec: LayerSpec, weights: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -1,0 +1,236 @@
+"""Observe the recurrent layer calls of a user's own code: :func:`observe` records, while its block runs, each
+call of an LSTM/GRU layer (torch modules and cells, Keras layers on either backend) with the kernel family and
+precision it ran, and describes each layer as a spec (and Keras options) the explainer can judge. The verdict
+on what was observed is :func:`pytest_lstmperf.hooks.kernel_marker.verdict_problem`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.abc
+import importlib.machinery
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class Observation:
+    traces: list[Any] = field(default_factory=list)
+    layers: list[tuple[str, Any, Any]] = field(default_factory=list)  # (framework, spec, options)
+    problems: list[str] = field(default_factory=list)
+    recorder: Any = None  # trace.LayerRecorder once torch is observed
+
+    def all_traces(self) -> list[Any]:
+        """Per-layer torch traces, then the TensorFlow pass traces that ran a recurrent kernel."""
+        layer_traces = self.recorder.traces() if self.recorder is not None else []
+        return layer_traces + [t for t in self.traces if t.family != "none"]
+
+
+class _AfterImport(importlib.abc.MetaPathFinder):
+    """Runs a callback once a watched top-level module has been imported (a framework imported mid-test)."""
+
+    def __init__(self, callbacks: dict[str, Callable[[], None]]) -> None:
+        self.callbacks = callbacks
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
+        if name not in self.callbacks:
+            return None
+        callback = self.callbacks.pop(name)
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is None or spec.loader is None:
+            return None
+        inner = spec.loader
+
+        class _Loader(importlib.abc.Loader):
+            def create_module(self, spec: Any) -> Any:
+                return inner.create_module(spec)
+
+            def exec_module(self, module: Any) -> None:
+                inner.exec_module(module)
+                callback()
+
+        spec.loader = _Loader()
+        return spec
+
+
+@contextlib.contextmanager
+def observe() -> Iterator[Observation]:
+    """Record recurrent kernels and layers run inside the block, for frameworks imported before or during it."""
+    seen = Observation()
+    with contextlib.ExitStack() as stack:
+        starters = {
+            "torch": lambda: _observe_torch(stack, seen),
+            "tensorflow": lambda: _observe_tf(stack, seen),
+            "keras": lambda: stack.enter_context(_keras_layers(seen)),
+        }
+        waiting = {}
+        for name, start in starters.items():
+            if name in sys.modules:
+                start()
+            else:
+                waiting[name] = start
+        watcher = _AfterImport(waiting)
+        sys.meta_path.insert(0, watcher)
+        stack.callback(lambda: sys.meta_path.remove(watcher) if watcher in sys.meta_path else None)
+        yield seen
+
+
+def _observe_torch(stack: contextlib.ExitStack, seen: Observation) -> None:
+    import torch
+
+    from .torch_trace import LayerRecorder, torch_layer_trace
+
+    seen.recorder = LayerRecorder()
+    stack.enter_context(torch_layer_trace(seen.recorder))
+    handle = torch.nn.modules.module.register_module_forward_pre_hook(_torch_hook(seen))
+    stack.callback(handle.remove)
+
+
+def _observe_tf(stack: contextlib.ExitStack, seen: Observation) -> None:
+    from .tf_trace import tf_trace
+
+    stack.enter_context(_collect(tf_trace("test"), seen))
+
+
+@contextlib.contextmanager
+def _collect(trace_cm: Any, seen: Observation) -> Iterator[None]:
+    with trace_cm as out:
+        yield
+    seen.traces.extend(out)
+
+
+def _torch_hook(seen: Observation) -> Any:
+    def hook(module: Any, args: Any) -> None:
+        import torch
+
+        if isinstance(module, (torch.nn.LSTM, torch.nn.GRU)) and args:
+            try:
+                seen.layers.append(("torch", *_torch_layer(module, args[0])))
+            except Exception as exc:
+                seen.problems.append(f"could not describe {type(module).__name__}: {exc}")
+
+    return hook
+
+
+def _torch_layer(module: Any, data: Any) -> tuple[Any, Any]:
+    import torch
+
+    from ..model.spec import LayerSpec
+
+    packed = isinstance(data, torch.nn.utils.rnn.PackedSequence)
+    tensor = data.data if packed else data
+    dtype = str(tensor.dtype).replace("torch.", "")
+    spec = LayerSpec(
+        cell="lstm" if isinstance(module, torch.nn.LSTM) else "gru",
+        input_size=module.input_size,
+        hidden_size=module.hidden_size,
+        num_layers=module.num_layers,
+        bidirectional=module.bidirectional,
+        proj_size=getattr(module, "proj_size", 0),
+        bias=module.bias,
+        dtype=dtype if dtype in ("float32", "float64", "float16", "bfloat16") else "float32",
+    )
+    if packed:
+        spec = spec.replace(length_mode="packed", lengths=(1,) * spec.batch, seq_len=1)
+    return spec, str(tensor.device.type)
+
+
+@contextlib.contextmanager
+def _keras_layers(seen: Observation) -> Iterator[None]:
+    import keras
+
+    originals = {}
+    for cls in (keras.layers.LSTM, keras.layers.GRU):
+        original = cls.inner_loop
+
+        def inner_loop(self, sequences, initial_state, mask, training=False, _original=original):
+            try:
+                seen.layers.append(describe_keras_layer(self, sequences, mask))
+            except Exception as exc:
+                seen.problems.append(f"could not describe Keras layer {self.name!r}: {type(exc).__name__}: {exc}")
+            recorder = seen.recorder if keras.backend.backend() == "torch" else None
+            if recorder is None or recorder.paused:
+                return _original(self, sequences, initial_state, mask, training=training)
+            device = getattr(getattr(sequences, "device", None), "type", "cpu")
+            recorder.enter(f"keras {type(self).__name__} {self.name!r}", "cuda" if device == "cuda" else "cpu")
+            try:
+                return _original(self, sequences, initial_state, mask, training=training)
+            finally:
+                recorder.leave()
+
+        originals[cls] = original
+        cls.inner_loop = inner_loop
+    try:
+        yield
+    finally:
+        for cls, original in originals.items():
+            cls.inner_loop = original
+
+
+def _activation_name(function: Any) -> str:
+    from ..paths.keras.layer import ACTIVATIONS
+
+    name = getattr(function, "__name__", str(function))
+    module = getattr(function, "__module__", "") or ""
+    if name in ACTIVATIONS and module.startswith("keras"):
+        return name
+    return f"custom:{module}.{name}"
+
+
+def describe_keras_layer(layer: Any, sequences: Any, mask: Any) -> tuple[str, Any, Any]:
+    """``(framework, LayerSpec, KerasOptions)`` of a Keras LSTM/GRU layer being called."""
+    import keras
+    import numpy as np
+
+    from ..model.spec import LayerSpec
+    from ..paths.keras.layer import KerasOptions
+
+    backend = keras.backend.backend()
+    shape = tuple(int(d) for d in sequences.shape)
+    cell = layer.cell
+    style, lengths = "none", None
+    if mask is not None:
+        if isinstance(mask, (list, tuple)):
+            mask = mask[0]
+        m = np.asarray(keras.ops.convert_to_numpy(mask)).astype(bool).reshape(shape[0], -1)
+        counts = np.maximum(m.sum(axis=1), 1)
+        right = np.arange(m.shape[1])[None, :] < m.sum(axis=1)[:, None]
+        if not m.all():
+            style = "right" if (m == right).all() else ("left" if (m == right[:, ::-1]).all() else "holes")
+            lengths = tuple(int(c) for c in counts)
+    spec = LayerSpec(
+        cell="lstm" if isinstance(layer, keras.layers.LSTM) else "gru",
+        input_size=shape[-1],
+        hidden_size=int(cell.units),
+        batch=shape[0],
+        seq_len=max(lengths) if lengths else shape[1],
+        bias=bool(cell.use_bias),
+        reset_after=bool(getattr(cell, "reset_after", True)) or isinstance(layer, keras.layers.LSTM),
+        length_mode="packed" if lengths else "none",
+        lengths=lengths,
+    )
+    options = KerasOptions(
+        backend=backend,
+        use_cudnn=layer.use_cudnn,
+        implementation=int(getattr(cell, "implementation", 2)),
+        activation=_activation_name(cell.activation),
+        recurrent_activation=_activation_name(cell.recurrent_activation),
+        recurrent_dropout=float(cell.recurrent_dropout),
+        dropout=float(cell.dropout),
+        unroll=bool(layer.unroll),
+        go_backwards=bool(layer.go_backwards),
+        mask=style if style != "none" else "auto",
+    )
+    return f"keras-{backend}", spec, options
+
+
+def _device_of(framework: str, extra: Any) -> str:
+    if framework == "torch":
+        return "cuda" if extra == "cuda" else "cpu"
+    if framework == "keras-tensorflow":
+        tf = sys.modules.get("tensorflow")
+        return "cuda" if tf is not None and tf.config.list_logical_devices("GPU") else "cpu"
+    torch = sys.modules.get("torch")
+    return "cuda" if torch is not None and torch.cuda.is_available() else "cpu"

@@ -1,0 +1,136 @@
+"""The test process's side of the Keras workers: one persistent worker process per Keras backend.
+
+Keras fixes its backend when first imported (``KERAS_BACKEND``), so the torch backend cannot share the test
+process with the TensorFlow backend, and the test process (which imports torch for the PyTorch paths) must not
+have TensorFlow's import order imposed on it. :func:`get_worker` starts ``python -m
+pytest_lstmperf.paths.keras.server <backend>`` once per backend and session and talks to it over its stdin/stdout
+pipes (:mod:`.transport`); the worker keeps the prepared layers by handle, so one prepare + many
+run/forward/train_step calls cost one round trip each (tens of microseconds, reported in the timing notes). The
+worker writes its logs to a temporary file, whose tail is shown when it fails.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any
+
+from .transport import KerasUnavailable, KerasWorkerError, recv, send
+
+
+class WorkerClient:
+    """A persistent worker process for one Keras backend."""
+
+    def __init__(self, backend: str, startup_timeout: float = 120.0) -> None:
+        self.backend = backend
+        self.lock = threading.Lock()
+        self.pending_release: list[int] = []
+        self.log = tempfile.NamedTemporaryFile(  # noqa: SIM115 - kept open for the worker's lifetime
+            prefix=f"lstmperf-keras-{backend}-", suffix=".log", delete=False
+        )
+        env = dict(os.environ)
+        env["KERAS_BACKEND"] = backend
+        env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        # JAX would take 75% of the GPU at start; the torch paths of the same session share that GPU
+        env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+        root = str(Path(__file__).resolve().parents[3])
+        env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "pytest_lstmperf.paths.keras.server", backend],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.log,
+            env=env,
+        )
+        try:
+            hello = recv(self.process.stdout)
+        except EOFError:
+            raise KerasUnavailable(f"Keras worker ({backend}) exited at start: {self.log_tail()}") from None
+        if not hello["ok"]:
+            self.close()
+            raise KerasUnavailable(f"Keras on the {backend} backend cannot start: {hello['error']}")
+        self.info: dict[str, Any] = hello["result"]
+
+    def log_tail(self, chars: int = 2000) -> str:
+        try:
+            return Path(self.log.name).read_text(errors="replace")[-chars:].strip() or "(no output)"
+        except OSError:
+            return "(log unreadable)"
+
+    @property
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def defer_release(self, handle: int) -> None:
+        self.pending_release.append(handle)  # list.append is atomic; sent with the next request
+
+    def request(self, cmd: str, **args: Any) -> Any:
+        with self.lock:
+            if self.pending_release and self.alive:
+                handles, self.pending_release[:] = list(self.pending_release), []
+                send(self.process.stdin, {"cmd": "release", "args": {"handles": handles}})
+                recv(self.process.stdout)
+            if not self.alive:
+                raise KerasWorkerError(f"Keras worker ({self.backend}) is not running: {self.log_tail()}")
+            try:
+                send(self.process.stdin, {"cmd": cmd, "args": args})
+                reply = recv(self.process.stdout)
+            except (EOFError, BrokenPipeError, OSError):
+                raise KerasWorkerError(
+                    f"Keras worker ({self.backend}) died during {cmd!r} (exit {self.process.poll()}): {self.log_tail()}"
+                ) from None
+        if not reply["ok"]:
+            detail = reply.get("traceback", "")
+            raise KerasWorkerError(f"{reply['error']}" + (f"\n--- worker traceback ---\n{detail}" if detail else ""))
+        return reply["result"]
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            try:
+                with self.lock:
+                    send(self.process.stdin, {"cmd": "exit"})
+                self.process.wait(timeout=10)
+            except (OSError, subprocess.TimeoutExpired, EOFError):
+                self.process.kill()
+                self.process.wait(timeout=10)
+        try:
+            self.log.close()
+            os.unlink(self.log.name)
+        except OSError:
+            pass
+
+
+_WORKERS: dict[str, WorkerClient] = {}
+_FAILED: dict[str, str] = {}
+_POOL_LOCK = threading.Lock()
+
+
+def get_worker(backend: str) -> WorkerClient:
+    """The session's worker for ``backend``, started on first use (and restarted if it died)."""
+    with _POOL_LOCK:
+        if backend in _FAILED:
+            raise KerasUnavailable(_FAILED[backend])
+        worker = _WORKERS.get(backend)
+        if worker is None or not worker.alive:
+            try:
+                worker = WorkerClient(backend)
+            except KerasUnavailable as exc:
+                _FAILED[backend] = str(exc)
+                raise
+            _WORKERS[backend] = worker
+        return worker
+
+
+def shutdown_workers() -> None:
+    with _POOL_LOCK:
+        for worker in _WORKERS.values():
+            worker.close()
+        _WORKERS.clear()
+
+
+atexit.register(shutdown_workers)

@@ -1,0 +1,151 @@
+"""The Keras worker process: ``python -m pytest_lstmperf.paths.keras.server BACKEND`` serves requests from its stdin
+and answers on its stdout (see :mod:`.transport`), keeping the prepared runs by handle.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import sys
+import traceback
+from typing import Any
+
+from ...model.spec import LayerSpec
+from .layer import KerasOptions
+from .runners import LocalKerasRun
+from .transport import recv, send
+
+
+class Server:
+    """The worker's requests: ``hello``, ``prepare`` (returns a handle), ``call``, ``release``, ``graph_probe``,
+    ``jax_probe``."""
+
+    def __init__(self, backend: str) -> None:
+        self.backend = backend
+        self.runs: dict[int, LocalKerasRun] = {}
+        self.next_handle = 1
+
+    def hello(self) -> dict[str, Any]:
+        import keras
+
+        if self.backend == "jax":
+            from .jax_runner import hello
+
+            return hello()
+        info: dict[str, Any] = {"keras": keras.__version__, "backend": keras.backend.backend(), "gpus": []}
+        if self.backend == "tensorflow":
+            import tensorflow as tf
+
+            info["tensorflow"] = tf.__version__
+            info["gpus"] = [d.name for d in tf.config.list_logical_devices("GPU")]
+            info["cuda_build"] = bool(tf.test.is_built_with_cuda())
+        else:
+            import torch
+
+            info["torch"] = torch.__version__
+            if torch.cuda.is_available():
+                info["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+            info["cudnn"] = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+        return info
+
+    def prepare(self, spec: dict, options: dict, arrays: dict, device: str) -> int:
+        run = LocalKerasRun(LayerSpec.from_dict(spec), KerasOptions.from_dict(options), arrays, device)
+        handle = self.next_handle
+        self.next_handle += 1
+        self.runs[handle] = run
+        return handle
+
+    def release(self, handles: list[int]) -> None:
+        for handle in handles:
+            self.runs.pop(handle, None)
+        if not self.runs:
+            import keras
+
+            keras.backend.clear_session()
+
+    def call(self, handle: int, method: str, args: tuple = ()) -> Any:
+        return getattr(self.runs[handle], method)(*args)
+
+    def jax_probe(self, configs: list) -> list[dict[str, Any]]:
+        """JAX only: Keras's cuDNN decision per config (:func:`.jax_runner.cudnn_attempts`)."""
+        from .jax_runner import cudnn_attempts
+
+        return cudnn_attempts(configs)
+
+    def graph_probe(self, spec: dict, options: dict, arrays: dict) -> dict[str, Any]:
+        """TF only: the family of the graph Keras builds for this layer when it believes a GPU is present.
+
+        ``keras.src.backend.tensorflow.rnn._is_gpu_available`` is replaced by ``lambda: True`` while the
+        layer is traced (nothing executes), so Keras's own checks (the layer's ``use_cudnn`` and
+        ``recurrent_dropout`` gate, ``cudnn_ok``) choose the graph. Returns the forward family, Keras's own
+        ``cudnn_ok`` verdict, or the error the layer raised.
+        """
+        import importlib
+
+        from ...observation.tf_trace import function_trace
+
+        tf_rnn = importlib.import_module("keras.src.backend.tensorflow.rnn")
+        original = tf_rnn._is_gpu_available
+        tf_rnn._is_gpu_available = lambda: True
+        try:
+            spec_obj, opts = LayerSpec.from_dict(spec), KerasOptions.from_dict(options)
+            result: dict[str, Any] = {"cudnn_ok": None, "family": None, "error": None}
+            try:
+                run = LocalKerasRun(spec_obj, opts, arrays, "cpu")
+                cell = run.stack.layers[0]
+                cell = cell.forward_layer if spec_obj.bidirectional else cell
+                args = (cell.cell.activation, cell.cell.recurrent_activation, cell.unroll, cell.cell.use_bias)
+                if spec_obj.cell == "gru":
+                    result["cudnn_ok"] = bool(tf_rnn.cudnn_ok(*args, reset_after=cell.cell.reset_after))
+                else:
+                    result["cudnn_ok"] = bool(tf_rnn.cudnn_ok(*args))
+                result["family"] = function_trace(run._impl.fwd, phase="forward").family  # type: ignore[attr-defined]
+            except Exception as exc:
+                result["error"] = f"{type(exc).__name__}: {exc}".splitlines()[0]
+            return result
+        finally:
+            tf_rnn._is_gpu_available = original
+
+
+def serve(backend: str) -> int:
+    """The worker's main loop (run as ``python -m pytest_lstmperf.paths.keras.server BACKEND``)."""
+    if backend != "jax":
+        # Keras imports JAX, when installed, for its Orbax checkpoint callback alone: seconds of start-up in a
+        # worker that never uses it
+        sys.modules.setdefault("jax", None)  # type: ignore[arg-type]
+    channel = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)  # stray prints from the libraries go to the log, never into the protocol
+    inbox = sys.stdin.buffer
+    server = Server(backend)
+    try:
+        info = server.hello()
+    except BaseException as exc:
+        send(channel, {"ok": False, "error": f"{type(exc).__name__}: {exc}"})
+        return 1
+    send(channel, {"ok": True, "result": info})
+    while True:
+        try:
+            message = recv(inbox)
+        except EOFError:
+            return 0
+        if message.get("cmd") == "exit":
+            send(channel, {"ok": True, "result": None})
+            return 0
+        try:
+            result = getattr(server, message["cmd"])(**message.get("args", {}))
+            reply = {"ok": True, "result": result}
+        except BaseException as exc:
+            reply = {
+                "ok": False,
+                "error": f"{type(exc).__name__}: {exc}",
+                "kind": type(exc).__name__,
+                "traceback": traceback.format_exc()[-4000:],
+            }
+        try:
+            send(channel, reply)
+        except (pickle.PicklingError, TypeError) as exc:
+            send(channel, {"ok": False, "error": f"unpicklable reply: {exc}", "kind": "PicklingError"})
+
+
+if __name__ == "__main__":
+    sys.exit(serve(sys.argv[1] if len(sys.argv) > 1 else os.environ.get("KERAS_BACKEND", "tensorflow")))

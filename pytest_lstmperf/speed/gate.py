@@ -1,0 +1,285 @@
+"""The speed gate's decision: each benchmark record against its baseline entry, and the run's state.
+
+:func:`decide_record` compares one record on up to three checks (device time where both sides have it, the
+per-call time against the baseline's noise band, the host counters) and keeps the most severe outcome;
+:func:`run_gate` decides every record of a run and marks the baseline entries it did not measure. The rules
+themselves (rank test, thresholds, noise band) live in :mod:`.regression`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from .. import options
+
+if TYPE_CHECKING:
+    from ..device import DeviceInfo
+    from .baseline import Baseline, SaveReport
+    from .regression import Decision, GateResult
+    from .timing import ClockSampler
+
+
+@dataclass
+class GateState:
+    compare: str | None = None  # "device" (no argument), "file" (an lstmperf baseline named), None
+    compare_requested: bool = False
+    baseline: Baseline | None = None
+    records: list[dict[str, Any]] = field(default_factory=list)
+    save_report: SaveReport | None = None
+    gate: GateResult | None = None
+    messages: list[str] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    sampler: ClockSampler | None = None
+    report_path: Path | None = None
+    device: DeviceInfo | None = None
+    deferred_compare: object = None  # --benchmark-compare's value, until collection shows lstmperf benchmarks
+    outcome: list[str] = field(default_factory=list)  # the gate's last lines, printed after every other summary
+
+
+@dataclass(frozen=True)
+class GateKnobs:
+    """The settings one gate run decides with."""
+
+    metric: str
+    ratio: float
+    pvalue: float
+    probe: bool
+    explicit_ratio: bool = False  # the threshold was given (option, env, ini): device time uses it as it is
+    pooled_spread: float | None = None  # the median per-call noise band of the baseline's entries
+    pooled_from: int = 0
+
+
+def gate_knobs(config: pytest.Config, baseline: Baseline) -> GateKnobs:
+    """The gate's settings for this run against ``baseline`` (whose entries' noise bands are pooled)."""
+    from .regression import pooled_spread
+
+    pooled, pooled_from = pooled_spread(baseline.entries.values())
+    threshold = options.resolve(config, "lstmperf_threshold")
+    return GateKnobs(
+        metric=options.resolve(config, "lstmperf_metric").value,
+        ratio=threshold.value,
+        pvalue=options.resolve(config, "lstmperf_pvalue").value,
+        probe=options.resolve(config, "lstmperf_drift").value == "probe",
+        explicit_ratio=threshold.source != "default",
+        pooled_spread=pooled,
+        pooled_from=pooled_from,
+    )
+
+
+def run_gate(
+    baseline: Baseline, records: list[dict[str, Any]], knobs: GateKnobs, unavailable: dict[str, str]
+) -> GateResult:
+    """Every record against the baseline; baseline entries this run did not measure are not-run, or path-lost
+    where their path is ``unavailable`` now (path name -> why)."""
+    from .regression import Decision, GateResult
+
+    entries = baseline.entries
+    decisions = [decide_record(record, entries.get(record["fullname"]), knobs) for record in records]
+    seen = {record["fullname"] for record in records}
+    for name, entry in entries.items():
+        if name in seen:
+            continue
+        path = entry.get("extra_info", {}).get("path")
+        if path in unavailable:
+            decisions.append(Decision(name, "path-lost", notes=(f"{path} is unavailable now: {unavailable[path]}",)))
+        else:
+            decisions.append(Decision(name, "not-run"))
+    return GateResult(decisions)
+
+
+def _kernel_text(extra: dict[str, Any]) -> str:
+    return f"{extra.get('kernel', '')}/{extra.get('precision', '')}" if extra.get("kernel") else ""
+
+
+def decide_record(record: dict[str, Any], entry: dict[str, Any] | None, knobs: GateKnobs) -> Decision:
+    """One benchmark: device time (where both sides have it), per-call time against the baseline's noise
+    band, and the host counters; the most severe outcome is the verdict (``regression.combine``)."""
+    from dataclasses import replace
+
+    from .regression import Decision, Thresholds, combine, drift_ratio, events_host_bound
+
+    name, extra = record["fullname"], record["extra_info"]
+    kernels = {"kernel_now": _kernel_text(extra)}
+    if entry is None:
+        return Decision(name, "new", n_now=len(record["data"]), **kernels)
+    bextra = entry.get("extra_info", {})
+    kernels["kernel_then"] = _kernel_text(bextra)
+    if record.get("failed") == "kernel":
+        return Decision(name, "kernel-changed", notes=("kernel differs from the path's claim; not timed",), **kernels)
+    now_data, now_device, remeasured = _current_samples(record)
+    if not now_data:
+        why = "not timed in this run (--benchmark-disable, or the test stopped before timing): nothing compared"
+        return Decision(name, "inconclusive", notes=(why,), **kernels)
+    limits = Thresholds(
+        ratio=record.get("thresholds", {}).get("ratio", knobs.ratio),
+        pvalue=record.get("thresholds", {}).get("pvalue", knobs.pvalue),
+    )
+    parts = []
+    same_method = bextra.get("device_time_method") == extra.get("device_time_method")
+    has_device = _graph_samples(bextra) and bool(now_device) and same_method
+    per_call_limit, per_call_notes = _per_call_threshold(entry, limits.ratio, knobs)
+    if knobs.metric == "device" or (knobs.metric == "auto" and has_device):
+        explicit = knobs.explicit_ratio or "ratio" in record.get("thresholds", {})
+        host_bound = per_call_limit if has_device and (events_host_bound(bextra) or events_host_bound(extra)) else None
+        parts.append(
+            _device_decision(name, bextra, now_device if has_device else [], limits, kernels, explicit, host_bound)
+        )
+    if knobs.metric in ("auto", "per-call"):
+        parts.append(
+            _per_call_decision(name, entry, extra, now_data, replace(limits, ratio=per_call_limit), knobs, kernels)
+        )
+        parts[-1] = replace(parts[-1], notes=(*parts[-1].notes, *per_call_notes))
+    host, host_check = _host_decision(name, bextra, extra)
+    decision = combine([*parts, *host], [host_check])
+    notes = decision.notes
+    if remeasured is not None:
+        notes = (*notes, _remeasure_note(decision.failed, remeasured))
+    return replace(decision, per_call_ratio=drift_ratio(entry["stats"]["data"], now_data), notes=notes)
+
+
+def _graph_samples(extra: dict[str, Any]) -> bool:
+    """Device-time samples the gate can compare: CUDA-graph replays, or batched CUDA events where capture
+    fails (``regression.DEVICE_METHODS``)."""
+    from .regression import DEVICE_METHODS
+
+    return extra.get("device_time_method") in DEVICE_METHODS and len(extra.get("device_samples") or []) > 0
+
+
+def _current_samples(record: dict[str, Any]) -> tuple[list[float], list[float], dict[str, Any] | None]:
+    """(per-call samples, device samples, the re-measurement): a suspect the measurement re-measured is
+    decided on the re-measured samples."""
+    extra = record["extra_info"]
+    device = list(extra.get("device_samples") or []) if _graph_samples(extra) else []
+    again = extra.get("remeasured")
+    if isinstance(again, dict) and again.get("data"):
+        return [float(x) for x in again["data"]], list(again.get("device_samples") or device), again
+    return [float(x) for x in record["data"]], device, None
+
+
+def _remeasure_note(failed: bool, again: dict[str, Any]) -> str:
+    first = again.get("first_ratio")
+    first_text = f" ({first:.3f}x)" if isinstance(first, (int, float)) else ""
+    if failed:
+        return f"confirmed by re-measurement: the first measurement{first_text} and the re-measurement both fail"
+    return f"not confirmed by re-measurement: the first measurement{first_text} was noise"
+
+
+def _device_decision(
+    name: str,
+    bextra: dict[str, Any],
+    now_device: list[float],
+    limits: Any,
+    kernels: dict[str, str],
+    explicit: bool = False,
+    host_bound: float | None = None,
+) -> Decision:
+    """Device time against the threshold; with the default threshold and a baseline recorded from several
+    runs, against ``regression.device_threshold`` (tighter where the device time was steady between runs).
+    ``host_bound`` (the per-call threshold) applies instead where the device time came from CUDA events that
+    measured the host's launch rate (``regression.events_host_bound``): such a figure moves with the host."""
+    from dataclasses import replace
+
+    from .regression import HOST_BOUND_EVENTS, compare_samples, device_threshold
+
+    base = bextra.get("device_samples") or [] if now_device else []
+    notes: tuple[str, ...] = ()
+    if host_bound is not None and not explicit:
+        limits = replace(limits, ratio=max(limits.ratio, host_bound))
+        notes = (
+            f"device time from CUDA events is host-bound here (at least {HOST_BOUND_EVENTS:.0%} of the time per "
+            f"call: the GPU waited for launches), so it is held to the per-call threshold {limits.ratio:.3f}; "
+            "a device-side slowdown smaller than that is not resolved on this benchmark",
+        )
+    elif not explicit:
+        ratio, why = device_threshold(limits.ratio, bextra.get("noise_band"))
+        limits = replace(limits, ratio=ratio)
+        notes = (why,) if why else ()
+    decision = compare_samples(name, base, now_device, limits, **kernels)
+    if not now_device:
+        notes = (*notes, "no device time of one method on both sides")
+    return replace(decision, metric="device", notes=(*decision.notes, *notes))
+
+
+def _per_call_decision(
+    name: str,
+    entry: dict[str, Any],
+    extra: dict[str, Any],
+    now_data: list[float],
+    limits: Any,
+    knobs: GateKnobs,
+    kernels: dict[str, str],
+) -> Decision:
+    """Per-call time (host overhead included) against max(threshold, 1 + k x the baseline's noise band)."""
+    from dataclasses import replace
+
+    from .regression import compare_samples, drift_ratio
+
+    bextra = entry.get("extra_info", {})
+    base_data: list[float] = list(entry["stats"]["data"])
+    notes: list[str] = []
+    timers = (bextra.get("timer", "time.perf_counter"), extra.get("timer", "time.perf_counter"))
+    if timers[0] != timers[1]:
+        base_data, now_data = [], []  # not comparable: inconclusive (a kernel change still counts)
+        notes.append(f"timed with {timers[1]}, the baseline with {timers[0]}")
+    threshold = limits.ratio
+    drift = None
+    if knobs.probe:
+        drift = drift_ratio(bextra.get("drift_probe") or [], extra.get("drift_probe") or [])
+        if drift is None:
+            notes.append(
+                "no drift correction: the baseline has no drift-probe samples (record with --lstmperf-drift=probe)"
+            )
+    decision = compare_samples(
+        name,
+        base_data,
+        now_data,
+        replace(limits, ratio=threshold),
+        base_throttled=bextra.get("throttled"),
+        now_throttled=extra.get("throttled") if not extra.get("remeasured") else None,
+        drift=drift,
+        device_s=extra.get("device_time_s") if drift else None,
+        **kernels,
+    )
+    return replace(decision, metric="per-call", notes=(*decision.notes, *notes))
+
+
+def _per_call_threshold(entry: dict[str, Any], ratio: float, knobs: GateKnobs) -> tuple[float, tuple[str, ...]]:
+    """max(threshold, 1 + k x this entry's noise band, 1 + k x the band pooled over the baseline's entries)."""
+    from .regression import NOISE_K, noise_threshold, per_call_spread
+
+    spread, source = per_call_spread(entry.get("extra_info", {}), entry["stats"]["data"])
+    threshold = noise_threshold(ratio, spread)
+    note = f"{NOISE_K:g} x the baseline's noise band ({spread or 0:.1%} spread of the per-call medians of {source})"
+    pooled = noise_threshold(ratio, knobs.pooled_spread)
+    if pooled > threshold:
+        threshold = pooled
+        note = (
+            f"{NOISE_K:g} x the noise band pooled over the baseline's {knobs.pooled_from} entries recorded from "
+            f"several runs (median spread {knobs.pooled_spread:.1%}; this entry's own: {spread or 0:.1%})"
+        )
+    if threshold <= ratio:
+        return ratio, ()
+    return threshold, (f"per-call threshold {threshold:.3f}: {note}",)
+
+
+def _host_decision(name: str, bextra: dict[str, Any], extra: dict[str, Any]) -> tuple[list[Decision], str]:
+    """The host counters (ATen ops, GPU kernels, syncs, bytes allocated per call) then and now."""
+    from .regression import Decision, host_counter_changes
+
+    then, now = bextra.get("host_counters"), extra.get("host_counters")
+    if not then or not now:
+        missing = "the baseline has" if not then else "this run has"
+        return [], f"host: not compared ({missing} no host counters; record the baseline again to gate them)"
+    unstable = (bextra.get("noise_band") or {}).get("host_counters_unstable")
+    if unstable:
+        return [], f"host: not compared (the counters differed between the baseline's recording runs: {unstable})"
+    changes = host_counter_changes(then, now)
+    if changes:
+        note = "host work per call changed: " + "; ".join(changes)
+        return [Decision(name, "host-work-changed", metric="host", notes=(note,))], f"host: {note}"
+    counted = ", ".join(f"{k} {now[k]}" for k in sorted(now))
+    return [], f"host: unchanged ({counted})"

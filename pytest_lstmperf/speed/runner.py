@@ -1,0 +1,526 @@
+"""One benchmark's measurement: what ``lstmperf_benchmark`` gives a test.
+
+:class:`BenchRunner` prepares a path, checks the kernel it ran against the path's claim (failing at once on a
+mismatch), times the call with ``benchmark.pedantic`` (a synchronising callable, bounded rounds), measures
+device time, SM clock, host counters and FLOP/s into ``extra_info``, re-measures a suspect, and attaches a
+record to the test report (so pytest-xdist brings it to the controller). :class:`MarkedBenchmark` is
+pytest-benchmark's ``benchmark`` in a test marked ``@pytest.mark.lstmperf``, measured the same way.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from .. import options
+from ..observation.claims import Finding, kernel_mismatch, known_kernel_finding
+from .shapes import bench_set
+
+if TYPE_CHECKING:
+    from ..device import DeviceInfo
+    from ..paths import ExecutionPath
+    from .gate import GateState
+    from .shapes import BenchShape
+    from .timing import ClockSampler
+
+#: the ``user_properties`` key of a benchmark's record
+RECORD_KEY = "lstmperf_bench"
+#: the marker that makes a plain ``benchmark`` test an lstmperf benchmark
+BENCH_MARKER = "lstmperf"
+
+
+@dataclass(frozen=True)
+class BenchCase:
+    """One benchmark: a path, a shape and a mode (``forward`` or ``train``)."""
+
+    path: str
+    shape: BenchShape
+    mode: str
+    set_name: str
+
+    @property
+    def id(self) -> str:
+        return f"{self.path}-{self.shape.id}"
+
+    def __repr__(self) -> str:
+        return self.id
+
+
+def run_spec(path: ExecutionPath, spec: Any, mode: str) -> Any:
+    """The spec a benchmark prepares: the shape's own, or its inference form for an inference-only path's
+    forward benchmark (ONNX Runtime; the shape keeps its id, so one shape is timed on every path)."""
+    if mode == "forward" and path.options.get("inference_only") and spec.training:
+        return spec.replace(training=False)
+    return spec
+
+
+class BenchRunner:
+    """What ``lstmperf_benchmark`` gives a test: ``measure(case)``."""
+
+    def __init__(self, benchmark: Any, request: pytest.FixtureRequest, session: Any, state: GateState) -> None:
+        self.benchmark = benchmark
+        self.request = request
+        self.config = request.config
+        self.session = session  # the run's LstmPerfSession
+        self.state = state
+
+    def measure(self, case: BenchCase) -> dict[str, Any]:
+        from .. import paths as registry
+        from ..model.case import make_case
+        from .shapes import ROUNDS
+
+        session = self.session
+        device = session.device
+        path = registry.get(case.path)
+        self.request.node.user_properties.append(("lstmperf_path", path.name))
+        reason = path.available(device)
+        if reason:
+            pytest.skip(f"{path.name}: {reason}")
+        _skip_shared_gpu(device)
+        spec = case.shape.spec
+        thresholds = self._thresholds()
+        phases = self.benchmark.extra_info.setdefault("phase_s", {})
+        started = time.perf_counter()
+        run = path.prepare(make_case(run_spec(path, spec, case.mode), session.seed), device)
+        call = run.forward if case.mode == "forward" else run.train_step
+        extra = self.benchmark.extra_info
+        extra.update(
+            path=path.name,
+            framework=path.framework,
+            device=device.name,
+            mode=case.mode,
+            shape=spec.short(),
+            spec=spec.to_dict(),
+            set=case.set_name,
+            sweeps=list(case.shape.sweeps),
+            expected_kernel=path.kernel,
+            expected_precision=path.precision,
+        )
+        self.benchmark.group = f"{case.mode} {spec.short()}"
+        phases["prepare"] = time.perf_counter() - started
+        started = time.perf_counter()
+        trace = run.trace_forward()
+        phases["trace"] = time.perf_counter() - started
+        extra.update(
+            kernel=trace.family, precision=trace.precision, kernels=list(trace.kernels[:8]), ops=list(trace.ops[:16])
+        )
+        self.request.node.user_properties.append(("lstmperf_observed", f"{case.mode} {trace.family}/{trace.precision}"))
+        self._check_kernel(path, spec, device, trace, extra, thresholds)
+
+        def timed() -> None:
+            call()
+            run.synchronize()
+
+        dev_time, counters = _meters(run, call, case.mode, device)
+        data = self._time(timed, ROUNDS[case.set_name], extra, dev_time, counters, thresholds)
+        if data is None:
+            return self._attach(extra, [], thresholds)
+        flops = spec.flops_forward * (3 if case.mode == "train" else 1)  # backward ~ 2x forward
+        started = time.perf_counter()
+        self._flops(extra, flops, trace.precision if trace.precision != "unknown" else path.precision)
+        phases["peak"] = time.perf_counter() - started
+        return self._attach(extra, data, thresholds)
+
+    def __call__(self, fn: Any, *, label: str = "call", flops: float | None = None) -> Any:
+        """Benchmark a user's own callable ``fn()`` (a model's forward, a training step) the way the built-in
+        benchmarks are measured: per-call time, device time, host counters, the observed kernel, run medians,
+        a device-keyed baseline entry and the gate (``@pytest.mark.lstmperf_threshold`` honoured). ``fn``
+        runs PyTorch work (a ``torch.nn.Module``, or Keras on the torch backend) and must not synchronise;
+        the benchmark synchronises after each timed call. ``flops`` (per call), when given, adds achieved
+        FLOP/s; none is made up otherwise. Returns what one call of ``fn`` returned."""
+        from ..observation.torch_trace import torch_trace
+        from . import timing
+        from .shapes import ROUNDS
+
+        device = self.session.device
+        _skip_shared_gpu(device)
+        thresholds = self._thresholds()
+        sync = _synchronizer(device.torch_device)
+        result = fn()
+        sync()
+        with torch_trace(device.torch_device, "forward") as traced:
+            fn()
+        trace = traced[0]
+        extra = self.benchmark.extra_info
+        extra.update(
+            path="user",
+            framework="torch",
+            device=device.name,
+            mode=label,
+            shape="-",
+            set=bench_set(self.config),
+            kernel=trace.family,
+            precision=trace.precision,
+            kernels=list(trace.kernels[:8]),
+            ops=list(trace.ops[:16]),
+        )
+        self.benchmark.group = f"user {label}"
+        self.request.node.user_properties.append(("lstmperf_observed", f"{label} {trace.family}/{trace.precision}"))
+
+        def timed() -> None:
+            fn()
+            sync()
+
+        data = self._time(
+            timed,
+            ROUNDS[bench_set(self.config)],
+            extra,
+            lambda samples: timing.device_time(fn, device.torch_device, samples),
+            lambda: timing.host_counters(fn, device.torch_device),
+            thresholds,
+        )
+        if data and flops:
+            self._flops(extra, float(flops), trace.precision)
+        self._attach(extra, data or [], thresholds)
+        return result
+
+    def _check_kernel(
+        self, path: ExecutionPath, spec: Any, device: DeviceInfo, trace: Any, extra: dict, thresholds: dict
+    ) -> None:
+        """Fail (or xfail, for a known finding) at once, recording the finding, when the kernel that ran is not
+        the path's claim (:func:`~pytest_lstmperf.observation.claims.kernel_mismatch`)."""
+        mismatch = kernel_mismatch(path, trace)
+        if not mismatch:
+            return
+        self._attach(extra, [], thresholds, failed="kernel")
+        known = known_kernel_finding(path, trace)
+        message = f"known finding on {path.name} ({spec.short()}): {known}" if known else mismatch
+        finding = Finding(path.name, "known" if known else "kernel", spec.short(), message)
+        self.request.node.user_properties.append(("lstmperf_finding", json.dumps(asdict(finding))))
+        if known:
+            pytest.xfail(f"{message} [{mismatch}]")
+        pytest.fail(mismatch + _explanation(path, spec, device, trace), pytrace=False)
+
+    def _time(
+        self,
+        timed: Any,
+        plan: Any,
+        extra: dict[str, Any],
+        dev_time: Any,
+        counters: Any,
+        thresholds: dict[str, float],
+    ) -> list[float] | None:
+        """Time ``timed`` (which synchronises) in rounds, then device time (``dev_time(samples)``), the host
+        counters (``counters()``, one untimed call, no tracing during the rounds), the run medians and, when a
+        baseline entry is compared and the first figures look like a regression, a second measurement.
+        Fills ``extra``; returns the per-call samples, or None under ``--benchmark-disable``."""
+        from . import timing
+
+        phases = extra.setdefault("phase_s", {})
+        started = time.perf_counter()
+        device = self.session.device
+        clock = timing.benchmark_timer(self.config)
+        extra["timer"] = f"{getattr(clock, '__module__', None) or 'time'}.{getattr(clock, '__name__', repr(clock))}"
+        estimate = timing.estimate_call(timed, plan.warmup, clock)
+        rounds = timing.RoundPlan(plan.warmup, plan.min_rounds, plan.max_rounds, plan.target_s).rounds_for(estimate)
+        sampler = self._sampler(device)
+        data: list[float] = []
+        windows: list[tuple[float, float]] = []
+        user_disabled = self.config.getoption("benchmark_disable", False) and not self.config.getoption(
+            "benchmark_enable", False
+        )
+        # the drift probe runs only when asked for: it is work between every two rounds
+        probe = (
+            timing.DriftProbe(device.torch_device, clock)
+            if options.resolve(self.config, "lstmperf_drift").value == "probe"
+            else None
+        )
+        between = probe.sample if probe is not None else None
+        if self.benchmark.enabled:
+            starts: list[float] = []
+
+            def mark_round() -> None:
+                if between is not None:
+                    between()  # untimed: how fast the host is right now
+                starts.append(time.perf_counter())
+
+            self.benchmark.pedantic(timed, setup=mark_round, rounds=rounds, warmup_rounds=1, iterations=1)
+            data = list(self.benchmark.stats.stats.data)
+            ends = [*starts[-rounds:][1:], time.perf_counter()]
+            windows = list(zip(starts[-rounds:], ends, strict=True))
+        elif user_disabled:
+            self.benchmark.pedantic(timed)  # --benchmark-disable: run once, as a test
+            return None
+        else:  # pytest-benchmark disabled itself (pytest-xdist): time the same way ourselves
+            self.benchmark.pedantic(lambda: None)
+            data, windows = timing.time_rounds(timed, rounds, clock, between=between)
+            extra["timed_by"] = "pytest-lstmperf (pytest-benchmark is disabled under pytest-xdist)"
+        extra["rounds"] = len(data)
+        if probe is not None:
+            extra["drift_probe"] = probe.samples[-len(data) :] if data else []
+        self._clock(extra, sampler, windows)
+        phases["rounds"], started = time.perf_counter() - started, time.perf_counter()
+        self._device_time(extra, dev_time(plan.device_samples), data)
+        phases["device_time"], started = time.perf_counter() - started, time.perf_counter()
+        self._counters(extra, counters)
+        phases["counters"], started = time.perf_counter() - started, time.perf_counter()
+        extra["run_medians"] = timing.batch_medians(data)
+        self._remeasure(extra, data, thresholds, timed, plan, rounds, clock, dev_time)
+        phases["remeasure"] = time.perf_counter() - started
+        return data
+
+    @staticmethod
+    def _device_time(extra: dict[str, Any], dev: Any, data: list[float]) -> None:
+        from . import timing
+
+        median = sorted(data)[len(data) // 2] if data else None
+        extra.update(
+            time_per_call_s=median,
+            device_time_s=dev.median,
+            device_time_method=dev.method,
+            device_time_note=dev.note,
+            device_samples=list(dev.samples),
+            device_run_medians=timing.batch_medians(dev.samples),
+            host_overhead=timing.host_overhead(median, dev.median),
+        )
+
+    @staticmethod
+    def _counters(extra: dict[str, Any], counters: Any) -> None:
+        try:
+            counted = counters()
+        except Exception as exc:  # counting must never cost the benchmark its timings
+            extra["host_counters_note"] = f"not counted: {type(exc).__name__}: {str(exc)[:200]}"
+            return
+        note = counted.pop("note", None) if isinstance(counted, dict) else None
+        if counted:
+            extra["host_counters"] = counted
+        if note:
+            extra["host_counters_note"] = note
+
+    def _flops(self, extra: dict[str, Any], flops: float, precision: str) -> None:
+        from . import timing
+
+        busy = extra.get("device_time_s") or extra.get("time_per_call_s")
+        peak = timing.measured_peak_flops(self.session.device.torch_device, precision)
+        achieved = flops / busy if busy else None
+        extra.update(
+            flops=flops,
+            flops_per_s=achieved,
+            peak_flops=peak,
+            peak_fraction=achieved / peak if achieved and peak else None,
+        )
+
+    def _baseline_entry(self) -> dict[str, Any] | None:
+        """This benchmark's entry in the baseline the gate compares against (read-only), else None."""
+        state = self.state
+        if state.baseline is None:
+            return None
+        return state.baseline.entries.get(self.request.node.nodeid)
+
+    def _remeasure(
+        self,
+        extra: dict[str, Any],
+        data: list[float],
+        thresholds: dict[str, float],
+        timed: Any,
+        plan: Any,
+        rounds: int,
+        clock: Any,
+        dev_time: Any,
+    ) -> None:
+        """When a baseline is compared and the first measurement's ratio of medians is over the threshold,
+        measure again (fresh warm-up, twice the rounds and device samples) and record both in
+        ``extra["remeasured"]``: the first figures alone never fail the build."""
+        from . import timing
+        from .regression import pick_samples
+
+        entry = self._baseline_entry()
+        if entry is None or not data:
+            return
+        metric = options.resolve(self.config, "lstmperf_metric").value
+        base_extra = entry.get("extra_info", {})
+        base_data = entry.get("stats", {}).get("data") or []
+        used, base, now, _ = pick_samples(metric, base_extra, extra, base_data, data)
+        if used == "per-call" and base_extra.get("timer", "time.perf_counter") != extra.get("timer"):
+            return  # another clock: not comparable, and the gate says so
+        limit = thresholds.get("ratio", options.resolve(self.config, "lstmperf_threshold").value)
+        # device samples move by a few percent between runs: a device ratio half-way to the threshold is
+        # already worth a second look; per-call times are noisier, and are looked at again past the threshold
+        trigger = 1.0 + (limit - 1.0) / 2 if used == "device" else limit
+        first = _ratio(base, now)
+        if first is None or first <= trigger:
+            return
+        timing.estimate_call(timed, plan.warmup, clock)
+        data2, _ = timing.time_rounds(timed, 2 * rounds, clock)
+        dev2 = dev_time(2 * plan.device_samples)
+        again = {**extra, "device_samples": list(dev2.samples), "device_time_method": dev2.method}
+        _, base, now2, _ = pick_samples(metric, base_extra, again, base_data, data2)
+        second = _ratio(base, now2)
+        extra["remeasured"] = {
+            "confirmed": second is not None and second > limit,
+            "first_ratio": first,
+            "second_ratio": second,
+            "metric": used,
+            "threshold": limit,
+            "trigger": trigger,
+            "data": data2,
+            "device_samples": list(dev2.samples),
+            "device_time_method": dev2.method,
+        }
+
+    def _clock(self, extra: dict[str, Any], sampler: ClockSampler | None, windows: list[tuple[float, float]]) -> None:
+        if sampler is None or not sampler.active:
+            extra.update(clock_source="none", clock_note=sampler.reason if sampler else "")
+            return
+        clocks = sampler.round_clocks(windows)
+        flags = sampler.throttled(windows)
+        extra.update(
+            clock_source=sampler.source,
+            sm_clock_mhz=clocks,
+            sm_clock_max_mhz=sampler.max_mhz,
+            throttled=flags,
+            throttled_rounds=sum(flags),
+        )
+
+    def _sampler(self, device: DeviceInfo) -> ClockSampler | None:
+        """The run's SM clock sampler, started on first use (stopped when pytest unconfigures)."""
+        if self.state.sampler is None:
+            from .timing import ClockSampler
+
+            self.state.sampler = ClockSampler(device.torch_device).start()
+        return self.state.sampler
+
+    def _thresholds(self) -> dict[str, float]:
+        marker = self.request.node.get_closest_marker("lstmperf_threshold")
+        if marker is None:
+            return {}
+        out: dict[str, float] = {}
+        ratio = marker.kwargs.get("ratio", marker.args[0] if marker.args else None)
+        pvalue = marker.kwargs.get("pvalue", marker.args[1] if len(marker.args) > 1 else None)
+        try:
+            if ratio is not None:
+                out["ratio"] = options.parse_threshold(str(ratio))
+            if pvalue is not None:
+                out["pvalue"] = options.parse_pvalue(str(pvalue))
+        except ValueError as exc:
+            pytest.fail(f"@pytest.mark.lstmperf_threshold: {exc}", pytrace=False)
+        return out
+
+    def _attach(
+        self, extra: dict[str, Any], data: list[float], thresholds: dict[str, float], failed: str = ""
+    ) -> dict[str, Any]:
+        node = self.request.node
+        callspec = getattr(node, "callspec", None)
+        record = {
+            "fullname": node.nodeid,
+            "name": node.name,
+            "group": self.benchmark.group,
+            "param": callspec.id if callspec else None,
+            "params": {k: repr(v) for k, v in callspec.params.items()} if callspec else None,
+            "extra_info": _plain(extra),
+            "options": {"rounds": len(data), "warmup": "estimate + 1 round", "timer": "perf_counter"},
+            "data": [float(x) for x in data],
+            "iterations": 1,
+            "thresholds": thresholds,
+            "failed": failed,
+        }
+        node.user_properties.append((RECORD_KEY, record))
+        return record
+
+
+class MarkedBenchmark:
+    """pytest-benchmark's ``benchmark`` in a test marked ``@pytest.mark.lstmperf``: ``benchmark(fn, *args,
+    **kwargs)`` is measured by :meth:`BenchRunner.__call__` (one record, baseline entry and gate verdict like
+    ``lstmperf_benchmark(fn)``); every other attribute (``extra_info``, ``group``, ...) is pytest-benchmark's."""
+
+    def __init__(self, benchmark: Any, runner: BenchRunner, label: str, flops: float | None) -> None:
+        object.__setattr__(self, "_parts", (benchmark, runner, label, flops))
+
+    def __call__(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        from functools import partial
+
+        _, runner, label, flops = self._parts
+        return runner(partial(fn, *args, **kwargs) if args or kwargs else fn, label=label, flops=flops)
+
+    def pedantic(self, *args: Any, **kwargs: Any) -> Any:
+        pytest.fail(
+            f"@pytest.mark.{BENCH_MARKER}: benchmark.pedantic(...) is not measured by pytest-lstmperf, which chooses "
+            "its own rounds (about 0.25 s of timed work) and synchronises after each call; call "
+            "benchmark(fn, *args, **kwargs) instead, or remove the marker to keep pytest-benchmark's pedantic mode",
+            pytrace=False,
+        )
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._parts[0], name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self._parts[0], name, value)
+
+
+def _skip_shared_gpu(device: DeviceInfo) -> None:
+    from ..device import shared_gpu
+
+    shared = shared_gpu(device)
+    if shared:
+        pytest.skip(f"not timed: {shared}; a benchmark needs a GPU of its own (use -n auto or fewer workers)")
+
+
+def _meters(run: Any, call: Any, mode: str, device: DeviceInfo) -> tuple[Any, Any]:
+    """``(dev_time(samples), counters())`` of a prepared run: a run whose kernels launch in another process
+    (Keras's worker) measures its device time and counts its host work there."""
+    from . import timing
+
+    own_time, own_counts = getattr(run, "device_time", None), getattr(run, "host_counters", None)
+
+    def dev_time(samples: int) -> timing.DeviceTime:
+        if own_time is not None:
+            return own_time(mode, samples)
+        return timing.device_time(call, device.torch_device, samples)
+
+    def counters() -> dict[str, Any]:
+        return own_counts(mode) if own_counts is not None else timing.host_counters(call, device.torch_device)
+
+    return dev_time, counters
+
+
+def _ratio(base: Any, now: Any) -> float | None:
+    import statistics
+
+    if not base or not now:
+        return None
+    then = statistics.median(base)
+    return statistics.median(now) / then if then > 0 else None
+
+
+def _synchronizer(torch_device: str) -> Any:
+    if not torch_device.startswith("cuda"):
+        return lambda: None
+    import torch
+
+    return lambda: torch.cuda.synchronize(torch_device)
+
+
+def _explanation(path: ExecutionPath, spec: Any, device: Any, trace: Any) -> str:
+    """The explainer's prediction and reasons (``observation.explain``), when it is there and can judge."""
+    try:
+        from ..observation.explain import explain
+    except ImportError:
+        return ""
+    framework = "torch" if path.framework == "torch" else path.framework
+    try:
+        verdict = explain(spec, framework, device)  # the DeviceInfo: its compute capability and cuDNN version
+        text = "\nexplainer: " + verdict.describe()
+        autocast = path.options.get("autocast")
+        if autocast:
+            text += (
+                f"\n  note: {path.name} runs under torch.autocast(dtype={autocast}); the prediction is for the "
+                f"layer's own dtype ({spec.dtype})"
+            )
+        return text
+    except Exception as exc:
+        return f"\nexplainer: cannot judge {spec.short()}: {type(exc).__name__}: {exc}"
+
+
+def _plain(value: Any) -> Any:
+    """JSON/execnet-safe copy: dicts, lists, str, int, float, bool, None."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    return str(value)
