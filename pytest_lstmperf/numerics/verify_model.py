@@ -261,11 +261,14 @@ def _check_kernels(path: Any, run: _Run, known: list[str], claim: tuple[str, str
     (a Keras path: one claim for every layer), every traced layer call and pass against it."""
     found: list[Mismatch] = []
     claims = set()
+    none_ran = Mismatch("kernel", "forward", "no recurrent layer ran in the model's forward pass")
+    if claim is not None:  # Keras: TensorFlow traces the whole block (phase "test"), torch each layer call
+        if not any(t.family != "none" for t in run.traces):
+            return [none_ran]
+        return [m for t in run.traces for m in _judge(path, claim, t, f"{t.phase} {t.detail}", known)]
     forward = [t for t in run.traces if t.phase == "forward"]
     if not forward:
-        return [Mismatch("kernel", "forward", "no recurrent layer ran in the model's forward pass")]
-    if claim is not None:
-        return [m for t in run.traces for m in _judge(path, claim, t, f"{t.phase} {t.detail}", known)]
+        return [none_ran]
     for trace in forward:
         spec = run.layer_shapes.get(trace.detail)
         if spec is None or path.supports(spec) is not None:
