@@ -3,7 +3,8 @@
 For every Keras path of the selected device and a few specs (plain, GRU both forms, no bias, bidirectional
 with a mask, stacked with initial states), the explainer's prediction (family and precision) must equal the
 observed forward and backward traces. Kernel-only paths (``activation='relu'``, ``return_sequences=False``)
-are checked here; their numbers are not compared with the reference (see ``paths/keras/paths.py``).
+are checked here; their numbers are not compared with the reference (see ``paths/keras/paths.py``). A path
+that raises an error a known finding documents is an xfail naming it.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import pytest
 from pytest_lstmperf import paths as registry
 from pytest_lstmperf.model.case import make_case
 from pytest_lstmperf.model.spec import LayerSpec
+from pytest_lstmperf.numerics.equivalence import conclude_known_findings, run_path
 from pytest_lstmperf.observation.explain import context_for, explain
 
 KERAS_PATHS = sorted(n for n, p in registry.all_paths().items() if p.framework.startswith("keras-"))
@@ -29,7 +31,7 @@ SPECS = [
 
 
 @pytest.mark.lstmperf_paths(*KERAS_PATHS)
-def test_prediction_equals_observation(lstmperf_path, lstmperf) -> None:
+def test_prediction_equals_observation(lstmperf_path, lstmperf, request) -> None:
     from pytest_lstmperf.paths.keras.paths import supports_kernel
 
     path = lstmperf_path
@@ -39,7 +41,9 @@ def test_prediction_equals_observation(lstmperf_path, lstmperf) -> None:
         if supports_kernel(path, spec):
             continue
         verdict = explain(spec, path.framework, lstmperf.device, options, context=context_for(lstmperf.device))
-        result = path.prepare(make_case(spec), lstmperf.device).run()
+        result = run_path(path, make_case(spec), lstmperf.device, request.node)
+        if result is None:  # a documented error (a known finding): concluded below
+            continue
         observed = [result.forward_trace] + ([result.backward_trace] if result.backward_trace else [])
         ran.append(spec.short())
         for trace in observed:
@@ -52,6 +56,7 @@ def test_prediction_equals_observation(lstmperf_path, lstmperf) -> None:
                 mismatches.append(
                     f"{spec.short()}: predicted precision {verdict.precision}, observed {trace.describe()}"
                 )
+    assert not mismatches, "\n".join(mismatches)
+    conclude_known_findings(path, request.node, numbers=False)
     if not ran:
         pytest.skip(f"{path.name} supports none of this suite's specs")
-    assert not mismatches, "\n".join(mismatches)

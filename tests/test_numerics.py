@@ -143,8 +143,89 @@ def test_the_builtin_findings_carry_their_versions() -> None:
     assert KNOWN_FINDINGS
     for finding in KNOWN_FINDINGS:
         assert finding.path in registry.all_paths()
-        assert finding.check in ("kernel", "precision")
-        assert "torch" in finding.seen_with
+        assert finding.check in ("kernel", "precision", "raises", "order")
+        assert {"torch", "keras"} & set(finding.seen_with)
+
+
+def _documented(kind: str, observed: str, name: str = "documented", base: str = "torch-cpu-native"):
+    path = registry.get(base)
+    options = {**path.options, "known_findings": {(kind, observed): f"planted: {kind} {observed}"}}
+    return dataclasses.replace(path, name=name, options=options)
+
+
+ONE_LAYER = SPEC.replace(num_layers=1)
+
+
+def test_time_reversed_outputs_documented_are_checked_in_that_order_and_xfail(session) -> None:
+    """The 'order' finding (Keras on JAX, go_backwards on cuDNN): every number is still checked, in the
+    documented order; the test ends as an xfail naming the finding."""
+    from pytest_lstmperf.numerics.equivalence import conclude_known_findings, verify_path
+    from pytest_lstmperf.testing.faults import numeric_fault
+
+    path, node = _documented("order", "time-reversed"), FakeNode()
+    with numeric_fault("time-reversed"):
+        errors = verify_path(path, ONE_LAYER, session, node)
+    assert max(errors.values()) < 1e-5
+    with pytest.raises(pytest.xfail.Exception, match="planted: order time-reversed .*numbers checked"):
+        conclude_known_findings(path, node)
+
+
+@pytest.mark.parametrize("fault", [("forget-bias", 1e-2), ("states-ignored", 0.0), ("grad-scale", 1e-3)])
+def test_time_reversed_finding_does_not_hide_a_second_fault(session, fault) -> None:
+    from pytest_lstmperf.numerics.equivalence import PathCheckFailed, verify_path
+    from pytest_lstmperf.testing.faults import numeric_fault
+
+    with numeric_fault("time-reversed"), numeric_fault(*fault), pytest.raises(PathCheckFailed) as info:
+        verify_path(_documented("order", "time-reversed"), ONE_LAYER, session, FakeNode())
+    assert "tolerance" in info.value.finding.check.split(",")
+
+
+def test_time_reversed_outputs_undocumented_fail(session) -> None:
+    from pytest_lstmperf.numerics.equivalence import PathCheckFailed, verify_path
+    from pytest_lstmperf.testing.faults import numeric_fault
+
+    with numeric_fault("time-reversed"), pytest.raises(PathCheckFailed, match="output: relative error"):
+        verify_path(registry.get("torch-cpu-native"), ONE_LAYER, session, FakeNode())
+
+
+def test_a_documented_error_is_an_xfail_naming_it_and_another_error_propagates(session, monkeypatch) -> None:
+    from pytest_lstmperf.numerics.equivalence import conclude_known_findings, run_path, verify_path
+    from pytest_lstmperf.paths import ExecutionPath
+
+    path = _documented("raises", "Unknown output type float16")
+
+    def fail(message):
+        def prepare(self, case, device):
+            raise ValueError(message)
+
+        monkeypatch.setattr(ExecutionPath, "prepare", prepare)
+
+    node = FakeNode()
+    fail("Unknown output type float16")
+    assert verify_path(path, SPEC, session, node) == {}
+    with pytest.raises(pytest.xfail.Exception, match="raised the documented error on every example"):
+        conclude_known_findings(path, node)
+    fail("Unknown output type bfloat16")
+    with pytest.raises(ValueError, match="bfloat16"):
+        verify_path(path, SPEC, session, FakeNode())
+    from pytest_lstmperf.model.case import make_case
+
+    with pytest.raises(ValueError):
+        run_path(registry.get("torch-cpu-native"), make_case(SPEC), session.device, FakeNode())
+
+
+def test_jax_go_backwards_finding_keeps_stacks_out_and_single_layers_in() -> None:
+    from pytest_lstmperf.paths.keras.paths import KNOWN_KERAS_BUGS, known_bug
+
+    path = registry.get("keras-jax-cudnn-backwards")
+    if not any(key == "jax+cudnn+backwards+stacked" for bugs in KNOWN_KERAS_BUGS.values() for key, _ in bugs):
+        pytest.fail("the stacked go_backwards entry is gone from KNOWN_KERAS_BUGS")
+    import importlib.metadata
+
+    if importlib.metadata.version("keras") in KNOWN_KERAS_BUGS:
+        assert "different network" in known_bug(path, SPEC)
+    assert known_bug(path, ONE_LAYER) is None
+    assert known_bug(registry.get("keras-jax-cudnn"), SPEC) is None
 
 
 # ------------------------------------------------------------------------------------------ fail fast
@@ -281,7 +362,13 @@ def test_each_numeric_fault_moves_the_numbers_it_should() -> None:
     assert min(errs("weights-bf16")) > 1e-4
     with numeric_fault("nan"):
         assert np.isnan(path.prepare(case, device).run().output).all()
-    assert set(NUMERIC_FAULTS) == {"forget-bias", "states-ignored", "weights-bf16", "grad-scale", "output-scale", "nan"}
+    with numeric_fault("time-reversed"):
+        got = path.prepare(case, device).run()
+    assert np.array_equal(got.output, clean.output[:, ::-1]) and np.array_equal(got.h_n, clean.h_n)
+    assert relative_error(got.grads["x"], clean.grads["x"]) > 1e-2
+    assert set(NUMERIC_FAULTS) == {
+        "forget-bias", "states-ignored", "weights-bf16", "grad-scale", "output-scale", "nan", "time-reversed"
+    }  # fmt: skip
     with pytest.raises(ValueError, match="unknown numeric fault 'bias' \\(valid: forget-bias, "), numeric_fault("bias"):
         pass
 

@@ -15,17 +15,19 @@ documented finding that did not show in a run is listed too ("not observed ...; 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import pytest
 
 from ..model.case import make_case
 from ..model.reference import run_reference
 from ..model.spec import LayerSpec
-from ..observation.claims import Finding, KnownFinding, current_versions, explain_trace, findings_for
+from ..observation.claims import Finding, KnownFinding, current_versions, explain_trace, findings_for, known_error, lookup
 from .checks import Mismatch, bound_precision, check_against, check_finite, check_trace, format_failure
 from .tolerance import Tolerance, pairwise_tolerance, tolerance
 
@@ -70,10 +72,25 @@ def _note(node: pytest.Item | None, key: str, value: str) -> None:
         node.user_properties.append((key, value))
 
 
-def _run(path: Any, spec: LayerSpec, session: LstmPerfSession):
+def run_path(path: Any, case: Any, device: Any, node: pytest.Item | None = None) -> Any:
+    """``path.prepare(case, device).run()``; an error a ``"raises"`` known finding documents is recorded as
+    confirmed on ``node`` and gives None (nothing ran to check); any other error propagates."""
+    try:
+        result = path.prepare(case, device).run()
+    except Exception as exc:
+        known = known_error(path, exc)
+        if known is None:
+            raise
+        _tally(node).confirmed.setdefault(known, []).append(case.spec.short())
+        return None
+    _tally(node).examples += 1
+    return result
+
+
+def _run(path: Any, spec: LayerSpec, session: LstmPerfSession, node: pytest.Item | None = None):
     case = make_case(spec, session.seed)
     try:
-        return case, path.prepare(case, session.device).run()
+        return case, run_path(path, case, session.device, node)
     except Exception as exc:
         if type(exc).__name__ == "OutOfMemoryError" or "out of memory" in str(exc).lower():
             finding = Finding(
@@ -133,19 +150,38 @@ def verify_path(
 ) -> dict[str, float]:
     """Run ``path`` on ``spec``; check kernel and precision of both passes, finiteness, and (``numbers``)
     every tensor against the float64 reference under the bound of what ran. Returns the relative errors."""
-    case, result = _run(path, spec, session)
-    _tally(node).examples += 1
+    case, result = _run(path, spec, session, node)
+    if result is None:
+        return {}
     mismatches = _trace_checks(path, spec, result, node)
     mismatches += check_finite(result, spec)
     errors: dict[str, float] = {}
     if numbers:
-        found, errors = check_against(
-            result, run_reference(case), spec, path.expected(spec)[1], bound=observed_tolerance(path, spec, result)
-        )
+        found, errors = _numbers(path, case, result, node)
         mismatches += found
     if mismatches:
         raise _fail(path.name, spec, session.seed, mismatches)
     return errors
+
+
+def _numbers(path: Any, case: Any, result: Any, node: pytest.Item | None) -> tuple[list[Mismatch], dict[str, float]]:
+    """Every tensor against the float64 reference under the bound of what ran. Where an ``"order"`` known
+    finding documents time-reversed outputs and the numbers fail as they are, they are checked again, all of
+    them, in the documented order; passing there confirms the finding, failing there is the first failure."""
+    spec, bound = case.spec, observed_tolerance(path, case.spec, result)
+    found, errors = check_against(result, run_reference(case), spec, path.expected(spec)[1], bound=bound)
+    known = lookup(path, "order", "time-reversed")
+    if not found or known is None or any(m.check != "tolerance" for m in found):
+        return found, errors
+    reversed_result = dataclasses.replace(result, output=np.ascontiguousarray(np.flip(result.output, axis=1)))
+    reversed_case = dataclasses.replace(case, grad_output=np.ascontiguousarray(np.flip(case.grad_output, axis=1)))
+    again, errors_again = check_against(
+        reversed_result, run_reference(reversed_case), spec, path.expected(spec)[1], bound=bound
+    )
+    if again:
+        return found, errors
+    _tally(node).confirmed.setdefault(known, []).append(spec.short())
+    return [], errors_again
 
 
 def verify_pair(
@@ -154,8 +190,10 @@ def verify_pair(
     """Two paths of one precision against each other (sharper where both claim the same arithmetic): the
     bound is the sum of the bounds of what each was observed to run."""
     first, second = pair
-    _, a = _run(first, spec, session)
-    _, b = _run(second, spec, session)
+    _, a = _run(first, spec, session, node)
+    _, b = _run(second, spec, session, node)
+    if a is None or b is None:
+        return {}
     bound_a, bound_b = observed_tolerance(first, spec, a), observed_tolerance(second, spec, b)
 
     def bound(pass_: str) -> Tolerance:
@@ -224,16 +262,13 @@ def conclude_known_findings(path: Any, node: pytest.Item, *, numbers: bool = Tru
     numbers were checked against the bound of what ran and passed), and list one that did not show."""
     tally = node.stash.get(_KNOWN, KnownTally())
     versions = current_versions(getattr(path, "framework", "torch"))
-    checked = (
-        f"numbers checked against the bound of what ran and passed on {tally.examples} example(s)"
-        if numbers
-        else "outputs finite; the numbers are checked by test_matches_reference"
-    )
     if tally.confirmed:
+        checked = _what_was_checked(tally, numbers)
         parts = []
         for finding, specs in tally.confirmed.items():
             text = (
-                f"{finding.describe(versions)} [{finding.check}: observed {finding.observed}; {len(specs)} example(s)]"
+                f"{finding.describe(versions)} [{finding.check}: observed {finding.observed!r}; "
+                f"{len(specs)} example(s)]"
             )
             parts.append(text)
             message = f"known finding on {path.name} ({specs[0]}): {text}; {checked}"
@@ -242,13 +277,21 @@ def conclude_known_findings(path: Any, node: pytest.Item, *, numbers: bool = Tru
             )
         pytest.xfail(f"known finding on {path.name}: {'; '.join(parts)}; {checked}")
     for finding in findings_for(path):
-        if tally.examples:
+        if tally.examples and (numbers or finding.check != "order"):
             message = (
                 f"known finding not observed on {', '.join(f'{k} {v}' for k, v in versions.items())} over "
                 f"{tally.examples} example(s): {finding.path} [{finding.check}: {finding.observed}] "
                 f"'{finding.why[:100]}...'; if it stays so, remove it from pytest_lstmperf/observation/claims.py"
             )
             _note(node, "lstmperf_finding", json.dumps(asdict(Finding(path.name, "known-not-observed", "-", message))))
+
+
+def _what_was_checked(tally: KnownTally, numbers: bool) -> str:
+    if not tally.examples:
+        return "the path raised the documented error on every example: nothing ran whose numbers could be checked"
+    if numbers:
+        return f"numbers checked against the bound of what ran and passed on {tally.examples} example(s)"
+    return "outputs finite; the numbers are checked by test_matches_reference"
 
 
 def record_finding(node: pytest.Item, failure: PathCheckFailed) -> None:

@@ -43,7 +43,12 @@ class KnownFinding:
     """``path`` observed ``observed`` where it claims otherwise, for ``check``:
 
     - ``"kernel"``: ``observed`` is the kernel family that runs (``"cpu-native"``);
-    - ``"precision"``: ``observed`` is the precision that runs (``"fp16"``).
+    - ``"precision"``: ``observed`` is the precision that runs (``"fp16"``);
+    - ``"raises"``: the path raises an error whose message contains ``observed``; nothing ran to check;
+    - ``"order"``: ``observed`` is ``"time-reversed"``: the output sequence comes back in the other time order.
+      Its numbers are still checked, all of them: the outputs reversed in time, and the gradients against a
+      reference whose output gradient is reversed the same way (what the path's own loss sees), must pass
+      the bound of what ran; anything else is a failure.
     """
 
     path: str
@@ -78,9 +83,24 @@ _AUTOCAST_BF16 = (
     "its numbers are checked against the fp16 bound"
 )
 
+_JAX_BACKWARDS = (
+    "Keras 3.15.1 on JAX: an LSTM with go_backwards=True that goes to cuDNN (jax.experimental.rnn.lstm) returns "
+    "its output sequence in input order, where Keras returns the processed (reversed) order on every other path: "
+    "keras/src/backend/jax/rnn.py cudnn_lstm() flips the inputs, then flips the outputs back; the final states "
+    "are right. Numbers checked with the outputs reversed in time"
+)
+_JAX_FP16 = (
+    "Keras 3.15.1 on JAX 0.11.2: an LSTM under the mixed_float16 policy is sent to cuDNN "
+    "(jax.experimental.rnn.lstm) in float16, which the cudnn_rnn lowering rejects: ValueError 'Unknown output "
+    "type float16' at compile time; the layer cannot run at all (no fallback)"
+)
+_JAX = {"keras": "3.15.1", "jax": "0.11.2"}
+
 #: the documented findings of the built-in paths
 KNOWN_FINDINGS: tuple[KnownFinding, ...] = (
     KnownFinding("torch-cuda-autocast-bf16", "precision", "fp16", _AUTOCAST_BF16, {"torch": "2.11", "cudnn": "91900"}),
+    KnownFinding("keras-jax-cudnn-backwards", "order", "time-reversed", _JAX_BACKWARDS, _JAX),
+    KnownFinding("keras-jax-cudnn-mixed-fp16", "raises", "Unknown output type float16", _JAX_FP16, _JAX),
 )
 
 
@@ -115,13 +135,27 @@ def current_versions(framework: str = "torch") -> dict[str, str]:
     except ImportError:
         pass
     if framework.startswith("keras"):
-        try:
-            import keras
-
-            versions["keras"] = keras.__version__
-        except ImportError:
-            pass
+        versions.update(_distribution_versions("keras", *(("jax", "jaxlib") if framework == "keras-jax" else ())))
     return versions
+
+
+def _distribution_versions(*names: str) -> dict[str, str]:
+    """Installed versions without importing the packages (the Keras paths run in worker processes)."""
+    import importlib.metadata
+
+    found = {}
+    for name in names:
+        try:
+            found[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    return found
+
+
+def known_error(path: Any, error: BaseException) -> KnownFinding | None:
+    """The ``"raises"`` finding whose text the error's message contains, else None."""
+    text = f"{type(error).__name__}: {error}"
+    return next((f for f in findings_for(path) if f.check == "raises" and f.observed in text), None)
 
 
 def explain_trace(

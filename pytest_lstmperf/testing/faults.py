@@ -552,6 +552,7 @@ NUMERIC_FAULTS = {
     "grad-scale": "the gradient reaching the layer scaled by 1 + DELTA; outputs unchanged",
     "output-scale": "every output (sequence, h_n, c_n) scaled by 1 + DELTA; gradients follow",
     "nan": "every output NaN (and so every gradient)",
+    "time-reversed": "the output sequence returned in the other time order (final states right; gradients follow)",
 }
 
 
@@ -600,6 +601,8 @@ def _numeric_wrap(kind: str, delta: float) -> Callable[[Callable[..., Any]], Cal
                 rounded = lambda name, p: p.to(torch.bfloat16).to(p.dtype)  # noqa: E731
                 return _reparametrised(self, original, rounded, (input, hx), {})
             out = original(self, input, hx)
+            if kind == "time-reversed":
+                return (out[0].flip(1 if self.batch_first else 0), *out[1:])
             if kind == "grad-scale":
                 return _map_outputs(out, _ScaleGrad.apply)
             if kind == "output-scale":
