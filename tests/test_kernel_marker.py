@@ -44,6 +44,32 @@ def test_fixture(lstmperf_kernel):
 def test_fixture_fails(lstmperf_kernel):
     with lstmperf_kernel.expect("cudnn"):
         keras.layers.GRU(4, recurrent_dropout=0.1)(x)
+
+FUSED = hasattr(keras.layers.Bidirectional, "_call_fused_lstm")
+
+@pytest.mark.skipif(not FUSED, reason="this Keras has no fused bidirectional call")
+def test_fused_bidirectional_call_describes_both_layers(monkeypatch):
+    # Keras 3.15 runs Bidirectional(LSTM) on a GPU in one fused cuDNN call that calls neither layer
+    from pytest_lstmperf.observation.calls import observe
+
+    called = []
+
+    def fused(self, sequences, initial_state):
+        called.append(self.name)
+        return keras.ops.zeros((2, 5, 8))
+
+    monkeypatch.setattr(keras.layers.Bidirectional, "_call_fused_lstm", fused)
+    with observe() as seen:
+        keras.layers.Bidirectional(keras.layers.LSTM(4, return_sequences=True))(x)
+    assert called  # neither layer's inner_loop ran: both were described from the fused call
+    assert [options.go_backwards for _, _, options in seen.layers] == [False, True]
+
+def test_fused_call_falling_back_counts_each_layer_once():
+    from pytest_lstmperf.observation.calls import observe
+
+    with observe() as seen:
+        keras.layers.Bidirectional(keras.layers.LSTM(4))(x)
+    assert [options.go_backwards for _, _, options in seen.layers] == [False, True]
 """
 
 TORCH_TESTS = """
@@ -133,7 +159,7 @@ def test_torch_imported_inside_the_test_is_observed():
 def test_marker_on_keras_tensorflow(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_keras=KERAS_TESTS)
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--strict-markers", "-rf")
-    result.assert_outcomes(passed=2, failed=3)
+    result.assert_outcomes(passed=4, failed=3)
     text = result.stdout.str()
     assert "activation='relu' -> 'tanh'" in text
     assert "TensorFlow sees no GPU" in text

@@ -139,34 +139,80 @@ def _torch_layer(module: Any, data: Any) -> tuple[Any, Any]:
 
 @contextlib.contextmanager
 def _keras_layers(seen: Observation) -> Iterator[None]:
+    """Every Keras LSTM/GRU call: the layers' ``inner_loop`` and, where Keras has it (3.15 on torch, GPU), the
+    fused bidirectional call, which runs both directions in one cuDNN call without calling either layer."""
     import keras
 
-    originals = {}
+    patched: list[tuple[type, str, Any]] = []
+
+    def patch(cls: type, name: str, make: Any) -> None:
+        original = getattr(cls, name, None)
+        if original is not None:
+            patched.append((cls, name, original))
+            setattr(cls, name, make(original))
+
     for cls in (keras.layers.LSTM, keras.layers.GRU):
-        original = cls.inner_loop
-
-        def inner_loop(self, sequences, initial_state, mask, training=False, _original=original):
-            try:
-                seen.layers.append(describe_keras_layer(self, sequences, mask))
-            except Exception as exc:
-                seen.problems.append(f"could not describe Keras layer {self.name!r}: {type(exc).__name__}: {exc}")
-            recorder = seen.recorder if keras.backend.backend() == "torch" else None
-            if recorder is None or recorder.paused:
-                return _original(self, sequences, initial_state, mask, training=training)
-            device = getattr(getattr(sequences, "device", None), "type", "cpu")
-            recorder.enter(f"keras {type(self).__name__} {self.name!r}", "cuda" if device == "cuda" else "cpu")
-            try:
-                return _original(self, sequences, initial_state, mask, training=training)
-            finally:
-                recorder.leave()
-
-        originals[cls] = original
-        cls.inner_loop = inner_loop
+        patch(cls, "inner_loop", lambda original: _spied_inner_loop(seen, original))
+    for name in ("_call_fused_lstm", "_call_fused_gru"):
+        patch(keras.layers.Bidirectional, name, lambda original: _spied_fused(seen, original))
     try:
         yield
     finally:
-        for cls, original in originals.items():
-            cls.inner_loop = original
+        for cls, name, original in reversed(patched):
+            setattr(cls, name, original)
+
+
+@contextlib.contextmanager
+def _layer_scope(seen: Observation, label: str, sequences: Any, *, keep_on_error: bool = True) -> Iterator[None]:
+    """The torch recorder's bucket for one Keras layer call (on the torch backend only); with
+    ``keep_on_error=False`` a call that raises leaves no bucket (an attempt Keras falls back from)."""
+    import keras
+
+    recorder = seen.recorder if keras.backend.backend() == "torch" else None
+    if recorder is None or recorder.paused:
+        yield
+        return
+    device = getattr(getattr(sequences, "device", None), "type", "cpu")
+    recorder.enter(label, "cuda" if device == "cuda" else "cpu")
+    call = recorder.calls[-1]
+    try:
+        yield
+    except BaseException:
+        if not keep_on_error:
+            recorder.calls[:] = [c for c in recorder.calls if c is not call]
+        raise
+    finally:
+        recorder.leave()
+
+
+def _describe_into(seen: Observation, layer: Any, sequences: Any, mask: Any) -> list[tuple[str, Any, Any]]:
+    try:
+        return [describe_keras_layer(layer, sequences, mask)]
+    except Exception as exc:
+        seen.problems.append(f"could not describe Keras layer {layer.name!r}: {type(exc).__name__}: {exc}")
+        return []
+
+
+def _spied_inner_loop(seen: Observation, original: Any) -> Any:
+    def inner_loop(self, sequences, initial_state, mask, training=False):
+        seen.layers.extend(_describe_into(seen, self, sequences, mask))
+        with _layer_scope(seen, f"keras {type(self).__name__} {self.name!r}", sequences):
+            return original(self, sequences, initial_state, mask, training=training)
+
+    return inner_loop
+
+
+def _spied_fused(seen: Observation, original: Any) -> Any:
+    def fused(self, sequences, initial_state, *args, **kwargs):
+        described = [d for layer in (self.forward_layer, self.backward_layer)
+                     for d in _describe_into(seen, layer, sequences, None)]  # fmt: skip
+        with _layer_scope(seen, f"keras Bidirectional {self.name!r} (fused)", sequences, keep_on_error=False):
+            result = original(self, sequences, initial_state, *args, **kwargs)
+        # reached only when the fused call ran (NotImplementedError: Keras falls back to the two layers)
+        seen.layers.extend(described)
+        return result
+
+    return fused
 
 
 def _activation_name(function: Any) -> str:
