@@ -38,6 +38,7 @@ class GateState:
     device: DeviceInfo | None = None
     deferred_compare: object = None  # --benchmark-compare's value, until collection shows lstmperf benchmarks
     outcome: list[str] = field(default_factory=list)  # the gate's last lines, printed after every other summary
+    knobs: GateKnobs | None = None  # the gate's settings against the baseline, once a measurement needed them
 
 
 @dataclass(frozen=True)
@@ -121,7 +122,7 @@ def decide_record(record: dict[str, Any], entry: dict[str, Any] | None, knobs: G
     parts = []
     same_method = bextra.get("device_time_method") == extra.get("device_time_method")
     has_device = _graph_samples(bextra) and bool(now_device) and same_method
-    per_call_limit, per_call_notes = _per_call_threshold(entry, limits.ratio, knobs)
+    per_call_limit, per_call_notes = per_call_threshold(entry, limits.ratio, knobs)
     if knobs.metric == "device" or (knobs.metric == "auto" and has_device):
         explicit = knobs.explicit_ratio or "ratio" in record.get("thresholds", {})
         host_bound = per_call_limit if has_device and (events_host_bound(bextra) or events_host_bound(extra)) else None
@@ -247,7 +248,7 @@ def _per_call_decision(
     return replace(decision, metric="per-call", notes=(*decision.notes, *notes))
 
 
-def _per_call_threshold(entry: dict[str, Any], ratio: float, knobs: GateKnobs) -> tuple[float, tuple[str, ...]]:
+def per_call_threshold(entry: dict[str, Any], ratio: float, knobs: GateKnobs) -> tuple[float, tuple[str, ...]]:
     """max(threshold, 1 + k x this entry's noise band, 1 + k x the band pooled over the baseline's entries)."""
     from .regression import NOISE_K, noise_threshold, per_call_spread
 

@@ -322,9 +322,10 @@ class BenchRunner:
         clock: Any,
         dev_time: Any,
     ) -> None:
-        """When a baseline is compared and the first measurement's ratio of medians is over the threshold,
-        measure again (fresh warm-up, twice the rounds and device samples) and record both in
-        ``extra["remeasured"]``: the first figures alone never fail the build."""
+        """When a baseline is compared and the first measurement is past a threshold the gate applies (the
+        device-time one, or the per-call one with its noise band), measure again (fresh warm-up, twice the
+        rounds and device samples) and record both in ``extra["remeasured"]``: the first figures alone never
+        fail the build; the gate decides every metric on the re-measured samples."""
         from . import timing
         from .regression import pick_samples
 
@@ -342,25 +343,38 @@ class BenchRunner:
         # already worth a second look; per-call times are noisier, and are looked at again past the threshold
         trigger = 1.0 + (limit - 1.0) / 2 if used == "device" else limit
         first = _ratio(base, now)
-        if first is None or first <= trigger:
+        per_call_limit = self._per_call_limit(entry, limit) if used == "device" and metric == "auto" else None
+        per_call_first = _ratio(base_data, data) if per_call_limit else None
+        suspects = [(first or 0.0) > trigger, (per_call_first or 0.0) > (per_call_limit or float("inf"))]
+        if not any(suspects):
             return
         timing.estimate_call(timed, plan.warmup, clock)
         data2, _ = timing.time_rounds(timed, 2 * rounds, clock)
         dev2 = dev_time(2 * plan.device_samples)
         again = {**extra, "device_samples": list(dev2.samples), "device_time_method": dev2.method}
         _, base, now2, _ = pick_samples(metric, base_extra, again, base_data, data2)
-        second = _ratio(base, now2)
+        second, per_call_second = _ratio(base, now2), _ratio(base_data, data2)
+        confirmed = (second or 0.0) > limit or (per_call_limit is not None and (per_call_second or 0.0) > per_call_limit)
         extra["remeasured"] = {
-            "confirmed": second is not None and second > limit,
-            "first_ratio": first,
-            "second_ratio": second,
-            "metric": used,
-            "threshold": limit,
-            "trigger": trigger,
+            "confirmed": confirmed,
+            "first_ratio": first if suspects[0] else per_call_first,
+            "second_ratio": second if suspects[0] else per_call_second,
+            "metric": used if suspects[0] else "per-call",
+            "threshold": limit if suspects[0] else per_call_limit,
+            "trigger": trigger if suspects[0] else per_call_limit,
             "data": data2,
             "device_samples": list(dev2.samples),
             "device_time_method": dev2.method,
         }
+
+    def _per_call_limit(self, entry: dict[str, Any], limit: float) -> float:
+        """The per-call threshold the gate will apply to this entry (its noise band, or the pooled one)."""
+        from .gate import gate_knobs, per_call_threshold
+
+        state = self.state
+        if state.knobs is None:
+            state.knobs = gate_knobs(self.config, state.baseline)
+        return per_call_threshold(entry, limit, state.knobs)[0]
 
     def _clock(self, extra: dict[str, Any], sampler: ClockSampler | None, windows: list[tuple[float, float]]) -> None:
         if sampler is None or not sampler.active:
