@@ -181,7 +181,7 @@ def cmd_paths(args: argparse.Namespace) -> int:
             device = resolve_device(args.device, "--device")
         except DeviceError as exc:
             raise CommandError(str(exc)) from None
-    rows = [("path", "device", "kernel", "precision", "gate", "status", "description")]
+    rows = [("path", "device", "kernel", "precision", "gate", "default", "status", "description")]
     for path in sorted(registry.all_paths().values(), key=lambda p: (p.device, p.framework, p.name)):
         if args.gate and not path.in_gate:
             continue
@@ -195,6 +195,7 @@ def cmd_paths(args: argparse.Namespace) -> int:
                 path.kernel,
                 path.precision,
                 "yes" if path.in_gate else "no",
+                "no" if path.extended else "yes",
                 status,
                 path.description,
             )

@@ -102,19 +102,22 @@ def _parse_device(raw: str) -> str:
 
 
 def _parse_paths(raw: str) -> tuple[str, ...] | None:
-    """Comma-separated path names, ``all`` or ``gate``; validated against the registry."""
+    """Comma-separated path names, ``default`` (None: every path but the extended ones) or ``all``;
+    validated against the registry."""
     from . import paths as registry
 
     value = raw.strip()
-    if value in ("", "all"):
-        return None
     known = registry.all_paths()
+    if value in ("", "default"):
+        return None
+    if value == "all":
+        return tuple(sorted(known))
     names = tuple(dict.fromkeys(n.strip() for n in value.split(",") if n.strip()))
     unknown = [n for n in names if n not in known]
     if unknown:
         raise ValueError(
             f"unknown path{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))} "
-            f"(valid: all, {', '.join(sorted(known))})"
+            f"(valid: default, all, {', '.join(sorted(known))})"
         )
     return names
 
@@ -148,9 +151,10 @@ add_setting(
         "--lstmperf-paths",
         "PYTEST_LSTMPERF_PATHS",
         "lstmperf_paths",
-        "all",
+        "default",
         _parse_paths,
-        "comma-separated execution paths to run (default: all available on the device); `lstmperf paths` lists them",
+        "comma-separated execution paths to run; default: every path available on the device but the extended "
+        "ones (slow to compile), which run when named or with 'all'; `lstmperf paths` lists them",
         "NAMES",
     )
 )

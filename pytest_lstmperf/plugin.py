@@ -98,7 +98,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
     config = metafunc.config
     if PATH_FIXTURE in metafunc.fixturenames:
-        names = options.resolve(config, "lstmperf_paths").value or sorted(registry.all_paths())
+        names = options.resolve(config, "lstmperf_paths").value or registry.default_names()
         marker = metafunc.definition.get_closest_marker("lstmperf_paths")
         if marker is not None:
             names = [n for n in names if n in marker.args]
@@ -113,7 +113,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
             return
         metafunc.parametrize(PATH_FIXTURE, names, indirect=True, ids=names)
     if PAIR_FIXTURE in metafunc.fixturenames:
-        names = options.resolve(config, "lstmperf_paths").value or sorted(registry.all_paths())
+        names = options.resolve(config, "lstmperf_paths").value or registry.default_names()
         pairs = [(a, b) for a in names for b in registry.get(a).pair_with if b in names]
         if not pairs:
             reason = "no two selected paths claim the same arithmetic (see ExecutionPath.pair_with)"

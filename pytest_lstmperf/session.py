@@ -127,6 +127,16 @@ class LstmPerfSession:
         ]
         for name, reason in self.unavailable.items():
             lines.append(f"lstmperf: path {name} unavailable: {reason}")
+        if self.settings["lstmperf_paths"].value is None:
+            from . import paths as registry
+
+            extended = [p for p in registry.all_paths().values() if p.extended and p.device == self.device.kind]
+            if extended:
+                lines.append(
+                    f"lstmperf: {len(extended)} extended path(s) not selected: "
+                    + "; ".join(f"{p.name} ({p.extended})" for p in extended)
+                    + " (--lstmperf-paths=all, or naming them, runs them)"
+                )
         if self.deselected_other_device:
             lines.append(
                 f"lstmperf: {self.deselected_other_device} tests of paths for another device deselected "

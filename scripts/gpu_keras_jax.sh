@@ -23,9 +23,9 @@ t0=$(date +%s)
 echo "== 0. JAX"
 KERAS_BACKEND=jax timeout 60 $PYTHON -c "import jax, keras; print('jax', jax.__version__, 'keras', keras.__version__, \
 'default backend', jax.default_backend(), jax.devices())" 2>&1 | tail -2
-PATHS=$($PYTHON -c "from pytest_lstmperf import paths; print(','.join(p.name for p in paths.for_device('cuda') \
+PATHS=$($PYTHON -c "from pytest_lstmperf import paths; print(','.join(p.name for p in paths.for_device('cuda', paths.all_paths()) \
 if p.framework == 'keras-jax'))")
-GATE=$($PYTHON -c "from pytest_lstmperf import paths; print(','.join(p.name for p in paths.for_device('cuda') \
+GATE=$($PYTHON -c "from pytest_lstmperf import paths; print(','.join(p.name for p in paths.for_device('cuda', paths.all_paths()) \
 if p.framework == 'keras-jax' and p.in_gate))")
 echo "paths: $PATHS (gate: $GATE)"
 echo "== 1. probe"

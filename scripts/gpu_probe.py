@@ -55,7 +55,7 @@ def main() -> None:
     for spec in specs:
         case = make_case(spec)
         ref = torch64(case) if spec.length_mode != "packed" else None
-        for p in paths.for_device("cuda"):
+        for p in paths.for_device("cuda", paths.all_paths()):
             why = p.available(dev) or p.supports(spec)
             if why:
                 print(f"{p.name:28s} {spec.short():40s} skipped: {why}")

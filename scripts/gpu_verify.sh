@@ -18,7 +18,7 @@ PLUGIN=""
 if ! $PYTHON -m pip install -q --no-deps --no-build-isolation -e . >"$WORK/install.log" 2>&1; then
   export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}; PLUGIN="-p pytest_lstmperf.plugin"
 fi
-TORCH_CUDA=$($PYTHON -c "from pytest_lstmperf import paths; print(','.join(p.name for p in paths.for_device('cuda') if p.framework == 'torch'))")
+TORCH_CUDA=$($PYTHON -c "from pytest_lstmperf import paths; print(','.join(p.name for p in paths.for_device('cuda', paths.all_paths()) if p.framework == 'torch'))")
 t0=$(date +%s)
 echo "== 1. tolerance measurement: $TORCH_CUDA,keras-torch-cudnn"
 timeout 150 $PYTHON -m pytest_lstmperf.numerics.measure --device cuda --examples ${EXAMPLES:-25} --paths "$TORCH_CUDA,keras-torch-cudnn" \

@@ -5,6 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+import types
 from pathlib import Path
 
 import pytest
@@ -63,7 +64,7 @@ def test_help_imports_no_framework() -> None:
         (["--device=cpu:1"], {}, "", "invalid device 'cpu:1'"),
         ([], {"PYTEST_LSTMPERF_DEVICE": "gpu"}, "", "PYTEST_LSTMPERF_DEVICE=gpu: invalid device 'gpu'"),
         ([], {}, "lstmperf_device = cuda:x", "ini lstmperf_device=cuda:x: invalid device"),
-        (["--lstmperf-paths=torch-cpu-nope"], {}, "", "unknown path 'torch-cpu-nope' (valid: all, "),
+        (["--lstmperf-paths=torch-cpu-nope"], {}, "", "unknown path 'torch-cpu-nope' (valid: default, all, "),
         (["--lstmperf-profile=weekly"], {}, "", "invalid value 'weekly' (valid: ci, gpu, nightly)"),
         ([], {}, "lstmperf_profile = bogus", "ini lstmperf_profile=bogus: invalid value 'bogus'"),
         (["--lstmperf-seed=-3"], {}, "", "--lstmperf-seed=-3: '-3' must be >= 0"),
@@ -212,3 +213,36 @@ def test_suites_run_serial_and_under_xdist(pytester, request, xdist) -> None:
             "*torch-cpu-onednn~torch-cpu-native *",
         ]
     )
+
+
+def test_extended_paths_leave_the_default_selection_and_run_when_asked(monkeypatch) -> None:
+    """Paths slow to compile per shape (inductor's RNN graphs, the XLA loops of Keras on JAX on a GPU) are out
+    of the default selection, which says so in the header; 'all' or naming one selects it."""
+    import dataclasses
+
+    from pytest_lstmperf import options
+    from pytest_lstmperf import paths as registry
+    from pytest_lstmperf.device import resolve_device
+    from pytest_lstmperf.session import LstmPerfSession
+
+    extended = {name for name, path in registry.all_paths().items() if path.extended}
+    assert {"torch-compile-inductor-graphs", "keras-jax-cuda-generic"} <= extended
+    assert not extended & set(registry.default_names())
+    assert options._parse_paths("default") is None and options._parse_paths("") is None
+    assert set(options._parse_paths("all")) == set(registry.all_paths())
+    assert options._parse_paths("keras-jax-cuda-generic") == ("keras-jax-cuda-generic",)
+    assert not extended & {p.name for p in registry.for_device("cuda")}
+
+    slow = dataclasses.replace(registry.get("torch-cpu-native"), name="slow-cpu-path", extended="compiles slowly")
+    monkeypatch.setitem(registry.REGISTRY, "slow-cpu-path", slow)
+    session = LstmPerfSession.__new__(LstmPerfSession)
+    session.settings = {
+        "lstmperf_device": types.SimpleNamespace(where=lambda: "default"),
+        "lstmperf_paths": types.SimpleNamespace(value=None),
+        "lstmperf_profile": types.SimpleNamespace(value="ci"),
+        "lstmperf_seed": types.SimpleNamespace(value=0),
+    }
+    session.device, session.selected, session.unavailable = resolve_device("cpu"), [], {}
+    session.deselected_other_device = 0
+    (line,) = [text for text in session.header_lines() if "extended" in text]
+    assert "slow-cpu-path (compiles slowly)" in line and "--lstmperf-paths=all" in line

@@ -105,7 +105,10 @@ class ExecutionPath:
     supports_ref: str
     options: dict[str, object] = field(default_factory=dict, hash=False, compare=False)
     pair_with: tuple[str, ...] = ()
-    in_gate: bool = True  # part of the quick default selection
+    in_gate: bool = True  # its benchmarks are in the speed gate's quick set
+    #: why the path is left out of the default selection (slow to compile per shape); '' = selected by default.
+    #: An extended path runs when named in --lstmperf-paths or with --lstmperf-paths=all
+    extended: str = ""
     expect_ref: str = ""  # "module:function" (path, spec) -> (family, precision) where the claim depends on the spec
 
     def available(self, device: DeviceInfo) -> str | None:
@@ -166,6 +169,12 @@ def get(name: str) -> ExecutionPath:
     return paths[name]
 
 
+def default_names() -> list[str]:
+    """The default selection: every registered path but the extended ones."""
+    return sorted(name for name, path in all_paths().items() if not path.extended)
+
+
 def for_device(kind: str, names: Iterable[str] | None = None) -> list[ExecutionPath]:
-    selected = all_paths().values() if names is None else [get(n) for n in names]
+    """The paths of ``kind`` among ``names`` (None: the default selection)."""
+    selected = [get(n) for n in (default_names() if names is None else names)]
     return [p for p in selected if p.device == kind]

@@ -53,6 +53,7 @@ def _entry(name: str, device: str, kernel: str, precision: str, description: str
             supports_ref=f"{_HERE}:supports",
             pair_with=tuple(options.pop("pair_with", ())),
             in_gate=options.pop("in_gate", True),
+            extended=options.pop("extended", ""),
             options=options,
         )
     )
@@ -101,6 +102,7 @@ _entry(
     mode="reduce-overhead",
     allow_rnn=True,
     in_gate=False,
+    extended="inductor compiles every shape anew: 10-20 s per test on an H100",
 )
 
 

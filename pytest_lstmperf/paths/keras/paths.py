@@ -82,6 +82,7 @@ def _entry(name: str, backend: str, device: str, kernel: str, precision: str, de
     extra = {k: kw.pop(k) for k in ("kernel_only", "min_capability", "off_cudnn") if k in kw}
     # the quick merge gate times each backend's default and its generic fallback; variants run in the thorough set
     in_gate = kw.pop("in_gate", name in _GATE)
+    extended = kw.pop("extended", "")
     options = KerasOptions(backend=backend, **kw)
     register(
         ExecutionPath(
@@ -96,6 +97,7 @@ def _entry(name: str, backend: str, device: str, kernel: str, precision: str, de
             supports_ref=f"{_HERE}:supports",
             options={"keras": options, **extra},
             in_gate=in_gate and "kernel_only" not in extra,
+            extended=extended,
         )
     )
 
@@ -286,6 +288,7 @@ _entry("keras-torch-cuda-relu", _TO, "cuda", "cuda-generic", "fp32", "activation
 
 # ------------------------------------------------------------------ JAX backend (its own worker process)
 _JX = "jax"
+_SLOW_XLA = "XLA compiles the recurrent loop for every shape: 5-17 s per test on an H100"
 _entry("keras-jax-cpu", _JX, "cpu", "jax-generic", "fp32",
        "Keras on JAX, defaults: XLA loop (LSTM: Keras's cell loop; GRU: the backend's fused scan)")  # fmt: skip
 # no use_cudnn=False path on the CPU: the LSTM default already is Keras's cell loop there, and a masked or
@@ -303,12 +306,12 @@ _entry("keras-jax-cudnn-mixed-fp16", _JX, "cuda", "cudnn", "fp16",
        "jax.experimental.rnn.lstm in float16", dtype_policy="mixed_float16", in_gate=False)  # fmt: skip
 _entry("keras-jax-cuda-scan", _JX, "cuda", "jax-generic", "tf32",
        "defaults on specs kept off cuDNN (GRU, masks): the XLA loop on the GPU", off_cudnn=True,
-       min_capability=(8, 0))  # fmt: skip
+       min_capability=(8, 0), extended=_SLOW_XLA)  # fmt: skip
 _entry("keras-jax-cuda-generic", _JX, "cuda", "jax-generic", "tf32",
        "use_cudnn=False on the GPU (XLA loop; fp32 dots at JAX's default precision may use TF32)",
-       use_cudnn=False, min_capability=(8, 0))  # fmt: skip
+       use_cudnn=False, min_capability=(8, 0), extended=_SLOW_XLA)  # fmt: skip
 _entry("keras-jax-cuda-relu", _JX, "cuda", "jax-generic", "tf32", "activation='relu' on the GPU (kernel check only)",
-       activation="relu", kernel_only=_RELU, min_capability=(8, 0))  # fmt: skip
+       activation="relu", kernel_only=_RELU, min_capability=(8, 0), extended=_SLOW_XLA)  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------- checks
