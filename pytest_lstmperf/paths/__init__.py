@@ -14,7 +14,7 @@ import contextlib
 import importlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     import numpy as np
@@ -138,6 +138,20 @@ def register(path: ExecutionPath) -> ExecutionPath:
         raise ValueError(f"path {path.name!r}: precision {path.precision!r} not in {PRECISIONS}")
     REGISTRY[path.name] = path
     return path
+
+
+def register_from(module: str, *, expect: str = "", **fields: Any) -> ExecutionPath:
+    """Register a path whose ``prepare``, ``available`` and ``supports`` (and, when named, the ``expect``
+    function) are the functions of those names in ``module`` (the registering module's ``__name__``)."""
+    return register(
+        ExecutionPath(
+            prepare_ref=f"{module}:prepare",
+            available_ref=f"{module}:available",
+            supports_ref=f"{module}:supports",
+            expect_ref=f"{module}:{expect}" if expect else "",
+            **fields,
+        )
+    )
 
 
 def _load_builtin() -> None:

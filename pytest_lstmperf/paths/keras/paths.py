@@ -25,7 +25,7 @@ import importlib.metadata
 import importlib.util
 from typing import TYPE_CHECKING, Any
 
-from .. import ExecutionPath, PathResult, register
+from .. import ExecutionPath, PathResult, register_from
 
 if TYPE_CHECKING:
     from ...device import DeviceInfo
@@ -76,20 +76,16 @@ def _entry(name: str, backend: str, device: str, kernel: str, precision: str, de
     # the quick merge gate times each backend's default and its generic fallback; variants run in the thorough set
     in_gate = kw.pop("in_gate", name in _GATE)
     options = KerasOptions(backend=backend, **kw)
-    register(
-        ExecutionPath(
-            name=name,
-            framework=f"keras-{backend}",
-            device=device,
-            kernel=kernel,
-            precision=precision,
-            description=description,
-            prepare_ref=f"{_HERE}:prepare",
-            available_ref=f"{_HERE}:available",
-            supports_ref=f"{_HERE}:supports",
-            options={"keras": options, **extra},
-            in_gate=in_gate and "kernel_only" not in extra,
-        )
+    register_from(
+        _HERE,
+        name=name,
+        framework=f"keras-{backend}",
+        device=device,
+        kernel=kernel,
+        precision=precision,
+        description=description,
+        options={"keras": options, **extra},
+        in_gate=in_gate and "kernel_only" not in extra,
     )
 
 
