@@ -49,8 +49,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..model.keras_options import KerasOptions, mask_style
 from ..model.spec import LayerSpec
-from ..paths.keras.layer import KerasOptions, mask_style
 
 #: the library versions the rules below were read from (installed source, keras/src/..., torch RNN.cpp docs)
 RULES_READ_FROM = {"keras": "3.15.1", "tensorflow": "2.21.0", "torch": "2.13.0", "jax": "0.10.2", "onnxscript": "0.7.2"}

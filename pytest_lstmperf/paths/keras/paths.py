@@ -70,7 +70,7 @@ _GATE = {
 
 
 def _entry(name: str, backend: str, device: str, kernel: str, precision: str, description: str, **kw: Any) -> None:
-    from .layer import KerasOptions
+    from ...model.keras_options import KerasOptions
 
     extra = {k: kw.pop(k) for k in ("kernel_only", "min_capability", "off_cudnn") if k in kw}
     # the quick merge gate times each backend's default and its generic fallback; variants run in the thorough set
