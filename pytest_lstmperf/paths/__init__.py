@@ -140,18 +140,19 @@ def register(path: ExecutionPath) -> ExecutionPath:
     return path
 
 
-def register_from(module: str, *, expect: str = "", **fields: Any) -> ExecutionPath:
-    """Register a path whose ``prepare``, ``available`` and ``supports`` (and, when named, the ``expect``
-    function) are the functions of those names in ``module`` (the registering module's ``__name__``)."""
-    return register(
-        ExecutionPath(
-            prepare_ref=f"{module}:prepare",
-            available_ref=f"{module}:available",
-            supports_ref=f"{module}:supports",
-            expect_ref=f"{module}:{expect}" if expect else "",
-            **fields,
-        )
-    )
+def register_from(
+    module: str, name: str, framework: str, device: str, kernel: str, precision: str, description: str, **fields: Any
+) -> ExecutionPath:
+    """Register a path whose ``prepare``, ``available`` and ``supports`` (and the function named by
+    ``expect=``, if any) are the functions of those names in ``module`` (the registering module's ``__name__``).
+    ``fields`` are the other :class:`ExecutionPath` fields (``options``, ``pair_with``, ``in_gate``)."""
+    expect = fields.pop("expect", "")
+    refs = {f"{role}_ref": f"{module}:{role}" for role in ("prepare", "available", "supports")}
+    path = ExecutionPath(
+        name, framework, device, kernel, precision, description, **refs,
+        expect_ref=f"{module}:{expect}" if expect else "", **fields,
+    )  # fmt: skip
+    return register(path)
 
 
 def _load_builtin() -> None:

@@ -41,17 +41,9 @@ WARMUP_CALLS = 3
 
 def _entry(name: str, device: str, kernel: str, precision: str, description: str, **options: Any) -> None:
     register_from(
-        _HERE,
-        name=name,
-        framework="torch-compile",
-        device=device,
-        kernel=kernel,
-        precision=precision,
-        description=description,
-        pair_with=tuple(options.pop("pair_with", ())),
-        in_gate=options.pop("in_gate", True),
-        options=options,
-    )
+        _HERE, name, "torch-compile", device, kernel, precision, description,
+        pair_with=tuple(options.pop("pair_with", ())), in_gate=options.pop("in_gate", True), options=options,
+    )  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------- registry

@@ -45,14 +45,7 @@ _PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
 
 def _entry(name: str, device: str, kernel: str, description: str, **options: Any) -> None:
     register_from(
-        _HERE,
-        name=name,
-        framework="onnxruntime",
-        device=device,
-        kernel=kernel,
-        precision="fp32",
-        description=description,
-        options={"inference_only": True, **options},
+        _HERE, name, "onnxruntime", device, kernel, "fp32", description, options={"inference_only": True, **options}
     )
 
 

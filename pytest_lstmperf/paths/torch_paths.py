@@ -25,17 +25,9 @@ _HERE = __name__
 
 def _entry(name: str, device: str, kernel: str, precision: str, description: str, **options: Any) -> ExecutionPath:
     return register_from(
-        _HERE,
-        expect=options.pop("expect", ""),
-        name=name,
-        framework="torch",
-        device=device,
-        kernel=kernel,
-        precision=precision,
-        description=description,
-        pair_with=tuple(options.pop("pair_with", ())),
-        options=options,
-    )
+        _HERE, name, "torch", device, kernel, precision, description,
+        expect=options.pop("expect", ""), pair_with=tuple(options.pop("pair_with", ())), options=options,
+    )  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------- registry

@@ -77,16 +77,9 @@ def _entry(name: str, backend: str, device: str, kernel: str, precision: str, de
     in_gate = kw.pop("in_gate", name in _GATE)
     options = KerasOptions(backend=backend, **kw)
     register_from(
-        _HERE,
-        name=name,
-        framework=f"keras-{backend}",
-        device=device,
-        kernel=kernel,
-        precision=precision,
-        description=description,
-        options={"keras": options, **extra},
-        in_gate=in_gate and "kernel_only" not in extra,
-    )
+        _HERE, name, f"keras-{backend}", device, kernel, precision, description,
+        options={"keras": options, **extra}, in_gate=in_gate and "kernel_only" not in extra,
+    )  # fmt: skip
 
 
 _RELU = "activation='relu' changes the layer's math; no float64 reference implements it"
