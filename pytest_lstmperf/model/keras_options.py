@@ -13,6 +13,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
+from .spec import reject_unknown_fields
+
 if TYPE_CHECKING:
     from .spec import LayerSpec
 
@@ -97,10 +99,7 @@ class KerasOptions:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> KerasOptions:
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise KerasOptionsError(f"unknown KerasOptions fields {unknown} (valid: {', '.join(sorted(known))})")
+        reject_unknown_fields(cls, data, KerasOptionsError)
         return cls(**data)
 
     def differences(self) -> dict[str, Any]:
