@@ -355,9 +355,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from .model.keras_options import KerasOptionsError
     from .model.spec import SpecError
     from .observation.explain import ExplainError
-    from .paths.keras.layer import KerasOptionsError
 
     parser = build_parser()
     args = parser.parse_args(argv)

@@ -7,19 +7,9 @@
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-check-out}
-PYTHON=${PYTHON:-python3}
 mkdir -p "$OUT"
 WORK=$(mktemp -d)
-export PYTHONUNBUFFERED=1
-if ls .whl/*.whl >/dev/null 2>&1; then
-  $PYTHON -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-fi
-# the plugin: installed editable when possible (entry point), else loaded from the checkout
-if ! $PYTHON -m pip install -q --no-deps --no-build-isolation -e . >"$WORK/install.log" 2>&1; then
-  export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}; PLUGIN="-p pytest_lstmperf.plugin"
-fi
-PLUGIN=${PLUGIN:-}
+source scripts/gpu_env.sh  # .whl/ wheels, PYTHONPATH, PLUGIN
 CUDA_PATHS=$($PYTHON - <<'PY'
 from pytest_lstmperf import paths
 print(",".join(p.name for p in paths.for_device("cuda") if p.framework in ("torch", "keras-torch")))

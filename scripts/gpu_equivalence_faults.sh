@@ -6,14 +6,14 @@
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-equivalence-faults-out}
-PYTHON=${PYTHON:-python3}
 mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:$PWD/scripts${PYTHONPATH:+:$PYTHONPATH}
+source scripts/gpu_env.sh  # .whl/ wheels, PYTHONPATH, PLUGIN
+export PYTHONPATH=$PWD/scripts:$PYTHONPATH  # numeric_fault_plugin
 LOG="$OUT/equivalence-faults.log"
 : >"$LOG"
 for fault in "" forget-bias:0.5 states-ignored nan; do
   t0=$(date +%s)
-  PYTEST_LSTMPERF_NUMERIC=$fault timeout 150 $PYTHON -m pytest -p pytest_lstmperf.plugin -p numeric_fault_plugin \
+  PYTEST_LSTMPERF_NUMERIC=$fault timeout 150 $PYTHON -m pytest $PLUGIN -p numeric_fault_plugin \
     suites/test_equivalence.py --device=cuda -p no:cacheprovider -q -rfEx >"$OUT/run.log" 2>&1
   rc=$?
   wall=$(( $(date +%s) - t0 ))

@@ -17,7 +17,6 @@ set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-gate-out}
 N=${N:-2}
-PYTHON=${PYTHON:-python3}
 BUDGET_S=${BUDGET_S:-450}
 DEVICE=${DEVICE:-cuda}
 if [ "$DEVICE" = cpu ]; then
@@ -33,13 +32,8 @@ mkdir -p "$OUT/logs" "$OUT/json" "$OUT/baselines"
 BASEDIR="$OUT/baselines"
 START=$(date +%s)
 
-# the plugin through its entry point when installed, else from this checkout
-PLUGIN_ARGS=()
-if ! "$PYTHON" -c "import importlib.metadata as m, sys; sys.exit(0 if any(e.name == 'lstmperf' for e in m.entry_points(group='pytest11')) else 1)"; then
-  export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-  PLUGIN_ARGS=(-p pytest_lstmperf.plugin)
-fi
-COMMON=("${PLUGIN_ARGS[@]}" suites/test_benchmarks.py "--device=$DEVICE" "--lstmperf-paths=$GATE_PATHS"
+source scripts/gpu_env.sh  # .whl/ wheels, PYTHONPATH, PLUGIN
+COMMON=($PLUGIN suites/test_benchmarks.py "--device=$DEVICE" "--lstmperf-paths=$GATE_PATHS"
         "--lstmperf-baselines=$BASEDIR" -p no:cacheprovider -q
         --lstmperf-drift=probe)  # probe samples for the replay below; on a GPU the device time still decides
 

@@ -22,7 +22,6 @@ set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gate-trust-out}
 N=${N:-5}
-PYTHON=${PYTHON:-python3}
 BUDGET_S=${BUDGET_S:-470}
 DEVICE=${DEVICE:-cuda}
 SLOW110_RUNS=${SLOW110_RUNS:-2}
@@ -43,18 +42,8 @@ LOG="$OUT/runs.log"
 : >"$LOG"
 START=$(date +%s)
 
-if ls .whl/*.whl >/dev/null 2>&1; then
-  "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-fi
-# the plugin of this checkout (first on the path), through its entry point when one is installed
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-PLUGIN_ARGS=()
-if ! "$PYTHON" -c "import importlib.metadata as m, sys; sys.exit(0 if any(e.name == 'lstmperf' for e in m.entry_points(group='pytest11')) else 1)"; then
-  PLUGIN_ARGS=(-p pytest_lstmperf.plugin)
-fi
-export PYTHONUNBUFFERED=1
-COMMON=("${PLUGIN_ARGS[@]}" "--device=$DEVICE" "--lstmperf-baselines=$BASEDIR" -p no:cacheprovider)
+source scripts/gpu_env.sh  # .whl/ wheels, PYTHONPATH, PLUGIN
+COMMON=($PLUGIN "--device=$DEVICE" "--lstmperf-baselines=$BASEDIR" -p no:cacheprovider)
 FAULTS=(-p pytest_lstmperf.testing.faults)
 
 {

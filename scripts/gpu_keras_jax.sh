@@ -9,16 +9,9 @@
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-keras-jax-out}
-PYTHON=${PYTHON:-python3}
 mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
-if ls .whl/*.whl >/dev/null 2>&1; then
-  $PYTHON -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-fi
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-PLUGIN="-p pytest_lstmperf.plugin"
-$PYTHON -c "import importlib.metadata as m; m.distribution('pytest-lstmperf')" 2>/dev/null && PLUGIN=""
+export XLA_PYTHON_CLIENT_PREALLOCATE=false
+source scripts/gpu_env.sh  # .whl/ wheels, PYTHONPATH, PLUGIN
 t0=$(date +%s)
 echo "== 0. JAX"
 KERAS_BACKEND=jax timeout 60 $PYTHON -c "import jax, keras; print('jax', jax.__version__, 'keras', keras.__version__, \

@@ -8,17 +8,11 @@
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-measure-out}
-PYTHON=${PYTHON:-python3}
 export DEVICE=${DEVICE:-cuda}  # DEVICE=cpu: a dry run of this script on a CPU
 SAMPLING_S=${SAMPLING_S:-190}   # seconds of sampling, shared by the available paths
 SHARP_S=${SHARP_S:-18}          # seconds of planted-fault sweep per torch path (5 paths run it)
 mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1
-if ls .whl/*.whl >/dev/null 2>&1; then
-  $PYTHON -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-fi
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+source scripts/gpu_env.sh  # .whl/ wheels, PYTHONPATH, PLUGIN
 t0=$(date +%s)
 read -r PATHS N <<<"$($PYTHON - <<'PY'
 import os, warnings; warnings.filterwarnings("ignore")

@@ -11,16 +11,9 @@
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-own-model-out}
-PYTHON=${PYTHON:-python3}
 mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 KERAS_BACKEND=torch
-if ls .whl/*.whl >/dev/null 2>&1; then
-  $PYTHON -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-fi
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-PLUGIN="-p pytest_lstmperf.plugin"
-$PYTHON -c "import importlib.metadata as m; m.distribution('pytest-lstmperf')" 2>/dev/null && PLUGIN=""
+export KERAS_BACKEND=torch
+source scripts/gpu_env.sh  # .whl/ wheels, PYTHONPATH, PLUGIN
 declare -A RC
 echo "== 1. examples on cuda"
 timeout 300 $PYTHON -m pytest $PLUGIN examples --device=cuda -p no:cacheprovider -rA -q --benchmark-disable \

@@ -14,11 +14,8 @@
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-paths-compile-onnx-out}
-PYTHON=${PYTHON:-python3}
 mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-PLUGIN="-p pytest_lstmperf.plugin"
-$PYTHON -c "import importlib.metadata as m; m.distribution('pytest-lstmperf')" 2>/dev/null && PLUGIN=""
+source scripts/gpu_env.sh  # .whl/ wheels, PYTHONPATH, PLUGIN
 $PYTHON - <<'PY'
 import importlib.metadata as m
 for name in ("torch", "triton", "onnx", "onnxscript", "onnxruntime", "onnxruntime-gpu"):

@@ -5,20 +5,15 @@
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-scaling-out}
-PYTHON=${PYTHON:-python3}
 mkdir -p "$OUT"
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-PLUGIN_ARGS=()
-if ! "$PYTHON" -c "import importlib.metadata as m, sys; sys.exit(0 if any(e.name == 'lstmperf' for e in m.entry_points(group='pytest11')) else 1)"; then
-  PLUGIN_ARGS=(-p pytest_lstmperf.plugin)
-fi
+source scripts/gpu_env.sh  # .whl/ wheels, PYTHONPATH, PLUGIN
 nvidia-smi -L
 nvidia-smi topo -m >"$OUT/topo.txt" 2>&1
 GPUS=$("$PYTHON" -c "import torch; print(torch.cuda.device_count())")
 
 echo "== pytest-xdist -n auto ($GPUS GPUs): one worker per GPU"
 t0=$(date +%s)
-timeout "${XDIST_LIMIT:-150}" "$PYTHON" -m pytest "${PLUGIN_ARGS[@]}" suites/test_benchmarks.py --device=cuda -n auto \
+timeout "${XDIST_LIMIT:-150}" "$PYTHON" -m pytest $PLUGIN suites/test_benchmarks.py --device=cuda -n auto \
   -p no:cacheprovider --lstmperf-paths=torch-cudnn-fp32 -k test_inference --benchmark-json="$OUT/xdist.json" \
   >"$OUT/xdist.log" 2>&1
 echo "   exit $?, $(( $(date +%s) - t0 )) s"
@@ -41,7 +36,7 @@ echo "   exit $?"; grep -E "time steps|Error" "$OUT/torchrun.log" | tail -2
 
 echo "== scaling suite"
 t0=$(date +%s)
-timeout "${SCALING_LIMIT:-420}" "$PYTHON" -m pytest "${PLUGIN_ARGS[@]}" suites/test_scaling.py --device=cuda \
+timeout "${SCALING_LIMIT:-420}" "$PYTHON" -m pytest $PLUGIN suites/test_scaling.py --device=cuda \
   -p no:cacheprovider -v -rA --lstmperf-report="$OUT/report" >"$OUT/scaling.log" 2>&1
 echo "   exit $?, $(( $(date +%s) - t0 )) s"
 sed -n '/lstmperf workloads/,/workload report written/p' "$OUT/scaling.log" | cut -c1-220

@@ -6,18 +6,9 @@
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-verify-out}
-PYTHON=${PYTHON:-python3}
 mkdir -p "$OUT"
 WORK=$(mktemp -d)
-export PYTHONUNBUFFERED=1
-if ls .whl/*.whl >/dev/null 2>&1; then
-  $PYTHON -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-fi
-PLUGIN=""
-if ! $PYTHON -m pip install -q --no-deps --no-build-isolation -e . >"$WORK/install.log" 2>&1; then
-  export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}; PLUGIN="-p pytest_lstmperf.plugin"
-fi
+source scripts/gpu_env.sh  # .whl/ wheels, PYTHONPATH, PLUGIN
 TORCH_CUDA=$($PYTHON -c "from pytest_lstmperf import paths; print(','.join(p.name for p in paths.for_device('cuda', paths.all_paths()) if p.framework == 'torch'))")
 t0=$(date +%s)
 echo "== 1. tolerance measurement: $TORCH_CUDA,keras-torch-cudnn"

@@ -7,14 +7,9 @@
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-workloads-out}
-PYTHON=${PYTHON:-python3}
 SET=${SET:-gate}
 mkdir -p "$OUT"
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-PLUGIN_ARGS=()
-if ! "$PYTHON" -c "import importlib.metadata as m, sys; sys.exit(0 if any(e.name == 'lstmperf' for e in m.entry_points(group='pytest11')) else 1)"; then
-  PLUGIN_ARGS=(-p pytest_lstmperf.plugin)
-fi
+source scripts/gpu_env.sh  # .whl/ wheels, PYTHONPATH, PLUGIN
 SELECT_ARGS=()
 if [ -n "${SELECT:-}" ]; then SELECT_ARGS=(-k "$SELECT"); fi
 KERAS_BACKEND=torch "$PYTHON" -c "import keras; print('keras', keras.__version__, 'importable (torch backend)')" \
@@ -29,7 +24,7 @@ if [ "${CROSSOVER:-1}" != 0 ]; then
 fi
 echo "== workload suite ($SET set)"
 t0=$(date +%s)
-"$PYTHON" -m pytest "${PLUGIN_ARGS[@]}" suites/test_workloads.py --device=cuda -p no:cacheprovider -q -rs "${SELECT_ARGS[@]}" \
+"$PYTHON" -m pytest $PLUGIN suites/test_workloads.py --device=cuda -p no:cacheprovider -q -rs "${SELECT_ARGS[@]}" \
   --lstmperf-bench-set="$SET" --lstmperf-report="$OUT/report" --benchmark-json="$OUT/workloads.json" \
   >"$OUT/workloads.log" 2>&1
 echo "   exit $?, $(( $(date +%s) - t0 )) s"

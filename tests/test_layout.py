@@ -38,9 +38,6 @@ ALLOWED = {
     ("options", "paths"): "--lstmperf-paths is validated against the registry when it is parsed",
     ("model.strategies", "paths"): "path_names() draws from the registered paths",
     ("model.strategies", "numerics.tolerance"): "specs are drawn only where the tolerance model can judge them",
-    ("observation.calls", "paths.keras.layer"): "a Keras layer is described with the paths' KerasOptions",
-    ("observation.explain", "paths.keras.layer"): "the explainer judges Keras layers by their KerasOptions",
-    ("observation.eligibility", "paths.keras.layer"): "the eligibility report describes Keras layers the same way",
     ("observation.eligibility", "paths"): "the report runs a model's layers on the registered paths",
     ("paths.keras.runners", "speed.timing"): "the Keras worker measures device time and host counters in its own "
     "process",

@@ -166,7 +166,7 @@ def test_time_reversed_outputs_documented_are_checked_in_that_order_and_xfail(se
     with numeric_fault("time-reversed"):
         errors = verify_path(path, ONE_LAYER, session, node)
     assert max(errors.values()) < 1e-5
-    with pytest.raises(pytest.xfail.Exception, match="planted: order time-reversed .*numbers checked"):
+    with pytest.raises(pytest.xfail.Exception, match=r"planted: order time-reversed .*numbers checked"):
         conclude_known_findings(path, node)
 
 

@@ -85,41 +85,18 @@ def _print_gate(tr: Any, config: pytest.Config, state: GateState) -> None:
             tr.write_line(f"  {decision.name}: {line}", red=decision.failed, yellow=not decision.failed)
 
 
-def _fmt_time(value: float | None) -> str:
-    from ..speed.regression import format_seconds
-
-    return format_seconds(value)
-
-
 def summary_lines(records: list[dict[str, Any]]) -> list[str]:
     """Per mode, shape and path: time per call, device time, host share, speedup over generic, kernel, %peak."""
-    from ..speed import timing
-    from ..speed.report import by_case, generic_reference
+    from ..speed.report import by_case, generic_reference, timing_cells
 
     rows = [("mode", "shape", "path", "per call", "device", "host", "vs generic (torch)", "kernel", "%peak")]
     for (mode, shape), group in by_case(records, "mode", "shape"):
         ref = generic_reference(group)
         for record in group:
-            extra = record["extra_info"]
-            per_call = extra.get("time_per_call_s")
-            host = extra.get("host_overhead")
-            frac = extra.get("peak_fraction")
-            kernel = f"{extra.get('kernel', '?')}/{extra.get('precision', '?')}"
+            *times, kernel, peak = timing_cells(record, ref)
             if record.get("failed"):
                 kernel += " (MISMATCH)"
-            rows.append(
-                (
-                    mode,
-                    shape,
-                    extra.get("path", "?"),
-                    _fmt_time(per_call),
-                    _fmt_time(extra.get("device_time_s")),
-                    "-" if host is None else f"{host:.0%}",
-                    f"{ref / per_call:.2f}x" if ref and per_call else "-",
-                    kernel,
-                    timing.format_peak_fraction(frac),
-                )
-            )
+            rows.append((mode, shape, record["extra_info"].get("path", "?"), *times, kernel, peak))
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(str(c).ljust(widths[i]) for i, c in enumerate(row)).rstrip() for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))

@@ -7,6 +7,7 @@ take one. It holds no tensors: :mod:`pytest_lstmperf.model.case` turns a spec an
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -20,6 +21,14 @@ LENGTH_MODES: tuple[str, ...] = ("none", "padded", "packed")
 
 #: gates per cell, in PyTorch/cuDNN order: LSTM [i, f, g, o], GRU [r, z, n]
 GATES = {"lstm": 4, "gru": 3}
+
+
+def reject_unknown_fields(cls: type, data: Mapping[str, object], error: type[Exception]) -> None:
+    """Raise ``error`` naming the keys of ``data`` that are not fields of the dataclass ``cls``, and the valid ones."""
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise error(f"unknown {cls.__name__} fields {unknown} (valid: {', '.join(sorted(known))})")
 
 
 class SpecError(ValueError):
@@ -196,10 +205,7 @@ class LayerSpec:
 
     @classmethod
     def from_dict(cls, data: dict[str, object]) -> LayerSpec:
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise SpecError(f"unknown LayerSpec fields {unknown} (valid: {', '.join(sorted(known))})")
+        reject_unknown_fields(cls, data, SpecError)
         values = dict(data)
         if values.get("lengths") is not None:
             values["lengths"] = tuple(values["lengths"])  # type: ignore[arg-type]

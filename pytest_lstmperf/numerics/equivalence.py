@@ -27,7 +27,15 @@ import pytest
 from ..model.case import make_case
 from ..model.reference import run_reference
 from ..model.spec import LayerSpec
-from ..observation.claims import Finding, KnownFinding, current_versions, explain_trace, findings_for, known_error, lookup
+from ..observation.claims import (
+    Finding,
+    KnownFinding,
+    current_versions,
+    explain_trace,
+    findings_for,
+    known_error,
+    lookup,
+)
 from .checks import Mismatch, bound_precision, check_against, check_finite, check_trace, format_failure
 from .tolerance import Tolerance, pairwise_tolerance, tolerance
 

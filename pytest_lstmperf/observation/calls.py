@@ -216,7 +216,7 @@ def _spied_fused(seen: Observation, original: Any) -> Any:
 
 
 def _activation_name(function: Any) -> str:
-    from ..paths.keras.layer import ACTIVATIONS
+    from ..model.keras_options import ACTIVATIONS
 
     name = getattr(function, "__name__", str(function))
     module = getattr(function, "__module__", "") or ""
@@ -230,8 +230,8 @@ def describe_keras_layer(layer: Any, sequences: Any, mask: Any) -> tuple[str, An
     import keras
     import numpy as np
 
+    from ..model.keras_options import KerasOptions
     from ..model.spec import LayerSpec
-    from ..paths.keras.layer import KerasOptions
 
     backend = keras.backend.backend()
     shape = tuple(int(d) for d in sequences.shape)

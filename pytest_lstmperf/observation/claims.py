@@ -163,14 +163,13 @@ def current_versions(framework: str = "torch") -> dict[str, str]:
 
 def _distribution_versions(*names: str) -> dict[str, str]:
     """Installed versions without importing the packages (the Keras paths run in worker processes)."""
+    import contextlib
     import importlib.metadata
 
     found = {}
     for name in names:
-        try:
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
             found[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            pass
     return found
 
 

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..model.keras_options import KerasOptions
 from ..model.spec import LayerSpec
-from ..paths.keras.layer import KerasOptions
 from .explain import Verdict, context_for, explain, fix_all, normalize_framework
 
 # (framework, device, rule) -> (factor, source); rule "*" is any reason

@@ -49,8 +49,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..model.keras_options import KerasOptions, mask_style
 from ..model.spec import LayerSpec
-from ..paths.keras.layer import KerasOptions, mask_style
 
 #: the library versions the rules below were read from (installed source, keras/src/..., torch RNN.cpp docs)
 RULES_READ_FROM = {"keras": "3.15.1", "tensorflow": "2.21.0", "torch": "2.13.0", "jax": "0.10.2", "onnxscript": "0.7.2"}
@@ -196,6 +196,24 @@ class Rule:
     raises_when_forced: tuple[str, ...] = ()  # frameworks where use_cudnn=True turns this into a ValueError
 
 
+def _no_mask_rule(backend: str, name: str, source: str, loop: str) -> Rule:
+    """Keras's torch and JAX backends have no masked cuDNN or fused path: any mask sends the layer to ``loop``."""
+    framework = f"keras-{backend}"
+    return Rule(
+        f"{backend}_mask", (framework,),
+        lambda s, o, c: (
+            f"a {mask_style(s, o)}-padded mask: Keras's {name} backend has no masked cuDNN or fused path "
+            f"(lstm()/gru() raise NotImplementedError) and runs {loop}"
+            if mask_style(s, o) != "none" else None
+        ),
+        lambda s, o, c: "drop the mask: batch sequences of equal length (bucketing), or use the TensorFlow backend, "
+        "whose cuDNN path takes right-padded masks",
+        "without a mask padded steps update the state; bucketing changes how batches are formed",
+        f"{source} lstm/gru: `if mask is not None: raise NotImplementedError`",
+        raises_when_forced=(framework,),
+    )  # fmt: skip
+
+
 _K = ("keras-tensorflow", "keras-torch", "keras-jax")
 _KJ = ("keras-tensorflow", "keras-jax")  # backends whose lstm() raises where cudnn_ok fails (ValueError if forced)
 RULES: tuple[Rule, ...] = (
@@ -289,19 +307,7 @@ RULES: tuple[Rule, ...] = (
         f"{_TF_RNN} _assert_valid_mask / _is_sequence_right_padded",
         effect="error",
     ),
-    Rule(
-        "torch_mask", ("keras-torch",),
-        lambda s, o, c: (
-            f"a {mask_style(s, o)}-padded mask: Keras's torch backend has no masked cuDNN or fused path "
-            "(lstm()/gru() raise NotImplementedError) and runs the generic RNN loop"
-            if mask_style(s, o) != "none" else None
-        ),
-        lambda s, o, c: "drop the mask: batch sequences of equal length (bucketing), or use the TensorFlow backend, "
-        "whose cuDNN path takes right-padded masks",
-        "without a mask padded steps update the state; bucketing changes how batches are formed",
-        f"{_TORCH_RNN} lstm/gru: `if mask is not None: raise NotImplementedError`",
-        raises_when_forced=("keras-torch",),
-    ),
+    _no_mask_rule("torch", "torch", _TORCH_RNN, "the generic RNN loop"),
     Rule(
         "torch_device", ("keras-torch",),
         lambda s, o, c: (
@@ -356,19 +362,7 @@ RULES: tuple[Rule, ...] = (
         f"{_JAX_RNN} cudnn_ok -> _is_gpu_available",
         raises_when_forced=("keras-jax",),
     ),
-    Rule(
-        "jax_mask", ("keras-jax",),
-        lambda s, o, c: (
-            f"a {mask_style(s, o)}-padded mask: Keras's JAX backend has no masked cuDNN or fused path "
-            "(lstm()/gru() raise NotImplementedError) and runs Keras's cell loop"
-            if mask_style(s, o) != "none" else None
-        ),
-        lambda s, o, c: "drop the mask: batch sequences of equal length (bucketing), or use the TensorFlow backend, "
-        "whose cuDNN path takes right-padded masks",
-        "without a mask padded steps update the state; bucketing changes how batches are formed",
-        f"{_JAX_RNN} lstm/gru: `if mask is not None: raise NotImplementedError`",
-        raises_when_forced=("keras-jax",),
-    ),
+    _no_mask_rule("jax", "JAX", _JAX_RNN, "Keras's cell loop"),
     Rule(
         "cudnn_disabled", ("keras-torch", *_TORCHES),
         lambda s, o, c: (

@@ -14,7 +14,7 @@ import contextlib
 import importlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     import numpy as np
@@ -141,6 +141,21 @@ def register(path: ExecutionPath) -> ExecutionPath:
         raise ValueError(f"path {path.name!r}: precision {path.precision!r} not in {PRECISIONS}")
     REGISTRY[path.name] = path
     return path
+
+
+def register_from(
+    module: str, name: str, framework: str, device: str, kernel: str, precision: str, description: str, **fields: Any
+) -> ExecutionPath:
+    """Register a path whose ``prepare``, ``available`` and ``supports`` (and the function named by
+    ``expect=``, if any) are the functions of those names in ``module`` (the registering module's ``__name__``).
+    ``fields`` are the other :class:`ExecutionPath` fields (``options``, ``pair_with``, ``in_gate``)."""
+    expect = fields.pop("expect", "")
+    refs = {f"{role}_ref": f"{module}:{role}" for role in ("prepare", "available", "supports")}
+    path = ExecutionPath(
+        name, framework, device, kernel, precision, description, **refs,
+        expect_ref=f"{module}:{expect}" if expect else "", **fields,
+    )  # fmt: skip
+    return register(path)
 
 
 def _load_builtin() -> None:

@@ -24,7 +24,7 @@ import os
 import shutil
 from typing import TYPE_CHECKING, Any
 
-from . import ExecutionPath, PathResult, register
+from . import ExecutionPath, PathResult, register_from
 from .torch_paths import TorchRun
 from .torch_paths import supports as torch_supports
 
@@ -40,23 +40,11 @@ WARMUP_CALLS = 3
 
 
 def _entry(name: str, device: str, kernel: str, precision: str, description: str, **options: Any) -> None:
-    register(
-        ExecutionPath(
-            name=name,
-            framework="torch-compile",
-            device=device,
-            kernel=kernel,
-            precision=precision,
-            description=description,
-            prepare_ref=f"{_HERE}:prepare",
-            available_ref=f"{_HERE}:available",
-            supports_ref=f"{_HERE}:supports",
-            pair_with=tuple(options.pop("pair_with", ())),
-            in_gate=options.pop("in_gate", True),
-            extended=options.pop("extended", ""),
-            options=options,
-        )
-    )
+    register_from(
+        _HERE, name, "torch-compile", device, kernel, precision, description,
+        pair_with=tuple(options.pop("pair_with", ())), in_gate=options.pop("in_gate", True),
+        extended=options.pop("extended", ""), options=options,
+    )  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------- registry

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from . import ExecutionPath, PathResult, register
+from . import ExecutionPath, PathResult, register_from
 
 if TYPE_CHECKING:
     from ..device import DeviceInfo
@@ -44,19 +44,8 @@ _PROVIDERS = {"cpu": "CPUExecutionProvider", "cuda": "CUDAExecutionProvider"}
 
 
 def _entry(name: str, device: str, kernel: str, description: str, **options: Any) -> None:
-    register(
-        ExecutionPath(
-            name=name,
-            framework="onnxruntime",
-            device=device,
-            kernel=kernel,
-            precision="fp32",
-            description=description,
-            prepare_ref=f"{_HERE}:prepare",
-            available_ref=f"{_HERE}:available",
-            supports_ref=f"{_HERE}:supports",
-            options={"inference_only": True, **options},
-        )
+    register_from(
+        _HERE, name, "onnxruntime", device, kernel, "fp32", description, options={"inference_only": True, **options}
     )
 
 

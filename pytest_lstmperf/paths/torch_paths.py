@@ -12,7 +12,7 @@ import contextlib
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from . import ExecutionPath, PathResult, register
+from . import ExecutionPath, PathResult, register_from
 
 if TYPE_CHECKING:
     from ..device import DeviceInfo
@@ -24,23 +24,10 @@ _HERE = __name__
 
 
 def _entry(name: str, device: str, kernel: str, precision: str, description: str, **options: Any) -> ExecutionPath:
-    expect = options.pop("expect", "")
-    return register(
-        ExecutionPath(
-            name=name,
-            framework="torch",
-            device=device,
-            kernel=kernel,
-            precision=precision,
-            description=description,
-            prepare_ref=f"{_HERE}:prepare",
-            available_ref=f"{_HERE}:available",
-            supports_ref=f"{_HERE}:supports",
-            options=options,
-            pair_with=tuple(options.pop("pair_with", ())),
-            expect_ref=f"{_HERE}:{expect}" if expect else "",
-        )
-    )
+    return register_from(
+        _HERE, name, "torch", device, kernel, precision, description,
+        expect=options.pop("expect", ""), pair_with=tuple(options.pop("pair_with", ())), options=options,
+    )  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------- registry

@@ -240,6 +240,23 @@ def generic_reference(group: Iterable[dict[str, Any]]) -> float | None:
     return None
 
 
+def timing_cells(record: dict[str, Any], reference: float | None) -> tuple[str, str, str, str, str, str]:
+    """One benchmark record's timing columns, as the terminal summary and the report print them: time per call,
+    device time, host share, speed-up over the generic path (``reference``: its time per call), kernel/precision
+    and the share of the measured peak."""
+    extra = record["extra_info"]
+    per_call = extra.get("time_per_call_s")
+    host = extra.get("host_overhead")
+    return (
+        _fmt(per_call),
+        _fmt(extra.get("device_time_s")),
+        "-" if host is None else f"{host:.0%}",
+        f"{reference / per_call:.2f}x" if reference and per_call else "-",
+        f"{extra.get('kernel', '?')}/{extra.get('precision', '?')}",
+        format_peak_fraction(extra.get("peak_fraction")),
+    )
+
+
 def _table(records: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
     header = [
         "mode",
@@ -258,25 +275,10 @@ def _table(records: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
     for (mode, shape, device), group in by_case(records, "mode", "shape", "device"):
         reference = generic_reference(group)
         for record in group:
-            extra = record["extra_info"]
-            per_call = extra.get("time_per_call_s")
-            host = extra.get("host_overhead")
-            flops = extra.get("flops_per_s")
-            rows.append(
-                [
-                    mode,
-                    shape,
-                    extra.get("path", "?"),
-                    device,
-                    _fmt(per_call),
-                    _fmt(extra.get("device_time_s")),
-                    "-" if host is None else f"{host:.0%}",
-                    f"{reference / per_call:.2f}x" if reference and per_call else "-",
-                    f"{extra.get('kernel', '?')}/{extra.get('precision', '?')}",
-                    "-" if not flops else f"{flops / 1e9:.1f}",
-                    format_peak_fraction(extra.get("peak_fraction")),
-                ]
-            )
+            *times, peak = timing_cells(record, reference)
+            flops = record["extra_info"].get("flops_per_s")
+            gflops = "-" if not flops else f"{flops / 1e9:.1f}"
+            rows.append([mode, shape, record["extra_info"].get("path", "?"), device, *times, gflops, peak])
     return header, rows
 
 

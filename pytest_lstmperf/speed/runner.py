@@ -357,7 +357,8 @@ class BenchRunner:
         again = {**extra, "device_samples": list(dev2.samples), "device_time_method": dev2.method}
         _, base, now2, _ = pick_samples(metric, base_extra, again, base_data, data2)
         second, per_call_second = _ratio(base, now2), _ratio(base_data, data2)
-        confirmed = (second or 0.0) > limit or (per_call_limit is not None and (per_call_second or 0.0) > per_call_limit)
+        per_call_confirmed = per_call_limit is not None and (per_call_second or 0.0) > per_call_limit
+        confirmed = (second or 0.0) > limit or per_call_confirmed
         extra["remeasured"] = {
             "confirmed": confirmed,
             "first_ratio": first if suspects[0] else per_call_first,

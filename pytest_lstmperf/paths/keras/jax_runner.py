@@ -174,8 +174,8 @@ def cudnn_attempts(configs: list[tuple[dict, dict]]) -> list[dict[str, Any]]:
     the error the layer raised (``use_cudnn=True``), and whose loop the lowered module holds."""
     import importlib
 
+    from ...model.keras_options import KerasOptions
     from ...model.spec import LayerSpec
-    from .layer import KerasOptions
     from .runners import LocalKerasRun
 
     backend_rnn = importlib.import_module("keras.src.backend.jax.rnn")

@@ -25,7 +25,7 @@ import importlib.metadata
 import importlib.util
 from typing import TYPE_CHECKING, Any
 
-from .. import ExecutionPath, PathResult, register
+from .. import ExecutionPath, PathResult, register_from
 
 if TYPE_CHECKING:
     from ...device import DeviceInfo
@@ -77,29 +77,17 @@ _GATE = {
 
 
 def _entry(name: str, backend: str, device: str, kernel: str, precision: str, description: str, **kw: Any) -> None:
-    from .layer import KerasOptions
+    from ...model.keras_options import KerasOptions
 
     extra = {k: kw.pop(k) for k in ("kernel_only", "min_capability", "off_cudnn") if k in kw}
     # the quick merge gate times each backend's default and its generic fallback; variants run in the thorough set
     in_gate = kw.pop("in_gate", name in _GATE)
     extended = kw.pop("extended", "")
     options = KerasOptions(backend=backend, **kw)
-    register(
-        ExecutionPath(
-            name=name,
-            framework=f"keras-{backend}",
-            device=device,
-            kernel=kernel,
-            precision=precision,
-            description=description,
-            prepare_ref=f"{_HERE}:prepare",
-            available_ref=f"{_HERE}:available",
-            supports_ref=f"{_HERE}:supports",
-            options={"keras": options, **extra},
-            in_gate=in_gate and "kernel_only" not in extra,
-            extended=extended,
-        )
-    )
+    register_from(
+        _HERE, name, f"keras-{backend}", device, kernel, precision, description,
+        options={"keras": options, **extra}, in_gate=in_gate and "kernel_only" not in extra, extended=extended,
+    )  # fmt: skip
 
 
 _RELU = "activation='relu' changes the layer's math; no float64 reference implements it"

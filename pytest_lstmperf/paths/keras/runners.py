@@ -14,8 +14,9 @@ from typing import Any
 
 import numpy as np
 
+from ...model.keras_options import KerasOptions, mask_style
 from ...model.spec import LayerSpec
-from .layer import KerasOptions, KerasStack, mask_style, place, unplace, valid_positions
+from .layer import KerasStack, place, unplace, valid_positions
 from .transport import KerasUnavailable
 
 #: Keras backend -> ``module:class`` of its runner (relative to this package; imported when a run is built)

@@ -10,8 +10,8 @@ import sys
 import traceback
 from typing import Any
 
+from ...model.keras_options import KerasOptions
 from ...model.spec import LayerSpec
-from .layer import KerasOptions
 from .runners import LocalKerasRun
 from .transport import recv, send
 
