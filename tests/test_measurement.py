@@ -397,3 +397,9 @@ def test_per_call_suspect_with_steady_device_time_is_measured_again(monkeypatch)
     assert "remeasured" not in remeasure(1.5e-3)
     settings["lstmperf_metric"] = "device"  # per-call not gated: not a suspect
     assert "remeasured" not in remeasure(1.7e-3)
+
+
+def test_event_timed_samples_batch_short_calls_and_time_long_ones_alone() -> None:
+    assert timing.events_batch(0.34, 5) == 1  # a Keras training step: 12 samples, not 60 calls
+    assert timing.events_batch(0.015, 5) == 2
+    assert timing.events_batch(0.003, 5) == 5 and timing.events_batch(0.0, 5) == 5

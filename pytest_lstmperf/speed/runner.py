@@ -344,28 +344,29 @@ class BenchRunner:
         limit = thresholds.get("ratio", options.resolve(self.config, "lstmperf_threshold").value)
         # device samples move by a few percent between runs: a device ratio half-way to the threshold is
         # already worth a second look; per-call times are noisier, and are looked at again past the threshold
-        trigger = 1.0 + (limit - 1.0) / 2 if used == "device" else limit
-        first = _ratio(base, now)
-        per_call_limit = self._per_call_limit(entry, limit) if used == "device" and metric == "auto" else None
+        # the gate applies to them (its noise band)
+        device_trigger = 1.0 + (limit - 1.0) / 2
+        per_call_limit = self._per_call_limit(entry, limit) if metric in ("auto", "per-call") else None
+        first = _ratio(base, now) if used == "device" else None
         per_call_first = _ratio(base_data, data) if per_call_limit else None
-        suspects = [(first or 0.0) > trigger, (per_call_first or 0.0) > (per_call_limit or float("inf"))]
-        if not any(suspects):
+        device_suspect = (first or 0.0) > device_trigger
+        if not device_suspect and (per_call_first or 0.0) <= (per_call_limit or float("inf")):
             return
         timing.estimate_call(timed, plan.warmup, clock)
         data2, _ = timing.time_rounds(timed, 2 * rounds, clock)
         dev2 = dev_time(2 * plan.device_samples)
         again = {**extra, "device_samples": list(dev2.samples), "device_time_method": dev2.method}
         _, base, now2, _ = pick_samples(metric, base_extra, again, base_data, data2)
-        second, per_call_second = _ratio(base, now2), _ratio(base_data, data2)
+        second = _ratio(base, now2) if used == "device" else None
+        per_call_second = _ratio(base_data, data2)
         per_call_confirmed = per_call_limit is not None and (per_call_second or 0.0) > per_call_limit
-        confirmed = (second or 0.0) > limit or per_call_confirmed
         extra["remeasured"] = {
-            "confirmed": confirmed,
-            "first_ratio": first if suspects[0] else per_call_first,
-            "second_ratio": second if suspects[0] else per_call_second,
-            "metric": used if suspects[0] else "per-call",
-            "threshold": limit if suspects[0] else per_call_limit,
-            "trigger": trigger if suspects[0] else per_call_limit,
+            "confirmed": (second or 0.0) > limit or per_call_confirmed,
+            "first_ratio": first if device_suspect else per_call_first,
+            "second_ratio": second if device_suspect else per_call_second,
+            "metric": "device" if device_suspect else "per-call",
+            "threshold": limit if device_suspect else per_call_limit,
+            "trigger": device_trigger if device_suspect else per_call_limit,
             "data": data2,
             "device_samples": list(dev2.samples),
             "device_time_method": dev2.method,

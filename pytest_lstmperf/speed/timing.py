@@ -171,12 +171,14 @@ def device_time(call: Callable[[], object], device: str, samples: int = 15, repl
         with contextlib.suppress(Exception):
             torch.cuda.synchronize(dev)
         reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:200]
-        note = (
-            f"CUDA graph capture failed ({reason}); device time from CUDA events around {replays} back-to-back "
-            f"calls per sample (kernels plus launch gaps: an upper bound)"
-        )
+        note = f"CUDA graph capture failed ({reason})"
     try:
-        return DeviceTime("cuda-events", tuple(_event_times(torch, dev, call, samples, replays)), note)
+        calls = events_batch(_one_call_s(torch, dev, call), replays)
+        note += (
+            f"; device time from CUDA events around {calls} back-to-back call(s) per sample (kernels plus launch "
+            "gaps: an upper bound)"
+        )
+        return DeviceTime("cuda-events", tuple(_event_times(torch, dev, call, samples, calls)), note)
     except Exception as exc:
         return DeviceTime("none", (), f"{note}; event timing failed too ({type(exc).__name__}: {exc})")
 
@@ -215,6 +217,25 @@ def _graph_replay_times(torch: Any, dev: Any, call: Callable[[], object], sample
         return out
     finally:
         del graph
+
+
+#: seconds of device work one event-timed sample should span: enough back-to-back calls to average out the
+#: launch noise of short calls; a call longer than this is timed alone (a 340 ms Keras training step took 25 s
+#: of device timing at 5 calls per sample)
+EVENTS_BATCH_S = 0.02
+
+
+def events_batch(call_s: float, most: int) -> int:
+    """Back-to-back calls per event-timed sample: enough for :data:`EVENTS_BATCH_S`, 1 to ``most``."""
+    return max(1, min(most, math.ceil(EVENTS_BATCH_S / max(call_s, 1e-9))))
+
+
+def _one_call_s(torch: Any, dev: Any, call: Callable[[], object]) -> float:
+    torch.cuda.synchronize(dev)
+    start = time.perf_counter()
+    call()
+    torch.cuda.synchronize(dev)
+    return time.perf_counter() - start
 
 
 def _event_times(torch: Any, dev: Any, call: Callable[[], object], samples: int, calls: int = 1) -> list[float]:
