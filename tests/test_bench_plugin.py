@@ -507,9 +507,11 @@ def test_device_time_refuses_an_empty_cuda_graph(monkeypatch: pytest.MonkeyPatch
         lambda *a: (_ for _ in ()).throw(RuntimeError("the captured CUDA graph is empty")),
     )
     monkeypatch.setattr(timing, "_event_times", lambda torch, dev, call, samples, calls=1: [3e-3] * samples)
+    monkeypatch.setattr(timing, "_one_call_s", lambda torch, dev, call: 3e-3)
     dev = timing.device_time(lambda: None, "cuda:0", samples=4)
     assert dev.method == "cuda-events" and dev.samples == (3e-3,) * 4
     assert "CUDA graph capture failed (RuntimeError: the captured CUDA graph is empty)" in dev.note
+    assert "around 5 back-to-back call(s) per sample" in dev.note
 
 
 def test_measured_peak_on_cpu() -> None:
