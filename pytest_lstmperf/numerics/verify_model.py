@@ -297,8 +297,7 @@ def _sensitivity(model: Any, inputs: tuple, ref: _Run, spec: LayerSpec) -> Any:
 
     from .sensitivity import Sensitivity, canonical, perturb, relative_changes
 
-    def named(run: _Run) -> dict[str, np.ndarray]:
-        return {f"output {i}": v for i, v in enumerate(run.outputs)} | {f"grad {k}": v for k, v in run.grads.items()}
+    named = _named
 
     def moved(rng: np.random.Generator) -> dict[str, np.ndarray]:
         twin = copy.deepcopy(model).to("cpu", torch.float64)
@@ -354,6 +353,8 @@ def _check_numbers(
                 else:
                     outcome.unchecked.append(text)
                 continue
+            # the report says which bound was widened, by how much and why, pass or fail
+            outcome.bounds[quantity] = f"{quantity} {bound:.3g} ({sensitivity.explain(quantity, pass_)})"
         outcome.bounds.setdefault(pass_, f"{tol.family}/{tol.precision} {pass_} {tol.rel:.3g}")
         if err > bound:
             found.append(
@@ -562,6 +563,64 @@ def _keras_run(model: Any, inputs: Any) -> _Run:
     )  # fmt: skip
 
 
+@contextlib.contextmanager
+def _keras_float64_math() -> Any:
+    """Float64 operands computed in float64 while the float64 reference runs.
+
+    Keras 3 on the torch (and JAX) backend promotes 64-bit operands to 32-bit results
+    (``keras/src/backend/common/dtypes.py``: ``BIT64_TO_BIT32_DTYPE``, "aligned with JAX's default"), so
+    ``ops.matmul`` of two float64 tensors is float32 there: a "float64" clone of a model would compute its
+    matrix products, the LSTM's included, in float32, and a float32 path would agree with it by construction.
+    The table's float64 entry is lifted for the block, and a float64 product is checked to stay float64; where
+    it does not, no float64 reference can be run and the check refuses (an error, never a pass)."""
+    import keras
+    from keras.src.backend.common import dtypes
+
+    table = getattr(dtypes, "BIT64_TO_BIT32_DTYPE", {})
+    saved = table.get("float64") if isinstance(table, dict) else None
+    if saved is not None:
+        table["float64"] = "float64"
+    try:
+        one = keras.ops.convert_to_tensor(np.ones((1, 1)), dtype="float64")
+        got = keras.backend.standardize_dtype(keras.ops.matmul(one, one).dtype)
+        if got != "float64":
+            raise RuntimeError(
+                f"verify_model: Keras {keras.__version__} on the {keras.backend.backend()} backend computes a "
+                f"float64 matrix product as {got}: no float64 reference can be run for this model"
+            )
+        yield
+    finally:
+        if saved is not None:
+            table["float64"] = saved
+
+
+def _named(run: _Run) -> dict[str, np.ndarray]:
+    return {f"output {i}": v for i, v in enumerate(run.outputs)} | {f"grad {k}": v for k, v in run.grads.items()}
+
+
+def _keras_sensitivity(model: Any, inputs: Any, ref: _Run, spec: LayerSpec) -> Any:
+    """:func:`_sensitivity` for a Keras model: float64 clones with perturbed weights, and perturbed inputs where
+    they are floating-point numpy arrays (token ids stay as they are)."""
+    from .sensitivity import Sensitivity, canonical, perturb, relative_changes
+
+    def moved(rng: np.random.Generator) -> dict[str, np.ndarray]:
+        twin = _keras_variant(model, float64=True)
+        twin.set_weights([perturb(w, rng) if w.dtype.kind == "f" else w for w in twin.get_weights()])
+        return _named(_keras_run(twin, _map_arrays(inputs, lambda a: perturb(a, rng) if a.dtype.kind == "f" else a)))
+
+    return Sensitivity(relative_changes(_named(ref), moved), canonical(spec))
+
+
+def _map_arrays(value: Any, fn: Any) -> Any:
+    if isinstance(value, np.ndarray):
+        return fn(value)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_map_arrays(v, fn) for v in value)
+    if isinstance(value, dict):
+        return {k: _map_arrays(v, fn) for k, v in value.items()}
+    return value
+
+
 def _keras_outputs(out: Any) -> list[Any]:
     return list(out) if isinstance(out, (list, tuple)) else [out]
 
@@ -596,7 +655,9 @@ def verify_keras_model(
     if not configs:
         raise ValueError(f"{model.name}: no built LSTM/GRU layer found")
     spec = envelope_spec([c[1] for c in configs])
-    ref = _keras_run(_keras_variant(model, float64=True), example_inputs)
+    with _keras_float64_math():
+        ref = _keras_run(_keras_variant(model, float64=True), example_inputs)
+        sensitivity = _keras_sensitivity(model, example_inputs, ref, spec)
     outcomes = []
     for path in keras_model_paths(device):
         if paths is not None and path.name not in paths:
@@ -604,6 +665,6 @@ def verify_keras_model(
         as_built = path.name.endswith(("-cpu", "-cudnn"))
         run = _keras_run(model if as_built else _keras_variant(model, use_cudnn=False), example_inputs)
         outcome = PathOutcome(path.name)
-        _conclude(outcome, path, run, ref, (path.kernel, path.precision), spec, keras=True)
+        _conclude(outcome, path, run, ref, (path.kernel, path.precision), spec, keras=True, sensitivity=sensitivity)
         outcomes.append(outcome)
     return outcomes
