@@ -265,28 +265,43 @@ def _raw_cost(shape: tuple, device: str) -> workloads.Overhead:
     return _RAW_COSTS[(shape, device)]
 
 
+def _overhead_run(lstmperf: Any, shape: tuple, name: str, **spec_fields: Any) -> tuple:
+    """(path, spec, raw cost, prepared run, forward trace) for one overhead row; a skip with the reason where
+    the path cannot run here."""
+    cell, hidden, batch, seq = shape
+    path = registry.get(name)
+    spec = LayerSpec(cell=cell, input_size=hidden, hidden_size=hidden, batch=batch, seq_len=seq, **spec_fields)
+    reason = path.available(lstmperf.device) or path.supports(spec)
+    if reason:
+        pytest.skip(f"{path.name}: {reason}")
+    raw = _raw_cost(shape, lstmperf.device.torch_device)
+    run = path.prepare(make_case(spec, lstmperf.seed), lstmperf.device)
+    return path, spec, raw, run, run.trace_forward()
+
+
+def _overhead_row(
+    request: pytest.FixtureRequest, lstmperf: Any, shape: tuple, framework: str, path: Any, spec: LayerSpec,
+    raw: Any, trace: Any, seconds: float, **extra: Any,
+) -> None:  # fmt: skip
+    """The overhead row, then the path's kernel claim (checked after the row, so a failure still reports it)."""
+    cell, hidden, batch, seq = shape
+    kernels = len(trace.kernels) if lstmperf.device.kind == "cuda" else len(trace.ops)
+    add_row(request, "overhead", shape=f"{cell}-H{hidden}-B{batch}-T{seq}", device=lstmperf.device.name,
+            framework=framework, ran=f"{trace.family}/{trace.precision}", module_s=seconds, op_s=None,
+            graph_s=raw.graph_s, raw_s=raw.raw_s, ratio=seconds / raw.raw_s, host_s=max(seconds - raw.raw_s, 0.0),
+            kernels=kernels, **extra)  # fmt: skip
+    problems = check_trace(path.expected(spec), trace, "forward")
+    assert not problems, f"{path.name} on {spec.short()}: " + "; ".join(m.message for m in problems)
+
+
 def test_keras_overhead(
     lstmperf: Any, overhead_shape: tuple, keras_overhead_path: str, request: pytest.FixtureRequest
 ) -> None:
     """A Keras layer's forward call on the same shape, timed inside its backend's worker, against the raw
     cost of the torch layer (the graph replay on CUDA, the ATen op on the CPU); it must run its claimed kernel."""
-    cell, hidden, batch, seq = overhead_shape
-    path = registry.get(keras_overhead_path)
-    spec = LayerSpec(cell=cell, input_size=hidden, hidden_size=hidden, batch=batch, seq_len=seq)
-    reason = path.available(lstmperf.device) or path.supports(spec)
-    if reason:
-        pytest.skip(f"{path.name}: {reason}")
-    raw = _raw_cost(overhead_shape, lstmperf.device.torch_device)
-    run = path.prepare(make_case(spec, lstmperf.seed), lstmperf.device)
-    trace = run.trace_forward()
+    path, spec, raw, run, trace = _overhead_run(lstmperf, overhead_shape, keras_overhead_path)
     seconds = float(np.median(run.time("forward", repeats=15, warmup=3)))
-    kernels = len(trace.kernels) if lstmperf.device.kind == "cuda" else len(trace.ops)
-    add_row(request, "overhead", shape=f"{cell}-H{hidden}-B{batch}-T{seq}", device=lstmperf.device.name,
-            framework=path.framework, ran=f"{trace.family}/{trace.precision}", module_s=seconds, op_s=None,
-            graph_s=raw.graph_s, raw_s=raw.raw_s, ratio=seconds / raw.raw_s, host_s=max(seconds - raw.raw_s, 0.0),
-            kernels=kernels)  # fmt: skip
-    problems = check_trace(path.expected(spec), trace, "forward")
-    assert not problems, f"{path.name} on {spec.short()}: " + "; ".join(m.message for m in problems)
+    _overhead_row(request, lstmperf, overhead_shape, path.framework, path, spec, raw, trace, seconds)
 
 
 def test_compiled_and_onnx_overhead(
@@ -295,23 +310,10 @@ def test_compiled_and_onnx_overhead(
     """torch.compile and ONNX Runtime on the same shape against the raw cost of the eager torch layer (the graph
     replay on CUDA, the ATen op on the CPU): 15 synchronised forward calls after the path's warm-up (compiling
     and exporting are not timed); the path must run its claimed kernel."""
-    cell, hidden, batch, seq = overhead_shape
-    path = registry.get(exported_overhead_path)
-    spec = LayerSpec(cell=cell, input_size=hidden, hidden_size=hidden, batch=batch, seq_len=seq, training=False)
-    reason = path.available(lstmperf.device) or path.supports(spec)
-    if reason:
-        pytest.skip(f"{path.name}: {reason}")
-    raw = _raw_cost(overhead_shape, lstmperf.device.torch_device)
-    run = path.prepare(make_case(spec, lstmperf.seed), lstmperf.device)
-    trace = run.trace_forward()
+    path, spec, raw, run, trace = _overhead_run(lstmperf, overhead_shape, exported_overhead_path, training=False)
     seconds, _ = workloads.paired_median_times([run.forward, run.forward], run.synchronize, repeats=15)
-    kernels = len(trace.kernels) if lstmperf.device.kind == "cuda" else len(trace.ops)
-    add_row(request, "overhead", shape=f"{cell}-H{hidden}-B{batch}-T{seq}", device=lstmperf.device.name,
-            framework=path.name, ran=f"{trace.family}/{trace.precision}", module_s=seconds, op_s=None,
-            graph_s=raw.graph_s, raw_s=raw.raw_s, ratio=seconds / raw.raw_s, host_s=max(seconds - raw.raw_s, 0.0),
-            kernels=kernels, precision=path.precision, note=trace.detail)  # fmt: skip
-    problems = check_trace(path.expected(spec), trace, "forward")
-    assert not problems, f"{path.name} on {spec.short()}: " + "; ".join(m.message for m in problems)
+    _overhead_row(request, lstmperf, overhead_shape, path.name, path, spec, raw, trace, seconds,
+                  precision=path.precision, note=trace.detail)  # fmt: skip
 
 
 # ------------------------------------------------------------------------------------------- precision

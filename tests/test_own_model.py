@@ -61,7 +61,8 @@ def test_clean_model_passes_every_cpu_path(x):
     assert "grad input 0" in onednn.errors
 
 
-def test_perturbed_fp32_outputs_fail(x, monkeypatch):
+def _perturb_fp32_outputs(monkeypatch) -> None:
+    """Every float32 ``nn.LSTM`` output sequence scaled by 1 + 1e-4 (the float64 reference untouched)."""
     original = torch.nn.LSTM.forward
 
     def perturbed(self, *args, **kwargs):
@@ -69,6 +70,10 @@ def test_perturbed_fp32_outputs_fail(x, monkeypatch):
         return (out * (1 + 1e-4) if out.dtype == torch.float32 else out), state
 
     monkeypatch.setattr(torch.nn.LSTM, "forward", perturbed)
+
+
+def test_perturbed_fp32_outputs_fail(x, monkeypatch):
+    _perturb_fp32_outputs(monkeypatch)
     torch.manual_seed(0)
     with pytest.raises(ModelCheckFailed) as failed:
         verify_model(Tagger(), x, device="cpu", paths=["torch-cpu-onednn", "torch-cpu-native"])
@@ -222,13 +227,7 @@ def test_known_finding_with_good_numbers_is_reported_not_failed(x, onednn_fallba
 
 
 def test_known_finding_never_excuses_numbers_out_of_bound(x, onednn_fallback_documented, monkeypatch):
-    original = torch.nn.LSTM.forward
-
-    def perturbed(self, *args, **kwargs):
-        out, state = original(self, *args, **kwargs)
-        return (out * (1 + 1e-4) if out.dtype == torch.float32 else out), state
-
-    monkeypatch.setattr(torch.nn.LSTM, "forward", perturbed)
+    _perturb_fp32_outputs(monkeypatch)
     torch.manual_seed(0)
     with pytest.raises(ModelCheckFailed) as failed:
         verify_model(Tagger(), x, device="cpu", paths=["torch-cpu-onednn"])
