@@ -325,6 +325,22 @@ def test_add_recording_run_widens_the_noise_band_and_flags_unstable_counters() -
     assert band["runs"] == 3 and "aten_ops 10 vs 11" in band["host_counters_unstable"]
 
 
+def test_device_time_unsteady_between_recording_runs_is_flagged_when_recorded() -> None:
+    """The H100 reduce-overhead entry: device medians 5.67, 3.77 and 4.08 ms over three recording runs."""
+    from pytest_lstmperf.speed.baseline import _device_unsteady, add_recording_run
+
+    entry = {"stats": {"data": [6.0, 6.1, 6.0]}, "extra_info": {"device_samples": [5.67e-3] * 3, "noise_band": {}}}
+    assert _device_unsteady(entry["extra_info"]["noise_band"]) == ""
+    add_recording_run(entry, _rec("b", [6.0, 6.0, 6.0], [3.77e-3] * 3, None))
+    add_recording_run(entry, _rec("b", [6.0, 6.0, 6.0], [4.08e-3] * 3, None))
+    flag = _device_unsteady(entry["extra_info"]["noise_band"])
+    assert flag.startswith("device time unsteady between recording runs (5.67 ms, 3.77 ms, 4.08 ms: 47% spread)")
+    assert "past 1.93x" in flag
+    steady = {"stats": {"data": [1.0] * 3}, "extra_info": {"device_samples": [1e-3] * 3, "noise_band": {}}}
+    add_recording_run(steady, _rec("b", [1.0] * 3, [1.01e-3] * 3, None))
+    assert _device_unsteady(steady["extra_info"]["noise_band"]) == ""
+
+
 def test_add_baseline_run_needs_a_recorded_baseline(tmp_path) -> None:
     from pytest_lstmperf.speed.baseline import BaselineError, BaselineStore
 

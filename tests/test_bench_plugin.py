@@ -431,8 +431,11 @@ def test_help_lists_the_gate_options(pytester: pytest.Pytester) -> None:
 # ------------------------------------------------------------------------------------ pure parts, in process
 def test_round_plan_bounds() -> None:
     plan = timing.RoundPlan(min_rounds=15, max_rounds=60, target_s=0.5)
-    assert plan.rounds_for(1.0) == 15 and plan.rounds_for(1e-6) == 60 and plan.rounds_for(0.02) == 25
+    assert plan.rounds_for(1.0) == 8 and plan.rounds_for(1e-6) == 60 and plan.rounds_for(0.02) == 25
     assert plan.rounds_for(0.0) == 15
+    # a long call (the Keras generic loop) gets fewer rounds once they would pass 2 s: never under half
+    assert plan.rounds_for(0.1) == 15 and plan.rounds_for(0.2) == 10 and plan.rounds_for(0.3) == 8
+    assert timing.long_call_samples(0.3, 30) == 15  # the re-measurement still doubles them
 
 
 def test_throttle_flags_from_clock_samples() -> None:
@@ -678,6 +681,30 @@ def test_per_call_threshold_is_at_least_the_recorded_noise_band() -> None:
     assert speed_gate.decide_record(_gpu_record(1.25e-3, 2e-4), base, KNOBS).verdict == "regressed"
     quiet = _entry(_gpu_record(1e-3, 2e-4), spread=0.01)  # a quiet baseline keeps the configured 1.10
     assert speed_gate.decide_record(_gpu_record(1.13e-3, 2e-4), quiet, KNOBS).verdict == "regressed"
+
+
+def test_device_threshold_follows_the_recorded_device_spread_both_ways() -> None:
+    """The H100 false alarm (torch.compile reduce-overhead, event-timed: its three recording runs' device medians
+    5.67, 3.77 and 4.08 ms): a clean run at 1.30x failed the fixed 1.10. The threshold is now 1 + 2 x the
+    recorded spread, listed as raised; a steady entry still fails a 1.085x device slowdown."""
+    from pytest_lstmperf.speed.regression import GateResult
+
+    wide = _entry(_gpu_record(6e-3, 4e-3))
+    wide["extra_info"]["noise_band"] = {"runs": 3, "device_spread": 0.466, "per_call_spread": 0.46}
+    clean = speed_gate.decide_record(_gpu_record(6e-3, 5.2e-3), wide, KNOBS)
+    assert clean.verdict == "unchanged", clean
+    assert GateResult([clean]).wide_device() == [
+        ("t[x]", next(n for n in clean.notes if n.startswith("device threshold raised to 1.932")))
+    ]
+    assert speed_gate.decide_record(_gpu_record(6e-3, 8e-3), wide, KNOBS).verdict == "regressed"  # 2x
+    steady = _entry(_gpu_record(6e-3, 4e-3))
+    steady["extra_info"]["noise_band"] = {"runs": 3, "device_spread": 0.01, "per_call_spread": 0.46}
+    slower = speed_gate.decide_record(_gpu_record(6e-3, 4.34e-3), steady, KNOBS)
+    assert slower.verdict == "regressed" and slower.metric == "device", slower
+    assert GateResult([slower]).wide_device() == []
+    # an explicit threshold holds every entry to it
+    explicit = speed_gate.GateKnobs("auto", 1.10, 0.002, False, explicit_ratio=True)
+    assert speed_gate.decide_record(_gpu_record(6e-3, 5.2e-3), wide, explicit).verdict == "regressed"
 
 
 def test_host_counter_change_fails_with_the_counter_named() -> None:

@@ -262,3 +262,22 @@ def test_known_keras_bug_mixed_gru_without_bias_still_raises() -> None:
     assert path.supports(spec.replace(bias=True)) is None
     with pytest.raises(KerasWorkerError, match="carry input and carry output must have equal types"):
         path.prepare(make_case(spec), resolve_device("cpu")).run()
+
+
+def test_prestarted_workers_start_side_by_side_and_fail_with_their_reason() -> None:
+    """On a GPU the session starts every Keras worker it will need at once (their imports take seconds each);
+    the worker prestarted is the one get_worker hands out, and one that cannot start says why when asked."""
+    pytest.importorskip("keras")
+    pytest.importorskip("jax")
+    from pytest_lstmperf.paths.keras import pool
+    from pytest_lstmperf.paths.keras.transport import KerasUnavailable
+
+    pool.prestart(["jax", "no-such-backend"])
+    started = pool._STARTING.get("jax") or pool._WORKERS.get("jax")
+    assert started is not None
+    worker = pool.get_worker("jax")
+    assert worker is started and worker.info and worker.info["backend"] == "jax"
+    with pytest.raises(KerasUnavailable, match="no-such-backend"):
+        pool.get_worker("no-such-backend")
+    assert "no-such-backend" in pool._FAILED
+    pool._FAILED.pop("no-such-backend")

@@ -379,7 +379,12 @@ def test_per_call_suspect_with_steady_device_time_is_measured_again(monkeypatch)
     monkeypatch.setattr(timing, "time_rounds", lambda timed, rounds, clock: ([1.0e-3] * rounds, None))
     graphs = {"device_time_method": "cuda-graph", "device_samples": [1e-4] * 10}
     entry = {"extra_info": graphs, "stats": {"data": [1.0e-3] * 15}}
-    stub = types.SimpleNamespace(_baseline_entry=lambda: entry, config=None, _per_call_limit=lambda e, limit: 1.6)
+    stub = types.SimpleNamespace(
+        _baseline_entry=lambda: entry,
+        config=None,
+        _per_call_limit=lambda e, limit: 1.6,
+        _knobs=lambda: types.SimpleNamespace(explicit_ratio=False),
+    )
     plan = types.SimpleNamespace(warmup=1, device_samples=10)
 
     def device(n: int):

@@ -291,8 +291,12 @@ def test_device_threshold_from_recording_runs() -> None:
     assert ratio == DEVICE_FLOOR and "3 recording runs" in why
     # a 4% spread: 1 + 2 x 4%
     assert abs(device_threshold(1.10, {"runs": 3, "device_spread": 0.04})[0] - 1.08) < 1e-9
-    # a wide spread never raises the threshold above the configured one
-    assert device_threshold(1.10, {"runs": 3, "device_spread": 0.2}) == (1.10, "")
+    # exactly at the configured threshold: no note
+    assert device_threshold(1.10, {"runs": 3, "device_spread": 0.05}) == (1.10, "")
+    # a spread wider than the configured threshold raises it, and the note says what is no longer resolved
+    ratio, why = device_threshold(1.10, {"runs": 3, "device_spread": 0.2})
+    assert abs(ratio - 1.40) < 1e-9
+    assert why.startswith("device threshold raised to 1.400") and "below 1.40x is not resolved" in why
 
 
 def test_device_threshold_catches_a_small_device_slowdown() -> None:

@@ -51,7 +51,7 @@ def print_speed_section(tr: Any, config: pytest.Config, state: GateState, device
 
 
 def _print_gate(tr: Any, config: pytest.Config, state: GateState) -> None:
-    from ..speed.regression import format_table
+    from ..speed.regression import WIDE_DEVICE_NOTE, format_table
 
     assert state.baseline is not None and state.gate is not None
     gate = state.gate
@@ -75,12 +75,22 @@ def _print_gate(tr: Any, config: pytest.Config, state: GateState) -> None:
             "(record the baseline again to gate host work)",
             yellow=True,
         )
+    wide = gate.wide_device()
+    if wide:
+        tr.write_line(
+            f"{len(wide)} benchmark(s) with a raised device threshold: their baseline's device time spread wider "
+            "between recording runs than the configured threshold, so smaller device slowdowns are not resolved "
+            "there (re-record them on a quiet machine, or set --lstmperf-threshold to hold them to it):",
+            yellow=True,
+        )
+        for name, note in wide:
+            tr.write_line(f"  {name}: {note}", yellow=True)
     for decision in gate.decisions:
         remeasured = any("re-measurement" in n for n in decision.notes)
         if not (decision.failed or decision.verdict == "inconclusive" or remeasured or (verbose and decision.checks)):
             continue
         for line in (*decision.checks, *decision.notes):
-            if "no drift correction" in line or line.startswith("host: not compared"):
+            if "no drift correction" in line or line.startswith(("host: not compared", WIDE_DEVICE_NOTE)):
                 continue
             tr.write_line(f"  {decision.name}: {line}", red=decision.failed, yellow=not decision.failed)
 
@@ -156,5 +166,7 @@ def outcome_lines(config: pytest.Config, state: GateState, failed: bool) -> list
                 f"--lstmperf-accept-inconclusive (env PYTEST_LSTMPERF_ACCEPT_INCONCLUSIVE=1)"
             )
     if not failed and not gate.failed:
-        lines.append(f"speed gate passed: {gate.compared} benchmark(s) compared, none slower")
+        wide = len(gate.wide_device())
+        blunted = f" ({wide} with a raised device threshold, listed above)" if wide else ""
+        lines.append(f"speed gate passed: {gate.compared} benchmark(s) compared, none slower{blunted}")
     return lines

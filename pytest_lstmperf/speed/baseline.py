@@ -409,9 +409,13 @@ class BaselineStore:
                 continue
             add_recording_run(entry, record)
             report.updated.append(record["fullname"])
-            flag = entry["extra_info"]["noise_band"].get("host_counters_unstable")
+            band = entry["extra_info"]["noise_band"]
+            flag = band.get("host_counters_unstable")
             if flag:
                 report.flags.append(f"{record['fullname']}: host counters differ between recording runs: {flag}")
+            wide = _device_unsteady(band)
+            if wide:
+                report.flags.append(f"{record['fullname']}: {wide}")
         report.untouched = len(set(entries) - set(report.updated))
         report.added_run = True
         if report.updated:
@@ -529,6 +533,22 @@ def add_recording_run(entry: dict[str, Any], record: Mapping[str, Any]) -> None:
         moved = sorted(k for k in set(then) | set(counters) if then.get(k) != counters.get(k))
         band["host_counters_unstable"] = "; ".join(f"{k} {then.get(k)} vs {counters.get(k)}" for k in moved)
     extra["noise_band"] = band
+
+
+def _device_unsteady(band: Mapping[str, Any]) -> str:
+    """A description when the recording runs' device medians spread so wide that the gate's device threshold
+    for the entry rises above the default (``regression.device_threshold``), else ''."""
+    from .regression import NOISE_K
+
+    spread = band.get("device_spread")
+    medians = [r.get("device_median") for r in band.get("recording_runs") or [] if r.get("device_median")]
+    if spread is None or len(medians) < 2 or 1.0 + NOISE_K * float(spread) <= 1.10:
+        return ""
+    shown = ", ".join(f"{m * 1e3:.3g} ms" for m in medians)
+    return (
+        f"device time unsteady between recording runs ({shown}: {float(spread):.0%} spread); the gate resolves "
+        f"only device slowdowns past {1.0 + NOISE_K * float(spread):.2f}x here"
+    )
 
 
 def _run_summary(data: Any, extra: Mapping[str, Any]) -> dict[str, Any]:

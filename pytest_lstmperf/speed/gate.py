@@ -179,30 +179,43 @@ def _device_decision(
     host_bound: float | None = None,
 ) -> Decision:
     """Device time against the threshold; with the default threshold and a baseline recorded from several
-    runs, against ``regression.device_threshold`` (tighter where the device time was steady between runs).
+    runs, against ``regression.device_threshold`` (tighter where the device time was steady between runs,
+    wider where it was not).
     ``host_bound`` (the per-call threshold) applies instead where the device time came from CUDA events that
     measured the host's launch rate (``regression.events_host_bound``): such a figure moves with the host."""
     from dataclasses import replace
 
-    from .regression import HOST_BOUND_EVENTS, compare_samples, device_threshold
+    from .regression import compare_samples
 
     base = bextra.get("device_samples") or [] if now_device else []
-    notes: tuple[str, ...] = ()
-    if host_bound is not None and not explicit:
-        limits = replace(limits, ratio=max(limits.ratio, host_bound))
-        notes = (
-            f"device time from CUDA events is host-bound here (at least {HOST_BOUND_EVENTS:.0%} of the time per "
-            f"call: the GPU waited for launches), so it is held to the per-call threshold {limits.ratio:.3f}; "
-            "a device-side slowdown smaller than that is not resolved on this benchmark",
-        )
-    elif not explicit:
-        ratio, why = device_threshold(limits.ratio, bextra.get("noise_band"))
-        limits = replace(limits, ratio=ratio)
-        notes = (why,) if why else ()
+    ratio, notes = device_limit(bextra, limits.ratio, explicit, host_bound)
+    limits = replace(limits, ratio=ratio)
     decision = compare_samples(name, base, now_device, limits, **kernels)
     if not now_device:
         notes = (*notes, "no device time of one method on both sides")
     return replace(decision, metric="device", notes=(*decision.notes, *notes))
+
+
+def device_limit(
+    bextra: dict[str, Any], ratio: float, explicit: bool = False, host_bound: float | None = None
+) -> tuple[float, tuple[str, ...]]:
+    """The device-time threshold of one baseline entry, and the notes that explain it: ``ratio`` as given
+    when it was set explicitly; the per-call threshold ``host_bound`` where the event-timed device time is
+    host-bound; else ``regression.device_threshold`` of the entry's recorded noise band. The runner's
+    re-measurement and the gate use this one rule."""
+    from .regression import HOST_BOUND_EVENTS, device_threshold
+
+    if explicit:
+        return ratio, ()
+    if host_bound is not None:
+        limit = max(ratio, host_bound)
+        return limit, (
+            f"device time from CUDA events is host-bound here (at least {HOST_BOUND_EVENTS:.0%} of the time per "
+            f"call: the GPU waited for launches), so it is held to the per-call threshold {limit:.3f}; "
+            "a device-side slowdown smaller than that is not resolved on this benchmark",
+        )
+    limit, why = device_threshold(ratio, bextra.get("noise_band"))
+    return limit, ((why,) if why else ())
 
 
 def _per_call_decision(

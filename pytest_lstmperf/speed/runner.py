@@ -342,11 +342,18 @@ class BenchRunner:
         if used == "per-call" and base_extra.get("timer", "time.perf_counter") != extra.get("timer"):
             return  # another clock: not comparable, and the gate says so
         limit = thresholds.get("ratio", options.resolve(self.config, "lstmperf_threshold").value)
+        per_call_limit = self._per_call_limit(entry, limit) if metric in ("auto", "per-call") else None
+        if used == "device":  # the device threshold the gate will apply to this entry
+            from .gate import device_limit
+            from .regression import events_host_bound
+
+            explicit = "ratio" in thresholds or self._knobs().explicit_ratio
+            host_bound = per_call_limit if events_host_bound(base_extra) or events_host_bound(extra) else None
+            limit = device_limit(base_extra, limit, explicit, host_bound)[0]
         # device samples move by a few percent between runs: a device ratio half-way to the threshold is
         # already worth a second look; per-call times are noisier, and are looked at again past the threshold
         # the gate applies to them (its noise band)
         device_trigger = 1.0 + (limit - 1.0) / 2
-        per_call_limit = self._per_call_limit(entry, limit) if metric in ("auto", "per-call") else None
         first = _ratio(base, now) if used == "device" else None
         per_call_first = _ratio(base_data, data) if per_call_limit else None
         device_suspect = (first or 0.0) > device_trigger
@@ -374,12 +381,19 @@ class BenchRunner:
 
     def _per_call_limit(self, entry: dict[str, Any], limit: float) -> float:
         """The per-call threshold the gate will apply to this entry (its noise band, or the pooled one)."""
-        from .gate import gate_knobs, per_call_threshold
+        from .gate import per_call_threshold
+
+        return per_call_threshold(entry, limit, self._knobs())[0]
+
+    def _knobs(self) -> Any:
+        """The gate's settings against the compared baseline, computed once per run."""
+        from .gate import gate_knobs
 
         state = self.state
         if state.knobs is None:
+            assert state.baseline is not None
             state.knobs = gate_knobs(self.config, state.baseline)
-        return per_call_threshold(entry, limit, state.knobs)[0]
+        return state.knobs
 
     def _clock(self, extra: dict[str, Any], sampler: ClockSampler | None, windows: list[tuple[float, float]]) -> None:
         if sampler is None or not sampler.active:

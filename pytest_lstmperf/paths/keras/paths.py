@@ -333,6 +333,15 @@ def _gpu_missing(backend: str, info: dict) -> str:
     return f"torch {info.get('torch')} sees no CUDA device in the Keras worker"
 
 
+def prestart_workers(paths: list[ExecutionPath]) -> None:
+    """Start the Keras workers that ``paths`` (GPU Keras paths) will ask for, side by side, before their
+    availability is checked one path at a time (:func:`.pool.prestart`)."""
+    from .pool import prestart
+
+    backends = [p.options["keras"].backend for p in paths if "keras" in p.options and p.device == "cuda"]
+    prestart([b for b in dict.fromkeys(backends) if _missing(b) is None])
+
+
 def available(path: ExecutionPath, device: DeviceInfo) -> str | None:
     options = path.options["keras"]
     reason = _missing(options.backend)
@@ -344,7 +353,7 @@ def available(path: ExecutionPath, device: DeviceInfo) -> str | None:
     from .transport import KerasUnavailable
 
     try:
-        info = get_worker(options.backend).info
+        info = get_worker(options.backend).handshake()
     except KerasUnavailable as exc:
         return str(exc)
     if not info.get("gpus"):

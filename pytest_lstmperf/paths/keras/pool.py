@@ -26,7 +26,7 @@ from .transport import KerasUnavailable, KerasWorkerError, recv, send
 class WorkerClient:
     """A persistent worker process for one Keras backend."""
 
-    def __init__(self, backend: str, startup_timeout: float = 120.0) -> None:
+    def __init__(self, backend: str, startup_timeout: float = 120.0, handshake: bool = True) -> None:
         self.backend = backend
         self.lock = threading.Lock()
         self.pending_release: list[int] = []
@@ -47,14 +47,22 @@ class WorkerClient:
             stderr=self.log,
             env=env,
         )
-        try:
-            hello = recv(self.process.stdout)
-        except EOFError:
-            raise KerasUnavailable(f"Keras worker ({backend}) exited at start: {self.log_tail()}") from None
-        if not hello["ok"]:
-            self.close()
-            raise KerasUnavailable(f"Keras on the {backend} backend cannot start: {hello['error']}")
-        self.info: dict[str, Any] = hello["result"]
+        self.info: dict[str, Any] | None = None
+        if handshake:
+            self.handshake()
+
+    def handshake(self) -> dict[str, Any]:
+        """Wait for the worker's hello (sent once its imports are done); its info, or KerasUnavailable."""
+        if self.info is None:
+            try:
+                hello = recv(self.process.stdout)
+            except EOFError:
+                raise KerasUnavailable(f"Keras worker ({self.backend}) exited at start: {self.log_tail()}") from None
+            if not hello["ok"]:
+                self.close()
+                raise KerasUnavailable(f"Keras on the {self.backend} backend cannot start: {hello['error']}")
+            self.info = hello["result"]
+        return self.info
 
     def log_tail(self, chars: int = 2000) -> str:
         try:
@@ -106,8 +114,24 @@ class WorkerClient:
 
 
 _WORKERS: dict[str, WorkerClient] = {}
+_STARTING: dict[str, WorkerClient] = {}  # started by prestart(), hello not read yet
 _FAILED: dict[str, str] = {}
 _POOL_LOCK = threading.Lock()
+
+
+def prestart(backends: list[str]) -> None:
+    """Start the workers for ``backends`` now without waiting for them: each worker's imports (Keras, its
+    backend, the GPU runtime: seconds each) then run beside the others' and beside the test process's own
+    start-up, instead of one after another. :func:`get_worker` waits for the hello."""
+    with _POOL_LOCK:
+        for backend in dict.fromkeys(backends):
+            running = _WORKERS.get(backend)
+            if backend in _FAILED or backend in _STARTING or (running is not None and running.alive):
+                continue
+            try:
+                _STARTING[backend] = WorkerClient(backend, handshake=False)
+            except OSError:
+                continue  # get_worker starts it again and reports what fails
 
 
 def get_worker(backend: str) -> WorkerClient:
@@ -116,9 +140,10 @@ def get_worker(backend: str) -> WorkerClient:
         if backend in _FAILED:
             raise KerasUnavailable(_FAILED[backend])
         worker = _WORKERS.get(backend)
-        if worker is None or not worker.alive:
+        if worker is None or not worker.alive or worker.info is None:
+            worker = _STARTING.pop(backend, None) or WorkerClient(backend, handshake=False)
             try:
-                worker = WorkerClient(backend)
+                worker.handshake()
             except KerasUnavailable as exc:
                 _FAILED[backend] = str(exc)
                 raise
@@ -128,9 +153,10 @@ def get_worker(backend: str) -> WorkerClient:
 
 def shutdown_workers() -> None:
     with _POOL_LOCK:
-        for worker in _WORKERS.values():
+        for worker in [*_WORKERS.values(), *_STARTING.values()]:
             worker.close()
         _WORKERS.clear()
+        _STARTING.clear()
 
 
 atexit.register(shutdown_workers)
