@@ -263,3 +263,24 @@ def test_known_precision_finding_holds_numbers_to_what_ran(x, monkeypatch):
     assert outcome.known and "[precision: observed fp16]" in outcome.known[0]
     assert not any(m.check in ("kernel", "precision") for m in outcome.mismatches), outcome.report
     assert "/fp16 forward" in outcome.bounds["forward"] and "/fp16 backward" in outcome.bounds["backward"]
+
+
+def test_verify_model_on_an_unsupported_keras_backend_says_which_are_supported() -> None:
+    """Keras on JAX: a clear error that names the backend and the supported ones, before any work."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("jax")
+    code = (
+        "import keras, numpy as np, pytest_lstmperf\n"
+        "m = keras.Sequential([keras.Input((5, 3)), keras.layers.LSTM(4)])\n"
+        "try:\n"
+        "    pytest_lstmperf.verify_model(m, np.zeros((2, 5, 3), 'float32'))\n"
+        "except ValueError as exc:\n"
+        "    print('ERROR', exc)\n"
+    )
+    env = {**__import__("os").environ, "KERAS_BACKEND": "jax"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert (
+        "ERROR verify_model: Keras on the 'jax' backend is not supported (supported: tensorflow, torch" in out.stdout
+    ), out.stdout + out.stderr

@@ -632,6 +632,10 @@ def _seeded_loss(outs: list[Any], to64: Any, const: Any) -> Any:
     return sum(keras.ops.sum(to64(o) * const(rng.standard_normal(tuple(o.shape)))) for o in outs)
 
 
+#: the Keras backends verify_model runs a Keras model on (gradients and per-layer kernel observation)
+KERAS_BACKENDS = ("tensorflow", "torch")
+
+
 def keras_model_paths(device: str) -> list[Any]:
     """The model as built (the backend's default kernel choice) and, on a GPU, with ``use_cudnn=False``."""
     import keras
@@ -649,8 +653,16 @@ def verify_keras_model(
 ) -> list[PathOutcome]:
     """:func:`verify_model` for a Keras model on the backend Keras runs (one per process): the model as built
     (and, on a GPU, with cuDNN off) against a float64 clone of it with the same weights."""
+    import keras
+
     from ..observation.eligibility import configs_from_model
 
+    if keras.backend.backend() not in KERAS_BACKENDS:
+        raise ValueError(
+            f"verify_model: Keras on the {keras.backend.backend()!r} backend is not supported (supported: "
+            f"{', '.join(KERAS_BACKENDS)}; set KERAS_BACKEND before Keras is imported). The eligibility report "
+            "(pytest_lstmperf.report(model), lstmperf report) covers a JAX model's layers."
+        )
     configs = configs_from_model(model)
     if not configs:
         raise ValueError(f"{model.name}: no built LSTM/GRU layer found")
