@@ -42,3 +42,12 @@ def clean_suites_run(tmp_path_factory: pytest.TempPathFactory) -> pytest.RunResu
     root = tmp_path_factory.mktemp("clean-suites")
     env = {k: v for k, v in os.environ.items() if k not in CLEARED_ENV}
     return run_pytest_in(root, *suites_args(CPU_TORCH_PATHS), env=env, timeout=600)
+
+
+@pytest.fixture(autouse=True)
+def _inner_runs_are_not_xdist_workers(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pytest run started by a test (pytester) must not inherit this run's pytest-xdist worker variables:
+    under ``-n`` it would believe itself a worker (pytest-benchmark then disables itself and writes no JSON)."""
+    if "pytester" in request.fixturenames:
+        for name in ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_TESTRUNUID"):
+            monkeypatch.delenv(name, raising=False)
