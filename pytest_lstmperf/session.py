@@ -114,7 +114,7 @@ class LstmPerfSession:
 
     @property
     def hypothesis_profile(self):
-        from .model.strategies import PROFILES
+        from .model.profiles import PROFILES
 
         return PROFILES[self.profile]
 
