@@ -162,10 +162,9 @@ class LstmPerfSession:
                 f"{settings['lstmperf_paths'].where()}: none of these paths runs on {device.name} (paths for "
                 f"{device.kind}: {', '.join(p.name for p in registry.for_device(device.kind))})"
             )
-        if any("keras" in path.options and path.device == "cuda" for path in selected):
-            from .paths.keras.paths import prestart_workers
+        from .paths.keras.paths import prestart_workers
 
-            prestart_workers(selected)
+        prestart_workers(selected)  # the GPU Keras paths' workers, side by side; nothing otherwise
         unavailable = {}
         for path in selected:
             reason = path.available(device)

@@ -538,16 +538,16 @@ def add_recording_run(entry: dict[str, Any], record: Mapping[str, Any]) -> None:
 def _device_unsteady(band: Mapping[str, Any]) -> str:
     """A description when the recording runs' device medians spread so wide that the gate's device threshold
     for the entry rises above the default (``regression.device_threshold``), else ''."""
-    from .regression import NOISE_K
+    from .regression import WIDE_DEVICE_NOTE, Thresholds, device_threshold
 
-    spread = band.get("device_spread")
     medians = [r.get("device_median") for r in band.get("recording_runs") or [] if r.get("device_median")]
-    if spread is None or len(medians) < 2 or 1.0 + NOISE_K * float(spread) <= 1.10:
+    threshold, note = device_threshold(Thresholds().ratio, band)
+    if len(medians) < 2 or not note.startswith(WIDE_DEVICE_NOTE):
         return ""
     shown = ", ".join(f"{m * 1e3:.3g} ms" for m in medians)
     return (
-        f"device time unsteady between recording runs ({shown}: {float(spread):.0%} spread); the gate resolves "
-        f"only device slowdowns past {1.0 + NOISE_K * float(spread):.2f}x here"
+        f"device time unsteady between recording runs ({shown}: {float(band['device_spread']):.0%} spread); the "
+        f"gate resolves only device slowdowns past {threshold:.2f}x here"
     )
 
 

@@ -26,7 +26,8 @@ from .transport import KerasUnavailable, KerasWorkerError, recv, send
 class WorkerClient:
     """A persistent worker process for one Keras backend."""
 
-    def __init__(self, backend: str, startup_timeout: float = 120.0, handshake: bool = True) -> None:
+    def __init__(self, backend: str, startup_timeout: float = 120.0) -> None:
+        """Start the worker; :meth:`handshake` waits for it to be ready."""
         self.backend = backend
         self.lock = threading.Lock()
         self.pending_release: list[int] = []
@@ -48,8 +49,6 @@ class WorkerClient:
             env=env,
         )
         self.info: dict[str, Any] | None = None
-        if handshake:
-            self.handshake()
 
     def handshake(self) -> dict[str, Any]:
         """Wait for the worker's hello (sent once its imports are done); its info, or KerasUnavailable."""
@@ -129,7 +128,7 @@ def prestart(backends: list[str]) -> None:
             if backend in _FAILED or backend in _STARTING or (running is not None and running.alive):
                 continue
             try:
-                _STARTING[backend] = WorkerClient(backend, handshake=False)
+                _STARTING[backend] = WorkerClient(backend)
             except OSError:
                 continue  # get_worker starts it again and reports what fails
 
@@ -140,8 +139,8 @@ def get_worker(backend: str) -> WorkerClient:
         if backend in _FAILED:
             raise KerasUnavailable(_FAILED[backend])
         worker = _WORKERS.get(backend)
-        if worker is None or not worker.alive or worker.info is None:
-            worker = _STARTING.pop(backend, None) or WorkerClient(backend, handshake=False)
+        if worker is None or not worker.alive:
+            worker = _STARTING.pop(backend, None) or WorkerClient(backend)
             try:
                 worker.handshake()
             except KerasUnavailable as exc:
