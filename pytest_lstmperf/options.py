@@ -184,6 +184,21 @@ add_setting(
     )
 )
 
+add_setting(
+    Setting(
+        "lstmperf_xla_cache",
+        "--lstmperf-xla-cache",
+        "PYTEST_LSTMPERF_XLA_CACHE",
+        "lstmperf_xla_cache",
+        "auto",
+        lambda raw: raw.strip() or "auto",
+        "persistent XLA compilation cache of the Keras-on-JAX worker: auto (~/.cache/pytest-lstmperf/xla, or "
+        "under $XDG_CACHE_HOME), off (compile every executable afresh), or a folder. A JAX_COMPILATION_CACHE_DIR "
+        "already set in the environment is used as it is",
+        "DIR",
+    )
+)
+
 
 # ------------------------------------------------------------------------------------- speed gate
 def parse_threshold(raw: str) -> float:

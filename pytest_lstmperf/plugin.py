@@ -25,7 +25,7 @@ pytest_plugins = [
     if importlib.util.find_spec(name) is not None
 ]
 
-CORE_SETTINGS = ["lstmperf_device", "lstmperf_paths", "lstmperf_profile", "lstmperf_seed"]
+CORE_SETTINGS = ["lstmperf_device", "lstmperf_paths", "lstmperf_profile", "lstmperf_seed", "lstmperf_xla_cache"]
 PATH_FIXTURE = "lstmperf_path"
 PAIR_FIXTURE = "lstmperf_pair"
 

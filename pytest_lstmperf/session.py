@@ -127,6 +127,13 @@ class LstmPerfSession:
         ]
         for name, reason in self.unavailable.items():
             lines.append(f"lstmperf: path {name} unavailable: {reason}")
+        if any("keras" in p.options and p.options["keras"].backend == "jax" for p in self.available_paths):
+            from .paths.keras.pool import xla_cache_description
+
+            where = self.settings["lstmperf_xla_cache"].where()
+            lines.append(
+                f"lstmperf: XLA compilation cache of the Keras-on-JAX worker: {xla_cache_description()} [{where}]"
+            )
         if self.settings["lstmperf_paths"].value is None:
             from . import paths as registry
 
@@ -163,7 +170,9 @@ class LstmPerfSession:
                 f"{device.kind}: {', '.join(p.name for p in registry.for_device(device.kind))})"
             )
         from .paths.keras.paths import prestart_workers
+        from .paths.keras.pool import resolve_xla_cache, set_xla_cache
 
+        set_xla_cache(resolve_xla_cache(settings["lstmperf_xla_cache"].value))
         prestart_workers(selected)  # the GPU Keras paths' workers, side by side; nothing otherwise
         unavailable = {}
         for path in selected:

@@ -281,3 +281,50 @@ def test_prestarted_workers_start_side_by_side_and_fail_with_their_reason() -> N
         pool.get_worker("no-such-backend")
     assert "no-such-backend" in pool._FAILED
     pool._FAILED.pop("no-such-backend")
+
+
+@needs_jax
+def test_xla_cache_hands_a_new_worker_the_executables_an_earlier_one_compiled(tmp_path, monkeypatch) -> None:
+    """``--lstmperf-xla-cache``: a second worker process (the next run) loads every executable the first one
+    compiled, runs the same numbers, and the kernel trace still reads the loaded executable's HLO."""
+    from pytest_lstmperf.paths.keras import pool
+
+    monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
+    folder = tmp_path / "xla"
+    monkeypatch.setattr(pool, "_XLA_CACHE", [str(folder)])
+    runs = []
+    for _ in range(2):  # two workers of their own, not the session's
+        monkeypatch.setattr(pool, "_WORKERS", {})
+        monkeypatch.setattr(pool, "_STARTING", {})
+        try:
+            _, result = _run("keras-jax-cpu", SPEC)
+        finally:
+            pool.shutdown_workers()
+        runs.append((sorted(p.name for p in folder.glob("*-cache")), result))
+    (first, one), (second, two) = runs
+    assert len(first) >= 2, "the first worker cached no forward and training executables"
+    assert second == first, "the second worker compiled executables the cache should have served"
+    np.testing.assert_array_equal(one.output, two.output)
+    assert (two.forward_trace.family, two.backward_trace.family) == ("jax-generic", "jax-generic")
+    assert "while" in two.forward_trace.ops
+
+
+def test_xla_cache_setting_and_header(pytester: pytest.Pytester, monkeypatch, tmp_path) -> None:
+    from pytest_lstmperf.paths.keras import pool
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert pool.resolve_xla_cache("auto") == str(tmp_path / "pytest-lstmperf" / "xla")
+    assert pool.resolve_xla_cache("off") is None
+    monkeypatch.setattr(pool, "_XLA_CACHE", ["/cache"])
+    assert pool.xla_cache_env({})["JAX_COMPILATION_CACHE_DIR"] == "/cache"
+    assert pool.xla_cache_env({"JAX_COMPILATION_CACHE_DIR": "/mine"}) == {}  # the environment's own wins
+    monkeypatch.setattr(pool, "_XLA_CACHE", [None])
+    assert pool.xla_cache_env({}) == {}
+    if importlib.util.find_spec("jax") is None or importlib.util.find_spec("keras") is None:
+        return
+    monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
+    args = ["-p", "no:cacheprovider", "--collect-only", "--device=cpu", "--lstmperf-paths=keras-jax-cpu"]
+    result = pytester.runpytest_subprocess(*args, "--lstmperf-xla-cache=off")
+    result.stdout.fnmatch_lines(["*XLA compilation cache of the Keras-on-JAX worker: off*[--lstmperf-xla-cache=off]"])
+    result = pytester.runpytest_subprocess(*args, f"--lstmperf-xla-cache={tmp_path / 'x'}")
+    result.stdout.fnmatch_lines([f"*XLA compilation cache of the Keras-on-JAX worker: {tmp_path / 'x'} (empty)*"])

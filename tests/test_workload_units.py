@@ -262,6 +262,12 @@ def test_measured_peak_is_the_best_over_sizes_and_repeats(monkeypatch: pytest.Mo
     # bf16: its own GEMMs and the fp32 ones are candidates; the best of all of them is the peak
     assert timing.measured_peak_flops("cpu", "bf16") == 2 * 512**3 / 2e-3
     assert {dtype for _, dtype in asked} == {"bfloat16", "float32"}
+    # the CPU's budget is 10 ms: a 12 ms call at 1024 ends the CPU sizes (a GPU's budget is 50 ms)
+    seconds[(1024, "float32")] = 12e-3
+    asked.clear()
+    monkeypatch.setattr(timing, "_PEAKS", {})
+    assert timing.measured_peak_flops("cpu", "fp32") == 2 * 1024**3 / 12e-3
+    assert asked == [(256, "float32"), (512, "float32"), (1024, "float32")]
 
 
 def _bench_record(path: str, seconds: float, device: str = "cpu", kernel: str = "cpu-native") -> dict:

@@ -39,6 +39,8 @@ class WorkerClient:
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         # JAX would take 75% of the GPU at start; the torch paths of the same session share that GPU
         env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+        if backend == "jax":
+            env.update(xla_cache_env(env))
         root = str(Path(__file__).resolve().parents[3])
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         self.process = subprocess.Popen(
@@ -110,6 +112,57 @@ class WorkerClient:
             os.unlink(self.log.name)
         except OSError:
             pass
+
+
+#: the folder of the JAX worker's persistent compilation cache (None: off); :func:`set_xla_cache` sets it
+_XLA_CACHE: list[str | None] = [None]
+
+
+def resolve_xla_cache(value: str) -> str | None:
+    """The folder for ``--lstmperf-xla-cache``: ``auto`` is ``pytest-lstmperf/xla`` in the user's cache folder
+    (``$XDG_CACHE_HOME``, else ``~/.cache``), ``off`` is None, anything else is that folder."""
+    if value == "off":
+        return None
+    if value == "auto":
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        return os.path.join(base, "pytest-lstmperf", "xla")
+    return os.path.abspath(os.path.expanduser(value))
+
+
+def set_xla_cache(folder: str | None) -> None:
+    """Workers started from now on keep their compiled XLA executables in ``folder`` (None: no cache)."""
+    _XLA_CACHE[0] = folder
+
+
+def xla_cache_env(env: dict[str, str]) -> dict[str, str]:
+    """The variables that give a JAX worker with environment ``env`` the persistent compilation cache.
+
+    XLA compiles every Keras-on-JAX layer anew for each shape (seconds per executable on a GPU); with the cache a
+    second run loads the executables it compiled before (key: the program, the jax/jaxlib version, the XLA
+    flags and the device), so what runs and is observed is the same executable. Every executable is kept
+    (JAX's defaults keep only compiles over 1 s). A cache the environment already names is left as it is."""
+    folder = _XLA_CACHE[0]
+    if folder is None or env.get("JAX_COMPILATION_CACHE_DIR"):
+        return {}
+    return {
+        "JAX_COMPILATION_CACHE_DIR": folder,
+        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+        "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
+    }
+
+
+def xla_cache_description() -> str:
+    """One line for the run's header: where the JAX worker's executables are cached, and how many are."""
+    folder = os.environ.get("JAX_COMPILATION_CACHE_DIR") or _XLA_CACHE[0]
+    if folder is None:
+        return "off (every executable compiled afresh)"
+    source = " (JAX_COMPILATION_CACHE_DIR)" if os.environ.get("JAX_COMPILATION_CACHE_DIR") else ""
+    try:
+        entries = [e for e in os.scandir(folder) if e.is_file()]
+    except OSError:
+        return f"{folder}{source} (empty)"
+    size = sum(e.stat().st_size for e in entries) / 2**20
+    return f"{folder}{source} ({len(entries)} entries, {size:.0f} MiB)"
 
 
 _WORKERS: dict[str, WorkerClient] = {}
