@@ -109,6 +109,10 @@ BASE_ARGS = [
     "--lstmperf-paths=spin-onednn",
     "-p",
     "no:randomly",
+    # the benchmark suite draws no hypothesis examples; hypothesis's own pytest plugin imports hypothesis at
+    # start-up (about 1 s of each of these runs on a 2-core machine)
+    "-p",
+    "no:hypothesispytest",
     "--benchmark-timer=time.thread_time",
     # the spin path's time is a constant CPU time by construction: no host drift to correct, while the
     # drift probe's own CPU time moved by up to 16% between runs on a shared 2-core VM (steal time)

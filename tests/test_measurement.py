@@ -24,6 +24,8 @@ USER_ARGS = [
     "--device=cpu",
     "-p",
     "no:randomly",
+    "-p",
+    "no:hypothesispytest",  # nothing here draws examples; its plugin's import costs about 1 s per run
     "--benchmark-timer=time.thread_time",
     "--lstmperf-drift=off",
 ]

@@ -138,7 +138,9 @@ def test_overhead_on_cpu() -> None:
 
 
 # ------------------------------------------------------------------------------------------- the suite
-SUITE_ARGS = ["-p", "no:cacheprovider", "--device=cpu", "-p", "no:randomly", "--benchmark-disable"]
+# the workload suite draws no hypothesis examples: hypothesis's plugin (about 1 s per run to import) is left out
+SUITE_ARGS = ["-p", "no:cacheprovider", "--device=cpu", "-p", "no:randomly", "-p", "no:hypothesispytest",
+              "--benchmark-disable"]  # fmt: skip
 
 
 def _suite(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
