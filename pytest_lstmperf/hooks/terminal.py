@@ -51,7 +51,7 @@ def print_speed_section(tr: Any, config: pytest.Config, state: GateState, device
 
 
 def _print_gate(tr: Any, config: pytest.Config, state: GateState) -> None:
-    from ..speed.regression import WIDE_DEVICE_NOTE, format_table
+    from ..speed.regression import format_table
 
     assert state.baseline is not None and state.gate is not None
     gate = state.gate
@@ -79,8 +79,9 @@ def _print_gate(tr: Any, config: pytest.Config, state: GateState) -> None:
     if wide:
         tr.write_line(
             f"{len(wide)} benchmark(s) with a raised device threshold: their baseline's device time spread wider "
-            "between recording runs than the configured threshold, so smaller device slowdowns are not resolved "
-            "there (re-record them on a quiet machine, or set --lstmperf-threshold to hold them to it):",
+            "between recording runs than the configured threshold, or their CUDA events time the host's launches, "
+            "so smaller device slowdowns are not resolved there (re-record noisy ones on a quiet machine, or set "
+            "--lstmperf-threshold to hold them to it):",
             yellow=True,
         )
         for name, note in wide:
@@ -90,7 +91,11 @@ def _print_gate(tr: Any, config: pytest.Config, state: GateState) -> None:
         if not (decision.failed or decision.verdict == "inconclusive" or remeasured or (verbose and decision.checks)):
             continue
         for line in (*decision.checks, *decision.notes):
-            if "no drift correction" in line or line.startswith(("host: not compared", WIDE_DEVICE_NOTE)):
+            if (
+                "no drift correction" in line
+                or line.startswith("host: not compared")
+                or line == decision.device_blunted
+            ):
                 continue
             tr.write_line(f"  {decision.name}: {line}", red=decision.failed, yellow=not decision.failed)
 

@@ -538,11 +538,11 @@ def add_recording_run(entry: dict[str, Any], record: Mapping[str, Any]) -> None:
 def _device_unsteady(band: Mapping[str, Any]) -> str:
     """A description when the recording runs' device medians spread so wide that the gate's device threshold
     for the entry rises above the default (``regression.device_threshold``), else ''."""
-    from .regression import WIDE_DEVICE_NOTE, Thresholds, device_threshold
+    from .regression import Thresholds, device_threshold
 
     medians = [r.get("device_median") for r in band.get("recording_runs") or [] if r.get("device_median")]
-    threshold, note = device_threshold(Thresholds().ratio, band)
-    if len(medians) < 2 or not note.startswith(WIDE_DEVICE_NOTE):
+    threshold, _ = device_threshold(Thresholds().ratio, band)
+    if len(medians) < 2 or threshold <= Thresholds().ratio:
         return ""
     shown = ", ".join(f"{m * 1e3:.3g} ms" for m in medians)
     return (

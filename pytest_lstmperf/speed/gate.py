@@ -189,11 +189,12 @@ def _device_decision(
 
     base = bextra.get("device_samples") or [] if now_device else []
     ratio, notes = device_limit(bextra, limits.ratio, explicit, host_bound)
+    blunted = notes[0] if notes and ratio > limits.ratio and now_device else ""
     limits = replace(limits, ratio=ratio)
     decision = compare_samples(name, base, now_device, limits, **kernels)
     if not now_device:
         notes = (*notes, "no device time of one method on both sides")
-    return replace(decision, metric="device", notes=(*decision.notes, *notes))
+    return replace(decision, metric="device", notes=(*decision.notes, *notes), device_blunted=blunted)
 
 
 def device_limit(

@@ -85,6 +85,9 @@ class Decision:
     metric: str = "per-call"  # which samples decided: "device" (CUDA-graph replay) or "per-call"
     per_call_ratio: float | None = None  # median(now) / median(baseline) of the per-call times, for the table
     checks: tuple[str, ...] = ()  # one line per metric that was decided on (device, per-call, host counters)
+    #: why this benchmark's device threshold lies above the configured one (recorded noise between baseline
+    #: runs, or event timing that follows the host): the device slowdowns it does not resolve; "" where none
+    device_blunted: str = ""
 
     @property
     def failed(self) -> bool:
@@ -108,6 +111,7 @@ class Decision:
             "metric": self.metric,
             "per_call_ratio": self.per_call_ratio,
             "checks": list(self.checks),
+            "device_blunted": self.device_blunted,
         }
 
 
@@ -463,7 +467,8 @@ def combine(decisions: Sequence[Decision], extra_checks: Sequence[str] = ()) -> 
     numbers = worst if worst.ratio is not None else next((d for d in decisions if d.ratio is not None), worst)
     checks = tuple(f"{d.metric}: {_check_text(d)}" for d in decisions if d.metric != "host") + tuple(extra_checks)
     notes = tuple(dict.fromkeys(n for d in decisions for n in d.notes))
-    return replace(numbers, verdict=worst.verdict, checks=checks, notes=notes)
+    blunted = next((d.device_blunted for d in decisions if d.device_blunted), "")
+    return replace(numbers, verdict=worst.verdict, checks=checks, notes=notes, device_blunted=blunted)
 
 
 def _check_text(d: Decision) -> str:
@@ -505,13 +510,10 @@ class GateResult:
         return out
 
     def wide_device(self) -> list[tuple[str, str]]:
-        """Compared benchmarks whose device threshold the baseline's recorded noise raised above the configured
-        one: (name, note). Listed with every verdict, so a blunted check is never a silent one."""
-        out = []
-        for d in self.decisions:
-            if d.verdict in COMPARED:
-                out.extend((d.name, n) for n in d.notes if n.startswith(WIDE_DEVICE_NOTE))
-        return out
+        """Compared benchmarks whose device threshold lies above the configured one (``Decision.device_blunted``:
+        the baseline's recorded noise, or CUDA-event timing that follows the host): (name, why). Listed with
+        every verdict, so a blunted check is never a silent one."""
+        return [(d.name, d.device_blunted) for d in self.decisions if d.verdict in COMPARED and d.device_blunted]
 
     def summary(self) -> str:
         parts = [f"{self.count(v)} {v}" for v in VERDICTS if self.count(v)]
