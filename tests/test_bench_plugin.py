@@ -709,6 +709,33 @@ def test_per_call_threshold_is_at_least_the_recorded_noise_band() -> None:
     assert speed_gate.decide_record(_gpu_record(1.13e-3, 2e-4), quiet, KNOBS).verdict == "regressed"
 
 
+def test_ratio_is_taken_against_the_centre_of_the_recording_runs() -> None:
+    """The H100 false alarm of 2026-11-24 (autocast-bf16 GRU inference): recording runs at 0.96, 1.42 and 1.49 ms
+    per call (band 37%, threshold 1.74), a clean run at 1.78 ms: 1.86x the first run, whose samples are stored,
+    but 1.25x the centre the band was measured around. Ratios are now taken against that centre, for per-call and
+    device time alike; a slowdown past the threshold from the centre still fails."""
+    from pytest_lstmperf.speed.regression import centred_baseline
+
+    first, later = 0.958e-3, (1.424e-3, 1.486e-3)
+    runs = [{"per_call_median": m, "device_median": 1.6e-4 * m / first} for m in (first, *later)]
+    base = _entry(_gpu_record(first, 1.6e-4))
+    base["extra_info"]["noise_band"] = {"runs": 3, "per_call_spread": 0.371, "device_spread": 0.371,
+                                        "recording_runs": runs}  # fmt: skip
+    clean = speed_gate.decide_record(_gpu_record(1.78e-3, 1.6e-4 * 1.78 / 0.958), base, KNOBS)
+    assert clean.verdict == "unchanged", clean
+    assert any(n.startswith("per-call compared with the centre of the 3 recording runs") for n in clean.notes)
+    assert any(n.startswith("device compared with the centre") for n in clean.notes)
+    slow = speed_gate.decide_record(_gpu_record(1.424e-3 * 1.9, 1.6e-4 * 1.424 / 0.958), base, KNOBS)
+    assert slow.verdict == "regressed" and slow.metric == "per-call" and abs(slow.ratio - 1.9) < 0.05, slow
+    slow_device = speed_gate.decide_record(_gpu_record(1.424e-3, 1.6e-4 * 1.424 / 0.958 * 1.9), base, KNOBS)
+    assert slow_device.verdict == "regressed" and slow_device.metric == "device", slow_device
+    # one recording run: the samples as stored, no note
+    assert centred_baseline([1.0, 2.0, 3.0], {"recording_runs": runs[:1]}, "per-call") == ([1.0, 2.0, 3.0], "")
+    three = {"recording_runs": [{"per_call_median": m} for m in (2.0, 3.0, 4.0)]}
+    scaled, note = centred_baseline([1.0, 2.0, 3.0], three, "per-call")
+    assert scaled == [1.5, 3.0, 4.5] and "3 recording runs" in note
+
+
 def test_device_threshold_follows_the_recorded_device_spread_both_ways() -> None:
     """The H100 false alarm (torch.compile reduce-overhead, event-timed: its three recording runs' device medians
     5.67, 3.77 and 4.08 ms): a clean run at 1.30x failed the fixed 1.10. The threshold is now 1 + 2 x the

@@ -185,15 +185,18 @@ def _device_decision(
     measured the host's launch rate (``regression.events_host_bound``): such a figure moves with the host."""
     from dataclasses import replace
 
-    from .regression import compare_samples
+    from .regression import centred_baseline, compare_samples
 
-    base = bextra.get("device_samples") or [] if now_device else []
+    base, centred = centred_baseline(
+        bextra.get("device_samples") or [] if now_device else [], bextra.get("noise_band"), "device"
+    )
     ratio, notes = device_limit(bextra, limits.ratio, explicit, host_bound)
     blunted = notes[0] if notes and ratio > limits.ratio and now_device else ""
     limits = replace(limits, ratio=ratio)
     decision = compare_samples(name, base, now_device, limits, **kernels)
     if not now_device:
         notes = (*notes, "no device time of one method on both sides")
+    notes = (*notes, centred) if centred else notes
     return replace(decision, metric="device", notes=(*decision.notes, *notes), device_blunted=blunted)
 
 
@@ -231,14 +234,14 @@ def _per_call_decision(
     """Per-call time (host overhead included) against max(threshold, 1 + k x the baseline's noise band)."""
     from dataclasses import replace
 
-    from .regression import compare_samples, drift_ratio
+    from .regression import centred_baseline, compare_samples, drift_ratio
 
     bextra = entry.get("extra_info", {})
-    base_data: list[float] = list(entry["stats"]["data"])
-    notes: list[str] = []
+    base_data, centred = centred_baseline(entry["stats"]["data"], bextra.get("noise_band"), "per-call")
+    notes: list[str] = [centred] if centred else []
     timers = (bextra.get("timer", "time.perf_counter"), extra.get("timer", "time.perf_counter"))
     if timers[0] != timers[1]:
-        base_data, now_data = [], []  # not comparable: inconclusive (a kernel change still counts)
+        base_data, now_data, notes = [], [], []  # not comparable: inconclusive (a kernel change still counts)
         notes.append(f"timed with {timers[1]}, the baseline with {timers[0]}")
     threshold = limits.ratio
     drift = None

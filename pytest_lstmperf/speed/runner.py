@@ -330,15 +330,18 @@ class BenchRunner:
         rounds and device samples) and record both in ``extra["remeasured"]``: the first figures alone never
         fail the build; the gate decides every metric on the re-measured samples."""
         from . import timing
-        from .regression import pick_samples
+        from .regression import centred_baseline, pick_samples
 
         entry = self._baseline_entry()
         if entry is None or not data:
             return
         metric = options.resolve(self.config, "lstmperf_metric").value
         base_extra = entry.get("extra_info", {})
-        base_data = entry.get("stats", {}).get("data") or []
+        band = base_extra.get("noise_band")
+        base_data = centred_baseline(entry.get("stats", {}).get("data") or [], band, "per-call")[0]
         used, base, now, _ = pick_samples(metric, base_extra, extra, base_data, data)
+        if used == "device":  # the ratios the gate will take: against the centre of the recording runs
+            base = centred_baseline(base, band, "device")[0]
         if used == "per-call" and base_extra.get("timer", "time.perf_counter") != extra.get("timer"):
             return  # another clock: not comparable, and the gate says so
         limit = thresholds.get("ratio", options.resolve(self.config, "lstmperf_threshold").value)
@@ -364,6 +367,8 @@ class BenchRunner:
         dev2 = dev_time(2 * plan.device_samples)
         again = {**extra, "device_samples": list(dev2.samples), "device_time_method": dev2.method}
         _, base, now2, _ = pick_samples(metric, base_extra, again, base_data, data2)
+        if used == "device":
+            base = centred_baseline(base, band, "device")[0]
         second = _ratio(base, now2) if used == "device" else None
         per_call_second = _ratio(base_data, data2)
         per_call_confirmed = per_call_limit is not None and (per_call_second or 0.0) > per_call_limit
