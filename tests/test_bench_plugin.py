@@ -725,6 +725,7 @@ def test_ratio_is_taken_against_the_centre_of_the_recording_runs() -> None:
     assert clean.verdict == "unchanged", clean
     assert any(n.startswith("per-call compared with the centre of the 3 recording runs") for n in clean.notes)
     assert any(n.startswith("device compared with the centre") for n in clean.notes)
+    assert abs(clean.per_call_ratio - 1.78 / 1.424) < 0.01  # the table's per-call column: from the centre too
     slow = speed_gate.decide_record(_gpu_record(1.424e-3 * 1.9, 1.6e-4 * 1.424 / 0.958), base, KNOBS)
     assert slow.verdict == "regressed" and slow.metric == "per-call" and abs(slow.ratio - 1.9) < 0.05, slow
     slow_device = speed_gate.decide_record(_gpu_record(1.424e-3, 1.6e-4 * 1.424 / 0.958 * 1.9), base, KNOBS)

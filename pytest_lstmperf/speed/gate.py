@@ -101,7 +101,7 @@ def decide_record(record: dict[str, Any], entry: dict[str, Any] | None, knobs: G
     band, and the host counters; the most severe outcome is the verdict (``regression.combine``)."""
     from dataclasses import replace
 
-    from .regression import Decision, Thresholds, combine, drift_ratio, events_host_bound
+    from .regression import Decision, Thresholds, centred_baseline, combine, drift_ratio, events_host_bound
 
     name, extra = record["fullname"], record["extra_info"]
     kernels = {"kernel_now": _kernel_text(extra)}
@@ -139,7 +139,8 @@ def decide_record(record: dict[str, Any], entry: dict[str, Any] | None, knobs: G
     notes = decision.notes
     if remeasured is not None:
         notes = (*notes, _remeasure_note(decision.failed, remeasured))
-    return replace(decision, per_call_ratio=drift_ratio(entry["stats"]["data"], now_data), notes=notes)
+    centre = centred_baseline(entry["stats"]["data"], bextra.get("noise_band"), "per-call")[0]
+    return replace(decision, per_call_ratio=drift_ratio(centre, now_data), notes=notes)
 
 
 def _graph_samples(extra: dict[str, Any]) -> bool:
