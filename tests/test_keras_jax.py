@@ -283,6 +283,34 @@ def test_prestarted_workers_start_side_by_side_and_fail_with_their_reason() -> N
     pool._FAILED.pop("no-such-backend")
 
 
+@pytest.mark.parametrize("backend_path", ["keras-torch-cpu", "keras-jax-cpu"])
+def test_a_released_run_is_freed_and_the_worker_heap_frozen(backend_path: str) -> None:
+    """A Keras worker freezes its long-lived objects (its imports, then what survives each release that leaves
+    no run) so that Keras's per-release full collection scans only new objects; a released run must still be
+    freed at once, and one still held must not be touched."""
+    pytest.importorskip("keras")
+    from pytest_lstmperf.device import resolve_device
+    from pytest_lstmperf.model.case import make_case
+
+    path = registry.get(backend_path)
+    if path.available(resolve_device("cpu")):
+        pytest.skip(f"{backend_path}: {path.available(resolve_device('cpu'))}")
+    device = resolve_device("cpu")
+    spec = LayerSpec(cell="lstm", input_size=4, hidden_size=6, batch=2, seq_len=3)
+    held = path.prepare(make_case(spec), device)
+    released = path.prepare(make_case(spec.replace(hidden_size=5)), device)
+    worker = released.worker
+    released.run()
+    released.close()  # sent with the next request
+    state = worker.request("gc_state")
+    assert state["runs"] >= 1 and state["released_alive"] == 0, state
+    result = held.run()  # the run still held works after a release beside it
+    assert result.output.shape == (2, 3, 6)
+    held.close()
+    state = worker.request("gc_state")
+    assert state["released_alive"] == 0 and state["frozen"] > 0, state
+
+
 @needs_jax
 def test_xla_cache_hands_a_new_worker_the_executables_an_earlier_one_compiled(tmp_path, monkeypatch) -> None:
     """``--lstmperf-xla-cache``: a second worker process (the next run) loads every executable the first one
