@@ -501,6 +501,22 @@ def _fake_cuda_torch(launches: bool):
     return types.SimpleNamespace(cuda=cuda)
 
 
+def test_graph_capture_warms_a_long_call_once_and_a_short_call_three_times(monkeypatch) -> None:
+    """The capture recipe's side-stream warm-up: three calls, or one when that call took at least
+    ``WARM_AFTER_ONE_S`` (it ran in the timed rounds already); then one captured call."""
+    for seconds, expected in ((0.2, 1 + 1), (0.001, 3 + 1)):
+        now = [0.0]
+        count = [0]
+        monkeypatch.setattr(timing.time, "perf_counter", lambda: now[0])
+
+        def call(seconds: float = seconds) -> None:
+            count[0] += 1
+            now[0] += seconds
+
+        timing._graph_replay_times(_fake_cuda_torch(launches=True), "cuda:0", call, 3, 5)
+        assert count[0] == expected, (seconds, count[0])
+
+
 def test_device_time_refuses_an_empty_cuda_graph(monkeypatch: pytest.MonkeyPatch) -> None:
     """A call whose kernels run elsewhere (another process) captures an empty graph: no device time from it."""
     fine = timing._graph_replay_times(_fake_cuda_torch(launches=True), "cuda:0", lambda: None, 3, 5)
@@ -513,7 +529,7 @@ def test_device_time_refuses_an_empty_cuda_graph(monkeypatch: pytest.MonkeyPatch
         "_graph_replay_times",
         lambda *a: (_ for _ in ()).throw(RuntimeError("the captured CUDA graph is empty")),
     )
-    monkeypatch.setattr(timing, "_event_times", lambda torch, dev, call, samples, calls=1: [3e-3] * samples)
+    monkeypatch.setattr(timing, "_event_times", lambda torch, dev, call, samples, calls=1, warm=False: [3e-3] * samples)
     monkeypatch.setattr(timing, "_one_call_s", lambda torch, dev, call: 3e-3)
     dev = timing.device_time(lambda: None, "cuda:0", samples=4)
     assert dev.method == "cuda-events" and dev.samples == (3e-3,) * 4

@@ -194,6 +194,40 @@ def test_event_device_time_averages_back_to_back_calls() -> None:
     assert count[0] == 1 + 4 * 5
 
 
+def test_warm_up_of_a_long_call_is_one_call_and_short_calls_keep_theirs() -> None:
+    """A call of at least ``WARM_AFTER_ONE_S`` is warm after one call and estimated by the next (the Keras
+    generic loop spent six untimed calls of up to 0.36 s each here); a short call keeps its warm-up calls and
+    the median of three; the event timer's warm-up call is skipped only when the caller has just made one."""
+    clock = [0.0]
+
+    def calls_of(seconds: float, warmup: int) -> tuple[int, float]:
+        count = [0]
+        clock[0] = 0.0
+
+        def call() -> None:
+            count[0] += 1
+            clock[0] += seconds
+
+        estimate = timing.estimate_call(call, warmup, lambda: clock[0])
+        return count[0], estimate
+
+    assert calls_of(0.2, 3) == (2, pytest.approx(0.2))
+    assert calls_of(timing.WARM_AFTER_ONE_S, 3)[0] == 2
+    assert calls_of(0.001, 3) == (6, pytest.approx(0.001))
+    assert calls_of(0.001, 5)[0] == 8
+    fake, batch = _fake_events_torch(2.0, [])
+    count = [0]
+
+    def call() -> None:
+        count[0] += 1
+        batch[0] = 1
+
+    timing._event_times(fake, "cuda:0", call, samples=3, calls=1, warm=True)
+    assert count[0] == 3
+    timing._event_times(fake, "cuda:0", call, samples=3, calls=1)
+    assert count[0] == 3 + 1 + 3
+
+
 # ----------------------------------------------------------------------------------------- end to end
 def test_every_record_says_how_it_was_measured(spin, tmp_path: Path) -> None:
     """Two clean runs of the same benchmarks (inference and a training step): identical host counters; run

@@ -241,7 +241,8 @@ class BenchRunner:
                     between()  # untimed: how fast the host is right now
                 starts.append(time.perf_counter())
 
-            self.benchmark.pedantic(timed, setup=mark_round, rounds=rounds, warmup_rounds=1, iterations=1)
+            warm = 0 if (estimate or 0.0) >= timing.WARM_AFTER_ONE_S else 1  # a long call is warm already
+            self.benchmark.pedantic(timed, setup=mark_round, rounds=rounds, warmup_rounds=warm, iterations=1)
             data = list(self.benchmark.stats.stats.data)
             ends = [*starts[-rounds:][1:], time.perf_counter()]
             windows = list(zip(starts[-rounds:], ends, strict=True))

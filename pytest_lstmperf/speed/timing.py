@@ -74,9 +74,22 @@ def long_call_samples(call_s: float, samples: int) -> int:
     return min(samples, max(math.ceil(samples / 2), math.ceil(LONG_CALL_BUDGET_S / call_s)))
 
 
+#: a call at least this long is warm after its first call (lazy initialisation, the allocator's first blocks),
+#: and one more call estimates it: the Keras generic loop (100-360 ms per call) spent 6 untimed calls, up to
+#: 2 s per benchmark, on a warm-up and an estimate meant for calls of a millisecond
+WARM_AFTER_ONE_S = 0.05
+
+
 def estimate_call(call: Callable[[], object], warmup: int, clock: Callable[[], float] = time.perf_counter) -> float:
-    """Warm up, then the median of three timed calls (``call`` must synchronise)."""
-    for _ in range(max(warmup, 1)):
+    """Warm up, then the median of three timed calls (``call`` must synchronise). A first call of at least
+    :data:`WARM_AFTER_ONE_S` is the whole warm-up, and the next call the estimate."""
+    start = clock()
+    call()
+    if clock() - start >= WARM_AFTER_ONE_S:
+        start = clock()
+        call()
+        return clock() - start
+    for _ in range(max(warmup, 1) - 1):
         call()
     times = []
     for _ in range(3):
@@ -188,14 +201,14 @@ def device_time(call: Callable[[], object], device: str, samples: int = 15, repl
         reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:200]
         note = f"CUDA graph capture failed ({reason})"
     try:
-        one = _one_call_s(torch, dev, call)
+        one = _one_call_s(torch, dev, call)  # the warm-up call too
         calls = events_batch(one, replays)
         samples = long_call_samples(one * calls, samples)
         note += (
             f"; device time from CUDA events around {calls} back-to-back call(s) per sample, {samples} samples "
             "(kernels plus launch gaps: an upper bound)"
         )
-        return DeviceTime("cuda-events", tuple(_event_times(torch, dev, call, samples, calls)), note)
+        return DeviceTime("cuda-events", tuple(_event_times(torch, dev, call, samples, calls, warm=True)), note)
     except Exception as exc:
         return DeviceTime("none", (), f"{note}; event timing failed too ({type(exc).__name__}: {exc})")
 
@@ -206,7 +219,11 @@ def _graph_replay_times(torch: Any, dev: Any, call: Callable[[], object], sample
     side.wait_stream(torch.cuda.current_stream(dev))
     with torch.cuda.stream(side):
         for _ in range(3):
+            started = time.perf_counter()
             call()
+            torch.cuda.synchronize(dev)
+            if time.perf_counter() - started >= WARM_AFTER_ONE_S:
+                break  # a long call (already run in the timed rounds) is warm on the side stream after one
     torch.cuda.current_stream(dev).wait_stream(side)
     torch.cuda.synchronize(dev)
     graph = torch.cuda.CUDAGraph()
@@ -255,9 +272,12 @@ def _one_call_s(torch: Any, dev: Any, call: Callable[[], object]) -> float:
     return time.perf_counter() - start
 
 
-def _event_times(torch: Any, dev: Any, call: Callable[[], object], samples: int, calls: int = 1) -> list[float]:
+def _event_times(
+    torch: Any, dev: Any, call: Callable[[], object], samples: int, calls: int = 1, warm: bool = False
+) -> list[float]:
     out = []
-    call()  # warm-up, untimed
+    if not warm:
+        call()  # warm-up, untimed
     torch.cuda.synchronize(dev)
     for _ in range(samples):
         start = torch.cuda.Event(enable_timing=True)
