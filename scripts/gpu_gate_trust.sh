@@ -114,10 +114,14 @@ done
 TOTAL=$(( $(date +%s) - START ))
 {
   echo
-  echo "================ SPEED GATE TRUST on $(grep -m1 "^device:" "$WORK/record.log" | cut -c9-)"
+  echo "================ SPEED GATE TRUST on $(cat "$WORK"/*.log | grep -m1 "^lstmperf: device " | cut -c18-)"
   echo "wall time, pytest $FULL_SUITE --device=$DEVICE --benchmark-compare: ${WALL[full]:+${WALL[full]} s}${WALL[full]:-not run} (target <= 120 s on one H100)"
   echo "wall time per subset run: $(for k in "${!WALL[@]}"; do [ "$k" != full ] && [ "${k#record}" = "$k" ] && printf '%s=%s ' "$k" "${WALL[$k]}"; done)"
-  echo "record: ${WALL[record]:-not recorded here} s (+ $(( RECORD_RUNS - 1 )) added run(s): $(for k in $(seq 2 "$RECORD_RUNS"); do printf '%s ' "${WALL[record$k]:-}"; done)s); script total: ${TOTAL} s"
+  if [ -n "${BASELINE:-}" ]; then
+    echo "baseline: $BASELINE (recorded earlier, not here); script total: ${TOTAL} s"
+  else
+    echo "record: ${WALL[record]} s (+ $(( RECORD_RUNS - 1 )) added run(s): $(for k in $(seq 2 "$RECORD_RUNS"); do printf '%s ' "${WALL[record$k]:-}"; done)s); script total: ${TOTAL} s"
+  fi
   [ ${#SKIPPED[@]} -eq 0 ] || echo "not run (over the ${BUDGET_S} s budget): ${SKIPPED[*]}"
   "$PYTHON" scripts/gate_trust.py "$BASE" "$OUT/trust.json" "${RUNS[@]}"
 } | tee "$OUT/summary.txt"
