@@ -51,3 +51,9 @@ def _inner_runs_are_not_xdist_workers(request: pytest.FixtureRequest, monkeypatc
     if "pytester" in request.fixturenames:
         for name in ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_TESTRUNUID"):
             monkeypatch.delenv(name, raising=False)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    from forked_pytest import close_server
+
+    close_server()

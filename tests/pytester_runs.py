@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from forked_pytest import run_forked
 
 # what the gate fixture clears from the environment of its runs
 CLEARED_ENV = (
@@ -53,7 +54,8 @@ class GateRecording:
 
 
 def run_pytest_in(root: Path, *args: str, env: dict[str, str], timeout: float = 300) -> pytest.RunResult:
-    """``pytester.runpytest_subprocess`` for a folder a session-scoped fixture owns (pytester is per test)."""
+    """``pytester.runpytest_subprocess`` for a folder a session-scoped fixture owns (pytester is per test),
+    forked from the fork server where it can be (:mod:`forked_pytest`)."""
     basetemp = root / "basetemp"
     env = {
         **env,
@@ -61,6 +63,9 @@ def run_pytest_in(root: Path, *args: str, env: dict[str, str], timeout: float = 
         "PY_COLORS": "0",
         "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH", "")])),
     }
+    forked = run_forked([f"--basetemp={basetemp}", *args], root, env, timeout)
+    if forked is not None:
+        return forked
     start = time.perf_counter()
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", f"--basetemp={basetemp}", *args],

@@ -17,6 +17,7 @@ import json
 from pathlib import Path
 
 import pytest
+from forked_pytest import runpytest_forked
 
 from pytest_lstmperf.hooks import terminal
 from pytest_lstmperf.observation import claims
@@ -135,7 +136,7 @@ def gate(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch):
         monkeypatch.delenv(name, raising=False)
 
     def run(*args: str) -> pytest.RunResult:
-        return pytester.runpytest_subprocess(*BASE_ARGS, *args, timeout=300)
+        return runpytest_forked(pytester, *BASE_ARGS, *args, timeout=300)
 
     run.path = pytester.path  # type: ignore[attr-defined]
     return run
@@ -421,7 +422,7 @@ def test_bad_values_are_usage_errors(gate, option: str, message: str) -> None:
 
 
 def test_help_lists_the_gate_options(pytester: pytest.Pytester) -> None:
-    result = pytester.runpytest_subprocess("--help")
+    result = runpytest_forked(pytester, "--help")
     result.stdout.fnmatch_lines(
         [
             "*--lstmperf-bench-set=SET*",
@@ -504,12 +505,12 @@ def _fake_cuda_torch(launches: bool):
 def test_graph_capture_warms_a_long_call_once_and_a_short_call_three_times(monkeypatch) -> None:
     """The capture recipe's side-stream warm-up: three calls, or one when that call took at least
     ``WARM_AFTER_ONE_S`` (it ran in the timed rounds already); then one captured call."""
+    now = [0.0]
+    monkeypatch.setattr(timing.time, "perf_counter", lambda: now[0])
     for seconds, expected in ((0.2, 1 + 1), (0.001, 3 + 1)):
-        now = [0.0]
         count = [0]
-        monkeypatch.setattr(timing.time, "perf_counter", lambda: now[0])
 
-        def call(seconds: float = seconds) -> None:
+        def call(seconds: float = seconds, count: list[int] = count) -> None:
             count[0] += 1
             now[0] += seconds
 
@@ -903,6 +904,7 @@ def test_projects_without_lstmperf_benchmarks_keep_plain_pytest_benchmark(
         monkeypatch.delenv(name, raising=False)
     pytester.makepyfile(test_plain=PLAIN_PROJECT)
     args = ("-p", "no:cacheprovider", "-p", "no:randomly", "--benchmark-min-rounds=3", "--benchmark-max-time=0.05")
+    # real subprocesses: the project's test checks that torch is not imported (a forked run starts with it)
     result = pytester.runpytest_subprocess(*args, "--benchmark-autosave", "--benchmark-json=first.json")
     assert result.ret == 0, result.stdout.str()
     first = json.loads((pytester.path / "first.json").read_text())

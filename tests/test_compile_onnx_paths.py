@@ -10,6 +10,7 @@ import types
 from pathlib import Path
 
 import pytest
+from forked_pytest import runpytest_forked
 
 from pytest_lstmperf.model.spec import LayerSpec
 from pytest_lstmperf.observation.ort_trace import classify_ort_nodes, trace_from_profile
@@ -175,7 +176,7 @@ def test_unavailable_onnx_path_is_reported_not_silently_skipped(pytester, monkey
         "_real = importlib.util.find_spec\n"
         "importlib.util.find_spec = lambda n, *a: None if n == 'onnxruntime' else _real(n, *a)\n"
     )
-    result = pytester.runpytest_subprocess(
+    result = runpytest_forked(pytester,
         "-p", "hide_ort", "-p", "no:cacheprovider", SUITES[0], "--device=cpu", "--lstmperf-paths=onnxruntime-cpu",
         "-rs",
     )  # fmt: skip
@@ -249,7 +250,7 @@ def test_wrong_kernel_claim_fails() -> None:
 
 @needs_torch
 def test_onednn_disabled_behind_the_back_of_the_compiled_path_fails(pytester) -> None:
-    result = pytester.runpytest_subprocess(
+    result = runpytest_forked(pytester,
         "-p", "no:cacheprovider", SUITES[0], "--device=cpu", "--lstmperf-paths=torch-compile-cpu",
         "-p", "pytest_lstmperf.testing.faults", "--lstmperf-plant=onednn-off",
     )  # fmt: skip

@@ -14,6 +14,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+from forked_pytest import runpytest_forked
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 needs_torch = pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")
@@ -109,7 +110,7 @@ def _project(pytester: pytest.Pytester, example: str, fault: str) -> None:
 
 
 def _run(pytester: pytest.Pytester, *args: str) -> pytest.RunResult:
-    return pytester.runpytest_subprocess(
+    return runpytest_forked(pytester,
         "-p", "no:cacheprovider", "--device=cpu", "-rf", *(args or ("--benchmark-disable",))
     )  # fmt: skip
 

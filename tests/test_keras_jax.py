@@ -8,6 +8,7 @@ import importlib.util
 
 import numpy as np
 import pytest
+from forked_pytest import runpytest_forked
 
 from pytest_lstmperf import paths as registry
 from pytest_lstmperf.model.spec import LayerSpec
@@ -352,7 +353,7 @@ def test_xla_cache_setting_and_header(pytester: pytest.Pytester, monkeypatch, tm
         return
     monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
     args = ["-p", "no:cacheprovider", "--collect-only", "--device=cpu", "--lstmperf-paths=keras-jax-cpu"]
-    result = pytester.runpytest_subprocess(*args, "--lstmperf-xla-cache=off")
+    result = runpytest_forked(pytester, *args, "--lstmperf-xla-cache=off")
     result.stdout.fnmatch_lines(["*XLA compilation cache of the Keras-on-JAX worker: off*[--lstmperf-xla-cache=off]"])
-    result = pytester.runpytest_subprocess(*args, f"--lstmperf-xla-cache={tmp_path / 'x'}")
+    result = runpytest_forked(pytester, *args, f"--lstmperf-xla-cache={tmp_path / 'x'}")
     result.stdout.fnmatch_lines([f"*XLA compilation cache of the Keras-on-JAX worker: {tmp_path / 'x'} (empty)*"])

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 
 import pytest
+from forked_pytest import runpytest_forked
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("keras") is None or importlib.util.find_spec("tensorflow") is None,
@@ -158,7 +159,7 @@ def test_torch_imported_inside_the_test_is_observed():
 
 def test_marker_on_keras_tensorflow(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_keras=KERAS_TESTS)
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--strict-markers", "-rf")
+    result = runpytest_forked(pytester, "-p", "no:cacheprovider", "--strict-markers", "-rf")
     result.assert_outcomes(passed=4, failed=3)
     text = result.stdout.str()
     assert "activation='relu' -> 'tanh'" in text
@@ -175,7 +176,7 @@ needs_torch = pytest.mark.skipif(importlib.util.find_spec("torch") is None, reas
 @needs_torch
 def test_marker_on_torch(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_torch=TORCH_TESTS)
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--strict-markers", "-rf", "--device=cpu")
+    result = runpytest_forked(pytester, "-p", "no:cacheprovider", "--strict-markers", "-rf", "--device=cpu")
     result.assert_outcomes(passed=3, failed=6)
     text = result.stdout.str()
     assert "input on the CPU: cuDNN needs a CUDA tensor" in text
@@ -199,11 +200,12 @@ def test_marker_on_torch(pytester: pytest.Pytester) -> None:
 @needs_torch
 def test_marker_sees_a_framework_imported_during_the_test(pytester: pytest.Pytester) -> None:
     pytester.makepyfile(test_late=LATE_IMPORT_TESTS)
+    # a real subprocess: torch must be imported by the test itself, and a forked run starts with it imported
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:lstmperf-bench", "-rf")
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines(["*expected cudnn; 1 of 1 recurrent layer calls did not*", "*forward: onednn/fp32*"])
 
 
 def test_marker_is_registered(pytester: pytest.Pytester) -> None:
-    result = pytester.runpytest_subprocess("--markers")
+    result = runpytest_forked(pytester, "--markers")
     result.stdout.fnmatch_lines(["*lstmperf_kernel(kernel=None, *, precision=None, cpu=None, cuda=None)*"])

@@ -12,6 +12,7 @@ import types
 from pathlib import Path
 
 import pytest
+from forked_pytest import runpytest_forked
 from test_bench_plugin import BASE_ARGS, SPIN_MODULE, SUITE
 
 from pytest_lstmperf.speed import timing
@@ -93,7 +94,7 @@ def spin(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch):
     _env(monkeypatch)
 
     def run(*args: str) -> pytest.RunResult:
-        return pytester.runpytest_subprocess(*BASE_ARGS, *args, timeout=300)
+        return runpytest_forked(pytester, *BASE_ARGS, *args, timeout=300)
 
     run.path = pytester.path  # type: ignore[attr-defined]
     return run
@@ -106,7 +107,7 @@ def user(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch):
     _env(monkeypatch)
 
     def run(*args: str) -> pytest.RunResult:
-        return pytester.runpytest_subprocess(*USER_ARGS, *args, timeout=300)
+        return runpytest_forked(pytester, *USER_ARGS, *args, timeout=300)
 
     run.path = pytester.path  # type: ignore[attr-defined]
     return run

@@ -9,6 +9,7 @@ import types
 from pathlib import Path
 
 import pytest
+from forked_pytest import runpytest_forked
 
 REPO = Path(__file__).resolve().parents[1]
 SUITES = REPO / "suites"
@@ -21,7 +22,7 @@ def run(pytester: pytest.Pytester, *args: str, env: dict[str, str] | None = None
     if env:
         for key, value in env.items():
             pytester._monkeypatch.setenv(key, value)
-    return pytester.runpytest_subprocess("-p", "no:cacheprovider", *args)
+    return runpytest_forked(pytester, "-p", "no:cacheprovider", *args)
 
 
 @pytest.fixture
@@ -184,7 +185,8 @@ def test_unused_plugin_resolves_no_device(pytester) -> None:
             assert "torch" not in sys.modules
         """
     )
-    result = run(pytester)
+    # a real subprocess: a forked run starts with torch imported (tests/forked_pytest.py)
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
     assert result.ret == 0
     assert "lstmperf:" not in result.stdout.str()
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from forked_pytest import runpytest_forked
 from pytester_runs import suites_args
 
 pytest.importorskip("torch", reason="the suites run PyTorch paths (pip install 'pytest-lstmperf[torch]')")
@@ -18,7 +19,7 @@ def run_suites(pytester: pytest.Pytester, paths: str, plant: str | None = None) 
     args = suites_args(paths)
     if plant:
         args += ["-p", "pytest_lstmperf.testing.faults", f"--lstmperf-plant={plant}"]
-    return pytester.runpytest_subprocess(*args)
+    return runpytest_forked(pytester, *args)
 
 
 def test_clean_run_passes(clean_suites_run: pytest.RunResult) -> None:

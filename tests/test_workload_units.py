@@ -7,6 +7,7 @@ import itertools
 
 import numpy as np
 import pytest
+from forked_pytest import runpytest_forked
 
 from pytest_lstmperf.workloads import workloads as w
 
@@ -154,7 +155,7 @@ def _suite(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_suite_passes_and_reports(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
     _suite(pytester, monkeypatch)
-    result = pytester.runpytest_subprocess(*SUITE_ARGS, "--lstmperf-report=rep", timeout=600)
+    result = runpytest_forked(pytester, *SUITE_ARGS, "--lstmperf-report=rep", timeout=600)
     assert result.ret == 0, result.stdout.str()
     # precision: torch-cpu-onednn, the two bf16 paths, torch-compile-cpu, onnxruntime-cpu
     result.stdout.fnmatch_lines(["lstmperf workloads: precision: *(5 tests)", "test_workloads.py ..*"])
@@ -190,8 +191,15 @@ def test_suite_checks_fail_when_planted(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, plant: str, test: str, message: str | list[str]
 ) -> None:
     _suite(pytester, monkeypatch)
-    result = pytester.runpytest_subprocess(
-        *SUITE_ARGS, "-p", "pytest_lstmperf.testing.faults", f"--lstmperf-plant={plant}", "-k", test, timeout=600
+    result = runpytest_forked(
+        pytester,
+        *SUITE_ARGS,
+        "-p",
+        "pytest_lstmperf.testing.faults",
+        f"--lstmperf-plant={plant}",
+        "-k",
+        test,
+        timeout=600,
     )
     assert result.ret == pytest.ExitCode.TESTS_FAILED, result.stdout.str()
     result.stdout.fnmatch_lines(message if isinstance(message, list) else [message])
@@ -200,7 +208,7 @@ def test_suite_checks_fail_when_planted(
 def test_overhead_check_fails_when_the_op_differs(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
     """The raw op is checked to compute the module's numbers: perturbing the module breaks that check."""
     _suite(pytester, monkeypatch)
-    result = pytester.runpytest_subprocess(
+    result = runpytest_forked(pytester,
         *SUITE_ARGS, "-p", "pytest_lstmperf.testing.faults", "--lstmperf-plant=perturb:1e-3",
         "-k", "test_framework_overhead", timeout=600,
     )  # fmt: skip
@@ -227,7 +235,7 @@ def test_keras_overhead_kernel_check_fails_when_keras_leaves_its_kernel(
         KerasRun.trace_forward = _fell_back
         """
     )
-    result = pytester.runpytest_subprocess(*SUITE_ARGS, "-k", "test_keras_overhead and B1-", timeout=600)
+    result = runpytest_forked(pytester, *SUITE_ARGS, "-k", "test_keras_overhead and B1-", timeout=600)
     assert result.ret == pytest.ExitCode.TESTS_FAILED, result.stdout.str()
     result.stdout.fnmatch_lines([
         "*keras-torch-cpu on lstm-I64-H64*expected kernel family 'cpu-native', observed 'onednn'*",
@@ -523,7 +531,7 @@ def test_parts_announced_headers_shown_and_no_stray_warning(
     for name in ("PYTEST_ADDOPTS", "PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT"):
         monkeypatch.delenv(name, raising=False)
     pytester.makepyfile(test_parts=PROGRESS_SUITE)
-    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--device=cpu", *xdist, timeout=300)
+    result = runpytest_forked(pytester, "-p", "no:cacheprovider", "--device=cpu", *xdist, timeout=300)
     assert result.ret == 0, result.stdout.str()
     result.stdout.fnmatch_lines(["lstmperf: device cpu*", "lstmperf: paths *"])
     result.stdout.fnmatch_lines_random([

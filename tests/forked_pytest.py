@@ -1,0 +1,185 @@
+"""Inner pytest runs forked from a server process that imported torch once.
+
+A pytest subprocess on a 2-core machine spends 3-4 s importing torch and the ``torch._dynamo`` that torch's
+profiler and dispatch-mode traces pull in, before its first test; the speed-gate, user-benchmark and workload
+tests start dozens of such runs. :func:`run_forked` hands a run to a server (``python tests/forked_pytest.py``)
+that imported those modules once and forks one child per run: a new process (its own pid, environment, working
+folder, standard streams and process group) that runs ``pytest.main(args)`` and exits with its status, exactly
+as ``python -m pytest args`` would, without the imports.
+
+What differs from a subprocess, and so who may use it: the modules in :data:`PRELOAD` are imported before the
+run's environment is set, so an inner run must not depend on environment variables read when they are
+imported, nor on their absence from ``sys.modules`` (the side-effect tests, which check what a project that does
+not use the plugin imports, keep real subprocesses). The plugin itself is imported by each child, as in a
+subprocess. ``PYTEST_LSTMPERF_TEST_FORK=0`` turns forking off (every run a subprocess); a machine without
+``os.fork`` never forks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+#: imported once by the server, before any run: what every inner run of these tests imports first
+#: (not the pytest plugins whose modules pytest rewrites, such as hypothesis: pytest warns that an imported one
+#: cannot be rewritten)
+PRELOAD = ("numpy", "torch", "torch._dynamo", "torch.profiler", "scipy.stats", "pytest", "_pytest.pytester",
+           "pytest_benchmark.plugin")  # fmt: skip
+ENABLED = hasattr(os, "fork") and os.environ.get("PYTEST_LSTMPERF_TEST_FORK", "1") != "0"
+
+
+# ------------------------------------------------------------------------------------------------ server
+def _serve() -> int:  # pragma: no cover - runs in the server process
+    import importlib
+    import threading
+
+    replies = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)  # stray output of the imports goes to the server's log, never into the replies
+    for name in PRELOAD:
+        with contextlib.suppress(Exception):  # a missing module is imported (and reported) by the run needing it
+            importlib.import_module(name)
+    own_pythonpath = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    base_path = [p for p in sys.path[1:] if p not in own_pythonpath]
+    # a fork copies one thread: with another one running (a thread pool started by an import) a child could
+    # inherit a held lock; the client then runs subprocesses instead
+    replies.write(json.dumps({"ready": threading.active_count() == 1, "threads": threading.active_count()}) + "\n")
+    for line in sys.stdin:
+        request = json.loads(line)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            _child(request, base_path)
+        replies.write(json.dumps({"pid": pid}) + "\n")
+        _, status = os.waitpid(pid, 0)
+        replies.write(json.dumps({"status": os.waitstatus_to_exitcode(status)}) + "\n")
+    return 0
+
+
+def _child(request: dict, base_path: list[str]) -> None:  # pragma: no cover - runs in a forked child
+    import atexit
+    import traceback
+
+    code = 3
+    try:
+        os.setpgid(0, 0)  # its own process group: a timeout kills the run and what it started
+        out = os.open(request["stdout"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        err = os.open(request["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+        os.dup2(out, 1)
+        os.dup2(err, 2)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(request["env"])
+        pythonpath = [p for p in request["env"].get("PYTHONPATH", "").split(os.pathsep) if p]
+        sys.path[:] = [request["cwd"], *pythonpath, *base_path]  # as `python -m pytest` in that folder
+        sys.argv = [sys.executable, *request["args"]]
+        code = int(pytest.main(list(request["args"])))
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        try:
+            atexit._run_exitfuncs()
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+# ------------------------------------------------------------------------------------------------ client
+class ForkServer:
+    """The test session's server (started on first use, one per pytest-xdist worker)."""
+
+    def __init__(self) -> None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "COV_"))}
+        self.log = open(os.devnull, "w")  # noqa: SIM115 - the server's own stderr, for its lifetime
+        self.process = subprocess.Popen(
+            [sys.executable, __file__], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log,
+            env=env, text=True, bufsize=1,
+        )  # fmt: skip
+        hello = self._reply(120)
+        self.usable = bool(hello and hello.get("ready"))
+
+    def _reply(self, timeout: float | None) -> dict | None:
+        assert self.process.stdout is not None
+        ready, _, _ = select.select([self.process.stdout], [], [], timeout)
+        if not ready:
+            return None
+        line = self.process.stdout.readline()
+        return json.loads(line) if line else None
+
+    def run(self, args: list[str], cwd: Path, env: dict[str, str], timeout: float) -> pytest.RunResult:
+        out, err = cwd / "stdout", cwd / "stderr"
+        request = {"args": list(args), "cwd": str(cwd), "env": env, "stdout": str(out), "stderr": str(err)}
+        assert self.process.stdin is not None
+        start = time.perf_counter()
+        self.process.stdin.write(json.dumps(request) + "\n")
+        self.process.stdin.flush()
+        started = self._reply(60)
+        if started is None:
+            raise RuntimeError("the pytest fork server did not start the run")
+        done = self._reply(timeout)
+        if done is None:
+            os.killpg(started["pid"], signal.SIGKILL)
+            self._reply(30)
+            pytest.fail(f"inner pytest run timed out after {timeout} s: pytest {' '.join(args)}", pytrace=False)
+        duration = time.perf_counter() - start
+        lines = out.read_text(errors="replace").splitlines(), err.read_text(errors="replace").splitlines()
+        return pytest.RunResult(done["status"], *lines, duration)
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=10)
+        self.log.close()
+
+
+_SERVER: list[ForkServer] = []
+
+
+def server() -> ForkServer | None:
+    """The session's fork server, or None where forking is off or unsafe (runs are subprocesses then)."""
+    if not ENABLED:
+        return None
+    if not _SERVER:
+        _SERVER.append(ForkServer())
+    return _SERVER[0] if _SERVER[0].usable else None
+
+
+def close_server() -> None:
+    while _SERVER:
+        _SERVER.pop().close()
+
+
+def run_forked(args: list[str], cwd: Path, env: dict[str, str], timeout: float) -> pytest.RunResult | None:
+    """``python -m pytest args`` in ``cwd`` with ``env``, forked from the server; None when forking is off."""
+    forks = server()
+    return None if forks is None else forks.run(args, cwd, env, timeout)
+
+
+def runpytest_forked(pytester: pytest.Pytester, *args: str, timeout: float = 300) -> pytest.RunResult:
+    """``pytester.runpytest_subprocess(*args, timeout=timeout)``, forked from the server where it can be."""
+    from _pytest.pathlib import make_numbered_dir
+
+    basetemp = make_numbered_dir(root=pytester.path, prefix="runpytest-", mode=0o700)
+    full = [f"--basetemp={basetemp}", *args]
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(pytester.path), env.get("PYTHONPATH", "")]))
+    result = run_forked(full, pytester.path, env, timeout)
+    return result if result is not None else pytester.runpytest_subprocess(*args, timeout=timeout)
+
+
+if __name__ == "__main__":
+    sys.exit(_serve())
