@@ -349,6 +349,20 @@ def test_xla_cache_setting_and_header(pytester: pytest.Pytester, monkeypatch, tm
     assert pool.xla_cache_env({"JAX_COMPILATION_CACHE_DIR": "/mine"}) == {}  # the environment's own wins
     monkeypatch.setattr(pool, "_XLA_CACHE", [None])
     assert pool.xla_cache_env({}) == {}
+    # a folder JAX cannot write into: it would compile afresh and keep nothing without a word; the header says so
+    monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)
+    (tmp_path / "a-file").write_text("")
+    monkeypatch.setattr(pool, "_XLA_CACHE", [str(tmp_path / "a-file" / "xla")])
+    assert f"cannot be used: {tmp_path / 'a-file'} is not a folder" in pool.xla_cache_description()
+    monkeypatch.setattr(pool, "_XLA_CACHE", [str(tmp_path / "new" / "xla")])
+    assert pool.xla_cache_description().endswith("(empty)")
+    monkeypatch.setattr(pool.os, "access", lambda path, mode: False)
+    assert f"cannot be created ({tmp_path} is not writable)" in pool.xla_cache_description()
+    monkeypatch.setattr(pool, "_XLA_CACHE", [str(tmp_path)])
+    description = pool.xla_cache_description()
+    assert description.endswith("; not writable: every executable is compiled afresh and none is kept)")
+    monkeypatch.undo()
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     if importlib.util.find_spec("jax") is None or importlib.util.find_spec("keras") is None:
         return
     monkeypatch.delenv("JAX_COMPILATION_CACHE_DIR", raising=False)

@@ -157,12 +157,29 @@ def xla_cache_description() -> str:
     if folder is None:
         return "off (every executable compiled afresh)"
     source = " (JAX_COMPILATION_CACHE_DIR)" if os.environ.get("JAX_COMPILATION_CACHE_DIR") else ""
+    unusable = _unwritable(folder)
     try:
         entries = [e for e in os.scandir(folder) if e.is_file()]
     except OSError:
-        return f"{folder}{source} (empty)"
+        return f"{folder}{source} ({unusable or 'empty'})"
     size = sum(e.stat().st_size for e in entries) / 2**20
-    return f"{folder}{source} ({len(entries)} entries, {size:.0f} MiB)"
+    held = f"{len(entries)} entries, {size:.0f} MiB"
+    return f"{folder}{source} ({held}; {unusable})" if unusable else f"{folder}{source} ({held})"
+
+
+def _unwritable(folder: str) -> str | None:
+    """Why JAX cannot write executables into ``folder`` (created when missing), or None when it can: JAX
+    then compiles afresh and keeps nothing, without a word, so the header says it."""
+    probe = folder
+    while not os.path.isdir(probe):
+        parent = os.path.dirname(probe)
+        if parent == probe or (os.path.exists(probe) and not os.path.isdir(probe)):
+            return f"cannot be used: {probe} is not a folder; every executable is compiled afresh and none is kept"
+        probe = parent
+    if not os.access(probe, os.W_OK | os.X_OK):
+        what = "not writable" if probe == folder else f"cannot be created ({probe} is not writable)"
+        return f"{what}: every executable is compiled afresh and none is kept"
+    return None
 
 
 _WORKERS: dict[str, WorkerClient] = {}
