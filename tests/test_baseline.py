@@ -323,6 +323,44 @@ def test_add_recording_run_widens_the_noise_band_and_flags_unstable_counters() -
     add_recording_run(entry, _rec("b", [1.0, 1.0, 1.0], [0.5, 0.5], {**counters, "aten_ops": 11}))
     band = entry["extra_info"]["noise_band"]
     assert band["runs"] == 3 and "aten_ops 10 vs 11" in band["host_counters_unstable"]
+    # a later run that agrees again does not clear the earlier move: the flag is over every recording run
+    add_recording_run(entry, _rec("b", [1.0, 1.0, 1.0], [0.5, 0.5], dict(counters)))
+    assert "aten_ops 10 vs 11" in entry["extra_info"]["noise_band"]["host_counters_unstable"]
+
+
+def test_allocator_rounding_between_recording_runs_leaves_every_counter_compared() -> None:
+    """H100, runs from three machine instances: alloc_bytes 79611392 vs 79709696 (0.1%, inside the gate's
+    +-5%) had left every counter of the entry out of the comparison, and a planted 40 ATen ops per call went
+    unseen on 5 of 16 benchmarks. Bytes are compared within their recorded spread; an exact counter that moved
+    between recording runs is the only one left out, and 40 more ops per call are still caught."""
+    from pytest_lstmperf.speed.baseline import add_recording_run
+    from pytest_lstmperf.speed.gate import _host_decision
+
+    counters = {"aten_ops": 42, "kernels": 131, "syncs": 1, "alloc_bytes": 79611392}
+    entry = {"stats": {"data": [1.0, 1.0, 1.0]}, "extra_info": {"device_samples": [0.5], "host_counters": counters}}
+    add_recording_run(entry, _rec("b", [1.0, 1.0, 1.0], [0.5], {**counters, "alloc_bytes": 79709696}))
+    assert "host_counters_unstable" not in entry["extra_info"]["noise_band"]
+    add_recording_run(entry, _rec("b", [1.0, 1.0, 1.0], [0.5], {**counters, "alloc_bytes": 82000000, "syncs": 2}))
+    band = entry["extra_info"]["noise_band"]
+    assert band["host_counters_unstable"] == "syncs 1 vs 2"  # bytes moved 3%: inside their band
+    planted = {**counters, "aten_ops": 42 + 40, "alloc_bytes": 79611392 + 4096 * 3}
+    decisions, line = _host_decision("t", entry["extra_info"], {"host_counters": planted})
+    assert [d.verdict for d in decisions] == ["host-work-changed"], line
+    assert "aten_ops per call 42 -> 82" in line and "not compared, as they differed" in line and "syncs 1" in line
+    decisions, line = _host_decision("t", entry["extra_info"], {"host_counters": dict(counters)})
+    assert decisions == [] and line.startswith("host: unchanged (alloc_bytes 79611392, aten_ops 42, kernels 131)")
+    # bytes are compared within 2 x their recorded spread (3.0%: +-6%): 7% more is caught
+    more = {**counters, "alloc_bytes": int(79611392 * 1.07)}
+    decisions, line = _host_decision("t", entry["extra_info"], {"host_counters": more})
+    assert [d.verdict for d in decisions] == ["host-work-changed"] and "alloc_bytes per call" in line, line
+    wide = {**entry["extra_info"], "noise_band": {**band, "recording_runs": [
+        *band["recording_runs"], {"host_counters": {**counters, "alloc_bytes": 87572531}}]}}  # fmt: skip
+    decisions, line = _host_decision("t", wide, {"host_counters": more})  # recorded 10% apart: +-20%
+    assert decisions == [], line
+    # a baseline written before the runs' counters were kept: its flag names the counters that moved
+    legacy = {"host_counters": counters, "noise_band": {"host_counters_unstable": "syncs 1 vs 2"}}
+    decisions, line = _host_decision("t", legacy, {"host_counters": planted})
+    assert [d.verdict for d in decisions] == ["host-work-changed"] and "aten_ops per call 42 -> 82" in line
 
 
 def test_device_time_unsteady_between_recording_runs_is_flagged_when_recorded() -> None:

@@ -510,10 +510,12 @@ def add_recording_run(entry: dict[str, Any], record: Mapping[str, Any]) -> None:
 
     The band's ``per_call_spread``/``device_spread`` become the larger of the spread within the first run
     (its independent batches) and the relative spread of every recording run's median, with ``source``
-    saying how many runs it rests on; host counters that differ from the recorded ones are kept out of exact
-    comparison (``host_counters_unstable``), since a clean rerun already changed them.
+    saying how many runs it rests on; exactly compared host counters (ATen ops, kernels, syncs) that moved
+    between the recording runs are named in ``host_counters_unstable`` and left out of the comparison, since a
+    clean rerun already changed them; the others are still compared, bytes allocated within their recorded
+    spread (``regression.alloc_tolerance``).
     """
-    from .regression import relative_spread
+    from .regression import relative_spread, unstable_counters
 
     extra = entry["extra_info"]
     band = dict(extra.get("noise_band") or {})
@@ -528,10 +530,12 @@ def add_recording_run(entry: dict[str, Any], record: Mapping[str, Any]) -> None:
         band[spread_key] = max(candidates) if candidates else None
     band["source"] = f"{len(runs)} recording runs (and the batches within the first)"
     band["runs"] = len(runs)
-    then, counters = extra.get("host_counters"), now.get("host_counters")
-    if then and counters and then != counters:
-        moved = sorted(k for k in set(then) | set(counters) if then.get(k) != counters.get(k))
-        band["host_counters_unstable"] = "; ".join(f"{k} {then.get(k)} vs {counters.get(k)}" for k in moved)
+    then = extra.get("host_counters")
+    moved = unstable_counters(then, band)  # over every recording run, by the gate's own comparison rule
+    if moved:
+        band["host_counters_unstable"] = "; ".join(f"{k} {v}" for k, v in sorted(moved.items()))
+    else:
+        band.pop("host_counters_unstable", None)
     extra["noise_band"] = band
 
 

@@ -287,18 +287,23 @@ def per_call_threshold(entry: dict[str, Any], ratio: float, knobs: GateKnobs) ->
 
 def _host_decision(name: str, bextra: dict[str, Any], extra: dict[str, Any]) -> tuple[list[Decision], str]:
     """The host counters (ATen ops, GPU kernels, syncs, bytes allocated per call) then and now."""
-    from .regression import Decision, host_counter_changes
+    from .regression import Decision, alloc_tolerance, host_counter_changes, unstable_counters
 
     then, now = bextra.get("host_counters"), extra.get("host_counters")
     if not then or not now:
         missing = "the baseline has" if not then else "this run has"
         return [], f"host: not compared ({missing} no host counters; record the baseline again to gate them)"
-    unstable = (bextra.get("noise_band") or {}).get("host_counters_unstable")
-    if unstable:
-        return [], f"host: not compared (the counters differed between the baseline's recording runs: {unstable})"
-    changes = host_counter_changes(then, now)
+    # a counter that moved between the baseline's own recording runs is left out; the others are compared
+    unstable = unstable_counters(then, bextra.get("noise_band"))
+    skipped = "; ".join(f"{k} {v}" for k, v in sorted(unstable.items()))
+    compared = {k: v for k, v in then.items() if k not in unstable}
+    if not set(compared) & set(now):
+        return [], f"host: not compared (the counters differed between the baseline's recording runs: {skipped})"
+    aside = f"; not compared, as they differed between the baseline's recording runs: {skipped}" if skipped else ""
+    alloc_rel = alloc_tolerance(bextra.get("noise_band"))
+    changes = host_counter_changes(compared, now, alloc_rel)
     if changes:
         note = "host work per call changed: " + "; ".join(changes)
-        return [Decision(name, "host-work-changed", metric="host", notes=(note,))], f"host: {note}"
-    counted = ", ".join(f"{k} {now[k]}" for k in sorted(now))
-    return [], f"host: unchanged ({counted})"
+        return [Decision(name, "host-work-changed", metric="host", notes=(note + aside,))], f"host: {note}{aside}"
+    counted = ", ".join(f"{k} {now[k]}" for k in sorted(now) if k in compared)
+    return [], f"host: unchanged ({counted}){aside}"
