@@ -317,13 +317,13 @@ def _runs_counters(band: Mapping[str, Any] | None) -> list[Mapping[str, Any]]:
 
 def alloc_tolerance(band: Mapping[str, Any] | None) -> float:
     """The relative tolerance on bytes allocated per call: 5%, or ``NOISE_K`` x their spread between the
-    baseline's recording runs where that is wider. The caching allocator's blocks and cuDNN's workspace
-    choice moved it by up to 4% between clean runs on different H100 instances (397 MB and 414 MB per call
-    for one Keras training step): a 5% bound against one run's figure would be a false alarm waiting to
-    happen, and a count that can move is compared within the band its own runs showed."""
-    values = [float(c["alloc_bytes"]) for c in _runs_counters(band) if c.get("alloc_bytes")]
-    spread = (max(values) - min(values)) / min(values) if len(values) >= 2 and min(values) > 0 else 0.0
-    return max(ALLOC_TOLERANCE[0], NOISE_K * spread)
+    baseline's recording runs (:func:`relative_spread`, as for the time bands) where that is wider. The caching
+    allocator's blocks and cuDNN's workspace choice moved it by up to 4% between clean runs on different H100
+    instances (397 MB and 414 MB per call for one Keras training step): a 5% bound against one run's figure
+    would be a false alarm waiting to happen, and a count that can move is compared within the band its own
+    runs showed."""
+    spread = relative_spread([c["alloc_bytes"] for c in _runs_counters(band) if c.get("alloc_bytes")])
+    return max(ALLOC_TOLERANCE[0], NOISE_K * (spread or 0.0))
 
 
 def unstable_counters(then: Mapping[str, Any] | None, band: Mapping[str, Any] | None) -> dict[str, str]:
