@@ -379,6 +379,39 @@ def test_device_time_unsteady_between_recording_runs_is_flagged_when_recorded() 
     assert _device_unsteady(steady["extra_info"]["noise_band"]) == ""
 
 
+def test_a_recording_run_timed_by_another_device_method_is_left_out_of_the_device_band() -> None:
+    """The H100 Keras-on-torch generic training entry (I64-H256-L2-B64-T100): recorded by CUDA-graph replays
+    (17.7-17.9 ms) in three runs and by CUDA events (357-361 ms, host gaps included) in two where the capture
+    failed. Mixed into one band, the device spread was 1924% and the entry's device check resolved nothing;
+    by method, the band is the graphs' own and the default device threshold applies."""
+    from pytest_lstmperf.speed.baseline import _device_unsteady, add_recording_run
+    from pytest_lstmperf.speed.regression import DEVICE_FLOOR, Thresholds, device_threshold
+
+    graph = [17.74e-3, 17.85e-3, 17.79e-3]
+    entry = {
+        "stats": {"data": [0.38] * 3},
+        "extra_info": {"device_samples": [graph[0]] * 3, "device_time_method": "cuda-graph", "noise_band": {}},
+    }
+    for device in graph[1:]:
+        add_recording_run(entry, _rec("b", [0.35] * 3, [device] * 3, None))
+    for device in (361.3e-3, 357.4e-3):
+        events = _rec("b", [0.30] * 3, [device] * 3, None)
+        events["extra_info"]["device_time_method"] = "cuda-events"
+        add_recording_run(entry, events)
+    band = entry["extra_info"]["noise_band"]
+    assert band["runs"] == 5 and band["device_spread"] < 0.01, band
+    assert band["device_other_method"] == (
+        "device time of recording run(s) 4 (cuda-events), 5 (cuda-events) taken by another method than the "
+        "entry's (cuda-graph): left out of its device band"
+    )
+    assert device_threshold(Thresholds().ratio, band)[0] == DEVICE_FLOOR
+    assert _device_unsteady(band, "cuda-graph") == ""
+    # runs that agree again in method: no note is left behind
+    again = {"stats": {"data": [0.38] * 3}, "extra_info": {**entry["extra_info"], "noise_band": {}}}
+    add_recording_run(again, _rec("b", [0.35] * 3, [graph[1]] * 3, None))
+    assert "device_other_method" not in again["extra_info"]["noise_band"]
+
+
 def test_add_baseline_run_needs_a_recorded_baseline(tmp_path) -> None:
     from pytest_lstmperf.speed.baseline import BaselineError, BaselineStore
 

@@ -413,7 +413,9 @@ class BaselineStore:
             flag = band.get("host_counters_unstable")
             if flag:
                 report.flags.append(f"{record['fullname']}: host counters differ between recording runs: {flag}")
-            wide = _device_unsteady(band)
+            if band.get("device_other_method"):
+                report.flags.append(f"{record['fullname']}: {band['device_other_method']}")
+            wide = _device_unsteady(band, entry["extra_info"].get("device_time_method"))
             if wide:
                 report.flags.append(f"{record['fullname']}: {wide}")
         report.untouched = len(set(entries) - set(report.updated))
@@ -523,11 +525,23 @@ def add_recording_run(entry: dict[str, Any], record: Mapping[str, Any]) -> None:
     now = record["extra_info"]
     runs.append(_run_summary(record["data"], now))
     band["recording_runs"] = runs
+    method = extra.get("device_time_method")
     for key, spread_key in (("per_call_median", "per_call_spread"), ("device_median", "device_spread")):
         within = band.get(f"{spread_key}_within_run", band.get(spread_key))
         band[f"{spread_key}_within_run"] = within
-        candidates = [v for v in (within, relative_spread([r[key] for r in runs if r.get(key)])) if v is not None]
+        # device time: only the runs timed as the entry's own samples were (a CUDA-graph replay and a batch of
+        # event-timed calls measure different things; the gate compares one method with itself)
+        medians = [r[key] for r in runs if r.get(key) and (key != "device_median" or _same_method(r, method))]
+        candidates = [v for v in (within, relative_spread(medians)) if v is not None]
         band[spread_key] = max(candidates) if candidates else None
+    other = [f"{i + 1} ({r['device_time_method']})" for i, r in enumerate(runs) if not _same_method(r, method)]
+    if other:
+        band["device_other_method"] = (
+            f"device time of recording run(s) {', '.join(other)} taken by another method than the entry's "
+            f"({method}): left out of its device band"
+        )
+    else:
+        band.pop("device_other_method", None)
     band["source"] = f"{len(runs)} recording runs (and the batches within the first)"
     band["runs"] = len(runs)
     then = extra.get("host_counters")
@@ -539,12 +553,24 @@ def add_recording_run(entry: dict[str, Any], record: Mapping[str, Any]) -> None:
     extra["noise_band"] = band
 
 
-def _device_unsteady(band: Mapping[str, Any]) -> str:
-    """A description when the recording runs' device medians spread so wide that the gate's device threshold
-    for the entry rises above the default (``regression.device_threshold``), else ''."""
+def _same_method(run: Mapping[str, Any], method: str | None) -> bool:
+    """Whether a recording run's device time was taken by ``method`` (a run or entry that does not say counts
+    as the same: baselines written before the method was kept per run)."""
+    theirs = run.get("device_time_method")
+    return method is None or theirs is None or theirs == method
+
+
+def _device_unsteady(band: Mapping[str, Any], method: str | None = None) -> str:
+    """A description when the recording runs' device medians (those taken by ``method``, the entry's) spread
+    so wide that the gate's device threshold for the entry rises above the default
+    (``regression.device_threshold``), else ''."""
     from .regression import Thresholds, device_threshold
 
-    medians = [r.get("device_median") for r in band.get("recording_runs") or [] if r.get("device_median")]
+    medians = [
+        r.get("device_median")
+        for r in band.get("recording_runs") or []
+        if r.get("device_median") and _same_method(r, method)
+    ]
     threshold, _ = device_threshold(Thresholds().ratio, band)
     if len(medians) < 2 or threshold <= Thresholds().ratio:
         return ""
@@ -563,5 +589,6 @@ def _run_summary(data: Any, extra: Mapping[str, Any]) -> dict[str, Any]:
     return {
         "per_call_median": statistics.median(values) if values else None,
         "device_median": statistics.median(device) if device else None,
+        "device_time_method": extra.get("device_time_method"),
         "host_counters": extra.get("host_counters"),
     }
