@@ -290,7 +290,10 @@ def test_n_auto_end_to_end_starts_one_worker_per_gpu(
         "def test_where(lstmperf, n):\n"
         "    print('WORKER', os.environ.get('PYTEST_XDIST_WORKER'), lstmperf.device.describe())\n"
     )
-    result = pytester.runpytest_subprocess("-n", "auto", "--device=cuda", "-p", "no:cacheprovider", "-rP")
+    # one torch path: a Keras path would start a Keras worker in each of the 3 workers (about 4 s each on 2 cores)
+    result = pytester.runpytest_subprocess(
+        "-n", "auto", "--device=cuda", "--lstmperf-paths=torch-cudnn-fp32", "-p", "no:cacheprovider", "-rP"
+    )
     result.stdout.fnmatch_lines(["*created: 3/3 workers*"])
     for index in range(3):  # each worker on its own GPU
         pinned = f"worker gw{index} pinned to cuda:{index} of 3]"
