@@ -12,7 +12,7 @@ import pytest_lstmperf  # noqa: E402
 
 MAXLEN, BATCH = 20, 3
 #: the kernel each backend runs on the CPU (Keras's own loop); on a GPU both must reach cuDNN
-CPU_FAMILY = {"tensorflow": "tf-generic", "torch": "cpu-native"}
+CPU_FAMILY = {"tensorflow": "tf-generic", "torch": "cpu-native", "jax": "jax-generic"}
 
 
 @pytest.fixture
@@ -28,7 +28,7 @@ def tokens():
 
 def test_lstms_run_the_device_kernel(model, tokens, lstmperf_kernel):
     if keras.backend.backend() not in CPU_FAMILY:
-        pytest.skip(f"the kernel check observes Keras on {' and '.join(CPU_FAMILY)}, not {keras.backend.backend()}")
+        pytest.skip(f"the kernel check observes Keras on {', '.join(CPU_FAMILY)}, not {keras.backend.backend()}")
     with lstmperf_kernel.expect(cpu=CPU_FAMILY[keras.backend.backend()], cuda="cudnn") as seen:
         model(tokens, training=True)
     assert len(seen.layers) == 4  # two Bidirectional wrappers, two directions each
@@ -43,6 +43,6 @@ def test_every_lstm_is_cudnn_eligible(model):
 
 def test_matches_its_float64_run(model, tokens, lstmperf_device):
     if keras.backend.backend() not in CPU_FAMILY:
-        pytest.skip(f"verify_model runs Keras on {' and '.join(CPU_FAMILY)} (a ValueError says so on the others)")
+        pytest.skip(f"verify_model runs Keras on {', '.join(CPU_FAMILY)} (a ValueError says so on the others)")
     outcomes = pytest_lstmperf.verify_model(model, tokens, device=lstmperf_device)
     assert outcomes and all(o.errors for o in outcomes)

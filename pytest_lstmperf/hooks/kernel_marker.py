@@ -6,7 +6,8 @@ While the marked test (or a ``with lstmperf_kernel.expect("cudnn"):`` block) run
 * per call of a recurrent layer (``nn.LSTM``/``nn.GRU``/``nn.RNN``, their cells, a Keras ``LSTM``/``GRU`` on the
   torch backend), the ATen ops it dispatched, hence its kernel family and precision; ops of the backward pass
   are judged together (autograd does not say which layer a backward op belongs to); Keras on TensorFlow is
-  judged per pass from the TensorFlow op trace;
+  judged per pass from the TensorFlow op trace; a Keras ``LSTM``/``GRU`` on JAX per call, from the HLO that XLA
+  compiles the layer's call to (:func:`pytest_lstmperf.observation.calls._jax_layer_traces`);
 * every Keras ``LSTM``/``GRU`` whose ``inner_loop`` runs, and every ``torch.nn.LSTM``/``GRU`` called, so that a
   failure explains each of them.
 
@@ -30,7 +31,7 @@ import pytest
 from ..observation.calls import Observation, _device_of, observe
 
 MARKER = "lstmperf_kernel"
-FAMILIES = ("cudnn", "tf-generic", "cuda-generic", "onednn", "cpu-native")
+FAMILIES = ("cudnn", "tf-generic", "cuda-generic", "onednn", "cpu-native", "jax-generic")
 DEVICES = ("cpu", "cuda")
 
 

@@ -21,9 +21,12 @@ class Observation:
     layers: list[tuple[str, Any, Any]] = field(default_factory=list)  # (framework, spec, options)
     problems: list[str] = field(default_factory=list)
     recorder: Any = None  # trace.LayerRecorder once torch is observed
+    #: Keras on JAX: also trace each layer's backward pass (what a training step of the layer compiles to)
+    jax_backward: bool = False
 
     def all_traces(self) -> list[Any]:
-        """Per-layer torch traces, then the TensorFlow pass traces that ran a recurrent kernel."""
+        """Per-layer torch traces, then the TensorFlow pass traces and the per-layer JAX traces that ran a
+        recurrent kernel."""
         layer_traces = self.recorder.traces() if self.recorder is not None else []
         return layer_traces + [t for t in self.traces if t.family != "none"]
 
@@ -56,9 +59,10 @@ class _AfterImport(importlib.abc.MetaPathFinder):
 
 
 @contextlib.contextmanager
-def observe() -> Iterator[Observation]:
-    """Record recurrent kernels and layers run inside the block, for frameworks imported before or during it."""
-    seen = Observation()
+def observe(jax_backward: bool = False) -> Iterator[Observation]:
+    """Record recurrent kernels and layers run inside the block, for frameworks imported before or during it.
+    ``jax_backward``: for Keras on JAX, trace each layer's backward pass too (see :func:`_jax_layer_traces`)."""
+    seen = Observation(jax_backward=jax_backward)
     with contextlib.ExitStack() as stack:
         starters = {
             "torch": lambda: _observe_torch(stack, seen),
@@ -196,10 +200,91 @@ def _describe_into(seen: Observation, layer: Any, sequences: Any, mask: Any) -> 
 def _spied_inner_loop(seen: Observation, original: Any) -> Any:
     def inner_loop(self, sequences, initial_state, mask, training=False):
         seen.layers.extend(_describe_into(seen, self, sequences, mask))
+        if _keras_backend() == "jax":
+            _jax_layer_traces(seen, self, original, sequences, initial_state, mask, training)
         with _layer_scope(seen, f"keras {type(self).__name__} {self.name!r}", sequences):
             return original(self, sequences, initial_state, mask, training=training)
 
     return inner_loop
+
+
+def _keras_backend() -> str:
+    keras = sys.modules.get("keras")
+    return keras.backend.backend() if keras is not None else ""
+
+
+#: (layer class, config, argument shapes and dtypes, training, backward) -> traces: a layer of one
+#: configuration called on arrays of one shape compiles to the same module (a float64 clone, perturbed
+#: weights and a repeated call are traced once)
+_JAX_TRACES: dict[str, list[Any]] = {}
+
+
+def _jax_layer_traces(
+    seen: Observation, layer: Any, original: Any, sequences: Any, initial_state: Any, mask: Any, training: Any
+) -> None:
+    """What XLA compiles one Keras LSTM/GRU call on the JAX backend to: the layer's ``inner_loop`` (Keras's
+    cuDNN-or-loop decision included, taken in Python while it is traced) as a ``jax.jit`` function of the
+    layer's variables and the call's arrays, lowered for their shapes and dtypes and compiled, read by
+    :func:`pytest_lstmperf.observation.jax_trace.hlo_trace`, as the suites' Keras-on-JAX worker reads the
+    executables it times; with ``seen.jax_backward``, the gradient of the layer's outputs w.r.t. its
+    variables and inputs too. Works inside a ``jax.jit`` or ``jax.grad`` of the caller (only shapes and
+    dtypes are used). Eager JAX runs a layer op by op; the compiled module is what a jitted step (Keras's
+    own ``fit``/``predict``) runs."""
+    try:
+        import jax
+        import jax.numpy as jnp
+        import keras
+
+        from ..paths.keras.jax_runner import tf32_capable
+        from .jax_trace import cudnn_allows_tf32, hlo_trace
+
+        def abstract(a: Any) -> Any:
+            return jax.ShapeDtypeStruct(tuple(int(d) for d in a.shape), a.dtype)
+
+        # the weights are differentiated; other state (a dropout's seed generator) is passed as it is
+        weights = [v for v in layer.variables if jnp.issubdtype(v.value.dtype, jnp.floating)]
+        others = [v for v in layer.variables if not jnp.issubdtype(v.value.dtype, jnp.floating)]
+        variables = weights + others
+        args = (
+            [abstract(v.value) for v in weights],
+            abstract(sequences),
+            jax.tree.map(abstract, initial_state),
+            None if mask is None else jax.tree.map(abstract, mask),
+            [abstract(v.value) for v in others],
+        )
+        key = repr((type(layer).__name__, layer.get_config(), jax.tree.map(lambda a: (a.shape, str(a.dtype)), args),
+                    bool(training), seen.jax_backward))  # fmt: skip
+        cached = _JAX_TRACES.get(key)
+        if cached is None:
+
+            def call(params: list, x: Any, states: Any, m: Any, rest: list) -> Any:
+                with keras.StatelessScope(state_mapping=list(zip(variables, [*params, *rest], strict=True))):
+                    return original(layer, x, states, m, training=training)
+
+            def loss(params: list, x: Any, states: Any, m: Any, rest: list) -> Any:
+                outs = jax.tree.leaves(call(params, x, states, m, rest))
+                return sum(jnp.sum(o.astype(jnp.float32)) for o in outs if jnp.issubdtype(o.dtype, jnp.floating))
+
+            concrete = not isinstance(sequences, jax.core.Tracer) and hasattr(sequences, "devices")
+            tf32 = tf32_capable(next(iter(sequences.devices())) if concrete else jax.devices()[0])
+            label = f"keras {type(layer).__name__} {layer.name!r}"
+            cached = []
+            phases = [("forward", jax.jit(call))]
+            if seen.jax_backward:
+                phases.append(("backward", jax.jit(jax.grad(loss, argnums=(0, 1)))))
+            for phase, function in phases:
+                lowered = function.lower(*args)
+                cached.append(hlo_trace(str(lowered.compile().as_text() or ""), phase, tf32_capable=tf32,
+                                        cudnn_tf32=cudnn_allows_tf32(), program=lowered.as_text(dialect="hlo"),
+                                        detail=label))  # fmt: skip
+            if len(_JAX_TRACES) > 256:
+                _JAX_TRACES.clear()
+            _JAX_TRACES[key] = cached
+        seen.traces.extend(cached)
+    except Exception as exc:  # never a silent pass: the verdict lists it
+        seen.problems.append(
+            f"could not trace Keras layer {getattr(layer, 'name', layer)!r} on JAX: {type(exc).__name__}: {exc}"
+        )
 
 
 def _spied_fused(seen: Observation, original: Any) -> Any:
@@ -278,5 +363,8 @@ def _device_of(framework: str, extra: Any) -> str:
     if framework == "keras-tensorflow":
         tf = sys.modules.get("tensorflow")
         return "cuda" if tf is not None and tf.config.list_logical_devices("GPU") else "cpu"
+    if framework == "keras-jax":
+        jax = sys.modules.get("jax")
+        return "cuda" if jax is not None and jax.default_backend() == "gpu" else "cpu"
     torch = sys.modules.get("torch")
     return "cuda" if torch is not None and torch.cuda.is_available() else "cpu"

@@ -1,0 +1,153 @@
+"""A user's own Keras model on the JAX backend: the kernel marker observes each LSTM/GRU call from the HLO that
+XLA compiles it to (eagerly called, or inside Keras's jitted ``predict``), and ``verify_model`` runs the model
+against its float64 clone with JAX's 64-bit mode on. Planted faults fail: a claim of another kernel family, an
+output error 4x the fp32 bound, a layer call that could not be observed, a model whose recurrent layers were
+not seen."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from forked_pytest import runpytest_forked
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("keras") is None or importlib.util.find_spec("jax") is None,
+    reason="keras and JAX are needed (pip install keras jax)",
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+MARKER_TESTS = """
+import os
+os.environ["KERAS_BACKEND"] = "jax"
+import numpy as np
+import keras
+import pytest
+
+x = np.random.default_rng(0).standard_normal((2, 5, 3)).astype("float32")
+
+def model():
+    keras.utils.set_random_seed(0)
+    return keras.Sequential([keras.Input((5, 3)), keras.layers.LSTM(4, return_sequences=True), keras.layers.GRU(3)])
+
+def test_generic_on_cpu_eager_and_jitted(lstmperf_kernel):
+    m = model()
+    with lstmperf_kernel.expect(cpu="jax-generic", precision="fp32") as seen:
+        m(x)
+        m.predict(x, verbose=0)
+    assert len(seen.layers) == 4 and len(seen.all_traces()) == 4
+
+@pytest.mark.lstmperf_kernel(cpu="cudnn")
+def test_cudnn_claim_fails_on_the_cpu():
+    model()(x)
+
+@pytest.mark.lstmperf_kernel("jax-generic", precision="bf16")
+def test_precision_claim_fails():
+    model()(x)
+
+@pytest.mark.lstmperf_kernel("jax-generic")
+def test_no_recurrent_layer():
+    keras.layers.Dense(4)(x)
+"""
+
+
+def test_marker_on_keras_jax(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_keras_jax=MARKER_TESTS)
+    result = runpytest_forked(pytester, "-p", "no:cacheprovider", "--strict-markers", "-rf", "--device=cpu")
+    result.assert_outcomes(passed=1, failed=3)
+    result.stdout.fnmatch_lines([
+        "*lstmperf_kernel: expected cudnn; 2 of 2 recurrent layer calls did not:*",
+        "*forward: jax-generic/fp32*keras LSTM 'lstm*'; Keras's lstm_cell loop*",
+        "*forward: jax-generic/fp32*keras GRU 'gru*'; the JAX backend's fused scan*",
+    ], consecutive=False)  # fmt: skip
+    text = result.stdout.str()
+    assert "expected jax-generic/bf16; 2 of 2 recurrent layer calls did not" in text
+    assert "explainer:" in text and "JAX's default backend is not a GPU" in text
+    assert "no LSTM/GRU layer ran" in text
+
+
+VERIFY = """
+import json, os
+os.environ["KERAS_BACKEND"] = "jax"
+import numpy as np, keras
+import pytest_lstmperf
+from pytest_lstmperf.numerics import verify_model as vm
+from pytest_lstmperf.observation import calls
+
+keras.utils.set_random_seed(0)
+inputs = keras.Input((7, 3))
+y = keras.layers.LSTM(6, return_sequences=True)(inputs)
+y = keras.layers.GRU(5)(y)
+model = keras.Model(inputs, keras.layers.Dense(2, activation="softmax")(y))
+x = np.random.default_rng(0).standard_normal((2, 7, 3)).astype("float32")
+out = {}
+
+def summary(outcomes):
+    (o,) = outcomes
+    return {"path": o.path, "ok": o.ok, "errors": o.errors, "bounds": o.bounds,
+            "traces": [t.describe() for t in o.traces], "mismatches": [m.message for m in o.mismatches]}
+
+measured = []
+sensitivity = vm._keras_sensitivity
+vm._keras_sensitivity = lambda *args: measured.append(sensitivity(*args)) or measured[-1]
+out["clean"] = summary(vm.verify_model(model, x, device="cpu", raise_on_failure=False))
+# the faults below are in the path's run: the model's measured sensitivity is reused, not measured again
+vm._keras_sensitivity = lambda *args: measured[0]
+
+import jax
+original = vm._keras_jax_run
+def perturbed(m, data):
+    run = original(m, data)
+    if not jax.config.jax_enable_x64:  # the path's run, not the float64 reference
+        run.outputs = [o * (1 + 2.6e-6) for o in run.outputs]
+    return run
+vm._keras_jax_run = perturbed
+out["perturbed"] = summary(vm.verify_model(model, x, device="cpu", raise_on_failure=False))
+vm._keras_jax_run = original
+
+def unobservable(seen, layer, *args):
+    if layer.name.startswith("gru"):
+        raise_problem = f"could not trace Keras layer {layer.name!r} on JAX: planted"
+        seen.problems.append(raise_problem)
+        return
+    return traced(seen, layer, *args)
+traced = calls._jax_layer_traces
+calls._jax_layer_traces = unobservable
+out["unobserved"] = summary(vm.verify_model(model, x, device="cpu", raise_on_failure=False))
+calls._jax_layer_traces = lambda *args: None
+out["unseen"] = summary(vm.verify_model(model, x, device="cpu", raise_on_failure=False))
+calls._jax_layer_traces = traced
+print("RESULT " + json.dumps(out))
+"""
+
+
+def test_verify_model_on_keras_jax() -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "KERAS_BACKEND": "jax"}
+    done = subprocess.run([sys.executable, "-c", VERIFY], env=env, capture_output=True, text=True, timeout=300)
+    (line,) = [x for x in done.stdout.splitlines() if x.startswith("RESULT ")] or [done.stdout + done.stderr]
+    out = json.loads(line[len("RESULT ") :])
+    clean = out["clean"]
+    assert clean["path"] == "keras-jax-cpu" and clean["ok"], clean
+    assert [t.split(" (")[0] for t in clean["traces"]] == [
+        "forward: jax-generic/fp32",
+        "backward: jax-generic/fp32",
+    ] * 2
+    # a float64 reference that is float64: the fp32 run differs from it, within the bound
+    bound = float(clean["bounds"]["forward"].split()[-1])  # "*/fp32 forward 6.68e-07"
+    assert 0 < clean["errors"]["output 0"] < bound < 1e-6, clean["bounds"]
+    assert all(0 < e < 1e-5 for name, e in clean["errors"].items() if name.startswith("grad")), clean["errors"]
+    # an output error of 2.6e-06 (about 4x the bound) fails
+    assert 3 * bound < 2.6e-6
+    perturbed = out["perturbed"]
+    assert not perturbed["ok"] and any(
+        m.startswith("output 0: relative error") and "exceeds the */fp32 forward tolerance" in m
+        for m in perturbed["mismatches"]
+    ), perturbed["mismatches"]
+    assert out["unobserved"]["mismatches"] == ["could not trace Keras layer 'gru' on JAX: planted"]
+    assert out["unseen"]["mismatches"] == ["no recurrent layer ran in the model's forward pass"]
