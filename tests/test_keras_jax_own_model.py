@@ -130,8 +130,10 @@ print("RESULT " + json.dumps(out))
 def test_verify_model_on_keras_jax() -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "KERAS_BACKEND": "jax"}
     done = subprocess.run([sys.executable, "-c", VERIFY], env=env, capture_output=True, text=True, timeout=300)
-    (line,) = [x for x in done.stdout.splitlines() if x.startswith("RESULT ")] or [done.stdout + done.stderr]
-    out = json.loads(line[len("RESULT ") :])
+    lines = [x for x in done.stdout.splitlines() if x.startswith("RESULT ")]
+    if not lines:
+        pytest.fail(f"the Keras-on-JAX script did not finish:\n{done.stdout}\n{done.stderr[-3000:]}")
+    out = json.loads(lines[0][len("RESULT ") :])
     clean = out["clean"]
     assert clean["path"] == "keras-jax-cpu" and clean["ok"], clean
     assert [t.split(" (")[0] for t in clean["traces"]] == [
