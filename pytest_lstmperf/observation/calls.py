@@ -235,8 +235,7 @@ def _jax_layer_traces(
         import jax.numpy as jnp
         import keras
 
-        from ..paths.keras.jax_runner import tf32_capable
-        from .jax_trace import cudnn_allows_tf32, hlo_trace
+        from .jax_trace import cudnn_allows_tf32, hlo_trace, tf32_capable
 
         def abstract(a: Any) -> Any:
             return jax.ShapeDtypeStruct(tuple(int(d) for d in a.shape), a.dtype)

@@ -137,6 +137,15 @@ def compiled_text(function: Callable[..., Any], *args: Any) -> str:
     return jitted.lower(*args).compile().as_text()
 
 
+def tf32_capable(device: Any) -> bool:
+    """Compute capability >= 8.0 (Ampere or newer), where XLA's and cuDNN's fp32 may run TF32."""
+    capability = getattr(device, "compute_capability", None)
+    try:
+        return device.platform == "gpu" and float(str(capability)) >= 8.0
+    except (TypeError, ValueError):
+        return device.platform == "gpu"
+
+
 def cudnn_allows_tf32() -> bool:
     """Whether ``jax.experimental.rnn.lstm`` builds its cuDNN call with TF32 math allowed (JAX's default)."""
     import jax

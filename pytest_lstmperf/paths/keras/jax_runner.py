@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ...observation.jax_trace import tf32_capable
 from .runners import BackendRunner
 
 if TYPE_CHECKING:
@@ -50,15 +51,6 @@ def _device(kind: str) -> Any:
     import jax
 
     return jax.devices("gpu" if kind == "cuda" else "cpu")[0]
-
-
-def tf32_capable(device: Any) -> bool:
-    """Compute capability >= 8.0 (Ampere or newer), where XLA's and cuDNN's fp32 may run TF32."""
-    capability = getattr(device, "compute_capability", None)
-    try:
-        return device.platform == "gpu" and float(str(capability)) >= 8.0
-    except (TypeError, ValueError):
-        return device.platform == "gpu"
 
 
 class JaxRunner(BackendRunner):
