@@ -26,6 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 MARKER_TESTS = """
 import os
 os.environ["KERAS_BACKEND"] = "jax"
+os.environ["JAX_PLATFORMS"] = "cpu"  # the CPU verdicts below, on a machine with a GPU too
 import numpy as np
 import keras
 import pytest
@@ -128,7 +129,7 @@ print("RESULT " + json.dumps(out))
 
 
 def test_verify_model_on_keras_jax() -> None:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "KERAS_BACKEND": "jax"}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu"}
     done = subprocess.run([sys.executable, "-c", VERIFY], env=env, capture_output=True, text=True, timeout=300)
     lines = [x for x in done.stdout.splitlines() if x.startswith("RESULT ")]
     if not lines:

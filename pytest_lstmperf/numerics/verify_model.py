@@ -556,7 +556,9 @@ def _keras_run(model: Any, inputs: Any) -> _Run:
             values = [v.value for v in model.trainable_variables]
             grads = torch.autograd.grad(loss, values, allow_unused=True)
         else:
-            raise ValueError(f"Keras backend {keras.backend.backend()!r}: verify_model runs tensorflow and torch")
+            raise ValueError(
+                f"Keras backend {keras.backend.backend()!r}: verify_model runs {', '.join(KERAS_BACKENDS)}"
+            )
     # by position: a clone's layers have other names, the same order
     names = [f"weight {i} {tuple(v.shape)}" for i, v in enumerate(model.trainable_variables)]
     return _Run(
@@ -568,10 +570,18 @@ def _keras_run(model: Any, inputs: Any) -> _Run:
     )  # fmt: skip
 
 
+#: compiled loss-and-gradient steps of the Keras-on-JAX clones of the model one ``verify_keras_model`` call
+#: checks (cleared before and after it), by config, argument shapes and dtypes, and whether 64-bit mode is on,
+#: with the traces and problems seen while each was traced: the float64 reference and its perturbed twins
+#: (one architecture, other weights) share one XLA compilation
+_JAX_STEPS: dict[str, tuple[Any, list[Any], list[str]]] = {}
+
+
 def _keras_jax_run(model: Any, inputs: Any) -> _Run:
     """:func:`_keras_run` on Keras's JAX backend: the model's ``stateless_call`` and the seeded loss under one
     ``jax.jit(jax.value_and_grad(...))``, gradients w.r.t. the trainable weights; each LSTM/GRU call is traced
-    while it is traced (forward and backward HLO per layer, :func:`..observation.calls._jax_layer_traces`)."""
+    while it is traced (forward and backward HLO per layer, :func:`..observation.calls._jax_layer_traces`).
+    Every state is an argument, so a model of the same config (a clone with other weights) reuses the step."""
     import jax
     import jax.numpy as jnp
     import keras
@@ -580,23 +590,30 @@ def _keras_jax_run(model: Any, inputs: Any) -> _Run:
 
     trainable = [v.value for v in model.trainable_variables]
     fixed = [v.value for v in model.non_trainable_variables]
-    # float64 where the reference runs (JAX's 64-bit mode on), else the path's float32
-    wide = jnp.float64 if getattr(jax.config, "jax_enable_x64", False) else jnp.float32
+    x64 = bool(getattr(jax.config, "jax_enable_x64", False))
+    shapes = jax.tree.map(lambda a: (tuple(np.shape(a)), str(getattr(a, "dtype", type(a)))), [trainable, fixed, inputs])
+    key = repr((type(model).__module__, type(model).__qualname__, model.get_config(), shapes, x64))
+    if key not in _JAX_STEPS:
+        wide = jnp.float64 if x64 else jnp.float32  # float64 where the reference runs, else the path's float32
 
-    def loss(params: list, data: Any) -> Any:
-        out, _ = model.stateless_call(params, fixed, data, training=False)
-        outs = _keras_outputs(out)
-        return _seeded_loss(outs, lambda t: t.astype(wide), lambda a: jnp.asarray(a, dtype=wide)), outs
+        def loss(params: list, state: list, data: Any) -> Any:
+            out, _ = model.stateless_call(params, state, data, training=False)
+            outs = _keras_outputs(out)
+            return _seeded_loss(outs, lambda t: t.astype(wide), lambda a: jnp.asarray(a, dtype=wide)), outs
 
-    with observe(jax_backward=True) as seen:
-        (_, outs), grads = jax.jit(jax.value_and_grad(loss, has_aux=True))(trainable, inputs)
+        step = jax.jit(jax.value_and_grad(loss, has_aux=True))
+        with observe(jax_backward=True) as seen:
+            compiled = step.lower(trainable, fixed, inputs).compile()
+        _JAX_STEPS[key] = (compiled, seen.all_traces(), list(seen.problems))
+    compiled, traces, problems = _JAX_STEPS[key]
+    (_, outs), grads = compiled(trainable, fixed, inputs)
     names = [f"weight {i} {tuple(v.shape)}" for i, v in enumerate(model.trainable_variables)]
     return _Run(
         outputs=[np.asarray(keras.ops.convert_to_numpy(o), dtype=np.float64) for o in outs],
         grads={n: np.asarray(g, dtype=np.float64) for n, g in zip(names, grads, strict=True)},
-        traces=seen.all_traces(),
+        traces=list(traces),
         layer_shapes={},
-        problems=list(seen.problems),
+        problems=list(problems),
     )
 
 
@@ -709,16 +726,21 @@ def verify_keras_model(
     if not configs:
         raise ValueError(f"{model.name}: no built LSTM/GRU layer found")
     spec = envelope_spec([c[1] for c in configs])
-    with _keras_float64_math():
-        ref = _keras_run(_keras_variant(model, float64=True), example_inputs)
-        sensitivity = _keras_sensitivity(model, example_inputs, ref, spec)
-    outcomes = []
-    for path in keras_model_paths(device):
-        if paths is not None and path.name not in paths:
-            continue
-        as_built = path.name.endswith(("-cpu", "-cudnn"))
-        run = _keras_run(model if as_built else _keras_variant(model, use_cudnn=False), example_inputs)
-        outcome = PathOutcome(path.name)
-        _conclude(outcome, path, run, ref, (path.kernel, path.precision), spec, keras=True, sensitivity=sensitivity)
-        outcomes.append(outcome)
-    return outcomes
+    _JAX_STEPS.clear()  # steps are shared between the clones of this one model only
+    try:
+        with _keras_float64_math():
+            ref = _keras_run(_keras_variant(model, float64=True), example_inputs)
+            sensitivity = _keras_sensitivity(model, example_inputs, ref, spec)
+        outcomes = []
+        for path in keras_model_paths(device):
+            if paths is not None and path.name not in paths:
+                continue
+            as_built = path.name.endswith(("-cpu", "-cudnn"))
+            run = _keras_run(model if as_built else _keras_variant(model, use_cudnn=False), example_inputs)
+            outcome = PathOutcome(path.name)
+            claim = (path.kernel, path.precision)
+            _conclude(outcome, path, run, ref, claim, spec, keras=True, sensitivity=sensitivity)
+            outcomes.append(outcome)
+        return outcomes
+    finally:
+        _JAX_STEPS.clear()
