@@ -7,6 +7,7 @@ on what was observed is :func:`pytest_lstmperf.hooks.kernel_marker.verdict_probl
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib.abc
 import importlib.machinery
 import sys
@@ -213,9 +214,9 @@ def _keras_backend() -> str:
     return keras.backend.backend() if keras is not None else ""
 
 
-#: (layer class, config, argument shapes and dtypes, training, backward) -> traces: a layer of one
-#: configuration called on arrays of one shape compiles to the same module (a float64 clone, perturbed
-#: weights and a repeated call are traced once)
+#: (layer class, config but its name, argument shapes and dtypes, training, backward) -> traces (the layer's
+#: label added when read): a layer of one configuration called on arrays of one shape compiles to the same
+#: module (a float64 clone, perturbed weights, a second model built alike and a repeated call are traced once)
 _JAX_TRACES: dict[str, list[Any]] = {}
 
 
@@ -251,8 +252,10 @@ def _jax_layer_traces(
             None if mask is None else jax.tree.map(abstract, mask),
             [abstract(v.value) for v in others],
         )
-        key = repr((type(layer).__name__, layer.get_config(), jax.tree.map(lambda a: (a.shape, str(a.dtype)), args),
-                    bool(training), seen.jax_backward))  # fmt: skip
+        config = {k: v for k, v in layer.get_config().items() if k != "name"}  # a name changes no computation
+        shapes = jax.tree.map(lambda a: (a.shape, str(a.dtype)), args)
+        kind = (type(layer).__module__, type(layer).__qualname__)
+        key = repr((kind, config, shapes, bool(training), seen.jax_backward))
         cached = _JAX_TRACES.get(key)
         if cached is None:
 
@@ -266,20 +269,21 @@ def _jax_layer_traces(
 
             concrete = not isinstance(sequences, jax.core.Tracer) and hasattr(sequences, "devices")
             tf32 = tf32_capable(next(iter(sequences.devices())) if concrete else jax.devices()[0])
-            label = f"keras {type(layer).__name__} {layer.name!r}"
             cached = []
             phases = [("forward", jax.jit(call))]
             if seen.jax_backward:
                 phases.append(("backward", jax.jit(jax.grad(loss, argnums=(0, 1)))))
             for phase, function in phases:
                 lowered = function.lower(*args)
-                cached.append(hlo_trace(str(lowered.compile().as_text() or ""), phase, tf32_capable=tf32,
-                                        cudnn_tf32=cudnn_allows_tf32(), program=lowered.as_text(dialect="hlo"),
-                                        detail=label))  # fmt: skip
+                text = str(lowered.compile().as_text() or "")
+                program = lowered.as_text(dialect="hlo")
+                cudnn_tf32 = cudnn_allows_tf32()
+                cached.append(hlo_trace(text, phase, tf32_capable=tf32, cudnn_tf32=cudnn_tf32, program=program))
             if len(_JAX_TRACES) > 256:
                 _JAX_TRACES.clear()
             _JAX_TRACES[key] = cached
-        seen.traces.extend(cached)
+        label = f"keras {type(layer).__name__} {layer.name!r}"
+        seen.traces.extend(dataclasses.replace(t, detail=f"{label}; {t.detail}" if t.detail else label) for t in cached)
     except Exception as exc:  # never a silent pass: the verdict lists it
         seen.problems.append(
             f"could not trace Keras layer {getattr(layer, 'name', layer)!r} on JAX: {type(exc).__name__}: {exc}"
