@@ -236,7 +236,7 @@ def _jax_layer_traces(
         import jax.numpy as jnp
         import keras
 
-        from .jax_trace import cudnn_allows_tf32, hlo_trace, tf32_capable
+        from .jax_trace import compiled_trace, tf32_capable
 
         def abstract(a: Any) -> Any:
             return jax.ShapeDtypeStruct(tuple(int(d) for d in a.shape), a.dtype)
@@ -274,11 +274,7 @@ def _jax_layer_traces(
             if seen.jax_backward:
                 phases.append(("backward", jax.jit(jax.grad(loss, argnums=(0, 1)))))
             for phase, function in phases:
-                lowered = function.lower(*args)
-                text = str(lowered.compile().as_text() or "")
-                program = lowered.as_text(dialect="hlo")
-                cudnn_tf32 = cudnn_allows_tf32()
-                cached.append(hlo_trace(text, phase, tf32_capable=tf32, cudnn_tf32=cudnn_tf32, program=program))
+                cached.append(compiled_trace(function, *args, phase=phase, tf32_capable=tf32))
             if len(_JAX_TRACES) > 256:
                 _JAX_TRACES.clear()
             _JAX_TRACES[key] = cached

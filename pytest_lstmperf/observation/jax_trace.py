@@ -129,14 +129,6 @@ def hlo_trace(
     )
 
 
-def compiled_text(function: Callable[..., Any], *args: Any) -> str:
-    """The optimised HLO of ``jax.jit(function)`` for ``args`` (compiled, not run)."""
-    import jax
-
-    jitted = function if hasattr(function, "lower") else jax.jit(function)
-    return jitted.lower(*args).compile().as_text()
-
-
 def tf32_capable(device: Any) -> bool:
     """Compute capability >= 8.0 (Ampere or newer), where XLA's and cuDNN's fp32 may run TF32."""
     capability = getattr(device, "compute_capability", None)
@@ -155,13 +147,19 @@ def cudnn_allows_tf32() -> bool:
 
 
 def compiled_trace(
-    function: Callable[..., Any], *args: Any, phase: str = "forward", tf32_capable: bool = False
+    function: Callable[..., Any], *args: Any, phase: str = "forward", tf32_capable: bool = False, detail: str = ""
 ) -> KernelTrace:
-    """Trace of what XLA compiled ``function`` to for ``args``, on the device the arguments live on."""
+    """Trace of what XLA compiles ``jax.jit(function)`` to for ``args`` (arrays, or ``jax.ShapeDtypeStruct``s:
+    compiled, not run), its precision read from the module as lowered (see :func:`hlo_trace`)."""
+    import jax
+
+    jitted = function if hasattr(function, "lower") else jax.jit(function)
+    lowered = jitted.lower(*args)
     return hlo_trace(
-        compiled_text(function, *args),
+        str(lowered.compile().as_text() or ""),
         phase,
         tf32_capable=tf32_capable,
         cudnn_tf32=cudnn_allows_tf32(),
-        detail="from compiled HLO",
+        program=lowered.as_text(dialect="hlo"),
+        detail=detail,
     )
