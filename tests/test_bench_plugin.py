@@ -800,6 +800,29 @@ def test_remeasured_suspect_is_decided_on_the_remeasurement() -> None:
     assert decision.verdict == "regressed" and any(n.startswith("confirmed by re-measurement") for n in decision.notes)
 
 
+def test_a_metric_not_remeasured_is_decided_on_its_first_samples() -> None:
+    """A device-only re-measurement replaces the device samples and keeps the per-call ones (inside their
+    band), and the reverse; re-measured device samples of another method compare with nothing."""
+    base = _entry(_gpu_record(1e-3, 2e-4))
+    device_only = {"confirmed": True, "first_ratio": 1.2, "device_samples": _spread(2.4e-4), "remeasured": ["device"]}
+    decision = speed_gate.decide_record(_gpu_record(1.02e-3, 2.4e-4, remeasured=device_only), base, KNOBS)
+    assert decision.verdict == "regressed" and decision.metric == "device", decision
+    assert any(n.startswith("confirmed by re-measurement") for n in decision.notes)
+    noise = {**device_only, "confirmed": False, "device_samples": _spread(2e-4)}
+    decision = speed_gate.decide_record(_gpu_record(1.02e-3, 2.4e-4, remeasured=noise), base, KNOBS)
+    assert decision.verdict == "unchanged", decision
+    # the per-call samples kept are the first ones: a per-call slowdown among them still fails
+    decision = speed_gate.decide_record(_gpu_record(1.5e-3, 2.4e-4, remeasured=noise), base, KNOBS)
+    assert decision.verdict == "regressed" and decision.metric == "per-call", decision
+    other = {**device_only, "device_samples": _spread(5e-3), "device_time_method": "cuda-events", "second_ratio": None}
+    decision = speed_gate.decide_record(_gpu_record(1.02e-3, 2.4e-4, remeasured=other), base, KNOBS)
+    assert decision.verdict == "unchanged" and "could not be compared" in decision.notes[-1], decision
+    assert any(c.startswith("device: not compared") and "re-measured by cuda-events" in c for c in decision.checks)
+    per_call_only = {"confirmed": True, "first_ratio": 1.3, "data": _spread(1.3e-3), "remeasured": ["per-call"]}
+    decision = speed_gate.decide_record(_gpu_record(1e-3, 2e-4, remeasured=per_call_only), base, KNOBS)
+    assert decision.verdict == "regressed" and decision.metric == "per-call", decision
+
+
 def test_untimed_benchmark_is_inconclusive_not_skipped() -> None:
     base = _entry(_gpu_record(1e-3, 2e-4))
     record = {**_gpu_record(1e-3, 2e-4), "data": []}

@@ -441,6 +441,67 @@ def test_per_call_suspect_with_steady_device_time_is_measured_again(monkeypatch)
     assert "remeasured" not in remeasure(1.7e-3)
 
 
+def test_a_suspect_metric_alone_is_measured_again(monkeypatch) -> None:
+    """A device suspect re-takes the device samples only, not the rounds (a slower H100 instance re-timed
+    18 rounds of a 0.2 s Keras loop, 5.4 s, for a device ratio of 1.06 against a 1.035 trigger; its per-call
+    time was inside its band); a per-call suspect re-times the rounds only; both suspect, both."""
+    from pytest_lstmperf import options
+    from pytest_lstmperf.speed import runner, timing
+
+    settings = {"lstmperf_metric": "auto", "lstmperf_threshold": 1.10}
+    monkeypatch.setattr(options, "resolve", lambda config, name: types.SimpleNamespace(value=settings[name]))
+    calls = {"rounds": 0, "device": 0}
+
+    def rounds(timed, n, clock):
+        calls["rounds"] += 1
+        return [1.0e-3] * n, None
+
+    monkeypatch.setattr(timing, "estimate_call", lambda *args: None)
+    monkeypatch.setattr(timing, "time_rounds", rounds)
+    graphs = {"device_time_method": "cuda-graph", "device_samples": [1e-4] * 10}
+    entry = {"extra_info": graphs, "stats": {"data": [1.0e-3] * 15}}
+    stub = types.SimpleNamespace(
+        _baseline_entry=lambda: entry,
+        config=None,
+        _per_call_limit=lambda e, limit: 1.6,
+        _knobs=lambda: types.SimpleNamespace(explicit_ratio=False),
+    )
+    plan = types.SimpleNamespace(warmup=1, device_samples=10)
+    second_device = {"value": 1e-4, "method": "cuda-graph"}
+
+    def device(n: int):
+        calls["device"] += 1
+        return types.SimpleNamespace(samples=[second_device["value"]] * n, method=second_device["method"])
+
+    def remeasure(per_call: float, dev: float) -> dict:
+        calls.update(rounds=0, device=0)
+        extra = {**graphs, "device_samples": [dev] * 10}
+        runner.BenchRunner._remeasure(stub, extra, [per_call] * 15, {}, None, plan, 15, None, device)
+        return extra.get("remeasured")
+
+    # device 1.06x against the 1.05 trigger, per-call inside its 1.6 band: device samples only
+    again = remeasure(1.2e-3, 1.06e-4)
+    assert calls == {"rounds": 0, "device": 1} and again["remeasured"] == ["device"]
+    assert "data" not in again and len(again["device_samples"]) == 20
+    assert again["first_ratio"] == pytest.approx(1.06) and again["second_ratio"] == pytest.approx(1.0)
+    assert again["confirmed"] is False
+    second_device["value"] = 1.2e-4  # a real device slowdown is confirmed by the device samples alone
+    again = remeasure(1.2e-3, 1.2e-4)
+    assert again["confirmed"] is True and again["second_ratio"] == pytest.approx(1.2)
+    second_device["method"] = "cuda-events"  # the second capture failed: nothing to confirm with
+    again = remeasure(1.2e-3, 1.2e-4)
+    assert again["confirmed"] is False and again["second_ratio"] is None
+    second_device.update(value=1e-4, method="cuda-graph")
+    # per-call past its band, device steady: the rounds only
+    again = remeasure(1.7e-3, 1e-4)
+    assert calls == {"rounds": 1, "device": 0} and again["remeasured"] == ["per-call"]
+    assert "device_samples" not in again and len(again["data"]) == 30
+    # both suspect: both
+    again = remeasure(1.7e-3, 1.2e-4)
+    assert calls == {"rounds": 1, "device": 1} and again["remeasured"] == ["per-call", "device"]
+    assert remeasure(1.2e-3, 1.04e-4) is None  # neither: nothing
+
+
 def test_event_timed_samples_batch_short_calls_and_time_long_ones_alone() -> None:
     assert timing.events_batch(0.34, 5) == 1  # a Keras training step: 12 samples, not 60 calls
     assert timing.events_batch(0.015, 5) == 2

@@ -135,7 +135,15 @@ def decide_record(record: dict[str, Any], entry: dict[str, Any] | None, knobs: G
         )
         parts[-1] = replace(parts[-1], notes=(*parts[-1].notes, *per_call_notes))
     host, host_check = _host_decision(name, bextra, extra)
-    decision = combine([*parts, *host], [host_check])
+    checks = [host_check]
+    if knobs.metric == "auto" and not has_device and (_graph_samples(bextra) or _graph_samples(extra)):
+        # say so: a device check that did not happen is not a pass
+        then, now = bextra.get("device_time_method"), extra.get("device_time_method")
+        if remeasured is not None and remeasured.get("device_time_method") not in (None, now):
+            now = f"{now}, re-measured by {remeasured['device_time_method']}"
+        why = f"no device time of one method on both sides: baseline {then}, now {now}"
+        checks.insert(0, f"device: not compared ({why})")
+    decision = combine([*parts, *host], checks)
     notes = decision.notes
     if remeasured is not None:
         notes = (*notes, _remeasure_note(decision.failed, remeasured))
@@ -152,14 +160,22 @@ def _graph_samples(extra: dict[str, Any]) -> bool:
 
 
 def _current_samples(record: dict[str, Any]) -> tuple[list[float], list[float], dict[str, Any] | None]:
-    """(per-call samples, device samples, the re-measurement): a suspect the measurement re-measured is
-    decided on the re-measured samples."""
+    """(per-call samples, device samples, the re-measurement): a metric the measurement re-measured is
+    decided on its re-measured samples, a metric it did not re-measure (it was inside its threshold) on the
+    first ones. Re-measured device samples of another method than the first (a capture that failed the
+    second time) compare with nothing: the device check then says it had no device time of one method."""
     extra = record["extra_info"]
     device = list(extra.get("device_samples") or []) if _graph_samples(extra) else []
+    data = [float(x) for x in record["data"]]
     again = extra.get("remeasured")
-    if isinstance(again, dict) and again.get("data"):
-        return [float(x) for x in again["data"]], list(again.get("device_samples") or device), again
-    return [float(x) for x in record["data"]], device, None
+    if not isinstance(again, dict) or not (again.get("data") or again.get("device_samples")):
+        return data, device, None
+    if again.get("data"):
+        data = [float(x) for x in again["data"]]
+    if again.get("device_samples"):
+        same = again.get("device_time_method", extra.get("device_time_method")) == extra.get("device_time_method")
+        device = list(again["device_samples"]) if same and device else []
+    return data, device, again
 
 
 def _remeasure_note(failed: bool, again: dict[str, Any]) -> str:
@@ -167,6 +183,11 @@ def _remeasure_note(failed: bool, again: dict[str, Any]) -> str:
     first_text = f" ({first:.3f}x)" if isinstance(first, (int, float)) else ""
     if failed:
         return f"confirmed by re-measurement: the first measurement{first_text} and the re-measurement both fail"
+    if "second_ratio" in again and again["second_ratio"] is None:
+        return (
+            f"not confirmed by re-measurement: the re-measurement of the first measurement{first_text} could not be "
+            "compared with the baseline (another device-time method); the other checks decide"
+        )
     return f"not confirmed by re-measurement: the first measurement{first_text} was noise"
 
 
@@ -258,7 +279,7 @@ def _per_call_decision(
         now_data,
         replace(limits, ratio=threshold),
         base_throttled=bextra.get("throttled"),
-        now_throttled=extra.get("throttled") if not extra.get("remeasured") else None,
+        now_throttled=None if (extra.get("remeasured") or {}).get("data") else extra.get("throttled"),
         drift=drift,
         device_s=extra.get("device_time_s") if drift else None,
         **kernels,

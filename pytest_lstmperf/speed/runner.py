@@ -327,9 +327,12 @@ class BenchRunner:
         dev_time: Any,
     ) -> None:
         """When a baseline is compared and the first measurement is past a threshold the gate applies (the
-        device-time one, or the per-call one with its noise band), measure again (fresh warm-up, twice the
-        rounds and device samples) and record both in ``extra["remeasured"]``: the first figures alone never
-        fail the build; the gate decides every metric on the re-measured samples."""
+        device-time one, or the per-call one with its noise band), measure the suspect metric again (per-call:
+        fresh warm-up and twice the rounds; device: twice the device samples) and record both in
+        ``extra["remeasured"]``: the first figures alone never fail the build; the gate decides a re-measured
+        metric on its re-measured samples. A metric that was not suspect keeps its first samples: it was
+        inside its threshold, and timing it again would only cost time (a device suspect on a host-bound
+        Keras loop re-timed 18 rounds of 0.2 s for nothing)."""
         from . import timing
         from .regression import centred_baseline, pick_samples
 
@@ -361,28 +364,33 @@ class BenchRunner:
         first = _ratio(base, now) if used == "device" else None
         per_call_first = _ratio(base_data, data) if per_call_limit else None
         device_suspect = (first or 0.0) > device_trigger
-        if not device_suspect and (per_call_first or 0.0) <= (per_call_limit or float("inf")):
+        per_call_suspect = per_call_limit is not None and (per_call_first or 0.0) > per_call_limit
+        if not device_suspect and not per_call_suspect:
             return
-        timing.estimate_call(timed, plan.warmup, clock)
-        data2, _ = timing.time_rounds(timed, 2 * rounds, clock)
-        dev2 = dev_time(2 * plan.device_samples)
-        again = {**extra, "device_samples": list(dev2.samples), "device_time_method": dev2.method}
-        _, base, now2, _ = pick_samples(metric, base_extra, again, base_data, data2)
-        if used == "device":
-            base = centred_baseline(base, band, "device")[0]
-        second = _ratio(base, now2) if used == "device" else None
-        per_call_second = _ratio(base_data, data2)
-        per_call_confirmed = per_call_limit is not None and (per_call_second or 0.0) > per_call_limit
+        again: dict[str, Any] = {}
+        second = per_call_second = None
+        if per_call_suspect:
+            timing.estimate_call(timed, plan.warmup, clock)
+            data2, _ = timing.time_rounds(timed, 2 * rounds, clock)
+            per_call_second = _ratio(base_data, data2)
+            again["data"] = data2
+        if device_suspect:
+            dev2 = dev_time(2 * plan.device_samples)
+            again.update(device_samples=list(dev2.samples), device_time_method=dev2.method)
+            if dev2.method == extra.get("device_time_method"):  # else not comparable: the gate says so
+                second = _ratio(base, dev2.samples)
+        confirmed = (device_suspect and (second or 0.0) > limit) or (
+            per_call_suspect and (per_call_second or 0.0) > (per_call_limit or float("inf"))
+        )
         extra["remeasured"] = {
-            "confirmed": (second or 0.0) > limit or per_call_confirmed,
+            "confirmed": confirmed,
             "first_ratio": first if device_suspect else per_call_first,
             "second_ratio": second if device_suspect else per_call_second,
             "metric": "device" if device_suspect else "per-call",
             "threshold": limit if device_suspect else per_call_limit,
             "trigger": device_trigger if device_suspect else per_call_limit,
-            "data": data2,
-            "device_samples": list(dev2.samples),
-            "device_time_method": dev2.method,
+            "remeasured": [m for m, s in (("per-call", per_call_suspect), ("device", device_suspect)) if s],
+            **again,
         }
 
     def _per_call_limit(self, entry: dict[str, Any], limit: float) -> float:
