@@ -114,7 +114,7 @@ vm._keras_jax_run = original
 
 def unobservable(seen, layer, *args):
     if layer.name.startswith("gru"):
-        raise_problem = f"could not trace Keras layer {layer.name!r} on JAX: planted"
+        raise_problem = f"could not trace keras GRU {layer.name!r} on JAX: planted"
         seen.problems.append(raise_problem)
         return
     return traced(seen, layer, *args)
@@ -152,5 +152,71 @@ def test_verify_model_on_keras_jax() -> None:
         m.startswith("output 0: relative error") and "exceeds the */fp32 forward tolerance" in m
         for m in perturbed["mismatches"]
     ), perturbed["mismatches"]
-    assert out["unobserved"]["mismatches"] == ["could not trace Keras layer 'gru' on JAX: planted"]
+    assert out["unobserved"]["mismatches"] == ["could not trace keras GRU 'gru' on JAX: planted"]
     assert out["unseen"]["mismatches"] == ["no recurrent layer ran in the model's forward pass"]
+
+
+FUSED = """
+import json, os
+os.environ["KERAS_BACKEND"] = "jax"
+os.environ["JAX_PLATFORMS"] = "cpu"
+import numpy as np, keras, jax, jax.numpy as jnp
+from keras.src import backend
+from pytest_lstmperf.observation import calls, jax_trace
+
+def fused(sequences, fh, fc, bh, bc, mask=None, fwd_kernel=None, fwd_recurrent_kernel=None, fwd_bias=None,
+          bwd_kernel=None, bwd_recurrent_kernel=None, bwd_bias=None, return_sequences=False, **_):
+    # stands in for Keras's cuDNN call (GPU only): both directions in one call, without either layer's loop
+    def run(k, rk, b, h, c, reverse):
+        k, rk, b = (jnp.asarray(keras.ops.convert_to_tensor(v)) for v in (k, rk, b))
+        def step(carry, xt):
+            h, c = carry
+            i, f, g, o = jnp.split(xt @ k + h @ rk + b, 4, -1)
+            c = jax.nn.sigmoid(f) * c + jax.nn.sigmoid(i) * jnp.tanh(g)
+            h = jax.nn.sigmoid(o) * jnp.tanh(c)
+            return (h, c), h
+        (h, c), ys = jax.lax.scan(step, (h, c), jnp.swapaxes(sequences, 0, 1), reverse=reverse)
+        ys = jnp.swapaxes(ys, 0, 1)
+        return (ys[:, 0] if reverse else ys[:, -1]), ys, [h, c]
+    return (run(fwd_kernel, fwd_recurrent_kernel, fwd_bias, fh, fc, False),
+            run(bwd_kernel, bwd_recurrent_kernel, bwd_bias, bh, bc, True))
+
+backend.bidirectional_lstm = fused
+keras.utils.set_random_seed(0)
+model = keras.Sequential([keras.Input((5, 3)), keras.layers.Bidirectional(keras.layers.LSTM(4))])
+x = np.random.default_rng(0).standard_normal((2, 5, 3)).astype("float32")
+out = {}
+with calls.observe(jax_backward=True) as seen:
+    model(x)
+out["clean"] = {"layers": len(seen.layers), "problems": seen.problems,
+                "traces": [f"{t.phase}: {t.family}/{t.precision} ({t.detail})" for t in seen.all_traces()]}
+calls._JAX_TRACES.clear()
+def broken(*args, **kwargs):
+    raise RuntimeError("planted")
+jax_trace.compiled_trace = broken
+with calls.observe() as seen:
+    model(x)
+out["broken"] = {"layers": len(seen.layers), "problems": seen.problems, "traces": len(seen.all_traces())}
+print("RESULT " + json.dumps(out))
+"""
+
+
+def test_a_fused_bidirectional_call_on_jax_is_traced() -> None:
+    """Keras 3.15 runs both directions of an eligible Bidirectional LSTM in one cuDNN call on a GPU, without
+    either layer's ``inner_loop`` (on the H100 the kernel marker said "no LSTM/GRU layer ran"). The fused call is
+    traced like a layer call: here a stand-in for the GPU-only cuDNN call, so it runs on the CPU; a fused call
+    that cannot be traced is a problem, not a pass."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu"}
+    done = subprocess.run([sys.executable, "-c", FUSED], env=env, capture_output=True, text=True, timeout=300)
+    lines = [x for x in done.stdout.splitlines() if x.startswith("RESULT ")]
+    if not lines:
+        pytest.fail(f"the fused-call script did not finish:\n{done.stdout}\n{done.stderr[-3000:]}")
+    out = json.loads(lines[0][len("RESULT ") :])
+    clean = out["clean"]
+    assert clean["layers"] == 2 and clean["problems"] == [], clean
+    assert [t.split(" (")[0] for t in clean["traces"]] == ["forward: jax-generic/fp32", "backward: jax-generic/fp32"]
+    assert all("keras Bidirectional 'bidirectional' (fused)" in t for t in clean["traces"]), clean
+    broken = out["broken"]
+    assert broken["traces"] == 0 and broken["problems"] == [
+        "could not trace keras Bidirectional 'bidirectional' (fused) on JAX: RuntimeError: planted"
+    ], broken

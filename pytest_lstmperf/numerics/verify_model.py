@@ -519,6 +519,17 @@ def _keras_variant(model: Any, float64: bool = False, use_cudnn: Any = None) -> 
     return clone
 
 
+def _keras_reference(model: Any) -> Any:
+    """The float64 clone of ``model`` the paths are compared with. On the JAX backend its LSTM/GRU layers get
+    ``use_cudnn=False``: Keras on JAX sends an eligible layer to cuDNN whatever its dtype, and JAX cannot
+    differentiate cuDNN's float64 RNN (H100, jax 0.11: lowering ``cudnn_rnn_bwd_ffi`` fails, "operand part has
+    type 'tensor<1664xf32>' and output part has type 'tensor<1664xf64>'"); the loop computes in float64 exactly
+    the same function. The torch backend differentiates cuDNN in float64 and keeps the model's own choice."""
+    import keras
+
+    return _keras_variant(model, float64=True, use_cudnn=False if keras.backend.backend() == "jax" else None)
+
+
 def _set_use_cudnn(config: Any, value: Any) -> Any:
     if isinstance(config, dict):
         out = {k: _set_use_cudnn(v, value) for k, v in config.items()}
@@ -664,7 +675,7 @@ def _keras_sensitivity(model: Any, inputs: Any, ref: _Run, spec: LayerSpec) -> A
     from .sensitivity import Sensitivity, canonical, perturb, relative_changes
 
     def moved(rng: np.random.Generator) -> dict[str, np.ndarray]:
-        twin = _keras_variant(model, float64=True)
+        twin = _keras_reference(model)
         twin.set_weights([perturb(w, rng) if w.dtype.kind == "f" else w for w in twin.get_weights()])
         return _named(_keras_run(twin, _map_arrays(inputs, lambda a: perturb(a, rng) if a.dtype.kind == "f" else a)))
 
@@ -729,7 +740,7 @@ def verify_keras_model(
     _JAX_STEPS.clear()  # steps are shared between the clones of this one model only
     try:
         with _keras_float64_math():
-            ref = _keras_run(_keras_variant(model, float64=True), example_inputs)
+            ref = _keras_run(_keras_reference(model), example_inputs)
             sensitivity = _keras_sensitivity(model, example_inputs, ref, spec)
         outcomes = []
         for path in keras_model_paths(device):

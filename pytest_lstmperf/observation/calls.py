@@ -144,8 +144,9 @@ def _torch_layer(module: Any, data: Any) -> tuple[Any, Any]:
 
 @contextlib.contextmanager
 def _keras_layers(seen: Observation) -> Iterator[None]:
-    """Every Keras LSTM/GRU call: the layers' ``inner_loop`` and, where Keras has it (3.15 on torch, GPU), the
-    fused bidirectional call, which runs both directions in one cuDNN call without calling either layer."""
+    """Every Keras LSTM/GRU call: the layers' ``inner_loop`` and, where Keras has it (3.15 on a GPU, torch and
+    JAX backends), the fused bidirectional call, which runs both directions in one cuDNN call without calling
+    either layer."""
     import keras
 
     patched: list[tuple[type, str, Any]] = []
@@ -202,7 +203,12 @@ def _spied_inner_loop(seen: Observation, original: Any) -> Any:
     def inner_loop(self, sequences, initial_state, mask, training=False):
         seen.layers.extend(_describe_into(seen, self, sequences, mask))
         if _keras_backend() == "jax":
-            _jax_layer_traces(seen, self, original, sequences, initial_state, mask, training)
+
+            def invoke(x: Any, states: Any, m: Any) -> Any:
+                return original(self, x, states, m, training=training)
+
+            label = f"keras {type(self).__name__} {self.name!r}"
+            _jax_layer_traces(seen, self, invoke, (sequences, initial_state, mask), ("inner_loop", training), label)
         with _layer_scope(seen, f"keras {type(self).__name__} {self.name!r}", sequences):
             return original(self, sequences, initial_state, mask, training=training)
 
@@ -214,23 +220,32 @@ def _keras_backend() -> str:
     return keras.backend.backend() if keras is not None else ""
 
 
-#: (layer class, config but its name, argument shapes and dtypes, training, backward) -> traces (the layer's
-#: label added when read): a layer of one configuration called on arrays of one shape compiles to the same
-#: module (a float64 clone, perturbed weights, a second model built alike and a repeated call are traced once)
+#: (layer class, what was traced, config without names, argument shapes and dtypes, backward) -> traces (the
+#: layer's label added when read): a layer of one configuration called on arrays of one shape compiles to the
+#: same module (a float64 clone, perturbed weights, a second model built alike and a repeated call are traced
+#: once)
 _JAX_TRACES: dict[str, list[Any]] = {}
 
 
-def _jax_layer_traces(
-    seen: Observation, layer: Any, original: Any, sequences: Any, initial_state: Any, mask: Any, training: Any
-) -> None:
-    """What XLA compiles one Keras LSTM/GRU call on the JAX backend to: the layer's ``inner_loop`` (Keras's
-    cuDNN-or-loop decision included, taken in Python while it is traced) as a ``jax.jit`` function of the
-    layer's variables and the call's arrays, lowered for their shapes and dtypes and compiled, read by
+def _without_names(config: Any) -> Any:
+    """A layer's config without the names (its own and its sub-layers'): a name changes no computation."""
+    if isinstance(config, dict):
+        return {k: _without_names(v) for k, v in config.items() if k != "name"}
+    if isinstance(config, (list, tuple)):
+        return [_without_names(v) for v in config]
+    return config
+
+
+def _jax_layer_traces(seen: Observation, layer: Any, invoke: Any, arrays: tuple, what: tuple, label: str) -> None:
+    """What XLA compiles one Keras recurrent call on the JAX backend to: ``invoke(*arrays)`` (a layer's
+    ``inner_loop``, or a Bidirectional wrapper's fused call; Keras's cuDNN-or-loop decision included, taken in
+    Python while it is traced) as a ``jax.jit`` function of the layer's variables and the call's arrays,
+    lowered for their shapes and dtypes and compiled, read by
     :func:`pytest_lstmperf.observation.jax_trace.hlo_trace`, as the suites' Keras-on-JAX worker reads the
-    executables it times; with ``seen.jax_backward``, the gradient of the layer's outputs w.r.t. its
-    variables and inputs too. Works inside a ``jax.jit`` or ``jax.grad`` of the caller (only shapes and
-    dtypes are used). Eager JAX runs a layer op by op; the compiled module is what a jitted step (Keras's
-    own ``fit``/``predict``) runs."""
+    executables it times; with ``seen.jax_backward``, the gradient of the outputs w.r.t. the variables and
+    inputs too. Works inside a ``jax.jit`` or ``jax.grad`` of the caller (only shapes and dtypes are used).
+    Eager JAX runs a layer op by op; the compiled module is what a jitted step (Keras's own ``fit``/``predict``)
+    runs."""
     try:
         import jax
         import jax.numpy as jnp
@@ -245,26 +260,24 @@ def _jax_layer_traces(
         weights = [v for v in layer.variables if jnp.issubdtype(v.value.dtype, jnp.floating)]
         others = [v for v in layer.variables if not jnp.issubdtype(v.value.dtype, jnp.floating)]
         variables = weights + others
+        sequences = arrays[0]
         args = (
             [abstract(v.value) for v in weights],
-            abstract(sequences),
-            jax.tree.map(abstract, initial_state),
-            None if mask is None else jax.tree.map(abstract, mask),
+            jax.tree.map(abstract, tuple(arrays)),
             [abstract(v.value) for v in others],
         )
-        config = {k: v for k, v in layer.get_config().items() if k != "name"}  # a name changes no computation
         shapes = jax.tree.map(lambda a: (a.shape, str(a.dtype)), args)
-        kind = (type(layer).__module__, type(layer).__qualname__)
-        key = repr((kind, config, shapes, bool(training), seen.jax_backward))
+        kind = (type(layer).__module__, type(layer).__qualname__, repr(what))
+        key = repr((kind, _without_names(layer.get_config()), shapes, seen.jax_backward))
         cached = _JAX_TRACES.get(key)
         if cached is None:
 
-            def call(params: list, x: Any, states: Any, m: Any, rest: list) -> Any:
+            def call(params: list, xs: tuple, rest: list) -> Any:
                 with keras.StatelessScope(state_mapping=list(zip(variables, [*params, *rest], strict=True))):
-                    return original(layer, x, states, m, training=training)
+                    return invoke(*xs)
 
-            def loss(params: list, x: Any, states: Any, m: Any, rest: list) -> Any:
-                outs = jax.tree.leaves(call(params, x, states, m, rest))
+            def loss(params: list, xs: tuple, rest: list) -> Any:
+                outs = jax.tree.leaves(call(params, xs, rest))
                 return sum(jnp.sum(o.astype(jnp.float32)) for o in outs if jnp.issubdtype(o.dtype, jnp.floating))
 
             concrete = not isinstance(sequences, jax.core.Tracer) and hasattr(sequences, "devices")
@@ -278,22 +291,26 @@ def _jax_layer_traces(
             if len(_JAX_TRACES) > 256:
                 _JAX_TRACES.clear()
             _JAX_TRACES[key] = cached
-        label = f"keras {type(layer).__name__} {layer.name!r}"
         seen.traces.extend(dataclasses.replace(t, detail=f"{label}; {t.detail}" if t.detail else label) for t in cached)
     except Exception as exc:  # never a silent pass: the verdict lists it
-        seen.problems.append(
-            f"could not trace Keras layer {getattr(layer, 'name', layer)!r} on JAX: {type(exc).__name__}: {exc}"
-        )
+        seen.problems.append(f"could not trace {label} on JAX: {type(exc).__name__}: {exc}")
 
 
 def _spied_fused(seen: Observation, original: Any) -> Any:
     def fused(self, sequences, initial_state, *args, **kwargs):
         described = [d for layer in (self.forward_layer, self.backward_layer)
                      for d in _describe_into(seen, layer, sequences, None)]  # fmt: skip
-        with _layer_scope(seen, f"keras Bidirectional {self.name!r} (fused)", sequences, keep_on_error=False):
+        label = f"keras Bidirectional {self.name!r} (fused)"
+        with _layer_scope(seen, label, sequences, keep_on_error=False):
             result = original(self, sequences, initial_state, *args, **kwargs)
         # reached only when the fused call ran (NotImplementedError: Keras falls back to the two layers)
         seen.layers.extend(described)
+        if _keras_backend() == "jax":  # Keras 3.15 fuses both directions on a GPU there too (cuDNN)
+
+            def invoke(x: Any, states: Any) -> Any:
+                return original(self, x, states, *args, **kwargs)
+
+            _jax_layer_traces(seen, self, invoke, (sequences, initial_state), ("fused", args, kwargs), label)
         return result
 
     return fused
