@@ -220,3 +220,55 @@ def test_a_fused_bidirectional_call_on_jax_is_traced() -> None:
     assert broken["traces"] == 0 and broken["problems"] == [
         "could not trace keras Bidirectional 'bidirectional' (fused) on JAX: RuntimeError: planted"
     ], broken
+
+
+SWITCH = """
+import json, os
+os.environ["KERAS_BACKEND"] = "jax"
+os.environ["JAX_PLATFORMS"] = "cpu"
+import numpy as np, keras, jax, jax.numpy as jnp
+from keras.src import backend
+from pytest_lstmperf.observation import calls
+from pytest_lstmperf.numerics import verify_model as vm
+
+def fast(inputs, h0, c0, mask, kernel=None, recurrent_kernel=None, bias=None, return_sequences=False, **_):
+    # stands in for the cuDNN call Keras makes where use_cudnn allows it (GPU only): here it doubles the
+    # outputs, so that which computation ran shows in the numbers
+    k, rk, b = (jnp.asarray(keras.ops.convert_to_tensor(v)) for v in (kernel, recurrent_kernel, bias))
+    def step(carry, xt):
+        h, c = carry
+        i, f, g, o = jnp.split(xt @ k + h @ rk + b, 4, -1)
+        c = jax.nn.sigmoid(f) * c + jax.nn.sigmoid(i) * jnp.tanh(g)
+        h = jax.nn.sigmoid(o) * jnp.tanh(c)
+        return (h, c), h
+    (h, c), ys = jax.lax.scan(step, (h0, c0), jnp.swapaxes(inputs, 0, 1))
+    ys = 2 * jnp.swapaxes(ys, 0, 1)
+    return ys[:, -1], (ys if return_sequences else ys[:, -1:]), [h, c]
+
+backend.lstm = fast
+keras.utils.set_random_seed(0)
+model = keras.Sequential([keras.Input((5, 3)), keras.layers.LSTM(4)])
+x = np.random.default_rng(0).standard_normal((2, 5, 3)).astype("float32")
+loop = vm._keras_variant(model, use_cudnn=False)
+as_built, looped = vm._keras_jax_run(model, x), vm._keras_jax_run(loop, x)
+out = {"ratio": float(np.max(np.abs(as_built.outputs[0])) / np.max(np.abs(looped.outputs[0]))),
+       "steps": len(vm._JAX_STEPS), "traces": len(calls._JAX_TRACES),
+       "switches": [calls.unserialized_switches(model), calls.unserialized_switches(loop)]}
+print("RESULT " + json.dumps(out))
+"""
+
+
+def test_a_clone_with_cudnn_off_is_not_given_the_models_compiled_step() -> None:
+    """Keras leaves ``use_cudnn`` out of a layer's config, so the compiled steps and layer traces of verify_model
+    on JAX, keyed by config, gave its cuDNN-off clone the as-built model's cuDNN computation (H100: the
+    cuda-generic path observed cudnn and matched the cuDNN path's errors to the digit). The key now holds the
+    switches; a stand-in for the GPU's cuDNN call shows which computation ran."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu"}
+    done = subprocess.run([sys.executable, "-c", SWITCH], env=env, capture_output=True, text=True, timeout=300)
+    lines = [x for x in done.stdout.splitlines() if x.startswith("RESULT ")]
+    if not lines:
+        pytest.fail(f"the use_cudnn script did not finish:\n{done.stdout}\n{done.stderr[-3000:]}")
+    out = json.loads(lines[0][len("RESULT ") :])
+    assert out["ratio"] == pytest.approx(2.0), out  # each ran its own computation
+    assert out["steps"] == 2 and out["traces"] == 2, out
+    assert out["switches"] == [["auto"], [False]]

@@ -582,7 +582,8 @@ def _keras_run(model: Any, inputs: Any) -> _Run:
 
 
 #: compiled loss-and-gradient steps of the Keras-on-JAX clones of the model one ``verify_keras_model`` call
-#: checks (cleared before and after it), by config, argument shapes and dtypes, and whether 64-bit mode is on,
+#: checks (cleared before and after it), by config (with the ``use_cudnn`` switches it leaves out), argument
+#: shapes and dtypes, and whether 64-bit mode is on,
 #: with the traces and problems seen while each was traced: the float64 reference and its perturbed twins
 #: (one architecture, other weights) share one XLA compilation
 _JAX_STEPS: dict[str, tuple[Any, list[Any], list[str]]] = {}
@@ -597,13 +598,14 @@ def _keras_jax_run(model: Any, inputs: Any) -> _Run:
     import jax.numpy as jnp
     import keras
 
-    from ..observation.calls import observe
+    from ..observation.calls import observe, unserialized_switches
 
     trainable = [v.value for v in model.trainable_variables]
     fixed = [v.value for v in model.non_trainable_variables]
     x64 = bool(getattr(jax.config, "jax_enable_x64", False))
     shapes = jax.tree.map(lambda a: (tuple(np.shape(a)), str(getattr(a, "dtype", type(a)))), [trainable, fixed, inputs])
-    key = repr((type(model).__module__, type(model).__qualname__, model.get_config(), shapes, x64))
+    config = (model.get_config(), unserialized_switches(model))  # use_cudnn is not in the config
+    key = repr((type(model).__module__, type(model).__qualname__, config, shapes, x64))
     if key not in _JAX_STEPS:
         wide = jnp.float64 if x64 else jnp.float32  # float64 where the reference runs, else the path's float32
 

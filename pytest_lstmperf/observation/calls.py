@@ -220,7 +220,8 @@ def _keras_backend() -> str:
     return keras.backend.backend() if keras is not None else ""
 
 
-#: (layer class, what was traced, config without names, argument shapes and dtypes, backward) -> traces (the
+#: (layer class, what was traced, config without names and its unserialized switches, argument shapes and dtypes,
+#: backward) -> traces (the
 #: layer's label added when read): a layer of one configuration called on arrays of one shape compiles to the
 #: same module (a float64 clone, perturbed weights, a second model built alike and a repeated call are traced
 #: once)
@@ -234,6 +235,18 @@ def _without_names(config: Any) -> Any:
     if isinstance(config, (list, tuple)):
         return [_without_names(v) for v in config]
     return config
+
+
+def unserialized_switches(layer: Any) -> list[Any]:
+    """What a Keras layer (or model) leaves out of ``get_config()`` that changes the kernel it runs: the
+    ``use_cudnn`` of each LSTM/GRU in it (Keras 3.15 does not serialise it). A cache keyed by the config alone
+    would give a clone with ``use_cudnn=False`` the compiled cuDNN computation of the model it was cloned from
+    (on the H100, verify_model's cuDNN-off path ran cuDNN that way, and its kernel check failed)."""
+    try:
+        layers = list(layer._flatten_layers(include_self=True, recursive=True))
+    except (AttributeError, TypeError):
+        layers = [layer]
+    return [getattr(sub, "use_cudnn", None) for sub in layers if hasattr(sub, "use_cudnn")]
 
 
 def _jax_layer_traces(seen: Observation, layer: Any, invoke: Any, arrays: tuple, what: tuple, label: str) -> None:
@@ -268,7 +281,8 @@ def _jax_layer_traces(seen: Observation, layer: Any, invoke: Any, arrays: tuple,
         )
         shapes = jax.tree.map(lambda a: (a.shape, str(a.dtype)), args)
         kind = (type(layer).__module__, type(layer).__qualname__, repr(what))
-        key = repr((kind, _without_names(layer.get_config()), shapes, seen.jax_backward))
+        config = (_without_names(layer.get_config()), unserialized_switches(layer))
+        key = repr((kind, config, shapes, seen.jax_backward))
         cached = _JAX_TRACES.get(key)
         if cached is None:
 
