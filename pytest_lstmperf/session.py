@@ -6,9 +6,7 @@ only read and record through it.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -157,48 +155,31 @@ class LstmPerfSession:
     def from_config(cls, config: pytest.Config) -> LstmPerfSession:
         from . import paths as registry
         from .device import DeviceError, resolve_device
-        from .paths.keras.paths import prestart_workers
-        from .paths.keras.pool import resolve_xla_cache, set_xla_cache, shutdown_workers
 
         settings = {name: options.resolve(config, name) for name in options.SETTINGS if options.is_added(config, name)}
         dev = settings["lstmperf_device"]
-        names = settings["lstmperf_paths"].value
-        set_xla_cache(resolve_xla_cache(settings["lstmperf_xla_cache"].value))
-        if _names_cuda(dev.value):
-            # the GPU Keras paths' workers start before this process imports torch and opens its CUDA context,
-            # side by side with it (their imports take seconds; the first Keras test waits for their hello)
-            with contextlib.suppress(Exception):  # a bad --lstmperf-paths is reported below, as before
-                prestart_workers(registry.for_device("cuda", names))
         try:
             device = resolve_device(dev.value, dev.source)
         except DeviceError as exc:
-            shutdown_workers(kill=True)
             raise pytest.UsageError(str(exc)) from None
+        names = settings["lstmperf_paths"].value
         selected = registry.for_device(device.kind, names)
         if names is not None and not selected:
             raise pytest.UsageError(
                 f"{settings['lstmperf_paths'].where()}: none of these paths runs on {device.name} (paths for "
                 f"{device.kind}: {', '.join(p.name for p in registry.for_device(device.kind))})"
             )
-        prestart_workers(selected)  # (--device=auto) the GPU Keras paths' workers, side by side; nothing otherwise
+        from .paths.keras.paths import prestart_workers
+        from .paths.keras.pool import resolve_xla_cache, set_xla_cache
+
+        set_xla_cache(resolve_xla_cache(settings["lstmperf_xla_cache"].value))
+        prestart_workers(selected)  # the GPU Keras paths' workers, side by side; nothing otherwise
         unavailable = {}
         for path in selected:
             reason = path.available(device)
             if reason:
                 unavailable[path.name] = reason
         return cls(config, settings, device, selected, unavailable)
-
-
-def _names_cuda(value: str) -> bool:
-    """Whether a device setting names a CUDA device and the machine looks as if it had one (syntax and a
-    device node only: nothing imported, no GPU asked; the device is resolved properly afterwards)."""
-    from .device import DeviceError, parse_device
-
-    try:
-        named = parse_device(value)[0] == "cuda"
-    except DeviceError:
-        return False
-    return named and any(os.path.exists(node) for node in ("/dev/nvidiactl", "/dev/dxg"))
 
 
 SESSION_KEY = pytest.StashKey[LstmPerfSession]()

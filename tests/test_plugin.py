@@ -99,41 +99,6 @@ def test_cuda_without_gpu_is_a_usage_error_not_a_skip(pytester) -> None:
     assert "PYTEST_LSTMPERF_DEVICE=cuda: no usable CUDA device" in result.stderr.str()
 
 
-def test_keras_workers_started_before_the_device_is_resolved_are_killed_when_it_is_not_usable(
-    pytester, monkeypatch
-) -> None:
-    """On a machine with an NVIDIA device node, ``--device=cuda`` starts the GPU Keras paths' workers before
-    torch opens its CUDA context (their imports then run beside it). Where no GPU turns out to be usable,
-    the run is still a usage error, and the workers are killed at once, not waited for."""
-    import os
-
-    import torch
-
-    from pytest_lstmperf.paths.keras import paths as keras_paths
-    from pytest_lstmperf.paths.keras import pool
-
-    if torch.cuda.is_available():
-        pytest.skip("this machine has a GPU; the CPU-only behaviour is what is under test")
-    started: list[list[str]] = []
-    stopped: list[bool] = []
-    monkeypatch.setattr(keras_paths, "prestart_workers", lambda paths: started.append([p.name for p in paths]))
-    monkeypatch.setattr(pool, "shutdown_workers", lambda kill=False: stopped.append(kill))
-    exists = os.path.exists
-    monkeypatch.setattr(os.path, "exists", lambda node: node == "/dev/nvidiactl" or exists(node))
-    pytester.makepyfile(test_x="def test_x(): pass")
-    result = pytester.runpytest_inprocess("--device=cuda", "-p", "no:cacheprovider")
-    assert result.ret == USAGE_ERROR
-    assert "--device=cuda: no usable CUDA device" in result.stderr.str()
-    assert len(started) == 1 and any(name.startswith("keras-torch") for name in started[0]), started
-    assert stopped == [True]
-    # without the device node nothing is started early: a CPU machine pays nothing for it
-    monkeypatch.setattr(os.path, "exists", exists)
-    started.clear()
-    stopped.clear()
-    assert pytester.runpytest_inprocess("--device=cuda", "-p", "no:cacheprovider").ret == USAGE_ERROR
-    assert started == [] and stopped == [True]
-
-
 def test_cuda_index_beyond_the_gpus_present_names_them(monkeypatch) -> None:
     import torch
 

@@ -98,12 +98,7 @@ class WorkerClient:
             raise KerasWorkerError(f"{reply['error']}" + (f"\n--- worker traceback ---\n{detail}" if detail else ""))
         return reply["result"]
 
-    def close(self, kill: bool = False) -> None:
-        """Ask the worker to exit (and wait for it), or with ``kill`` end it at once (a worker started for a
-        session that then failed to start: it may still be importing, and nothing it holds is needed)."""
-        if self.process.poll() is None and kill:
-            self.process.kill()
-            self.process.wait(timeout=10)
+    def close(self) -> None:
         if self.process.poll() is None:
             try:
                 with self.lock:
@@ -225,10 +220,10 @@ def get_worker(backend: str) -> WorkerClient:
         return worker
 
 
-def shutdown_workers(kill: bool = False) -> None:
+def shutdown_workers() -> None:
     with _POOL_LOCK:
         for worker in [*_WORKERS.values(), *_STARTING.values()]:
-            worker.close(kill=kill)
+            worker.close()
         _WORKERS.clear()
         _STARTING.clear()
 
