@@ -814,10 +814,24 @@ def test_a_metric_not_remeasured_is_decided_on_its_first_samples() -> None:
     # the per-call samples kept are the first ones: a per-call slowdown among them still fails
     decision = speed_gate.decide_record(_gpu_record(1.5e-3, 2.4e-4, remeasured=noise), base, KNOBS)
     assert decision.verdict == "regressed" and decision.metric == "per-call", decision
+    # a device re-measurement that cannot be compared (another method, or no samples) neither confirms nor
+    # clears: first device samples past the threshold are inconclusive, never a regression, and say why
     other = {**device_only, "device_samples": _spread(5e-3), "device_time_method": "cuda-events", "second_ratio": None}
-    decision = speed_gate.decide_record(_gpu_record(1.02e-3, 2.4e-4, remeasured=other), base, KNOBS)
-    assert decision.verdict == "unchanged" and "could not be compared" in decision.notes[-1], decision
-    assert any(c.startswith("device: not compared") and "re-measured by cuda-events" in c for c in decision.checks)
+    nothing = {**device_only, "device_samples": [], "device_time_method": "none", "second_ratio": None}
+    for again in (other, nothing):
+        decision = speed_gate.decide_record(_gpu_record(1.02e-3, 2.4e-4, remeasured=again), base, KNOBS)
+        assert decision.verdict == "inconclusive" and decision.metric == "device", decision
+        assert "not confirmed, not cleared" in " ".join(decision.notes)
+        assert "could not be compared with the baseline" in decision.notes[-1], decision.notes
+        # first device samples inside the threshold pass, with the same note
+        decision = speed_gate.decide_record(_gpu_record(1.02e-3, 2.04e-4, remeasured=again), base, KNOBS)
+        assert decision.verdict == "unchanged" and "could not be compared" in decision.notes[-1], decision
+    # the note speaks of the re-measured metric: device noise beside a host-counter change is not "confirmed"
+    counted = _entry(_gpu_record(1e-3, 2e-4, COUNTERS))
+    moved = _gpu_record(1.02e-3, 2.4e-4, {**COUNTERS, "kernels": 13}, remeasured=noise)
+    decision = speed_gate.decide_record(moved, counted, KNOBS)
+    assert decision.verdict == "host-work-changed", decision
+    assert decision.notes[-1].startswith("not confirmed by re-measurement"), decision.notes
     per_call_only = {"confirmed": True, "first_ratio": 1.3, "data": _spread(1.3e-3), "remeasured": ["per-call"]}
     decision = speed_gate.decide_record(_gpu_record(1e-3, 2e-4, remeasured=per_call_only), base, KNOBS)
     assert decision.verdict == "regressed" and decision.metric == "per-call", decision

@@ -272,3 +272,45 @@ def test_a_clone_with_cudnn_off_is_not_given_the_models_compiled_step() -> None:
     assert out["ratio"] == pytest.approx(2.0), out  # each ran its own computation
     assert out["steps"] == 2 and out["traces"] == 2, out
     assert out["switches"] == [["auto"], [False]]
+
+
+MASKED = """
+import json, os
+os.environ["KERAS_BACKEND"] = "jax"
+os.environ["JAX_PLATFORMS"] = "cpu"
+import numpy as np, keras
+from pytest_lstmperf.observation import calls
+
+keras.utils.set_random_seed(0)
+model = keras.Sequential([keras.Input((5, 3)), keras.layers.Masking(0.0), keras.layers.LSTM(4), keras.layers.Dense(1)])
+x = np.random.default_rng(0).standard_normal((2, 5, 3)).astype("float32")
+x[0, 3:] = 0.0  # a padded tail: the LSTM gets a boolean mask
+with calls.observe(jax_backward=True) as seen:
+    model(x)
+print("RESULT " + json.dumps({"problems": seen.problems, "layers": len(seen.layers),
+                              "traces": [f"{t.phase}: {t.family}/{t.precision}" for t in seen.all_traces()]}))
+"""
+
+
+def test_a_masked_layer_on_jax_is_traced_forward_and_backward() -> None:
+    """The backward trace differentiates the weights and the sequences, never the boolean mask (``jax.grad``
+    refuses it: every masked model's layers were untraceable backward, and verify_model failed them)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu"}
+    done = subprocess.run([sys.executable, "-c", MASKED], env=env, capture_output=True, text=True, timeout=300)
+    lines = [x for x in done.stdout.splitlines() if x.startswith("RESULT ")]
+    if not lines:
+        pytest.fail(f"the masked-layer script did not finish:\n{done.stdout}\n{done.stderr[-3000:]}")
+    out = json.loads(lines[0][len("RESULT ") :])
+    assert out["problems"] == [] and out["layers"] == 1, out
+    assert out["traces"] == ["forward: jax-generic/fp32", "backward: jax-generic/fp32"], out
+
+
+def test_trace_keys_drop_layer_names_but_keep_the_dtype_policy() -> None:
+    from pytest_lstmperf.observation.calls import _without_names
+
+    def config(name: str, policy: str) -> dict:
+        dtype = {"module": "keras", "class_name": "DTypePolicy", "config": {"name": policy}, "registered_name": None}
+        return {"name": name, "units": 4, "dtype": dtype, "layer": {"class_name": "LSTM", "config": {"name": "x"}}}
+
+    assert _without_names(config("lstm", "float32")) == _without_names(config("lstm_7", "float32"))
+    assert _without_names(config("lstm", "float32")) != _without_names(config("lstm", "mixed_bfloat16"))

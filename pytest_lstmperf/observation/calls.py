@@ -229,8 +229,11 @@ _JAX_TRACES: dict[str, list[Any]] = {}
 
 
 def _without_names(config: Any) -> Any:
-    """A layer's config without the names (its own and its sub-layers'): a name changes no computation."""
+    """A layer's config without the names (its own and its sub-layers'): a name changes no computation. A dtype
+    policy's ``name`` is its dtype ("mixed_bfloat16") and stays."""
     if isinstance(config, dict):
+        if str(config.get("class_name", "")).endswith("DTypePolicy"):
+            return config
         return {k: _without_names(v) for k, v in config.items() if k != "name"}
     if isinstance(config, (list, tuple)):
         return [_without_names(v) for v in config]
@@ -274,9 +277,12 @@ def _jax_layer_traces(seen: Observation, layer: Any, invoke: Any, arrays: tuple,
         others = [v for v in layer.variables if not jnp.issubdtype(v.value.dtype, jnp.floating)]
         variables = weights + others
         sequences = arrays[0]
+        # the weights and the sequences are differentiated; the other arrays (initial states, a boolean mask)
+        # are passed as they are
         args = (
             [abstract(v.value) for v in weights],
-            jax.tree.map(abstract, tuple(arrays)),
+            abstract(sequences),
+            jax.tree.map(abstract, tuple(arrays[1:])),
             [abstract(v.value) for v in others],
         )
         shapes = jax.tree.map(lambda a: (a.shape, str(a.dtype)), args)
@@ -286,12 +292,12 @@ def _jax_layer_traces(seen: Observation, layer: Any, invoke: Any, arrays: tuple,
         cached = _JAX_TRACES.get(key)
         if cached is None:
 
-            def call(params: list, xs: tuple, rest: list) -> Any:
+            def call(params: list, x: Any, more: tuple, rest: list) -> Any:
                 with keras.StatelessScope(state_mapping=list(zip(variables, [*params, *rest], strict=True))):
-                    return invoke(*xs)
+                    return invoke(x, *more)
 
-            def loss(params: list, xs: tuple, rest: list) -> Any:
-                outs = jax.tree.leaves(call(params, xs, rest))
+            def loss(params: list, x: Any, more: tuple, rest: list) -> Any:
+                outs = jax.tree.leaves(call(params, x, more, rest))
                 return sum(jnp.sum(o.astype(jnp.float32)) for o in outs if jnp.issubdtype(o.dtype, jnp.floating))
 
             concrete = not isinstance(sequences, jax.core.Tracer) and hasattr(sequences, "devices")

@@ -111,7 +111,7 @@ def decide_record(record: dict[str, Any], entry: dict[str, Any] | None, knobs: G
     kernels["kernel_then"] = _kernel_text(bextra)
     if record.get("failed") == "kernel":
         return Decision(name, "kernel-changed", notes=("kernel differs from the path's claim; not timed",), **kernels)
-    now_data, now_device, remeasured = _current_samples(record)
+    now_data, now_device, remeasured, unconfirmed = _current_samples(record)
     if not now_data:
         why = "not timed in this run (--benchmark-disable, or the test stopped before timing): nothing compared"
         return Decision(name, "inconclusive", notes=(why,), **kernels)
@@ -126,9 +126,12 @@ def decide_record(record: dict[str, Any], entry: dict[str, Any] | None, knobs: G
     if knobs.metric == "device" or (knobs.metric == "auto" and has_device):
         explicit = knobs.explicit_ratio or "ratio" in record.get("thresholds", {})
         host_bound = per_call_limit if has_device and (events_host_bound(bextra) or events_host_bound(extra)) else None
-        parts.append(
-            _device_decision(name, bextra, now_device if has_device else [], limits, kernels, explicit, host_bound)
-        )
+        compared = now_device if has_device else []
+        device_part = _device_decision(name, bextra, compared, limits, kernels, explicit, host_bound)
+        if unconfirmed and device_part.failed:  # the first figures alone never fail the build
+            why = "its device re-measurement could not be compared with the baseline: not confirmed, not cleared"
+            device_part = replace(device_part, verdict="inconclusive", notes=(*device_part.notes, why))
+        parts.append(device_part)
     if knobs.metric in ("auto", "per-call"):
         parts.append(
             _per_call_decision(name, entry, extra, now_data, replace(limits, ratio=per_call_limit), knobs, kernels)
@@ -139,14 +142,14 @@ def decide_record(record: dict[str, Any], entry: dict[str, Any] | None, knobs: G
     if knobs.metric == "auto" and not has_device and (_graph_samples(bextra) or _graph_samples(extra)):
         # say so: a device check that did not happen is not a pass
         then, now = bextra.get("device_time_method"), extra.get("device_time_method")
-        if remeasured is not None and remeasured.get("device_time_method") not in (None, now):
-            now = f"{now}, re-measured by {remeasured['device_time_method']}"
         why = f"no device time of one method on both sides: baseline {then}, now {now}"
         checks.insert(0, f"device: not compared ({why})")
     decision = combine([*parts, *host], checks)
     notes = decision.notes
     if remeasured is not None:
-        notes = (*notes, _remeasure_note(decision.failed, remeasured))
+        metrics = _remeasured_metrics(remeasured)
+        failed = any(part.failed for part in parts if part.metric in metrics)
+        notes = (*notes, _remeasure_note(failed, remeasured, unconfirmed))
     centre = centred_baseline(entry["stats"]["data"], bextra.get("noise_band"), "per-call")[0]
     return replace(decision, per_call_ratio=drift_ratio(centre, now_data), notes=notes)
 
@@ -159,35 +162,63 @@ def _graph_samples(extra: dict[str, Any]) -> bool:
     return extra.get("device_time_method") in DEVICE_METHODS and len(extra.get("device_samples") or []) > 0
 
 
-def _current_samples(record: dict[str, Any]) -> tuple[list[float], list[float], dict[str, Any] | None]:
-    """(per-call samples, device samples, the re-measurement): a metric the measurement re-measured is
-    decided on its re-measured samples, a metric it did not re-measure (it was inside its threshold) on the
-    first ones. Re-measured device samples of another method than the first (a capture that failed the
-    second time) compare with nothing: the device check then says it had no device time of one method."""
+def _current_samples(record: dict[str, Any]) -> tuple[list[float], list[float], dict[str, Any] | None, bool]:
+    """(per-call samples, device samples, the re-measurement, device unconfirmed): a metric the measurement
+    re-measured is decided on its re-measured samples, a metric it did not re-measure (it was inside its
+    threshold) on the first ones. A device re-measurement that gave no samples, or samples of another method
+    than the first (a capture that failed the second time), neither confirms nor clears the first device
+    samples: they are kept, flagged unconfirmed, and a failure on them is inconclusive, never a regression."""
     extra = record["extra_info"]
     device = list(extra.get("device_samples") or []) if _graph_samples(extra) else []
     data = [float(x) for x in record["data"]]
     again = extra.get("remeasured")
-    if not isinstance(again, dict) or not (again.get("data") or again.get("device_samples")):
-        return data, device, None
-    if again.get("data"):
+    if not isinstance(again, dict):
+        return data, device, None, False
+    metrics = _remeasured_metrics(again)
+    if not metrics:
+        return data, device, None, False
+    if "per-call" in metrics and again.get("data"):
         data = [float(x) for x in again["data"]]
-    if again.get("device_samples"):
-        same = again.get("device_time_method", extra.get("device_time_method")) == extra.get("device_time_method")
-        device = list(again["device_samples"]) if same and device else []
-    return data, device, again
+    unconfirmed = False
+    if "device" in metrics and device:
+        samples = list(again.get("device_samples") or [])
+        first = extra.get("device_time_method")
+        if samples and again.get("device_time_method", first) == first:
+            device = samples
+        else:
+            unconfirmed = True
+    return data, device, again, unconfirmed
 
 
-def _remeasure_note(failed: bool, again: dict[str, Any]) -> str:
+def _remeasured_data(extra: dict[str, Any]) -> bool:
+    """Whether the per-call samples decided are the re-measured ones (the first rounds' throttle flags then do
+    not apply to them)."""
+    again = extra.get("remeasured")
+    return isinstance(again, dict) and "per-call" in _remeasured_metrics(again) and bool(again.get("data"))
+
+
+def _remeasured_metrics(again: dict[str, Any]) -> tuple[str, ...]:
+    """Which metrics a re-measurement took again; records written before it was kept re-measured both."""
+    listed = again.get("remeasured")
+    if isinstance(listed, (list, tuple)):
+        return tuple(str(m) for m in listed)
+    return tuple(m for m, key in (("per-call", "data"), ("device", "device_samples")) if again.get(key))
+
+
+def _remeasure_note(failed: bool, again: dict[str, Any], unconfirmed: bool = False) -> str:
+    """``failed``: whether a re-measured metric's own check failed (not the decision as a whole: a host-counter
+    change beside a device suspect that was noise is not a confirmation)."""
     first = again.get("first_ratio")
     first_text = f" ({first:.3f}x)" if isinstance(first, (int, float)) else ""
+    if unconfirmed:
+        method = again.get("device_time_method") or "none"
+        return (
+            f"not confirmed by re-measurement: the device re-measurement of the first measurement{first_text} could "
+            f"not be compared with the baseline (device time by {method} the second time, no samples of the first "
+            "method)"
+        )
     if failed:
         return f"confirmed by re-measurement: the first measurement{first_text} and the re-measurement both fail"
-    if "second_ratio" in again and again["second_ratio"] is None:
-        return (
-            f"not confirmed by re-measurement: the re-measurement of the first measurement{first_text} could not be "
-            "compared with the baseline (another device-time method); the other checks decide"
-        )
     return f"not confirmed by re-measurement: the first measurement{first_text} was noise"
 
 
@@ -279,7 +310,7 @@ def _per_call_decision(
         now_data,
         replace(limits, ratio=threshold),
         base_throttled=bextra.get("throttled"),
-        now_throttled=None if (extra.get("remeasured") or {}).get("data") else extra.get("throttled"),
+        now_throttled=None if _remeasured_data(extra) else extra.get("throttled"),
         drift=drift,
         device_s=extra.get("device_time_s") if drift else None,
         **kernels,
