@@ -141,6 +141,12 @@ def clock_notes(records: list[dict[str, Any]]) -> list[str]:
             f"device time: CUDA graph capture failed for {count} benchmark(s); event timing used "
             f"(an upper bound), see extra_info.device_time_note"
         )
+    settled = sum(1 for r in records if "start-up transient" in str(r["extra_info"].get("device_time_note", "")))
+    if settled:
+        notes.append(
+            f"device time: {settled} benchmark(s) started with a transient (graph replays more than 5% above their "
+            "steady level); those leading samples were left out and more taken, see extra_info.device_time_note"
+        )
     if any(r["extra_info"].get("timed_by") for r in records):
         notes.append(
             "timed by pytest-lstmperf: pytest-benchmark disables itself under pytest-xdist "

@@ -194,7 +194,14 @@ def device_time(call: Callable[[], object], device: str, samples: int = 15, repl
 
     dev = torch.device(device)
     try:
-        return DeviceTime("cuda-graph", tuple(_graph_replay_times(torch, dev, call, samples, replays)))
+        kept, dropped = _graph_replay_times(torch, dev, call, samples, replays)
+        note = ""
+        if dropped:
+            note = (
+                f"{len(dropped)} leading sample(s) of a start-up transient left out ({_us(dropped[0])} first, "
+                f"{_us(statistics.median(kept))} steady): more taken in their place"
+            )
+        return DeviceTime("cuda-graph", tuple(kept), note)
     except Exception as exc:
         with contextlib.suppress(Exception):
             torch.cuda.synchronize(dev)
@@ -213,7 +220,9 @@ def device_time(call: Callable[[], object], device: str, samples: int = 15, repl
         return DeviceTime("none", (), f"{note}; event timing failed too ({type(exc).__name__}: {exc})")
 
 
-def _graph_replay_times(torch: Any, dev: Any, call: Callable[[], object], samples: int, replays: int) -> list[float]:
+def _graph_replay_times(
+    torch: Any, dev: Any, call: Callable[[], object], samples: int, replays: int
+) -> tuple[list[float], list[float]]:
     # capture recipe from the CUDA graphs notes: warm up on a side stream, then capture one call
     side = torch.cuda.Stream(dev)
     side.wait_stream(torch.cuda.current_stream(dev))
@@ -238,19 +247,64 @@ def _graph_replay_times(torch: Any, dev: Any, call: Callable[[], object], sample
             raise RuntimeError("the captured CUDA graph is empty: the call launched no kernels on this stream")
         graph.replay()
         torch.cuda.synchronize(dev)
-        out = []
-        for _ in range(samples):
+        replay = graph.replay
+
+        def sample() -> float:
             start = torch.cuda.Event(enable_timing=True)
             end = torch.cuda.Event(enable_timing=True)
             start.record()
             for _ in range(replays):
-                graph.replay()
+                replay()
             end.record()
             end.synchronize()
-            out.append(start.elapsed_time(end) / 1000.0 / replays)
-        return out
+            return start.elapsed_time(end) / 1000.0 / replays
+
+        return settled([sample() for _ in range(samples)], samples, sample)
     finally:
         del graph
+
+
+#: a device sample at the start of a measurement more than this above the steady level (the median of the
+#: later half of the samples) belongs to a start-up transient
+SETTLE_TOLERANCE = 0.05
+
+
+def transient_prefix(samples: Sequence[float]) -> int:
+    """How many leading samples belong to a start-up transient: up to the last sample of the first half that
+    lies more than :data:`SETTLE_TOLERANCE` above the median of the second half (0 for fewer than 6). Only a
+    slow start is cut: samples below the steady level, and any sample of the second half, always count."""
+    n = len(samples)
+    if n < 6:
+        return 0
+    steady = statistics.median(samples[n // 2 :])
+    cut = 0
+    for i in range(n // 2):
+        if samples[i] > steady * (1 + SETTLE_TOLERANCE):
+            cut = i + 1
+    return cut
+
+
+def settled(
+    samples: Sequence[float], needed: int, more: Callable[[], float], max_extra: int | None = None
+) -> tuple[list[float], list[float]]:
+    """``(kept, dropped)``: the last ``needed`` samples once a start-up transient's leading samples are dropped
+    (:func:`transient_prefix`), further samples taken from ``more()`` in their place (at most ``max_extra``,
+    default ``needed``; fewer are kept where the transient outlasts them). An H100 clean run once failed on
+    graph replays that started at 2-3x their steady time and decayed over a second, in the first measurement
+    and again at the start of its re-measurement; a steady slowdown has no such prefix and is kept whole."""
+    out = list(samples)
+    limit = needed if max_extra is None else max_extra
+    extra = 0
+    while True:
+        start = transient_prefix(out)
+        if len(out) - start >= needed or extra >= limit:
+            return out[start:][-needed:], out[:start]
+        out.append(more())
+        extra += 1
+
+
+def _us(seconds: float) -> str:
+    return f"{seconds * 1e6:.0f} us"
 
 
 #: seconds of device work one event-timed sample should span: enough back-to-back calls to average out the
