@@ -14,6 +14,7 @@ correction is off in these runs (see ``BASE_ARGS``) except where a test is about
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 
 import pytest
@@ -766,6 +767,29 @@ def test_per_call_threshold_is_at_least_the_recorded_noise_band() -> None:
     assert speed_gate.decide_record(_gpu_record(1.25e-3, 2e-4), base, KNOBS).verdict == "regressed"
     quiet = _entry(_gpu_record(1e-3, 2e-4), spread=0.01)  # a quiet baseline keeps the configured 1.10
     assert speed_gate.decide_record(_gpu_record(1.13e-3, 2e-4), quiet, KNOBS).verdict == "regressed"
+
+
+def test_the_device_centre_rests_on_recording_runs_of_the_entrys_own_method() -> None:
+    """The committed H100 entry of a Keras-on-torch cuDNN training step was event-timed in three recording runs
+    (14.9-16.7 ms) and captured as a CUDA graph in two (5.3 ms): the centre of all five, 5.3 ms, put a clean
+    event-timed run at 3.3x (a trust run's clean benchmarks came out inconclusive). The centre now rests on the
+    runs timed as the entry's samples were: by the method a run kept, else by a median of the entry's order."""
+    from pytest_lstmperf.speed.regression import centred_baseline
+
+    medians = [14.91e-3, 5.25e-3, 16.68e-3, 5.29e-3, 5.25e-3]
+    band = {"recording_runs": [{"device_median": m, "per_call_median": 0.02} for m in medians]}
+    samples = [14.91e-3] * 12
+    centred, note = centred_baseline(samples, band, "device", "cuda-events")
+    assert statistics.median(centred) == pytest.approx(statistics.median([14.91e-3, 16.68e-3]))  # 15.8 ms
+    assert "15.8 ms" in note
+    # runs that kept their method: exactly those of the entry's
+    methods = ["cuda-events", "cuda-graph", "cuda-events", "cuda-graph", "cuda-events"]
+    kept = [{**r, "device_time_method": m} for r, m in zip(band["recording_runs"], methods, strict=True)]
+    centred, _ = centred_baseline(samples, {"recording_runs": kept}, "device", "cuda-events")
+    assert statistics.median(centred) == pytest.approx(statistics.median([14.91e-3, 16.68e-3, 5.25e-3]))
+    # per-call medians are not filtered
+    centred, _ = centred_baseline([0.01] * 12, band, "per-call")
+    assert statistics.median(centred) == pytest.approx(0.02)
 
 
 def test_ratio_is_taken_against_the_centre_of_the_recording_runs() -> None:

@@ -241,7 +241,10 @@ def _device_decision(
     from .regression import centred_baseline, compare_samples
 
     base, centred = centred_baseline(
-        bextra.get("device_samples") or [] if now_device else [], bextra.get("noise_band"), "device"
+        bextra.get("device_samples") or [] if now_device else [],
+        bextra.get("noise_band"),
+        "device",
+        bextra.get("device_time_method"),
     )
     ratio, notes = device_limit(bextra, limits.ratio, explicit, host_bound)
     blunted = notes[0] if notes and ratio > limits.ratio and now_device else ""

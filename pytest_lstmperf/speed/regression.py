@@ -364,7 +364,16 @@ def relative_spread(medians: Sequence[float]) -> float | None:
 RUN_MEDIAN_KEYS = {"per-call": "per_call_median", "device": "device_median"}
 
 
-def centred_baseline(samples: Sequence[float], band: Mapping[str, Any] | None, metric: str) -> tuple[list[float], str]:
+#: an older recording run that did not keep its device-time method counts towards the device centre only
+#: where its median lies within this factor of the entry's own samples: graph replays and event timing of one
+#: call differed by 2.8x to 20x on the H100 baseline (a Keras training step captured in some recording runs
+#: and event-timed in others), the spread between runs of one method by at most 1.9x
+SAME_METHOD_FACTOR = 2.0
+
+
+def centred_baseline(
+    samples: Sequence[float], band: Mapping[str, Any] | None, metric: str, method: str | None = None
+) -> tuple[list[float], str]:
     """The baseline's samples of ``metric`` (``per-call`` or ``device``), scaled so that their median is the
     centre (the median) of the recording runs' medians where the baseline rests on two or more recording runs;
     else as they are, with no note.
@@ -377,12 +386,22 @@ def centred_baseline(samples: Sequence[float], band: Mapping[str, Any] | None, m
     a false alarm. Against the centre, a threshold means what the band measured. The Mann-Whitney test then
     compares the current samples with the first run's distribution moved to the centre."""
     values = [float(x) for x in samples]
-    runs = [
-        float(r[RUN_MEDIAN_KEYS[metric]])
-        for r in (band or {}).get("recording_runs") or []
-        if r.get(RUN_MEDIAN_KEYS[metric])
-    ]
+    recorded = [r for r in (band or {}).get("recording_runs") or [] if r.get(RUN_MEDIAN_KEYS[metric])]
     positive = [v for v in values if v > 0 and math.isfinite(v)]
+    if metric == "device" and positive:
+        # the device centre of the runs timed as the entry's samples were; a run that did not keep its method
+        # (a baseline recorded before it was kept) counts where its median is of the entry's own order
+        own = statistics.median(positive)
+
+        def alike(run: Mapping[str, Any]) -> bool:
+            theirs = run.get("device_time_method")
+            if theirs is not None and method is not None:
+                return bool(theirs == method)
+            ratio = float(run[RUN_MEDIAN_KEYS[metric]]) / own
+            return 1 / SAME_METHOD_FACTOR <= ratio <= SAME_METHOD_FACTOR
+
+        recorded = [r for r in recorded if alike(r)]
+    runs = [float(r[RUN_MEDIAN_KEYS[metric]]) for r in recorded]
     if len(runs) < 2 or not positive:
         return values, ""
     first, centre = statistics.median(positive), statistics.median(runs)

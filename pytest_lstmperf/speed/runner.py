@@ -345,7 +345,7 @@ class BenchRunner:
         base_data = centred_baseline(entry.get("stats", {}).get("data") or [], band, "per-call")[0]
         used, base, now, _ = pick_samples(metric, base_extra, extra, base_data, data)
         if used == "device":  # the ratios the gate will take: against the centre of the recording runs
-            base = centred_baseline(base, band, "device")[0]
+            base = centred_baseline(base, band, "device", base_extra.get("device_time_method"))[0]
         if used == "per-call" and base_extra.get("timer", "time.perf_counter") != extra.get("timer"):
             return  # another clock: not comparable, and the gate says so
         limit = thresholds.get("ratio", options.resolve(self.config, "lstmperf_threshold").value)
