@@ -23,6 +23,19 @@ pytestmark = pytest.mark.skipif(
 
 ROOT = Path(__file__).resolve().parents[1]
 
+
+def _run_jax_script(script: str, what: str) -> dict:
+    """Run ``script`` in a fresh interpreter with Keras on JAX, pinned to the CPU (Keras fixes its backend at
+    its first import), and return the JSON it prints after ``RESULT ``; a script that does not get there fails
+    the test with its output."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu"}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    lines = [x for x in done.stdout.splitlines() if x.startswith("RESULT ")]
+    if not lines:
+        pytest.fail(f"the {what} script did not finish:\n{done.stdout}\n{done.stderr[-3000:]}")
+    return json.loads(lines[0][len("RESULT ") :])
+
+
 MARKER_TESTS = """
 import os
 os.environ["KERAS_BACKEND"] = "jax"
@@ -129,12 +142,7 @@ print("RESULT " + json.dumps(out))
 
 
 def test_verify_model_on_keras_jax() -> None:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu"}
-    done = subprocess.run([sys.executable, "-c", VERIFY], env=env, capture_output=True, text=True, timeout=300)
-    lines = [x for x in done.stdout.splitlines() if x.startswith("RESULT ")]
-    if not lines:
-        pytest.fail(f"the Keras-on-JAX script did not finish:\n{done.stdout}\n{done.stderr[-3000:]}")
-    out = json.loads(lines[0][len("RESULT ") :])
+    out = _run_jax_script(VERIFY, "Keras-on-JAX")
     clean = out["clean"]
     assert clean["path"] == "keras-jax-cpu" and clean["ok"], clean
     assert [t.split(" (")[0] for t in clean["traces"]] == [
@@ -206,12 +214,7 @@ def test_a_fused_bidirectional_call_on_jax_is_traced() -> None:
     either layer's ``inner_loop`` (on the H100 the kernel marker said "no LSTM/GRU layer ran"). The fused call is
     traced like a layer call: here a stand-in for the GPU-only cuDNN call, so it runs on the CPU; a fused call
     that cannot be traced is a problem, not a pass."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu"}
-    done = subprocess.run([sys.executable, "-c", FUSED], env=env, capture_output=True, text=True, timeout=300)
-    lines = [x for x in done.stdout.splitlines() if x.startswith("RESULT ")]
-    if not lines:
-        pytest.fail(f"the fused-call script did not finish:\n{done.stdout}\n{done.stderr[-3000:]}")
-    out = json.loads(lines[0][len("RESULT ") :])
+    out = _run_jax_script(FUSED, "fused-call")
     clean = out["clean"]
     assert clean["layers"] == 2 and clean["problems"] == [], clean
     assert [t.split(" (")[0] for t in clean["traces"]] == ["forward: jax-generic/fp32", "backward: jax-generic/fp32"]
@@ -263,12 +266,7 @@ def test_a_clone_with_cudnn_off_is_not_given_the_models_compiled_step() -> None:
     on JAX, keyed by config, gave its cuDNN-off clone the as-built model's cuDNN computation (H100: the
     cuda-generic path observed cudnn and matched the cuDNN path's errors to the digit). The key now holds the
     switches; a stand-in for the GPU's cuDNN call shows which computation ran."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu"}
-    done = subprocess.run([sys.executable, "-c", SWITCH], env=env, capture_output=True, text=True, timeout=300)
-    lines = [x for x in done.stdout.splitlines() if x.startswith("RESULT ")]
-    if not lines:
-        pytest.fail(f"the use_cudnn script did not finish:\n{done.stdout}\n{done.stderr[-3000:]}")
-    out = json.loads(lines[0][len("RESULT ") :])
+    out = _run_jax_script(SWITCH, "use_cudnn")
     assert out["ratio"] == pytest.approx(2.0), out  # each ran its own computation
     assert out["steps"] == 2 and out["traces"] == 2, out
     assert out["switches"] == [["auto"], [False]]
@@ -295,12 +293,7 @@ print("RESULT " + json.dumps({"problems": seen.problems, "layers": len(seen.laye
 def test_a_masked_layer_on_jax_is_traced_forward_and_backward() -> None:
     """The backward trace differentiates the weights and the sequences, never the boolean mask (``jax.grad``
     refuses it: every masked model's layers were untraceable backward, and verify_model failed them)."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu"}
-    done = subprocess.run([sys.executable, "-c", MASKED], env=env, capture_output=True, text=True, timeout=300)
-    lines = [x for x in done.stdout.splitlines() if x.startswith("RESULT ")]
-    if not lines:
-        pytest.fail(f"the masked-layer script did not finish:\n{done.stdout}\n{done.stderr[-3000:]}")
-    out = json.loads(lines[0][len("RESULT ") :])
+    out = _run_jax_script(MASKED, "masked-layer")
     assert out["problems"] == [] and out["layers"] == 1, out
     assert out["traces"] == ["forward: jax-generic/fp32", "backward: jax-generic/fp32"], out
 

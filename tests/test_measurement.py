@@ -403,19 +403,28 @@ def test_trust_table_counts_detections_and_false_alarms(tmp_path: Path, capsys: 
     assert len(json.loads(out.read_text())["verdicts"]) == 5
 
 
-def test_per_call_suspect_with_steady_device_time_is_measured_again(monkeypatch) -> None:
-    """On a GPU the gate decides device time and, separately, per-call time against its noise band: a
-    per-call ratio past that band is re-measured too (a clean H100 run once failed on a first per-call
-    measurement of 1.67x against 1.61 with device time 1.01x); one under it is not."""
+#: a benchmark's first device samples (CUDA-graph replays, 0.1 ms) and a baseline entry of 1 ms per call with
+#: them, for BenchRunner._remeasure driven without a GPU
+_GRAPHS = {"device_time_method": "cuda-graph", "device_samples": [1e-4] * 10}
+
+
+def _remeasure_settings(monkeypatch) -> dict:
+    """The gate's settings as ``options.resolve`` gives them (``auto``, 1.10), editable by the test; no
+    warm-up calls."""
     from pytest_lstmperf import options
-    from pytest_lstmperf.speed import runner, timing
+    from pytest_lstmperf.speed import timing
 
     settings = {"lstmperf_metric": "auto", "lstmperf_threshold": 1.10}
     monkeypatch.setattr(options, "resolve", lambda config, name: types.SimpleNamespace(value=settings[name]))
     monkeypatch.setattr(timing, "estimate_call", lambda *args: None)
-    monkeypatch.setattr(timing, "time_rounds", lambda timed, rounds, clock: ([1.0e-3] * rounds, None))
-    graphs = {"device_time_method": "cuda-graph", "device_samples": [1e-4] * 10}
-    entry = {"extra_info": graphs, "stats": {"data": [1.0e-3] * 15}}
+    return settings
+
+
+def _remeasure(extra: dict, data: list[float], device) -> None:
+    """``BenchRunner._remeasure`` against the 1 ms entry, with a per-call threshold of 1.6 (its noise band)."""
+    from pytest_lstmperf.speed import runner
+
+    entry = {"extra_info": _GRAPHS, "stats": {"data": [1.0e-3] * 15}}
     stub = types.SimpleNamespace(
         _baseline_entry=lambda: entry,
         config=None,
@@ -423,13 +432,24 @@ def test_per_call_suspect_with_steady_device_time_is_measured_again(monkeypatch)
         _knobs=lambda: types.SimpleNamespace(explicit_ratio=False),
     )
     plan = types.SimpleNamespace(warmup=1, device_samples=10)
+    runner.BenchRunner._remeasure(stub, extra, data, {}, None, plan, 15, None, device)
+
+
+def test_per_call_suspect_with_steady_device_time_is_measured_again(monkeypatch) -> None:
+    """On a GPU the gate decides device time and, separately, per-call time against its noise band: a
+    per-call ratio past that band is re-measured too (a clean H100 run once failed on a first per-call
+    measurement of 1.67x against 1.61 with device time 1.01x); one under it is not."""
+    from pytest_lstmperf.speed import timing
+
+    settings = _remeasure_settings(monkeypatch)
+    monkeypatch.setattr(timing, "time_rounds", lambda timed, rounds, clock: ([1.0e-3] * rounds, None))
 
     def device(n: int):
         return types.SimpleNamespace(samples=[1e-4] * n, method="cuda-graph")
 
     def remeasure(per_call: float) -> dict:
-        extra = dict(graphs)
-        runner.BenchRunner._remeasure(stub, extra, [per_call] * 15, {}, None, plan, 15, None, device)
+        extra = dict(_GRAPHS)
+        _remeasure(extra, [per_call] * 15, device)
         return extra
 
     again = remeasure(1.7e-3)["remeasured"]
@@ -445,28 +465,16 @@ def test_a_suspect_metric_alone_is_measured_again(monkeypatch) -> None:
     """A device suspect re-takes the device samples only, not the rounds (a slower H100 instance re-timed
     18 rounds of a 0.2 s Keras loop, 5.4 s, for a device ratio of 1.06 against a 1.035 trigger; its per-call
     time was inside its band); a per-call suspect re-times the rounds only; both suspect, both."""
-    from pytest_lstmperf import options
-    from pytest_lstmperf.speed import runner, timing
+    from pytest_lstmperf.speed import timing
 
-    settings = {"lstmperf_metric": "auto", "lstmperf_threshold": 1.10}
-    monkeypatch.setattr(options, "resolve", lambda config, name: types.SimpleNamespace(value=settings[name]))
+    _remeasure_settings(monkeypatch)
     calls = {"rounds": 0, "device": 0}
 
     def rounds(timed, n, clock):
         calls["rounds"] += 1
         return [1.0e-3] * n, None
 
-    monkeypatch.setattr(timing, "estimate_call", lambda *args: None)
     monkeypatch.setattr(timing, "time_rounds", rounds)
-    graphs = {"device_time_method": "cuda-graph", "device_samples": [1e-4] * 10}
-    entry = {"extra_info": graphs, "stats": {"data": [1.0e-3] * 15}}
-    stub = types.SimpleNamespace(
-        _baseline_entry=lambda: entry,
-        config=None,
-        _per_call_limit=lambda e, limit: 1.6,
-        _knobs=lambda: types.SimpleNamespace(explicit_ratio=False),
-    )
-    plan = types.SimpleNamespace(warmup=1, device_samples=10)
     second_device = {"value": 1e-4, "method": "cuda-graph"}
 
     def device(n: int):
@@ -475,8 +483,8 @@ def test_a_suspect_metric_alone_is_measured_again(monkeypatch) -> None:
 
     def remeasure(per_call: float, dev: float) -> dict:
         calls.update(rounds=0, device=0)
-        extra = {**graphs, "device_samples": [dev] * 10}
-        runner.BenchRunner._remeasure(stub, extra, [per_call] * 15, {}, None, plan, 15, None, device)
+        extra = {**_GRAPHS, "device_samples": [dev] * 10}
+        _remeasure(extra, [per_call] * 15, device)
         return extra.get("remeasured")
 
     # device 1.06x against the 1.05 trigger, per-call inside its 1.6 band: device samples only
