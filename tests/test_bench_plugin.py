@@ -572,6 +572,18 @@ def test_a_start_up_transient_of_the_device_samples_is_left_out_and_a_steady_slo
     assert timing.transient_prefix([5.0, 1.0, 1.0, 1.0, 1.0]) == 0  # too few to tell
 
 
+def test_device_time_names_the_samples_it_left_out(monkeypatch) -> None:
+    kept, dropped = [257e-6] * 12, [768e-6, 463e-6]
+    monkeypatch.setattr(timing, "_graph_replay_times", lambda *args: (kept, dropped))
+    dev = timing.device_time(lambda: None, "cuda:0", samples=12)
+    assert dev.method == "cuda-graph" and dev.samples == tuple(kept)
+    assert dev.note == "2 leading sample(s) of a start-up transient left out (768 us first, 257 us steady): " + (
+        "more taken in their place"
+    )
+    monkeypatch.setattr(timing, "_graph_replay_times", lambda *args: (kept, []))
+    assert timing.device_time(lambda: None, "cuda:0", samples=12).note == ""
+
+
 def test_a_left_out_transient_is_named_in_the_run_notes() -> None:
     from pytest_lstmperf.hooks.terminal import clock_notes
 

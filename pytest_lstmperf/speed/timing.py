@@ -197,9 +197,11 @@ def device_time(call: Callable[[], object], device: str, samples: int = 15, repl
         kept, dropped = _graph_replay_times(torch, dev, call, samples, replays)
         note = ""
         if dropped:
+            from .regression import format_seconds
+
             note = (
-                f"{len(dropped)} leading sample(s) of a start-up transient left out ({_us(dropped[0])} first, "
-                f"{_us(statistics.median(kept))} steady): more taken in their place"
+                f"{len(dropped)} leading sample(s) of a start-up transient left out ({format_seconds(dropped[0])} "
+                f"first, {format_seconds(statistics.median(kept))} steady): more taken in their place"
             )
         return DeviceTime("cuda-graph", tuple(kept), note)
     except Exception as exc:
@@ -301,10 +303,6 @@ def settled(
             return out[start:][-needed:], out[:start]
         out.append(more())
         extra += 1
-
-
-def _us(seconds: float) -> str:
-    return f"{seconds * 1e6:.0f} us"
 
 
 #: seconds of device work one event-timed sample should span: enough back-to-back calls to average out the
