@@ -412,6 +412,37 @@ def test_a_recording_run_timed_by_another_device_method_is_left_out_of_the_devic
     assert "device_other_method" not in again["extra_info"]["noise_band"]
 
 
+def test_older_recording_runs_without_a_method_are_judged_by_their_median_as_at_the_gate() -> None:
+    """One rule (``regression.runs_of_method``) at recording and at the gate: the committed H100 Keras cuDNN
+    training entry's runs kept no method; its two graph-captured runs (5.3 ms) are left out of the band of its
+    event-timed samples (14.9 ms), and named."""
+    from pytest_lstmperf.speed.baseline import add_recording_run
+
+    medians = [14.91e-3, 5.25e-3, 16.68e-3, 5.29e-3]
+    runs = [{"per_call_median": 0.02, "device_median": m, "host_counters": None} for m in medians]
+    entry = {
+        "stats": {"data": [0.02] * 3},
+        "extra_info": {
+            "device_samples": [14.91e-3] * 3,
+            "device_time_method": "cuda-events",
+            "noise_band": {"recording_runs": runs},
+        },
+    }
+    events = _rec("b", [0.02] * 3, [16.0e-3] * 3, None)
+    events["extra_info"]["device_time_method"] = "cuda-events"
+    add_recording_run(entry, events)
+    band = entry["extra_info"]["noise_band"]
+    assert band["runs"] == 5 and 0.05 < band["device_spread"] < 0.2, band  # 14.9-16.7 ms, not 5.3-16.7 ms
+    assert band["device_other_method"].startswith(
+        "device time of recording run(s) 2 (method not kept; median far from the entry), 4 (method not kept; "
+    ), band["device_other_method"]
+    # the gate centres that entry on the same runs
+    from pytest_lstmperf.speed.regression import centred_baseline
+
+    centred, _ = centred_baseline([14.91e-3] * 3, band, "device", "cuda-events")
+    assert centred[0] == pytest.approx(16.0e-3)  # median of 14.91, 16.68 and 16.0 ms
+
+
 def test_add_baseline_run_needs_a_recorded_baseline(tmp_path) -> None:
     from pytest_lstmperf.speed.baseline import BaselineError, BaselineStore
 

@@ -415,7 +415,8 @@ class BaselineStore:
                 report.flags.append(f"{record['fullname']}: host counters differ between recording runs: {flag}")
             if band.get("device_other_method"):
                 report.flags.append(f"{record['fullname']}: {band['device_other_method']}")
-            wide = _device_unsteady(band, entry["extra_info"].get("device_time_method"))
+            extra = entry["extra_info"]
+            wide = _device_unsteady(band, extra.get("device_time_method"), _own_device_median(extra))
             if wide:
                 report.flags.append(f"{record['fullname']}: {wide}")
         report.untouched = len(set(entries) - set(report.updated))
@@ -517,7 +518,7 @@ def add_recording_run(entry: dict[str, Any], record: Mapping[str, Any]) -> None:
     clean rerun already changed them; the others are still compared, bytes allocated within their recorded
     spread (``regression.alloc_tolerance``).
     """
-    from .regression import relative_spread, unstable_counters
+    from .regression import relative_spread, runs_of_method, unstable_counters
 
     extra = entry["extra_info"]
     band = dict(extra.get("noise_band") or {})
@@ -525,16 +526,21 @@ def add_recording_run(entry: dict[str, Any], record: Mapping[str, Any]) -> None:
     now = record["extra_info"]
     runs.append(_run_summary(record["data"], now))
     band["recording_runs"] = runs
-    method = extra.get("device_time_method")
+    method, own = extra.get("device_time_method"), _own_device_median(extra)
+    # device time: only the runs timed as the entry's own samples were (a CUDA-graph replay and a batch of
+    # event-timed calls measure different things; the gate compares one method with itself)
+    alike = [id(r) for r in runs_of_method(runs, method, own)]
     for key, spread_key in (("per_call_median", "per_call_spread"), ("device_median", "device_spread")):
         within = band.get(f"{spread_key}_within_run", band.get(spread_key))
         band[f"{spread_key}_within_run"] = within
-        # device time: only the runs timed as the entry's own samples were (a CUDA-graph replay and a batch of
-        # event-timed calls measure different things; the gate compares one method with itself)
-        medians = [r[key] for r in runs if r.get(key) and (key != "device_median" or _same_method(r, method))]
+        medians = [r[key] for r in runs if r.get(key) and (key != "device_median" or id(r) in alike)]
         candidates = [v for v in (within, relative_spread(medians)) if v is not None]
         band[spread_key] = max(candidates) if candidates else None
-    other = [f"{i + 1} ({r['device_time_method']})" for i, r in enumerate(runs) if not _same_method(r, method)]
+    other = [
+        f"{i + 1} ({r.get('device_time_method') or 'method not kept; median far from the entry'})"
+        for i, r in enumerate(runs)
+        if id(r) not in alike
+    ]
     if other:
         band["device_other_method"] = (
             f"device time of recording run(s) {', '.join(other)} taken by another method than the entry's "
@@ -553,24 +559,22 @@ def add_recording_run(entry: dict[str, Any], record: Mapping[str, Any]) -> None:
     extra["noise_band"] = band
 
 
-def _same_method(run: Mapping[str, Any], method: str | None) -> bool:
-    """Whether a recording run's device time was taken by ``method`` (a run or entry that does not say counts
-    as the same: baselines written before the method was kept per run)."""
-    theirs = run.get("device_time_method")
-    return method is None or theirs is None or theirs == method
+def _own_device_median(extra: Mapping[str, Any]) -> float | None:
+    """The median of an entry's own device samples (those of its first recording run), or None."""
+    import statistics
+
+    samples = [float(x) for x in extra.get("device_samples") or [] if x and x > 0]
+    return statistics.median(samples) if samples else None
 
 
-def _device_unsteady(band: Mapping[str, Any], method: str | None = None) -> str:
-    """A description when the recording runs' device medians (those taken by ``method``, the entry's) spread
-    so wide that the gate's device threshold for the entry rises above the default
-    (``regression.device_threshold``), else ''."""
-    from .regression import Thresholds, device_threshold
+def _device_unsteady(band: Mapping[str, Any], method: str | None = None, own: float | None = None) -> str:
+    """A description when the recording runs' device medians (those taken by ``method``, the entry's, whose own
+    samples' median is ``own``: ``regression.runs_of_method``) spread so wide that the gate's device threshold
+    for the entry rises above the default (``regression.device_threshold``), else ''."""
+    from .regression import Thresholds, device_threshold, runs_of_method
 
-    medians = [
-        r.get("device_median")
-        for r in band.get("recording_runs") or []
-        if r.get("device_median") and _same_method(r, method)
-    ]
+    runs = [r for r in band.get("recording_runs") or [] if r.get("device_median")]
+    medians = [r["device_median"] for r in runs_of_method(runs, method, own)]
     threshold, _ = device_threshold(Thresholds().ratio, band)
     if len(medians) < 2 or threshold <= Thresholds().ratio:
         return ""

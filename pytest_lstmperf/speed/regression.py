@@ -371,6 +371,24 @@ RUN_MEDIAN_KEYS = {"per-call": "per_call_median", "device": "device_median"}
 SAME_METHOD_FACTOR = 2.0
 
 
+def runs_of_method(runs: Sequence[Mapping[str, Any]], method: str | None, own: float | None) -> list[Any]:
+    """The recording runs whose device time was taken as the entry's own samples were: a run that kept its
+    method counts when it matches (or the entry's is not known); an older run that did not keep it counts
+    where its median lies within :data:`SAME_METHOD_FACTOR` of the entry's own samples' median ``own`` (or
+    where that is not known). The one rule for the device band at recording and the device centre at the gate."""
+
+    def alike(run: Mapping[str, Any]) -> bool:
+        theirs = run.get("device_time_method")
+        if theirs is not None:
+            return method is None or theirs == method
+        median = run.get("device_median")
+        if not own or not median:
+            return True
+        return 1 / SAME_METHOD_FACTOR <= float(median) / own <= SAME_METHOD_FACTOR
+
+    return [run for run in runs if alike(run)]
+
+
 def centred_baseline(
     samples: Sequence[float], band: Mapping[str, Any] | None, metric: str, method: str | None = None
 ) -> tuple[list[float], str]:
@@ -388,19 +406,8 @@ def centred_baseline(
     values = [float(x) for x in samples]
     recorded = [r for r in (band or {}).get("recording_runs") or [] if r.get(RUN_MEDIAN_KEYS[metric])]
     positive = [v for v in values if v > 0 and math.isfinite(v)]
-    if metric == "device" and positive:
-        # the device centre of the runs timed as the entry's samples were; a run that did not keep its method
-        # (a baseline recorded before it was kept) counts where its median is of the entry's own order
-        own = statistics.median(positive)
-
-        def alike(run: Mapping[str, Any]) -> bool:
-            theirs = run.get("device_time_method")
-            if theirs is not None and method is not None:
-                return bool(theirs == method)
-            ratio = float(run[RUN_MEDIAN_KEYS[metric]]) / own
-            return 1 / SAME_METHOD_FACTOR <= ratio <= SAME_METHOD_FACTOR
-
-        recorded = [r for r in recorded if alike(r)]
+    if metric == "device" and positive:  # the device centre of the runs timed as the entry's samples were
+        recorded = runs_of_method(recorded, method, statistics.median(positive))
     runs = [float(r[RUN_MEDIAN_KEYS[metric]]) for r in recorded]
     if len(runs) < 2 or not positive:
         return values, ""
