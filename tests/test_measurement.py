@@ -420,19 +420,27 @@ def _remeasure_settings(monkeypatch) -> dict:
     return settings
 
 
-def _remeasure(extra: dict, data: list[float], device) -> None:
-    """``BenchRunner._remeasure`` against the 1 ms entry, with a per-call threshold of 1.6 (its noise band)."""
+def _remeasure(extra: dict, data: list[float], device, entry: dict | None = None, probe: bool = False) -> None:
+    """``BenchRunner._remeasure`` against the 1 ms entry (or ``entry``), with a per-call threshold of 1.6 (its
+    noise band)."""
     from pytest_lstmperf.speed import runner
 
-    entry = {"extra_info": _GRAPHS, "stats": {"data": [1.0e-3] * 15}}
+    entry = entry or {"extra_info": _GRAPHS, "stats": {"data": [1.0e-3] * 15}}
+    knobs = _knobs(probe)
     stub = types.SimpleNamespace(
         _baseline_entry=lambda: entry,
         config=None,
         _per_call_limit=lambda e, limit: 1.6,
-        _knobs=lambda: types.SimpleNamespace(explicit_ratio=False),
+        _knobs=lambda: knobs,
     )
     plan = types.SimpleNamespace(warmup=1, device_samples=10)
     runner.BenchRunner._remeasure(stub, extra, data, {}, None, plan, 15, None, device)
+
+
+def _knobs(probe: bool = False):
+    from pytest_lstmperf.speed.gate import GateKnobs
+
+    return GateKnobs(metric="auto", ratio=1.10, pvalue=0.002, probe=probe)
 
 
 def test_per_call_suspect_with_steady_device_time_is_measured_again(monkeypatch) -> None:
@@ -508,6 +516,54 @@ def test_a_suspect_metric_alone_is_measured_again(monkeypatch) -> None:
     again = remeasure(1.7e-3, 1.2e-4)
     assert calls == {"rounds": 1, "device": 1} and again["remeasured"] == ["per-call", "device"]
     assert remeasure(1.2e-3, 1.04e-4) is None  # neither: nothing
+
+
+def test_the_runner_looks_again_at_every_per_call_ratio_the_gate_would_fail(monkeypatch) -> None:
+    """The runner's trigger takes the per-call ratio the gate decides on. A baseline whose slow rounds were
+    taken while the GPU throttled, or a run whose drift probe says the host is faster today, gives a gated
+    ratio past the 1.6 band where the raw ratio is not (0.85x and 1.3x raw here): the first samples would
+    fail the build without a second look (with the raw ratio the runner measured nothing again). Re-measured,
+    the gate decides on the second samples."""
+    from pytest_lstmperf.speed import gate, timing
+
+    _remeasure_settings(monkeypatch)
+    monkeypatch.setattr(timing, "time_rounds", lambda timed, rounds, clock: ([1.0e-3] * rounds, None))
+
+    def device(n: int):
+        return types.SimpleNamespace(samples=[1e-4] * n, method="cuda-graph")
+
+    def decide(extra: dict, data: list[float], entry: dict, probe: bool) -> str:
+        record = {"fullname": "t", "data": data, "extra_info": extra}
+        return gate.decide_record(record, entry, _knobs(probe)).verdict
+
+    band = {"noise_band": {"per_call_spread": 0.3, "source": "recorded"}}  # the gate's per-call threshold: 1.6
+    # throttled baseline rounds: 8 of 15 at 2 ms flagged throttled, the 7 usable ones at 1 ms
+    throttled = {
+        "extra_info": {**_GRAPHS, **band, "throttled": [False] * 7 + [True] * 8},
+        "stats": {"data": [1.0e-3] * 7 + [2.0e-3] * 8},
+    }
+    data = [1.7e-3] * 15
+    extra = {**_GRAPHS, "throttled": [False] * 15}
+    assert decide(dict(extra), data, throttled, False) == "regressed"  # the first samples alone fail
+    _remeasure(extra, data, device, entry=throttled)
+    again = extra["remeasured"]
+    assert again["remeasured"] == ["per-call"] and again["first_ratio"] == pytest.approx(1.7)
+    assert again["second_ratio"] == pytest.approx(1.0) and again["confirmed"] is False
+    assert decide(extra, data, throttled, False) == "unchanged"
+
+    # drift probe: the host runs 20% faster today (probe 0.8 ms against 1 ms), so 1.3 ms counts as 1.625x
+    steady = {"extra_info": {**_GRAPHS, **band, "drift_probe": [1.0e-3] * 15}, "stats": {"data": [1.0e-3] * 15}}
+    data = [1.3e-3] * 15
+    extra = {**_GRAPHS, "drift_probe": [0.8e-3] * 15}
+    assert decide(dict(extra), data, steady, True) == "regressed"
+    _remeasure(extra, data, device, entry=steady, probe=True)
+    again = extra["remeasured"]
+    assert again["remeasured"] == ["per-call"] and again["first_ratio"] == pytest.approx(1.625)
+    assert again["second_ratio"] == pytest.approx(1.25) and again["confirmed"] is False
+    assert decide(extra, data, steady, True) == "unchanged"
+    extra = {**_GRAPHS, "drift_probe": [0.8e-3] * 15}
+    _remeasure(extra, data, device, entry=steady, probe=False)  # no probe, no correction: 1.3x, no suspect
+    assert "remeasured" not in extra
 
 
 def test_event_timed_samples_batch_short_calls_and_time_long_ones_alone() -> None:

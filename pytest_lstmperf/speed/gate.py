@@ -321,6 +321,19 @@ def _per_call_decision(
     return replace(decision, metric="per-call", notes=(*decision.notes, *notes))
 
 
+def per_call_ratio(
+    entry: dict[str, Any], extra: dict[str, Any], now_data: list[float], knobs: GateKnobs
+) -> float | None:
+    """The per-call ratio the gate decides on (``_per_call_decision``): against the centre of the recording
+    runs, throttled rounds left out on both sides (the current side's flags unless ``extra`` says its samples
+    were re-measured), the host part divided by the run's drift where the drift probe runs. The runner's
+    trigger for a re-measurement takes this figure, so the gate never fails a first measurement the runner
+    did not look at again."""
+    from .regression import Thresholds
+
+    return _per_call_decision("", entry, extra, list(now_data), Thresholds(), knobs, {}).ratio
+
+
 def per_call_threshold(entry: dict[str, Any], ratio: float, knobs: GateKnobs) -> tuple[float, tuple[str, ...]]:
     """max(threshold, 1 + k x this entry's noise band, 1 + k x the band pooled over the baseline's entries)."""
     from .regression import NOISE_K, noise_threshold, per_call_spread

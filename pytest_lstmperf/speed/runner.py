@@ -334,6 +334,7 @@ class BenchRunner:
         inside its threshold, and timing it again would only cost time (a device suspect on a host-bound
         Keras loop re-timed 18 rounds of 0.2 s for nothing)."""
         from . import timing
+        from .gate import per_call_ratio
         from .regression import centred_baseline, pick_samples
 
         entry = self._baseline_entry()
@@ -362,9 +363,11 @@ class BenchRunner:
         # the gate applies to them (its noise band)
         device_trigger = 1.0 + (limit - 1.0) / 2
         first = _ratio(base, now) if used == "device" else None
-        per_call_first = _ratio(base_data, data) if per_call_limit else None
+        # per-call: the ratio the gate will take (throttled rounds left out, drift-corrected under the probe),
+        # so that no first measurement fails the build without a second look
+        per_call_first = per_call_ratio(entry, extra, data, self._knobs()) if per_call_limit else None
         device_suspect = (first or 0.0) > device_trigger
-        per_call_suspect = per_call_limit is not None and (per_call_first or 0.0) > per_call_limit
+        per_call_suspect = per_call_limit is not None and (per_call_first or 0.0) >= per_call_limit
         if not device_suspect and not per_call_suspect:
             return
         again: dict[str, Any] = {}
@@ -372,7 +375,8 @@ class BenchRunner:
         if per_call_suspect:
             timing.estimate_call(timed, plan.warmup, clock)
             data2, _ = timing.time_rounds(timed, 2 * rounds, clock)
-            per_call_second = _ratio(base_data, data2)
+            # re-measured samples carry no throttle flags: the gate takes them whole
+            per_call_second = per_call_ratio(entry, {**extra, "throttled": None}, data2, self._knobs())
             again["data"] = data2
         if device_suspect:
             dev2 = dev_time(2 * plan.device_samples)
@@ -380,7 +384,7 @@ class BenchRunner:
             if dev2.method == extra.get("device_time_method"):  # else not comparable: the gate says so
                 second = _ratio(base, dev2.samples)
         confirmed = (device_suspect and (second or 0.0) > limit) or (
-            per_call_suspect and (per_call_second or 0.0) > (per_call_limit or float("inf"))
+            per_call_suspect and (per_call_second or 0.0) >= (per_call_limit or float("inf"))
         )
         extra["remeasured"] = {
             "confirmed": confirmed,
