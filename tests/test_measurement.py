@@ -570,3 +570,33 @@ def test_event_timed_samples_batch_short_calls_and_time_long_ones_alone() -> Non
     assert timing.events_batch(0.34, 5) == 1  # a Keras training step: 12 samples, not 60 calls
     assert timing.events_batch(0.015, 5) == 2
     assert timing.events_batch(0.003, 5) == 5 and timing.events_batch(0.0, 5) == 5
+
+
+def test_the_keras_on_torch_worker_runs_cuda_work_on_a_stream_of_its_own(monkeypatch) -> None:
+    """Before a CUDA run is prepared, the Keras-on-torch worker sets a CUDA stream of its own, made once: on the
+    legacy default stream, the CUDA-graph capture of a Keras training step failed in its backward in some H100
+    runs and not in others (``server.own_stream``). CPU runs and the other backends leave the streams alone."""
+    import torch
+
+    from pytest_lstmperf.model.keras_options import KerasOptions
+    from pytest_lstmperf.paths.keras import server
+    from pytest_lstmperf.speed.shapes import REFERENCE
+
+    made: list[object] = []
+    current: list[object] = []
+    monkeypatch.setattr(torch.cuda, "Stream", lambda *args, **kwargs: made.append(object()) or made[-1])
+    monkeypatch.setattr(torch.cuda, "set_stream", current.append)
+    monkeypatch.setattr(server, "_STREAM", [])
+    prepared: list[object] = []
+    monkeypatch.setattr(server, "LocalKerasRun", lambda *args: prepared.append(list(current)) or object())
+
+    spec, options = REFERENCE.to_dict(), KerasOptions(backend="torch").to_dict()
+    worker = server.Server("torch")
+    worker.prepare(spec, options, {}, "cpu")
+    assert made == [] and current == [] and prepared == [[]]
+    worker.prepare(spec, options, {}, "cuda")
+    worker.prepare(spec, options, {}, "cuda")
+    assert len(made) == 1 and current == [made[0], made[0]]
+    assert prepared[1] == [made[0]]  # set before the run was built
+    server.Server("tensorflow").prepare(spec, {**options, "backend": "tensorflow"}, {}, "cuda")
+    assert len(current) == 2

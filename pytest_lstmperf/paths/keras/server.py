@@ -52,6 +52,8 @@ class Server:
         return info
 
     def prepare(self, spec: dict, options: dict, arrays: dict, device: str) -> int:
+        if self.backend == "torch" and device == "cuda":
+            own_stream()
         run = LocalKerasRun(LayerSpec.from_dict(spec), KerasOptions.from_dict(options), arrays, device)
         handle = self.next_handle
         self.next_handle += 1
@@ -132,6 +134,29 @@ class Server:
             return result
         finally:
             tf_rnn._is_gpu_available = original
+
+
+_STREAM: list[Any] = []  # the worker's own CUDA stream, once made
+
+
+def own_stream() -> Any:
+    """Make Keras on torch run on a CUDA stream of the worker's own, not on the legacy default stream (once; the
+    requests are served on one thread, whose current stream this sets). Returns that stream.
+
+    A Keras layer's autograd nodes record the stream they were made on. Made on the legacy default stream, a
+    CUDA-graph capture of the training step failed in its backward: ``InputBuffer::add`` would make the legacy
+    stream wait on the capturing one ("operation would make the legacy stream depend on a capturing blocking
+    stream", cudaErrorStreamCaptureImplicit), and the capture reported "operation failed due to a previous
+    error during capture". On the H100 (torch 2.11, Keras 3.15) it failed in some runs and not in others: the
+    generic LSTM step in 4 of 4 attempts, the cuDNN step in the first 2 of 4, each run a fresh process; so
+    its device time fell back to CUDA events in some runs and the baseline mixed two timing methods. On a
+    stream of its own, 4 of 4 attempts captured for both."""
+    import torch
+
+    if not _STREAM:
+        _STREAM.append(torch.cuda.Stream())
+    torch.cuda.set_stream(_STREAM[0])
+    return _STREAM[0]
 
 
 def serve(backend: str) -> int:
