@@ -539,6 +539,31 @@ def test_device_time_refuses_an_empty_cuda_graph(monkeypatch: pytest.MonkeyPatch
     assert "around 5 back-to-back call(s) per sample" in dev.note
 
 
+def test_a_failed_capture_names_its_first_error_and_what_to_do(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The end of a capture replaces the error that broke it; the note names that first error too, with the
+    fix for a known cause (a Keras-on-torch training step on the H100: the legacy default stream)."""
+
+    def chained(*args):  # torch.cuda.graph's exit raises while the call's own error propagates
+        try:
+            raise RuntimeError(
+                "CUDA error: operation would make the legacy stream depend on a capturing blocking stream"
+            )
+        finally:
+            raise RuntimeError("CUDA error: operation failed due to a previous error during capture")
+
+    monkeypatch.setattr(timing, "_event_times", lambda torch, dev, call, samples, calls=1, warm=False: [3e-3] * samples)
+    monkeypatch.setattr(timing, "_one_call_s", lambda torch, dev, call: 3e-3)
+    monkeypatch.setattr(timing, "_graph_replay_times", chained)
+    note = timing.device_time(lambda: None, "cuda:0", samples=4).note
+    assert "capture failed (RuntimeError: CUDA error: operation failed due to a previous error during capture; " in note
+    assert "first: RuntimeError: CUDA error: operation would make the legacy stream depend on a capturing" in note
+    assert "made on the legacy default stream: make and run what it calls on a stream of its own" in note
+    # an error with no first one behind it is named alone
+    monkeypatch.setattr(timing, "_graph_replay_times", lambda *a: (_ for _ in ()).throw(RuntimeError("boom")))
+    note = timing.device_time(lambda: None, "cuda:0", samples=4).note
+    assert "CUDA graph capture failed (RuntimeError: boom);" in note and "first:" not in note
+
+
 #: device samples (us) of one clean H100 run's torch-cudnn-default LSTM inference (I512-H512-L1-B4-T25), its
 #: re-measurement, and the committed baseline's (centre of the recording runs: 246 us)
 TRANSIENT_FIRST = [251.7, 478.6, 359.6, 287.8, 278.7, 274.9, 271.9, 273.8, 267.7, 266.5, 264.0, 270.2]

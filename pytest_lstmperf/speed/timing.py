@@ -207,8 +207,7 @@ def device_time(call: Callable[[], object], device: str, samples: int = 15, repl
     except Exception as exc:
         with contextlib.suppress(Exception):
             torch.cuda.synchronize(dev)
-        reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:200]
-        note = f"CUDA graph capture failed ({reason})"
+        note = f"CUDA graph capture failed ({capture_failure(exc)})"
     try:
         one = _one_call_s(torch, dev, call)  # the warm-up call too
         calls = events_batch(one, replays)
@@ -220,6 +219,34 @@ def device_time(call: Callable[[], object], device: str, samples: int = 15, repl
         return DeviceTime("cuda-events", tuple(_event_times(torch, dev, call, samples, calls, warm=True)), note)
     except Exception as exc:
         return DeviceTime("none", (), f"{note}; event timing failed too ({type(exc).__name__}: {exc})")
+
+
+#: what a capture's first error says, and what to do about it
+CAPTURE_HINTS = {
+    "legacy stream": (
+        "the call's autograd nodes were made on the legacy default stream: make and run what it calls on a stream "
+        "of its own (torch.cuda.set_stream(torch.cuda.Stream()) before building it) to capture it"
+    ),
+}
+
+
+def capture_failure(exc: BaseException) -> str:
+    """Why a capture failed: the error's first line and, where the end of the capture replaced the error that
+    broke it ("operation failed due to a previous error during capture"), that first error too (the exception's
+    context), with what to do where its cause is known (:data:`CAPTURE_HINTS`). On the H100 the Keras-on-torch
+    training steps' first error was "operation would make the legacy stream depend on a capturing blocking
+    stream", raised in the backward; the note had shown only the second."""
+
+    def line(error: BaseException) -> str:
+        text = str(error).splitlines()[0] if str(error) else ""
+        return f"{type(error).__name__}: {text}"[:200]
+
+    reason = line(exc)
+    first = exc.__cause__ or exc.__context__
+    if first is not None:
+        reason += f"; first: {line(first)}"
+        reason += "".join(f" ({hint})" for key, hint in CAPTURE_HINTS.items() if key in str(first))
+    return reason
 
 
 def _graph_replay_times(
