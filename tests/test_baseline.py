@@ -405,6 +405,7 @@ def test_a_recording_run_timed_by_another_device_method_is_left_out_of_the_devic
         "entry's (cuda-graph): left out of its device band"
     )
     assert device_threshold(Thresholds().ratio, band)[0] == DEVICE_FLOOR
+    assert device_threshold(Thresholds().ratio, band, method="cuda-graph")[0] == DEVICE_FLOOR
     assert _device_unsteady(band, "cuda-graph") == ""
     # runs that agree again in method: no note is left behind
     again = {"stats": {"data": [0.38] * 3}, "extra_info": {**entry["extra_info"], "noise_band": {}}}
@@ -450,3 +451,34 @@ def test_add_baseline_run_needs_a_recorded_baseline(tmp_path) -> None:
     fields = {"device": "cpu-test", "torch": "2.13.0"}
     with pytest.raises(BaselineError, match="record it first with --lstmperf-save-baseline"):
         store.save([], fields=fields, fingerprint={}, provenance={}, header={}, update=False, add_run=True)
+
+
+def test_a_band_stored_before_the_method_rule_is_judged_by_it_at_the_gate() -> None:
+    """The committed H100 entry of the Keras cuDNN-off LSTM training step kept a device spread of 1925% from
+    before the method rule (three graph-timed runs of 17.7-17.9 ms, two event-timed ones of 357-361 ms): a
+    device threshold of 39.5, under which no device slowdown could fail. The gate judges the band's runs by the
+    rule a new recording applies (``regression.device_spread``): 0.8%, the floor 1.07, and a planted 1.25x
+    device slowdown fails."""
+    from pytest_lstmperf.speed import gate
+    from pytest_lstmperf.speed.regression import DEVICE_FLOOR
+
+    medians = [17.74e-3, 17.85e-3, 17.79e-3, 361.35e-3, 357.37e-3]
+    band = {
+        "runs": 5,
+        "device_spread": 19.249,  # as stored
+        "device_spread_within_run": 0.0079,
+        "recording_runs": [{"per_call_median": 0.35, "device_median": m} for m in medians],
+    }
+    samples = [17.74e-3 * (1 + 0.001 * (i % 5)) for i in range(12)]
+    bextra = {"device_time_method": "cuda-graph", "device_samples": samples, "noise_band": band}
+    limit, notes = gate.device_limit(bextra, 1.10)
+    assert limit == DEVICE_FLOOR and "0.8% over 3 recording runs" in notes[0], notes
+    decision = gate._device_decision("t", bextra, [s * 1.25 for s in samples], gate_thresholds(), {})
+    assert decision.verdict == "regressed", decision
+    assert gate._device_decision("t", bextra, list(samples), gate_thresholds(), {}).verdict == "unchanged"
+
+
+def gate_thresholds():
+    from pytest_lstmperf.speed.regression import Thresholds
+
+    return Thresholds()

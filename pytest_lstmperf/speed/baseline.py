@@ -518,7 +518,7 @@ def add_recording_run(entry: dict[str, Any], record: Mapping[str, Any]) -> None:
     clean rerun already changed them; the others are still compared, bytes allocated within their recorded
     spread (``regression.alloc_tolerance``).
     """
-    from .regression import relative_spread, runs_of_method, unstable_counters
+    from .regression import device_spread, relative_spread, runs_of_method, unstable_counters
 
     extra = entry["extra_info"]
     band = dict(extra.get("noise_band") or {})
@@ -530,12 +530,12 @@ def add_recording_run(entry: dict[str, Any], record: Mapping[str, Any]) -> None:
     # device time: only the runs timed as the entry's own samples were (a CUDA-graph replay and a batch of
     # event-timed calls measure different things; the gate compares one method with itself)
     alike = [id(r) for r in runs_of_method(runs, method, own)]
-    for key, spread_key in (("per_call_median", "per_call_spread"), ("device_median", "device_spread")):
-        within = band.get(f"{spread_key}_within_run", band.get(spread_key))
-        band[f"{spread_key}_within_run"] = within
-        medians = [r[key] for r in runs if r.get(key) and (key != "device_median" or id(r) in alike)]
-        candidates = [v for v in (within, relative_spread(medians)) if v is not None]
-        band[spread_key] = max(candidates) if candidates else None
+    for spread_key in ("per_call_spread", "device_spread"):
+        band[f"{spread_key}_within_run"] = band.get(f"{spread_key}_within_run", band.get(spread_key))
+    medians = [r["per_call_median"] for r in runs if r.get("per_call_median")]
+    candidates = [v for v in (band["per_call_spread_within_run"], relative_spread(medians)) if v is not None]
+    band["per_call_spread"] = max(candidates) if candidates else None
+    band["device_spread"] = device_spread(band, method, own)[0]  # the gate's own rule
     other = [
         f"{i + 1} ({r.get('device_time_method') or 'method not kept; median far from the entry'})"
         for i, r in enumerate(runs)
@@ -571,16 +571,17 @@ def _device_unsteady(band: Mapping[str, Any], method: str | None = None, own: fl
     """A description when the recording runs' device medians (those taken by ``method``, the entry's, whose own
     samples' median is ``own``: ``regression.runs_of_method``) spread so wide that the gate's device threshold
     for the entry rises above the default (``regression.device_threshold``), else ''."""
-    from .regression import Thresholds, device_threshold, runs_of_method
+    from .regression import Thresholds, device_spread, device_threshold, runs_of_method
 
     runs = [r for r in band.get("recording_runs") or [] if r.get("device_median")]
     medians = [r["device_median"] for r in runs_of_method(runs, method, own)]
-    threshold, _ = device_threshold(Thresholds().ratio, band)
+    threshold, _ = device_threshold(Thresholds().ratio, band, method=method, own=own)
     if len(medians) < 2 or threshold <= Thresholds().ratio:
         return ""
     shown = ", ".join(f"{m * 1e3:.3g} ms" for m in medians)
+    spread = device_spread(band, method, own)[0] or 0.0
     return (
-        f"device time unsteady between recording runs ({shown}: {float(band['device_spread']):.0%} spread); the "
+        f"device time unsteady between recording runs ({shown}: {spread:.0%} spread); the "
         f"gate resolves only device slowdowns past {threshold:.2f}x here"
     )
 

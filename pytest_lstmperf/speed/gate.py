@@ -8,6 +8,7 @@ themselves (rank test, thresholds, noise band) live in :mod:`.regression`.
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -274,7 +275,9 @@ def device_limit(
             f"call: the GPU waited for launches), so it is held to the per-call threshold {limit:.3f}; "
             "a device-side slowdown smaller than that is not resolved on this benchmark",
         )
-    limit, why = device_threshold(ratio, bextra.get("noise_band"))
+    samples = [float(x) for x in bextra.get("device_samples") or [] if x and x > 0]
+    own = statistics.median(samples) if samples else None
+    limit, why = device_threshold(ratio, bextra.get("noise_band"), method=bextra.get("device_time_method"), own=own)
     return limit, ((why,) if why else ())
 
 
