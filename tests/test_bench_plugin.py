@@ -562,6 +562,19 @@ def test_a_failed_capture_names_its_first_error_and_what_to_do(monkeypatch: pyte
     monkeypatch.setattr(timing, "_graph_replay_times", lambda *a: (_ for _ in ()).throw(RuntimeError("boom")))
     note = timing.device_time(lambda: None, "cuda:0", samples=4).note
     assert "CUDA graph capture failed (RuntimeError: boom);" in note and "first:" not in note
+    # an error raised "from None" while another was handled: that other one is not its cause
+    try:
+        try:
+            raise KeyError("cfg")
+        except KeyError:
+            raise RuntimeError("CUDA error: operation not permitted when stream is capturing") from None
+    except RuntimeError as exc:
+        assert timing.capture_failure(exc) == (
+            "RuntimeError: CUDA error: operation not permitted when stream is capturing"
+        )
+    # the legacy-stream error itself on top: the hint too
+    legacy = RuntimeError("CUDA error: operation would make the legacy stream depend on a capturing blocking stream")
+    assert "made on the legacy default stream" in timing.capture_failure(legacy)
 
 
 #: device samples (us) of one clean H100 run's torch-cudnn-default LSTM inference (I512-H512-L1-B4-T25), its

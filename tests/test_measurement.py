@@ -564,6 +564,12 @@ def test_the_runner_looks_again_at_every_per_call_ratio_the_gate_would_fail(monk
     extra = {**_GRAPHS, "drift_probe": [0.8e-3] * 15}
     _remeasure(extra, data, device, entry=steady, probe=False)  # no probe, no correction: 1.3x, no suspect
     assert "remeasured" not in extra
+    # a ratio exactly at the threshold fails at the gate (ratio >= threshold), so it is looked at again
+    data = [1.6e-3] * 15
+    assert decide({**_GRAPHS}, data, steady, False) == "regressed"
+    extra = {**_GRAPHS}
+    _remeasure(extra, data, device, entry=steady)
+    assert extra["remeasured"]["remeasured"] == ["per-call"]
 
 
 def test_event_timed_samples_batch_short_calls_and_time_long_ones_alone() -> None:
@@ -600,3 +606,44 @@ def test_the_keras_on_torch_worker_runs_cuda_work_on_a_stream_of_its_own(monkeyp
     assert prepared[1] == [made[0]]  # set before the run was built
     server.Server("tensorflow").prepare(spec, {**options, "backend": "tensorflow"}, {}, "cuda")
     assert len(current) == 2
+
+
+def test_a_host_bound_event_timing_triggers_a_second_look_as_the_gate_holds_it_under_the_device_metric(
+    monkeypatch,
+) -> None:
+    """Under ``--lstmperf-metric=device`` the gate still holds a host-bound event timing to the per-call
+    threshold (1.2 here, where its device spread would give 2.0); the runner's trigger takes the same limit:
+    a first device ratio of 1.3 regresses at the gate, so the runner looks again (with the device threshold
+    of 2.0 its trigger was 1.5, and the first samples alone failed the build)."""
+    from pytest_lstmperf.speed import gate, runner
+
+    settings = _remeasure_settings(monkeypatch)
+    settings["lstmperf_metric"] = "device"
+    band = {"runs": 3, "device_spread": 0.5, "per_call_spread": 0.1, "source": "recorded"}
+    base = {
+        "device_time_method": "cuda-events",
+        "device_samples": [1.0e-3] * 10,
+        "device_time_s": 1.0e-3,
+        "time_per_call_s": 1.05e-3,
+        "noise_band": band,
+    }
+    entry = {"extra_info": base, "stats": {"data": [1.05e-3] * 15}}
+    extra = {**base, "device_samples": [1.3e-3] * 10, "device_time_s": 1.3e-3, "time_per_call_s": 1.35e-3}
+    del extra["noise_band"]
+    data = [1.35e-3] * 15
+    knobs = gate.GateKnobs(metric="device", ratio=1.10, pvalue=0.002, probe=False)
+    record = {"fullname": "t", "data": data, "extra_info": dict(extra)}
+    assert gate.decide_record(record, entry, knobs).verdict == "regressed"  # the first samples alone fail
+
+    stub = types.SimpleNamespace(
+        _baseline_entry=lambda: entry,
+        config=None,
+        _per_call_limit=lambda e, limit: gate.per_call_threshold(e, limit, knobs)[0],
+        _knobs=lambda: knobs,
+    )
+    device = lambda n: types.SimpleNamespace(samples=[1.0e-3] * n, method="cuda-events")  # noqa: E731
+    plan = types.SimpleNamespace(warmup=1, device_samples=10)
+    runner.BenchRunner._remeasure(stub, extra, data, {}, None, plan, 15, None, device)
+    again = extra["remeasured"]
+    assert again["remeasured"] == ["device"] and again["threshold"] == pytest.approx(1.2)
+    assert gate.decide_record({**record, "extra_info": extra}, entry, knobs).verdict == "unchanged"

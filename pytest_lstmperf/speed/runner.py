@@ -356,7 +356,9 @@ class BenchRunner:
             from .regression import events_host_bound
 
             explicit = "ratio" in thresholds or self._knobs().explicit_ratio
-            host_bound = per_call_limit if events_host_bound(base_extra) or events_host_bound(extra) else None
+            # as the gate: a host-bound event timing is held to the per-call threshold, whichever metric is gated
+            bound = events_host_bound(base_extra) or events_host_bound(extra)
+            host_bound = self._per_call_limit(entry, limit) if bound else None
             limit = device_limit(base_extra, limit, explicit, host_bound)[0]
         # device samples move by a few percent between runs: a device ratio half-way to the threshold is
         # already worth a second look; per-call times are noisier, and are looked at again past the threshold

@@ -242,11 +242,11 @@ def capture_failure(exc: BaseException) -> str:
         return f"{type(error).__name__}: {text}"[:200]
 
     reason = line(exc)
-    first = exc.__cause__ or exc.__context__
+    first = exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
     if first is not None:
         reason += f"; first: {line(first)}"
-        reason += "".join(f" ({hint})" for key, hint in CAPTURE_HINTS.items() if key in str(first))
-    return reason
+    cause = str(first if first is not None else exc)
+    return reason + "".join(f" ({hint})" for key, hint in CAPTURE_HINTS.items() if key in cause)
 
 
 def _graph_replay_times(
