@@ -164,7 +164,22 @@ def test_verify_model_on_keras_jax() -> None:
     assert out["unseen"]["mismatches"] == ["no recurrent layer ran in the model's forward pass"]
 
 
-FUSED = """
+#: a plain LSTM over a batch-first sequence in JAX (the scripts' stand-ins for Keras's GPU-only cuDNN calls)
+SCAN_LSTM = """
+def scan_lstm(kernel, recurrent_kernel, bias, h, c, sequences, reverse=False):
+    k, rk, b = (jnp.asarray(keras.ops.convert_to_tensor(v)) for v in (kernel, recurrent_kernel, bias))
+    def step(carry, xt):
+        h, c = carry
+        i, f, g, o = jnp.split(xt @ k + h @ rk + b, 4, -1)
+        c = jax.nn.sigmoid(f) * c + jax.nn.sigmoid(i) * jnp.tanh(g)
+        h = jax.nn.sigmoid(o) * jnp.tanh(c)
+        return (h, c), h
+    (h, c), ys = jax.lax.scan(step, (h, c), jnp.swapaxes(sequences, 0, 1), reverse=reverse)
+    return jnp.swapaxes(ys, 0, 1), h, c
+"""
+
+FUSED = (
+    """
 import json, os
 os.environ["KERAS_BACKEND"] = "jax"
 os.environ["JAX_PLATFORMS"] = "cpu"
@@ -172,19 +187,14 @@ import numpy as np, keras, jax, jax.numpy as jnp
 from keras.src import backend
 from pytest_lstmperf.observation import calls, jax_trace
 
+"""
+    + SCAN_LSTM
+    + """
 def fused(sequences, fh, fc, bh, bc, mask=None, fwd_kernel=None, fwd_recurrent_kernel=None, fwd_bias=None,
           bwd_kernel=None, bwd_recurrent_kernel=None, bwd_bias=None, return_sequences=False, **_):
     # stands in for Keras's cuDNN call (GPU only): both directions in one call, without either layer's loop
     def run(k, rk, b, h, c, reverse):
-        k, rk, b = (jnp.asarray(keras.ops.convert_to_tensor(v)) for v in (k, rk, b))
-        def step(carry, xt):
-            h, c = carry
-            i, f, g, o = jnp.split(xt @ k + h @ rk + b, 4, -1)
-            c = jax.nn.sigmoid(f) * c + jax.nn.sigmoid(i) * jnp.tanh(g)
-            h = jax.nn.sigmoid(o) * jnp.tanh(c)
-            return (h, c), h
-        (h, c), ys = jax.lax.scan(step, (h, c), jnp.swapaxes(sequences, 0, 1), reverse=reverse)
-        ys = jnp.swapaxes(ys, 0, 1)
+        ys, h, c = scan_lstm(k, rk, b, h, c, sequences, reverse)
         return (ys[:, 0] if reverse else ys[:, -1]), ys, [h, c]
     return (run(fwd_kernel, fwd_recurrent_kernel, fwd_bias, fh, fc, False),
             run(bwd_kernel, bwd_recurrent_kernel, bwd_bias, bh, bc, True))
@@ -207,6 +217,7 @@ with calls.observe() as seen:
 out["broken"] = {"layers": len(seen.layers), "problems": seen.problems, "traces": len(seen.all_traces())}
 print("RESULT " + json.dumps(out))
 """
+)
 
 
 def test_a_fused_bidirectional_call_on_jax_is_traced() -> None:
@@ -225,7 +236,8 @@ def test_a_fused_bidirectional_call_on_jax_is_traced() -> None:
     ], broken
 
 
-SWITCH = """
+SWITCH = (
+    """
 import json, os
 os.environ["KERAS_BACKEND"] = "jax"
 os.environ["JAX_PLATFORMS"] = "cpu"
@@ -234,18 +246,14 @@ from keras.src import backend
 from pytest_lstmperf.observation import calls
 from pytest_lstmperf.numerics import verify_model as vm
 
+"""
+    + SCAN_LSTM
+    + """
 def fast(inputs, h0, c0, mask, kernel=None, recurrent_kernel=None, bias=None, return_sequences=False, **_):
     # stands in for the cuDNN call Keras makes where use_cudnn allows it (GPU only): here it doubles the
     # outputs, so that which computation ran shows in the numbers
-    k, rk, b = (jnp.asarray(keras.ops.convert_to_tensor(v)) for v in (kernel, recurrent_kernel, bias))
-    def step(carry, xt):
-        h, c = carry
-        i, f, g, o = jnp.split(xt @ k + h @ rk + b, 4, -1)
-        c = jax.nn.sigmoid(f) * c + jax.nn.sigmoid(i) * jnp.tanh(g)
-        h = jax.nn.sigmoid(o) * jnp.tanh(c)
-        return (h, c), h
-    (h, c), ys = jax.lax.scan(step, (h0, c0), jnp.swapaxes(inputs, 0, 1))
-    ys = 2 * jnp.swapaxes(ys, 0, 1)
+    ys, h, c = scan_lstm(kernel, recurrent_kernel, bias, h0, c0, inputs)
+    ys = 2 * ys
     return ys[:, -1], (ys if return_sequences else ys[:, -1:]), [h, c]
 
 backend.lstm = fast
@@ -259,6 +267,7 @@ out = {"ratio": float(np.max(np.abs(as_built.outputs[0])) / np.max(np.abs(looped
        "switches": [calls.unserialized_switches(model), calls.unserialized_switches(loop)]}
 print("RESULT " + json.dumps(out))
 """
+)
 
 
 def test_a_clone_with_cudnn_off_is_not_given_the_models_compiled_step() -> None:
