@@ -391,6 +391,8 @@ class BaselineStore:
             ) from None
 
     def _add_run_locked(self, path: Path, records: list[Mapping[str, Any]], fields: Mapping[str, str]) -> SaveReport:
+        from .regression import own_device_median
+
         report = SaveReport(path)
         if not path.exists():
             raise BaselineError(
@@ -416,7 +418,7 @@ class BaselineStore:
             if band.get("device_other_method"):
                 report.flags.append(f"{record['fullname']}: {band['device_other_method']}")
             extra = entry["extra_info"]
-            wide = _device_unsteady(band, extra.get("device_time_method"), _own_device_median(extra))
+            wide = _device_unsteady(band, extra.get("device_time_method"), own_device_median(extra))
             if wide:
                 report.flags.append(f"{record['fullname']}: {wide}")
         report.untouched = len(set(entries) - set(report.updated))
@@ -518,7 +520,7 @@ def add_recording_run(entry: dict[str, Any], record: Mapping[str, Any]) -> None:
     clean rerun already changed them; the others are still compared, bytes allocated within their recorded
     spread (``regression.alloc_tolerance``).
     """
-    from .regression import device_spread, relative_spread, runs_of_method, unstable_counters
+    from .regression import device_spread, own_device_median, relative_spread, runs_of_method, unstable_counters
 
     extra = entry["extra_info"]
     band = dict(extra.get("noise_band") or {})
@@ -526,7 +528,7 @@ def add_recording_run(entry: dict[str, Any], record: Mapping[str, Any]) -> None:
     now = record["extra_info"]
     runs.append(_run_summary(record["data"], now))
     band["recording_runs"] = runs
-    method, own = extra.get("device_time_method"), _own_device_median(extra)
+    method, own = extra.get("device_time_method"), own_device_median(extra)
     # device time: only the runs timed as the entry's own samples were (a CUDA-graph replay and a batch of
     # event-timed calls measure different things; the gate compares one method with itself)
     alike = [id(r) for r in runs_of_method(runs, method, own)]
@@ -557,14 +559,6 @@ def add_recording_run(entry: dict[str, Any], record: Mapping[str, Any]) -> None:
     else:
         band.pop("host_counters_unstable", None)
     extra["noise_band"] = band
-
-
-def _own_device_median(extra: Mapping[str, Any]) -> float | None:
-    """The median of an entry's own device samples (those of its first recording run), or None."""
-    import statistics
-
-    samples = [float(x) for x in extra.get("device_samples") or [] if x and x > 0]
-    return statistics.median(samples) if samples else None
 
 
 def _device_unsteady(band: Mapping[str, Any], method: str | None = None, own: float | None = None) -> str:

@@ -8,7 +8,6 @@ themselves (rank test, thresholds, noise band) live in :mod:`.regression`.
 
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -264,7 +263,7 @@ def device_limit(
     when it was set explicitly; the per-call threshold ``host_bound`` where the event-timed device time is
     host-bound; else ``regression.device_threshold`` of the entry's recorded noise band. The runner's
     re-measurement and the gate use this one rule."""
-    from .regression import HOST_BOUND_EVENTS, device_threshold
+    from .regression import HOST_BOUND_EVENTS, device_threshold, own_device_median
 
     if explicit:
         return ratio, ()
@@ -275,9 +274,8 @@ def device_limit(
             f"call: the GPU waited for launches), so it is held to the per-call threshold {limit:.3f}; "
             "a device-side slowdown smaller than that is not resolved on this benchmark",
         )
-    samples = [float(x) for x in bextra.get("device_samples") or [] if x and x > 0]
-    own = statistics.median(samples) if samples else None
-    limit, why = device_threshold(ratio, bextra.get("noise_band"), method=bextra.get("device_time_method"), own=own)
+    method, own = bextra.get("device_time_method"), own_device_median(bextra)
+    limit, why = device_threshold(ratio, bextra.get("noise_band"), method=method, own=own)
     return limit, ((why,) if why else ())
 
 

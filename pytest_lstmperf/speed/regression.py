@@ -371,6 +371,12 @@ RUN_MEDIAN_KEYS = {"per-call": "per_call_median", "device": "device_median"}
 SAME_METHOD_FACTOR = 2.0
 
 
+def own_device_median(extra: Mapping[str, Any]) -> float | None:
+    """The median of an entry's own device samples (those of its first recording run), or None."""
+    samples = [float(x) for x in extra.get("device_samples") or [] if x and x > 0]
+    return statistics.median(samples) if samples else None
+
+
 def runs_of_method(runs: Sequence[Mapping[str, Any]], method: str | None, own: float | None) -> list[Any]:
     """The recording runs whose device time was taken as the entry's own samples were: a run that kept its
     method counts when it matches (or the entry's is not known); an older run that did not keep it counts
