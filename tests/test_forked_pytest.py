@@ -10,12 +10,18 @@ import pytest
 from forked_pytest import ENABLED, runpytest_forked, server
 
 PROBE = """
-import os, sys
+import gc, os, sys
 
 def test_environment_folder_and_path():
     assert os.environ["LSTMPERF_FORK_PROBE"] == "set after the server started"
     assert sys.path[0] == os.getcwd()
     assert "pytest_lstmperf.plugin" in sys.modules  # the plugin is loaded by the run itself
+    # the server's imports are frozen out of the collector, while what the run makes is still collected
+    assert gc.get_freeze_count() > 100_000
+    cycle = []
+    cycle.append(cycle)
+    del cycle
+    assert gc.collect() >= 1
     print("PROBE-PID", os.getpid())
     print("PROBE-ERR", file=sys.stderr)
 
