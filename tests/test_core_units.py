@@ -160,3 +160,20 @@ def test_relative_error_sees_any_relative_perturbation(eps) -> None:
 
     ref = np.linspace(-1, 1, 50)
     assert relative_error(ref * (1 + eps), ref) == pytest.approx(eps, rel=1e-6)
+
+
+# ----------------------------------------------------------------------------------------- observation
+def test_an_import_blocked_with_none_is_not_taken_for_an_imported_framework(monkeypatch) -> None:
+    """``sys.modules[name] = None`` makes ``import name`` fail (a project may block TensorFlow so): the
+    observer must not start TensorFlow's trace for it, and still sees the torch layer that ran."""
+    import sys
+
+    torch = pytest.importorskip("torch")
+    from pytest_lstmperf.observation.calls import observe
+
+    monkeypatch.setitem(sys.modules, "tensorflow", None)
+    lstm = torch.nn.LSTM(3, 4)
+    with torch.no_grad(), observe() as seen:
+        lstm(torch.randn(5, 2, 3))
+    assert [t.family for t in seen.all_traces()] in (["onednn"], ["cpu-native"])  # oneDNN where torch has it
+    assert seen.traces == [] and seen.problems == []

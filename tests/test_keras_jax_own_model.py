@@ -23,13 +23,19 @@ pytestmark = pytest.mark.skipif(
 
 ROOT = Path(__file__).resolve().parents[1]
 
+#: ``keras.utils.set_random_seed`` imports TensorFlow where it is installed, to seed it as well (3-4 s of each
+#: script on a 2-core machine); these scripts run Keras on JAX, so TensorFlow is marked as not importable
+NO_TENSORFLOW = 'import sys\nsys.modules.setdefault("tensorflow", None)\n'
+
 
 def _run_jax_script(script: str, what: str) -> dict:
     """Run ``script`` in a fresh interpreter with Keras on JAX, pinned to the CPU (Keras fixes its backend at
     its first import), and return the JSON it prints after ``RESULT ``; a script that does not get there fails
     the test with its output."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "KERAS_BACKEND": "jax", "JAX_PLATFORMS": "cpu"}
-    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", NO_TENSORFLOW + script], env=env, capture_output=True, text=True, timeout=300
+    )
     lines = [x for x in done.stdout.splitlines() if x.startswith("RESULT ")]
     if not lines:
         pytest.fail(f"the {what} script did not finish:\n{done.stdout}\n{done.stderr[-3000:]}")
@@ -72,7 +78,7 @@ def test_no_recurrent_layer():
 
 
 def test_marker_on_keras_jax(pytester: pytest.Pytester) -> None:
-    pytester.makepyfile(test_keras_jax=MARKER_TESTS)
+    pytester.makepyfile(test_keras_jax=NO_TENSORFLOW + MARKER_TESTS)
     result = runpytest_forked(pytester, "-p", "no:cacheprovider", "--strict-markers", "-rf", "--device=cpu")
     result.assert_outcomes(passed=1, failed=3)
     result.stdout.fnmatch_lines([

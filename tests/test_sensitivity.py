@@ -60,8 +60,9 @@ def test_widened_bound_still_fails_a_planted_fault():
 
 
 KERAS_SCRIPT = """
-import os
+import os, sys
 os.environ["KERAS_BACKEND"] = "torch"
+sys.modules.setdefault("tensorflow", None)  # keras.utils.set_random_seed would import it (3-4 s) to seed it too
 import re
 import numpy as np
 import keras

@@ -72,7 +72,7 @@ def observe(jax_backward: bool = False) -> Iterator[Observation]:
         }
         waiting = {}
         for name, start in starters.items():
-            if name in sys.modules:
+            if sys.modules.get(name) is not None:  # None: an import blocked on purpose, not a module
                 start()
             else:
                 waiting[name] = start
