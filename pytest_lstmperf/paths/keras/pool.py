@@ -203,6 +203,18 @@ def prestart(backends: list[str]) -> None:
                 continue  # get_worker starts it again and reports what fails
 
 
+def start_workers(backends: list[str]) -> None:
+    """Start the workers for ``backends`` side by side and wait until each is ready or has failed (a path of
+    that backend then reports why when it is used): for a test that needs several backends in a row and must
+    not time one worker's calls beside another's imports."""
+    prestart(backends)
+    for backend in dict.fromkeys(backends):
+        try:
+            get_worker(backend)
+        except KerasUnavailable:
+            continue
+
+
 def get_worker(backend: str) -> WorkerClient:
     """The session's worker for ``backend``, started on first use (and restarted if it died)."""
     with _POOL_LOCK:
