@@ -284,6 +284,21 @@ def test_prestarted_workers_start_side_by_side_and_fail_with_their_reason() -> N
     pool._FAILED.pop("no-such-backend")
 
 
+def test_workers_started_together_are_all_ready_and_a_failure_is_kept_for_its_paths() -> None:
+    """``start_workers`` (the workload suite's Keras rows) returns only once every worker answered; one that
+    cannot start does not stop the others, and its reason waits for the path that asks for it."""
+    pytest.importorskip("keras")
+    pytest.importorskip("jax")
+    from pytest_lstmperf.paths.keras import pool
+    from pytest_lstmperf.paths.keras.transport import KerasUnavailable
+
+    pool.start_workers(["no-such-backend", "jax"])
+    assert "jax" not in pool._STARTING and pool._WORKERS["jax"].info["backend"] == "jax"
+    with pytest.raises(KerasUnavailable, match="no-such-backend"):
+        pool.get_worker("no-such-backend")
+    pool._FAILED.pop("no-such-backend")
+
+
 @pytest.mark.parametrize("backend_path", ["keras-torch-cpu", "keras-jax-cpu"])
 def test_a_released_run_is_freed_and_the_worker_heap_frozen(backend_path: str) -> None:
     """A Keras worker freezes its long-lived objects (its imports, then what survives each release that leaves
