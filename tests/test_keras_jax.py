@@ -284,6 +284,29 @@ def test_prestarted_workers_start_side_by_side_and_fail_with_their_reason() -> N
     pool._FAILED.pop("no-such-backend")
 
 
+def test_shutdown_tells_every_worker_to_exit_before_waiting_for_any(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The workers' teardowns run side by side: each is told to exit before the first is waited for."""
+    from pytest_lstmperf.paths.keras import pool
+
+    calls = []
+
+    class Worker:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def ask_to_exit(self) -> None:
+            calls.append(("ask", self.name))
+
+        def close(self) -> None:
+            calls.append(("close", self.name))
+
+    monkeypatch.setattr(pool, "_WORKERS", {"torch": Worker("torch"), "jax": Worker("jax")})
+    monkeypatch.setattr(pool, "_STARTING", {"tensorflow": Worker("tensorflow")})
+    pool.shutdown_workers()
+    assert [c[0] for c in calls] == ["ask"] * 3 + ["close"] * 3
+    assert pool._WORKERS == {} and pool._STARTING == {}
+
+
 def test_workers_started_together_are_all_ready_and_a_failure_is_kept_for_its_paths() -> None:
     """``start_workers`` (the workload suite's Keras rows) returns only once every worker answered; one that
     cannot start does not stop the others, and its reason waits for the path that asks for it."""

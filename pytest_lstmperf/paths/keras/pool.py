@@ -51,6 +51,7 @@ class WorkerClient:
             env=env,
         )
         self.info: dict[str, Any] | None = None
+        self.exit_asked = False
 
     def handshake(self) -> dict[str, Any]:
         """Wait for the worker's hello (sent once its imports are done); its info, or KerasUnavailable."""
@@ -98,13 +99,24 @@ class WorkerClient:
             raise KerasWorkerError(f"{reply['error']}" + (f"\n--- worker traceback ---\n{detail}" if detail else ""))
         return reply["result"]
 
-    def close(self) -> None:
-        if self.process.poll() is None:
+    def ask_to_exit(self) -> None:
+        """Tell the worker to exit, without waiting for it (:meth:`close` waits)."""
+        if self.process.poll() is None and not self.exit_asked:
             try:
                 with self.lock:
                     send(self.process.stdin, {"cmd": "exit"})
+                self.exit_asked = True
+            except (OSError, EOFError):
+                pass
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.ask_to_exit()
+            try:
+                if not self.exit_asked:
+                    raise OSError("the worker could not be told to exit")
                 self.process.wait(timeout=10)
-            except (OSError, subprocess.TimeoutExpired, EOFError):
+            except (OSError, subprocess.TimeoutExpired):
                 self.process.kill()
                 self.process.wait(timeout=10)
         try:
@@ -233,8 +245,13 @@ def get_worker(backend: str) -> WorkerClient:
 
 
 def shutdown_workers() -> None:
+    """Close every worker: all are told to exit first, so that their teardowns (a GPU runtime's take about a
+    second) run side by side."""
     with _POOL_LOCK:
-        for worker in [*_WORKERS.values(), *_STARTING.values()]:
+        workers = [*_WORKERS.values(), *_STARTING.values()]
+        for worker in workers:
+            worker.ask_to_exit()
+        for worker in workers:
             worker.close()
         _WORKERS.clear()
         _STARTING.clear()
