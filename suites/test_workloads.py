@@ -299,12 +299,15 @@ def test_keras_overhead(
 ) -> None:
     """A Keras layer's forward call on the same shape, timed inside its backend's worker, against the raw
     cost of the torch layer (the graph replay on CUDA, the ATen op on the CPU); it must run its claimed kernel."""
+    from pytest_lstmperf.device import xdist_worker
     from pytest_lstmperf.paths.keras.paths import start_workers_for
 
     # the rows need one worker per backend: the first row starts this run's side by side and waits for all,
-    # so that no row is timed beside another worker's imports
-    names = set(KERAS_OVERHEAD_PATHS[lstmperf.device.kind])
-    start_workers_for([p for p in lstmperf.available_paths if p.name in names])
+    # so that no row is timed beside another worker's imports (not under pytest-xdist, where this process may
+    # run one of the rows only)
+    if xdist_worker() is None:
+        names = set(KERAS_OVERHEAD_PATHS[lstmperf.device.kind])
+        start_workers_for([p for p in lstmperf.available_paths if p.name in names])
     path, spec, raw, run, trace = _overhead_run(lstmperf, overhead_shape, keras_overhead_path)
     seconds = float(np.median(run.time("forward", repeats=15, warmup=3)))
     _overhead_row(request, lstmperf, overhead_shape, path.framework, path, spec, raw, trace, seconds)
