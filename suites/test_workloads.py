@@ -302,12 +302,16 @@ def test_keras_overhead(
     from pytest_lstmperf.device import xdist_worker
     from pytest_lstmperf.paths.keras.paths import start_workers_for
 
-    # the rows need one worker per backend: the first row starts this run's side by side and waits for all,
-    # so that no row is timed beside another worker's imports (not under pytest-xdist, where this process may
-    # run one of the rows only)
+    # the rows of this run need one worker per backend: the first row starts them side by side and waits for
+    # all, so that no row is timed beside another worker's imports (later rows find them running). Not under
+    # pytest-xdist, where this process may run one of the rows only
     if xdist_worker() is None:
-        names = set(KERAS_OVERHEAD_PATHS[lstmperf.device.kind])
-        start_workers_for([p for p in lstmperf.available_paths if p.name in names])
+        rows = {
+            item.callspec.params.get("keras_overhead_path")
+            for item in request.session.items
+            if getattr(item, "originalname", None) == "test_keras_overhead" and hasattr(item, "callspec")
+        }
+        start_workers_for([p for p in lstmperf.available_paths if p.name in rows])
     path, spec, raw, run, trace = _overhead_run(lstmperf, overhead_shape, keras_overhead_path)
     seconds = float(np.median(run.time("forward", repeats=15, warmup=3)))
     _overhead_row(request, lstmperf, overhead_shape, path.framework, path, spec, raw, trace, seconds)

@@ -56,7 +56,8 @@ def _inner_runs_are_not_xdist_workers(request: pytest.FixtureRequest, monkeypatc
 def pytest_collection_finish(session: pytest.Session) -> None:
     """What collection imported (torch, TensorFlow, Keras, JAX: about 675,000 objects) is frozen out of the
     garbage collector, which walked it in every full collection (a whole run without this: 20 of them,
-    5.8 s in all, on a 2-core machine)."""
+    5.8 s in all, on a 2-core machine). A session-wide hook: in the README's command (``tests suites
+    examples``) the suites and examples run with it too; ``pytest suites`` alone does not."""
     import gc
 
     gc.collect()

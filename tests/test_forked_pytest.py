@@ -17,7 +17,7 @@ def test_environment_folder_and_path():
     assert sys.path[0] == os.getcwd()
     assert "pytest_lstmperf.plugin" in sys.modules  # the plugin is loaded by the run itself
     # the server's imports are frozen out of the collector, while what the run makes is still collected
-    assert gc.get_freeze_count() > 100_000
+    assert gc.get_freeze_count() > 0
     cycle = []
     cycle.append(cycle)
     del cycle

@@ -307,19 +307,46 @@ def test_shutdown_tells_every_worker_to_exit_before_waiting_for_any(monkeypatch:
     assert pool._WORKERS == {} and pool._STARTING == {}
 
 
-def test_workers_started_together_are_all_ready_and_a_failure_is_kept_for_its_paths() -> None:
+def test_workers_started_together_are_all_ready_and_a_failure_is_kept_for_its_paths(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """``start_workers`` (the workload suite's Keras rows) returns only once every worker answered; one that
-    cannot start does not stop the others, and its reason waits for the path that asks for it."""
+    cannot start does not stop the others, and its reason waits for the path that asks for it. A pool of its
+    own: no worker of an earlier test is already there."""
     pytest.importorskip("keras")
     pytest.importorskip("jax")
     from pytest_lstmperf.paths.keras import pool
     from pytest_lstmperf.paths.keras.transport import KerasUnavailable
 
-    pool.start_workers(["no-such-backend", "jax"])
-    assert "jax" not in pool._STARTING and pool._WORKERS["jax"].info["backend"] == "jax"
-    with pytest.raises(KerasUnavailable, match="no-such-backend"):
-        pool.get_worker("no-such-backend")
-    pool._FAILED.pop("no-such-backend")
+    monkeypatch.setattr(pool, "_WORKERS", {})
+    monkeypatch.setattr(pool, "_STARTING", {})
+    monkeypatch.setattr(pool, "_FAILED", {})
+    try:
+        pool.start_workers(["no-such-backend", "jax"])
+        assert pool._STARTING == {} and set(pool._WORKERS) == {"jax"}
+        assert pool._WORKERS["jax"].info["backend"] == "jax"  # answered before start_workers returned
+        assert "no-such-backend" in pool._FAILED
+        with pytest.raises(KerasUnavailable, match="no-such-backend"):
+            pool.get_worker("no-such-backend")
+    finally:
+        pool.shutdown_workers()
+
+
+def test_a_worker_told_to_exit_takes_no_more_requests(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Between being told to exit and exiting, a request would read the worker's exit reply as its own."""
+    pytest.importorskip("keras")
+    from pytest_lstmperf.paths.keras import pool
+    from pytest_lstmperf.paths.keras.transport import KerasWorkerError
+
+    monkeypatch.setattr(pool, "_WORKERS", {})
+    monkeypatch.setattr(pool, "_STARTING", {})
+    try:
+        worker = pool.get_worker("torch")
+        worker.ask_to_exit()
+        with pytest.raises(KerasWorkerError, match="was told to exit"):
+            worker.request("hello")
+    finally:
+        pool.shutdown_workers()
 
 
 @pytest.mark.parametrize("backend_path", ["keras-torch-cpu", "keras-jax-cpu"])

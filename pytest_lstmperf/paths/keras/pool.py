@@ -85,8 +85,9 @@ class WorkerClient:
                 handles, self.pending_release[:] = list(self.pending_release), []
                 send(self.process.stdin, {"cmd": "release", "args": {"handles": handles}})
                 recv(self.process.stdout)
-            if not self.alive:
-                raise KerasWorkerError(f"Keras worker ({self.backend}) is not running: {self.log_tail()}")
+            if not self.alive or self.exit_asked:
+                why = "was told to exit" if self.alive else "is not running"
+                raise KerasWorkerError(f"Keras worker ({self.backend}) {why}: {self.log_tail()}")
             try:
                 send(self.process.stdin, {"cmd": cmd, "args": args})
                 reply = recv(self.process.stdout)
