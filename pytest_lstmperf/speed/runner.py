@@ -358,8 +358,9 @@ class BenchRunner:
             explicit = "ratio" in thresholds or self._knobs().explicit_ratio
             # as the gate: a host-bound event timing is held to the per-call threshold, whichever metric is gated
             bound = events_host_bound(base_extra) or events_host_bound(extra)
-            host_bound = self._per_call_limit(entry, limit) if bound else None
-            limit = device_limit(base_extra, limit, explicit, host_bound)[0]
+            entry_per_call = self._per_call_limit(entry, limit)
+            host_bound = entry_per_call if bound else None
+            limit = device_limit(base_extra, limit, explicit, host_bound, entry_per_call)[0]
         # device samples move by a few percent between runs: a device ratio half-way to the threshold is
         # already worth a second look; per-call times are noisier, and are looked at again past the threshold
         # the gate applies to them (its noise band)
