@@ -347,7 +347,7 @@ def start_workers_for(paths: list[ExecutionPath]) -> None:
     ready (:func:`.pool.start_workers`): on a 2-core CPU one after another cost 3-4 s each."""
     from .pool import start_workers
 
-    backends = [p.options["keras"].backend for p in paths if "keras" in p.options]
+    backends: list[str] = [str(p.options["keras"].backend) for p in paths if "keras" in p.options]  # type: ignore[attr-defined]
     start_workers([b for b in dict.fromkeys(backends) if _missing(b) is None])
 
 
