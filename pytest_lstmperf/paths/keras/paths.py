@@ -338,8 +338,13 @@ def prestart_workers(paths: list[ExecutionPath]) -> None:
     availability is checked one path at a time (:func:`.pool.prestart`)."""
     from .pool import prestart
 
-    backends = [p.options["keras"].backend for p in paths if "keras" in p.options and p.device == "cuda"]
-    prestart([b for b in dict.fromkeys(backends) if _missing(b) is None])
+    prestart(_backends([p for p in paths if p.device == "cuda"]))
+
+
+def _backends(paths: list[ExecutionPath]) -> list[str]:
+    """The Keras backends of ``paths``, once each, those whose Keras is installed."""
+    backends: list[str] = [str(p.options["keras"].backend) for p in paths if "keras" in p.options]  # type: ignore[attr-defined]
+    return [b for b in dict.fromkeys(backends) if _missing(b) is None]
 
 
 def start_workers_for(paths: list[ExecutionPath]) -> None:
@@ -347,8 +352,7 @@ def start_workers_for(paths: list[ExecutionPath]) -> None:
     ready (:func:`.pool.start_workers`): on a 2-core CPU one after another cost 3-4 s each."""
     from .pool import start_workers
 
-    backends: list[str] = [str(p.options["keras"].backend) for p in paths if "keras" in p.options]  # type: ignore[attr-defined]
-    start_workers([b for b in dict.fromkeys(backends) if _missing(b) is None])
+    start_workers(_backends(paths))
 
 
 def available(path: ExecutionPath, device: DeviceInfo) -> str | None:
