@@ -356,11 +356,9 @@ class BenchRunner:
             from .regression import events_host_bound
 
             explicit = "ratio" in thresholds or self._knobs().explicit_ratio
-            # as the gate: a host-bound event timing is held to the per-call threshold, whichever metric is gated
+            # as the gate: an event timing is held no tighter than the per-call threshold, whichever metric is gated
             bound = events_host_bound(base_extra) or events_host_bound(extra)
-            entry_per_call = self._per_call_limit(entry, limit)
-            host_bound = entry_per_call if bound else None
-            limit = device_limit(base_extra, limit, explicit, host_bound, entry_per_call)[0]
+            limit = device_limit(base_extra, limit, explicit, bound, self._per_call_limit(entry, limit))[0]
         # device samples move by a few percent between runs: a device ratio half-way to the threshold is
         # already worth a second look; per-call times are noisier, and are looked at again past the threshold
         # the gate applies to them (its noise band)
