@@ -680,3 +680,89 @@ def test_a_host_bound_event_timing_is_held_to_its_band_or_the_per_call_threshold
         assert ("remeasured" in extra) is looked, factor
         if looked:
             assert extra["remeasured"]["threshold"] == pytest.approx(2.0)
+
+
+class _QueuedDevice:
+    """A device that works through queued calls one after another (``device_s`` each) while the host queues
+    the next (``host_s`` each), on a virtual clock: a JAX executable on a GPU, without the GPU."""
+
+    def __init__(self, host_s: float, device_s: float) -> None:
+        self.host_s, self.device_s = host_s, device_s
+        self.now = 0.0
+        self.free_at = 0.0
+
+    def clock(self) -> float:
+        return self.now
+
+    def call(self) -> float:
+        self.now += self.host_s
+        self.free_at = max(self.free_at, self.now) + self.device_s
+        return self.free_at  # the "result": when it is ready
+
+    def wait(self, results: object) -> None:
+        done = max(results) if isinstance(results, list) else results
+        self.now = max(self.now, float(done))  # type: ignore[arg-type]
+
+
+def test_pipelined_device_time_is_the_devices_where_the_host_queues_faster_and_says_host_bound_where_not() -> None:
+    """Keras on JAX: XLA runs on JAX's own streams, which torch's graphs and events do not see, and a call returns
+    before its kernels finish. Calls queued back to back and timed until the last result is ready give the
+    device's time per call where the host queues faster than the device works (2 ms device, 0.1 ms host: the
+    figure is within one launch spread over the batch of 2 ms, a 1.25x slower device shows as 1.25x), and the
+    host's launch rate where it does not, said so by the share kept beside it."""
+    device = _QueuedDevice(host_s=1e-4, device_s=2e-3)
+    timed = timing.pipelined_device_time(device.call, device.wait, samples=12, clock=device.clock)
+    assert timed.method == "pipelined" and len(timed.samples) == 12
+    assert timed.median == pytest.approx(2e-3 + 1e-4 / 5)  # 5 calls per sample: one launch not overlapped
+    assert timed.dispatch_share < timing.PIPELINED_DEVICE_BOUND and "the device's" in timed.note
+    slower = _QueuedDevice(host_s=1e-4, device_s=2.5e-3)
+    ratio = timing.pipelined_device_time(slower.call, slower.wait, samples=12, clock=slower.clock).median / timed.median
+    assert ratio == pytest.approx(1.25, abs=0.01)
+    # the host is the bottleneck: the figure is its launch rate, and the share says so
+    host = _QueuedDevice(host_s=1e-3, device_s=2e-4)
+    bound = timing.pipelined_device_time(host.call, host.wait, samples=12, clock=host.clock)
+    assert bound.median == pytest.approx(1e-3 + 2e-4 / 5)
+    assert bound.dispatch_share >= timing.PIPELINED_DEVICE_BOUND and "host-bound" in bound.note
+    # a long call is timed alone, with fewer samples (as event timing)
+    long = _QueuedDevice(host_s=1e-4, device_s=0.3)
+    alone = timing.pipelined_device_time(long.call, long.wait, samples=12, clock=long.clock)
+    assert "1 call(s) queued" in alone.note and len(alone.samples) == timing.long_call_samples(0.3001, 12)
+
+
+def test_a_pipelined_device_time_is_held_to_its_band_and_a_host_bound_one_as_events_are() -> None:
+    """The gate compares a pipelined device time (Keras on JAX) with the baseline's as it compares CUDA-graph
+    replays: its recorded band decides (1.07 here), so a 1.10x device slowdown fails where the per-call check,
+    at the pooled 1.88, would let it pass. Where queueing took the host at least 25% of it, the figure follows the
+    host: it is held to max(band, per-call), as CUDA events are, and the note says so."""
+    from pytest_lstmperf.speed import gate
+    from pytest_lstmperf.speed.regression import DEVICE_FLOOR
+
+    band = {"runs": 3, "device_spread": 0.01, "per_call_spread": 0.44, "source": "recorded"}
+
+    def record(device: float, share: float) -> dict:
+        extra = {
+            "device_time_method": "pipelined",
+            "device_samples": [device * (1 + 0.001 * (i % 5)) for i in range(12)],
+            "device_time_s": device,
+            "device_dispatch_share": share,
+            "time_per_call_s": 1.2e-3,
+        }
+        return {"fullname": "t", "data": [1.2e-3] * 15, "extra_info": extra, "thresholds": {}}
+
+    knobs = gate.GateKnobs(metric="auto", ratio=1.10, pvalue=0.002, probe=False)
+    for share, limit in ((0.05, DEVICE_FLOOR), (0.6, 1.88)):
+        base = record(1e-3, share)
+        entry = {"extra_info": {**base["extra_info"], "noise_band": band}, "stats": {"data": base["data"]}}
+        assert gate.device_limit(entry["extra_info"], 1.10, host_bound=share >= 0.25, per_call=1.88)[0] == limit
+        assert gate.decide_record(record(1e-3, share), entry, knobs).verdict == "unchanged"
+        slow = gate.decide_record(record(1.1e-3, share), entry, knobs)
+        assert slow.verdict == ("regressed" if share < 0.25 else "unchanged"), (share, slow)
+        if share >= 0.25:
+            assert "pipelined device time is host-bound" in slow.device_blunted
+            assert gate.decide_record(record(2e-3, share), entry, knobs).verdict == "regressed"
+    # a share that was not kept counts as host-bound: never the tighter limit on a figure of unknown origin
+    from pytest_lstmperf.speed.regression import events_host_bound
+
+    unknown = {k: v for k, v in record(1e-3, 0.05)["extra_info"].items() if k != "device_dispatch_share"}
+    assert events_host_bound(unknown) and not events_host_bound(record(1e-3, 0.05)["extra_info"])
+    assert gate.device_limit({**unknown, "noise_band": band}, 1.10, host_bound=True, per_call=1.88)[0] == 1.88

@@ -221,7 +221,7 @@ def compare_samples(
 
 METRICS = ("auto", "device", "per-call")
 #: device-time methods whose samples the gate compares (with the same method on both sides)
-DEVICE_METHODS = ("cuda-graph", "cuda-events")
+DEVICE_METHODS = ("cuda-graph", "cuda-events", "pipelined")
 
 
 def pick_samples(
@@ -231,7 +231,9 @@ def pick_samples(
 
     ``device``: the device-time samples (``extra_info.device_samples``) of both sides, taken by the same
     method: CUDA-graph replays (``cuda-graph``), or, where capture fails (the Keras training step), batches
-    of back-to-back calls between CUDA events (``cuda-events``); the kernels' own cost, steady within a few
+    of back-to-back calls between CUDA events (``cuda-events``), or, for work on streams torch cannot see
+    (Keras on JAX), batches of calls queued back to back and timed until their last result (``pipelined``);
+    the kernels' own cost, steady within a few
     percent between runs where the per-call time (mostly host time for small RNN calls) moves by tens of
     percent. ``per-call``: the timed rounds, host overhead included. ``auto``: device where both sides have
     device samples of one method, else per-call.
@@ -586,7 +588,14 @@ HOST_BOUND_EVENTS = 0.8
 
 
 def events_host_bound(extra: Mapping[str, Any]) -> bool:
-    """Device time from CUDA events (capture failed) that is mostly launch gaps: the GPU waited for the host."""
+    """Device time from CUDA events (capture failed) that is mostly launch gaps: the GPU waited for the host.
+    A pipelined device time (``timing.pipelined_device_time``) whose queueing took the host at least
+    ``timing.PIPELINED_DEVICE_BOUND`` of it, or whose share was not kept, counts as host-bound too."""
+    if extra.get("device_time_method") == "pipelined":
+        from .timing import PIPELINED_DEVICE_BOUND
+
+        share = extra.get("device_dispatch_share")
+        return not isinstance(share, (int, float)) or float(share) >= PIPELINED_DEVICE_BOUND
     device, per_call = extra.get("device_time_s"), extra.get("time_per_call_s")
     if extra.get("device_time_method") != "cuda-events" or not device or not per_call:
         return False

@@ -281,6 +281,8 @@ class BenchRunner:
             device_run_medians=timing.batch_medians(dev.samples),
             host_overhead=timing.host_overhead(median, dev.median),
         )
+        if getattr(dev, "dispatch_share", None) is not None:
+            extra["device_dispatch_share"] = dev.dispatch_share
 
     @staticmethod
     def _counters(extra: dict[str, Any], counters: Any) -> None:

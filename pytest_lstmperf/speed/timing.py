@@ -173,9 +173,11 @@ def benchmark_timer(config: Any) -> Callable[[], float]:
 # --------------------------------------------------------------------------------------- device time
 @dataclass(frozen=True)
 class DeviceTime:
-    method: str  # "cuda-graph", "cuda-events", "host" (CPU: the host is the device)
+    method: str  # "cuda-graph", "cuda-events", "pipelined", "host" (CPU: the host is the device), "none"
     samples: tuple[float, ...] = ()
     note: str = ""
+    #: "pipelined" only: the host's share of the time, queueing the calls (:func:`pipelined_device_time`)
+    dispatch_share: float | None = None
 
     @property
     def median(self) -> float | None:
@@ -219,6 +221,51 @@ def device_time(call: Callable[[], object], device: str, samples: int = 15, repl
         return DeviceTime("cuda-events", tuple(_event_times(torch, dev, call, samples, calls, warm=True)), note)
     except Exception as exc:
         return DeviceTime("none", (), f"{note}; event timing failed too ({type(exc).__name__}: {exc})")
+
+
+#: a pipelined device time is the device's where the host queued the calls in at most this share of the time
+#: they took: the GPU then never waited for the next launch (beyond the first); above it, the figure follows the
+#: host, and the gate holds it as it holds CUDA events (``gate.device_limit``)
+PIPELINED_DEVICE_BOUND = 0.25
+
+
+def pipelined_device_time(
+    call: Callable[[], object],
+    wait: Callable[[Any], object],
+    samples: int = 15,
+    calls: int = 5,
+    clock: Callable[[], float] = time.perf_counter,
+) -> DeviceTime:
+    """Device seconds per call of ``call``, which launches its device work and returns without waiting for it
+    (a JAX executable on the GPU), where torch's CUDA graphs and events cannot see the work (XLA runs it on
+    JAX's own streams). Each sample is the wall time from queueing ``calls`` calls back to back to ``wait``
+    returning on all their results, divided by ``calls`` (1 for a call longer than :data:`EVENTS_BATCH_S`).
+    The GPU works through the queue while the host launches the next call, so the figure is the device's
+    time per call, plus one launch spread over the batch, wherever queueing a call takes the host less than
+    the device needs for it; the host's share of the time (queueing the calls) is measured alongside and kept
+    (``dispatch_share``): at :data:`PIPELINED_DEVICE_BOUND` and above the figure follows the host."""
+    wait(call())  # warm-up, untimed
+    start = clock()
+    wait(call())
+    one = clock() - start
+    batch = events_batch(one, calls)
+    samples = long_call_samples(one * batch, samples)
+    out, queued = [], []
+    for _ in range(samples):
+        start = clock()
+        results = [call() for _ in range(batch)]
+        launched = clock()
+        wait(results)
+        end = clock()
+        out.append((end - start) / batch)
+        queued.append((launched - start) / batch)
+    share = statistics.median(queued) / max(statistics.median(out), 1e-12)
+    bound = "the device's" if share < PIPELINED_DEVICE_BOUND else "the host's launch rate (host-bound)"
+    note = (
+        f"device time from {batch} call(s) queued back to back per sample, {samples} samples, timed until the last "
+        f"result is ready; queueing took {share:.0%} of it, so the figure is {bound}"
+    )
+    return DeviceTime("pipelined", tuple(out), note, dispatch_share=share)
 
 
 #: what a capture's first error says, and what to do about it

@@ -146,11 +146,15 @@ class JaxRunner(BackendRunner):
         if self.last is not None:
             self.jax.block_until_ready(self.last)
 
-    def device_time_note(self) -> str:
-        return (
-            "Keras on JAX runs XLA executables on JAX's own CUDA streams, which torch's CUDA graphs and events do "
-            "not see: no device time (the time per call decides)"
-        )
+    def device_time(self, kind: str, samples: int) -> Any:
+        """Device seconds per call of the forward executable or the training step's: XLA runs them on JAX's own
+        CUDA streams, which torch's CUDA graphs and events do not see, and a call returns before its kernels
+        finish, so calls queued back to back are timed until the last result is ready
+        (:func:`pytest_lstmperf.speed.timing.pipelined_device_time`)."""
+        from ...speed.timing import pipelined_device_time
+
+        executable = self._executable("forward" if kind == "forward" else "backward")
+        return pipelined_device_time(lambda: executable(*self.args), self.jax.block_until_ready, samples)
 
 
 def _f64(value: Any) -> np.ndarray:

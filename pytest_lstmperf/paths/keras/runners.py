@@ -170,7 +170,7 @@ class LocalKerasRun:
         from ...speed.timing import DeviceTime, device_time
 
         if self.options.backend == "jax" and self.device == "cuda":
-            return DeviceTime("none", (), self._impl.device_time_note())  # type: ignore[attr-defined]
+            return self._impl.device_time(kind, samples)  # type: ignore[attr-defined]
         if self.options.backend != "torch" and self.device == "cuda":
             return DeviceTime(
                 "none",
