@@ -250,22 +250,32 @@ def pipelined_device_time(
     one = clock() - start
     batch = events_batch(one, calls)
     samples = long_call_samples(one * batch, samples)
-    out, queued = [], []
-    for _ in range(samples):
+    queued: list[float] = []
+
+    def sample() -> float:
         start = clock()
         results = [call() for _ in range(batch)]
         launched = clock()
         wait(results)
         end = clock()
-        out.append((end - start) / batch)
         queued.append((launched - start) / batch)
-    share = statistics.median(queued) / max(statistics.median(out), 1e-12)
+        return (end - start) / batch
+
+    kept, dropped = settled([sample() for _ in range(samples)], samples, sample)
+    share = statistics.median(queued) / max(statistics.median(kept), 1e-12)
     bound = "the device's" if share < PIPELINED_DEVICE_BOUND else "the host's launch rate (host-bound)"
     note = (
         f"device time from {batch} call(s) queued back to back per sample, {samples} samples, timed until the last "
         f"result is ready; queueing took {share:.0%} of it, so the figure is {bound}"
     )
-    return DeviceTime("pipelined", tuple(out), note, dispatch_share=share)
+    if dropped:
+        from .regression import format_seconds
+
+        note += (
+            f"; {len(dropped)} leading sample(s) of a start-up transient left out ({format_seconds(dropped[0])} "
+            f"first, {format_seconds(statistics.median(kept))} steady): more taken in their place"
+        )
+    return DeviceTime("pipelined", tuple(kept), note, dispatch_share=share)
 
 
 #: what a capture's first error says, and what to do about it
