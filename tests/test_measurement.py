@@ -766,3 +766,56 @@ def test_a_pipelined_device_time_is_held_to_its_band_and_a_host_bound_one_as_eve
     unknown = {k: v for k, v in record(1e-3, 0.05)["extra_info"].items() if k != "device_dispatch_share"}
     assert events_host_bound(unknown) and not events_host_bound(record(1e-3, 0.05)["extra_info"])
     assert gate.device_limit({**unknown, "noise_band": band}, 1.10, host_bound=True, per_call=1.88)[0] == 1.88
+
+
+def test_cupti_device_time_sums_the_gpu_work_per_call_and_gives_way_where_nothing_records_it() -> None:
+    """Keras on JAX on the H100: an executable waits on a copy to the host inside it, so queued calls are timed
+    at the host's pace (queueing took 92-100% of the time). CUPTI records the GPU's own activities whichever
+    runtime launched them: each sample is their summed duration over the calls it ran, a 1.25x slower device
+    shows as 1.25x whatever the host does, and where nothing was recorded the caller falls back."""
+    device = _QueuedDevice(host_s=1e-3, device_s=4e-4)  # host-bound: queued timing would give 1 ms
+    per_call = [4e-4]
+
+    def busy(block) -> float:
+        before = device.now
+        block()
+        assert device.now > before  # the calls ran inside the recorded block
+        return per_call[0] * calls_in_block[0]
+
+    calls_in_block = [5]
+    timed = timing.cupti_device_time(device.call, device.wait, samples=12, clock=device.clock, busy=busy)
+    assert timed is not None and timed.method == "cupti" and timed.median == pytest.approx(4e-4)
+    assert "CUPTI" in timed.note and len(timed.samples) == 12
+    per_call[0] = 5e-4
+    assert timing.cupti_device_time(device.call, device.wait, 12, clock=device.clock, busy=busy).median == (
+        pytest.approx(5e-4)
+    )
+    # nothing recorded (no torch, no CUDA profiling, or another process's kernels): None, the caller falls back
+    assert timing.cupti_device_time(device.call, device.wait, 12, clock=device.clock, busy=lambda b: None) is None
+    assert timing.cupti_device_time(device.call, device.wait, 12, clock=device.clock, busy=lambda b: 0.0) is None
+
+
+def test_a_cupti_device_time_is_held_to_its_band() -> None:
+    """A CUPTI device time holds no host time: the gate holds it to its recorded band as graph replays, and a
+    1.10x device slowdown fails where the per-call check, at the pooled 1.88, lets it pass."""
+    from pytest_lstmperf.speed import gate
+    from pytest_lstmperf.speed.regression import DEVICE_FLOOR, events_host_bound
+
+    band = {"runs": 3, "device_spread": 0.01, "per_call_spread": 0.44, "source": "recorded"}
+
+    def record(device: float) -> dict:
+        extra = {
+            "device_time_method": "cupti",
+            "device_samples": [device * (1 + 0.001 * (i % 5)) for i in range(12)],
+            "device_time_s": device,
+            "time_per_call_s": 1.05 * device,
+        }
+        return {"fullname": "t", "data": [1.2e-3] * 15, "extra_info": extra, "thresholds": {}}
+
+    base = record(1e-3)
+    entry = {"extra_info": {**base["extra_info"], "noise_band": band}, "stats": {"data": base["data"]}}
+    assert not events_host_bound(entry["extra_info"])
+    assert gate.device_limit(entry["extra_info"], 1.10, host_bound=False, per_call=1.88)[0] == DEVICE_FLOOR
+    knobs = gate.GateKnobs(metric="auto", ratio=1.10, pvalue=0.002, probe=False)
+    assert gate.decide_record(record(1e-3), entry, knobs).verdict == "unchanged"
+    assert gate.decide_record(record(1.1e-3), entry, knobs).verdict == "regressed"

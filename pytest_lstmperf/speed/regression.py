@@ -221,7 +221,7 @@ def compare_samples(
 
 METRICS = ("auto", "device", "per-call")
 #: device-time methods whose samples the gate compares (with the same method on both sides)
-DEVICE_METHODS = ("cuda-graph", "cuda-events", "pipelined")
+DEVICE_METHODS = ("cuda-graph", "cuda-events", "cupti", "pipelined")
 
 
 def pick_samples(
@@ -232,7 +232,8 @@ def pick_samples(
     ``device``: the device-time samples (``extra_info.device_samples``) of both sides, taken by the same
     method: CUDA-graph replays (``cuda-graph``), or, where capture fails (the Keras training step), batches
     of back-to-back calls between CUDA events (``cuda-events``), or, for work on streams torch cannot see
-    (Keras on JAX), batches of calls queued back to back and timed until their last result (``pipelined``);
+    (Keras on JAX), the GPU activities CUPTI records per call (``cupti``), or, where nothing records them,
+    batches of calls queued back to back and timed until their last result (``pipelined``);
     the kernels' own cost, steady within a few
     percent between runs where the per-call time (mostly host time for small RNN calls) moves by tens of
     percent. ``per-call``: the timed rounds, host overhead included. ``auto``: device where both sides have

@@ -173,7 +173,7 @@ def benchmark_timer(config: Any) -> Callable[[], float]:
 # --------------------------------------------------------------------------------------- device time
 @dataclass(frozen=True)
 class DeviceTime:
-    method: str  # "cuda-graph", "cuda-events", "pipelined", "host" (CPU: the host is the device), "none"
+    method: str  # "cuda-graph", "cuda-events", "cupti", "pipelined", "host" (CPU: the host is the device), "none"
     samples: tuple[float, ...] = ()
     note: str = ""
     #: "pipelined" only: the host's share of the time, queueing the calls (:func:`pipelined_device_time`)
@@ -221,6 +221,72 @@ def device_time(call: Callable[[], object], device: str, samples: int = 15, repl
         return DeviceTime("cuda-events", tuple(_event_times(torch, dev, call, samples, calls, warm=True)), note)
     except Exception as exc:
         return DeviceTime("none", (), f"{note}; event timing failed too ({type(exc).__name__}: {exc})")
+
+
+def cupti_device_time(
+    call: Callable[[], object],
+    wait: Callable[[Any], object],
+    samples: int = 15,
+    calls: int = 5,
+    clock: Callable[[], float] = time.perf_counter,
+    busy: Callable[[Callable[[], None]], float | None] | None = None,
+) -> DeviceTime | None:
+    """Device seconds per call of ``call`` (whose results ``wait`` waits for) as CUPTI records the GPU's work:
+    the summed durations of the kernels, copies and memsets of ``calls`` calls (one for a call of
+    :data:`EVENTS_BATCH_S` or more), over ``calls``, for each sample. For work that torch's CUDA graphs and
+    events cannot see, launched in this process by another runtime (XLA: Keras on JAX), which CUPTI records
+    all the same. Host time and launch gaps are not in it, so a slower host does not move it. ``busy(block)``
+    runs ``block`` and returns the GPU seconds recorded (default: :func:`_cupti_busy`, ``torch.profiler`` with
+    CUDA activities); None where nothing can record them (no torch, no CUDA profiling) or nothing was recorded."""
+    measure = busy or _cupti_busy
+    wait(call())  # warm-up, untimed
+    start = clock()
+    wait(call())
+    one = clock() - start
+    batch = events_batch(one, calls)
+    samples = long_call_samples(one * batch, samples)
+
+    def block() -> None:
+        wait([call() for _ in range(batch)])
+
+    def sample() -> float:
+        seconds = measure(block)
+        return (seconds or 0.0) / batch
+
+    first = [sample() for _ in range(samples)]
+    if not all(first):
+        return None
+    kept, dropped = settled(first, samples, sample)
+    note = (
+        f"device time from CUPTI: the GPU's kernels, copies and memsets of {batch} call(s) per sample, summed, "
+        f"{samples} samples (launch gaps and host time not included)"
+    )
+    if dropped:
+        from .regression import format_seconds
+
+        note += (
+            f"; {len(dropped)} leading sample(s) of a start-up transient left out ({format_seconds(dropped[0])} "
+            f"first, {format_seconds(statistics.median(kept))} steady): more taken in their place"
+        )
+    return DeviceTime("cupti", tuple(kept), note)
+
+
+def _cupti_busy(block: Callable[[], None]) -> float | None:
+    """GPU seconds that ``torch.profiler`` (CUPTI) records while ``block`` runs: every device activity of the
+    process, whichever runtime launched it; None without torch or its CUDA profiling."""
+    try:
+        from torch.profiler import ProfilerActivity, profile, supported_activities
+    except ImportError:
+        return None
+    if ProfilerActivity.CUDA not in supported_activities():
+        return None
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        block()
+    total = 0.0
+    for event in prof.events():
+        if "CUDA" in str(getattr(event, "device_type", "")):
+            total += event.time_range.elapsed_us() * 1e-6
+    return total
 
 
 #: a pipelined device time is the device's where the host queued the calls in at most this share of the time
