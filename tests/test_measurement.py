@@ -793,6 +793,11 @@ def test_cupti_device_time_sums_the_gpu_work_per_call_and_gives_way_where_nothin
     # nothing recorded (no torch, no CUDA profiling, or another process's kernels): None, the caller falls back
     assert timing.cupti_device_time(device.call, device.wait, 12, clock=device.clock, busy=lambda b: None) is None
     assert timing.cupti_device_time(device.call, device.wait, 12, clock=device.clock, busy=lambda b: 0.0) is None
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():  # the default recorder on a machine without a GPU records nothing
+        ran: list[int] = []
+        busy_s = timing._cupti_busy(lambda: ran.append(1))
+        assert busy_s is None or (busy_s == 0.0 and ran == [1])
 
 
 def test_a_cupti_device_time_is_held_to_its_band() -> None:
