@@ -41,6 +41,8 @@ ALLOWED = {
     ("observation.eligibility", "paths"): "the report runs a model's layers on the registered paths",
     ("paths.keras.runners", "speed.timing"): "the Keras worker measures device time and host counters in its own "
     "process",
+    ("paths.keras.jax_runner", "speed.timing"): "the Keras-on-JAX worker takes device time from CUPTI in its own "
+    "process, where XLA launches the kernels",
     ("paths.compiled", "speed"): "a compiled run measures its own device time (no dispatch mode, no outer graph "
     "capture around compiled code)",
     ("paths.onnx_runtime", "speed.timing"): "an ONNX Runtime run says what device time it has (the host's, on the CPU)",
