@@ -1070,3 +1070,37 @@ def test_projects_without_lstmperf_benchmarks_keep_plain_pytest_benchmark(
     for taken_over in ("lstmperf speed", "speed gate", "no baseline for this device", "lstmperf: device"):
         assert taken_over not in out
     assert not (pytester.path / "baselines").exists()
+
+
+def test_a_device_check_that_did_not_happen_is_listed_with_every_verdict(monkeypatch) -> None:
+    """A baseline entry with CUPTI device time (Keras on JAX) and a run whose worker could not record it (no
+    torch profiler there, another profiler holding CUPTI) has no device time of one method on both sides: the
+    per-call check alone decides, at its wider threshold, and a 1.15x device slowdown can pass on it. That is
+    never silent: the run lists the benchmark and the pass line counts it."""
+    import types
+
+    from pytest_lstmperf import options
+    from pytest_lstmperf.hooks import terminal
+    from pytest_lstmperf.speed.regression import GateResult
+
+    base = _entry(_gpu_record(1e-3, 5e-4, device_time_method="cupti"), spread=0.4)
+    now = _gpu_record(1e-3, 5.75e-4, device_time_method="pipelined", device_dispatch_share=0.95)
+    decision = speed_gate.decide_record(now, base, KNOBS)
+    assert decision.verdict == "unchanged" and decision.metric == "per-call", decision
+    gate = GateResult([decision])
+    ((name, why),) = gate.no_device()
+    assert name == "t[x]" and "baseline cupti, now pipelined" in why
+    # the same method on both sides: compared, nothing listed, and the slowdown fails
+    same = speed_gate.decide_record(_gpu_record(1e-3, 5.75e-4, device_time_method="cupti"), base, KNOBS)
+    assert same.verdict == "regressed" and GateResult([same]).no_device() == []
+
+    lines: list[str] = []
+    tr = types.SimpleNamespace(write_line=lambda line, **kw: lines.append(line))
+    config = types.SimpleNamespace(getoption=lambda name, default=None: 0)
+    state = types.SimpleNamespace(baseline=types.SimpleNamespace(path="b.json"), gate=gate, errors=[], messages=[])
+    terminal._print_gate(tr, config, state)
+    assert any(line.startswith("1 benchmark(s) without a device comparison") for line in lines), lines
+    assert any(line == f"  t[x]: {why}" for line in lines), lines
+    monkeypatch.setattr(options, "resolve", lambda config, name: types.SimpleNamespace(value=False, where=str))
+    last = terminal.outcome_lines(config, state, failed=False)[-1]
+    assert last.endswith("none slower (1 without a device comparison, listed above)"), last

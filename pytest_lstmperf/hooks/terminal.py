@@ -79,13 +79,25 @@ def _print_gate(tr: Any, config: pytest.Config, state: GateState) -> None:
     if wide:
         tr.write_line(
             f"{len(wide)} benchmark(s) with a raised device threshold: their baseline's device time spread wider "
-            "between recording runs than the configured threshold, or their CUDA events time the host's launches, "
+            "between recording runs than the configured threshold, or their event-timed or queued device time "
+            "follows the host's launches, "
             "so smaller device slowdowns are not resolved there (re-record noisy ones on a quiet machine, or set "
             "--lstmperf-threshold to hold them to it):",
             yellow=True,
         )
         for name, note in wide:
             tr.write_line(f"  {name}: {note}", yellow=True)
+    unmatched = gate.no_device()
+    if unmatched:
+        tr.write_line(
+            f"{len(unmatched)} benchmark(s) without a device comparison: their device time was taken by another "
+            "method now than in the baseline, so the per-call check alone decided them, at its wider threshold "
+            "(record the baseline again where the method changed for good):",
+            yellow=True,
+        )
+        for name, why in unmatched:
+            tr.write_line(f"  {name}: {why}", yellow=True)
+    listed = {name for name, _ in unmatched}
     for decision in gate.decisions:
         remeasured = any("re-measurement" in n for n in decision.notes)
         if not (decision.failed or decision.verdict == "inconclusive" or remeasured or (verbose and decision.checks)):
@@ -95,6 +107,7 @@ def _print_gate(tr: Any, config: pytest.Config, state: GateState) -> None:
                 "no drift correction" in line
                 or line.startswith("host: not compared")
                 or line == decision.device_blunted
+                or (decision.name in listed and line.startswith("device: not compared"))
             ):
                 continue
             tr.write_line(f"  {decision.name}: {line}", red=decision.failed, yellow=not decision.failed)
@@ -177,7 +190,11 @@ def outcome_lines(config: pytest.Config, state: GateState, failed: bool) -> list
                 f"--lstmperf-accept-inconclusive (env PYTEST_LSTMPERF_ACCEPT_INCONCLUSIVE=1)"
             )
     if not failed and not gate.failed:
-        wide = len(gate.wide_device())
-        blunted = f" ({wide} with a raised device threshold, listed above)" if wide else ""
+        wide, unmatched = len(gate.wide_device()), len(gate.no_device())
+        listed = [
+            *([f"{wide} with a raised device threshold"] if wide else []),
+            *([f"{unmatched} without a device comparison"] if unmatched else []),
+        ]
+        blunted = f" ({', '.join(listed)}, listed above)" if listed else ""
         lines.append(f"speed gate passed: {gate.compared} benchmark(s) compared, none slower{blunted}")
     return lines

@@ -673,6 +673,19 @@ class GateResult:
         every verdict, so a blunted check is never a silent one."""
         return [(d.name, d.device_blunted) for d in self.decisions if d.verdict in COMPARED and d.device_blunted]
 
+    def no_device(self) -> list[tuple[str, str]]:
+        """Compared benchmarks whose device check did not happen although one side had device time (another
+        method now than in the baseline: a CUDA-graph capture that failed this time, a Keras-on-JAX worker without
+        CUPTI): (name, why). The per-call check alone decided them, at its wider threshold: listed with every
+        verdict, so a device check that did not run is never a silent pass."""
+        return [
+            (d.name, check)
+            for d in self.decisions
+            if d.verdict in COMPARED
+            for check in d.checks
+            if check.startswith("device: not compared")
+        ]
+
     def summary(self) -> str:
         parts = [f"{self.count(v)} {v}" for v in VERDICTS if self.count(v)]
         return ", ".join(parts) or "nothing compared"

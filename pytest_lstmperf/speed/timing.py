@@ -257,6 +257,8 @@ def cupti_device_time(
     if not all(first):
         return None
     kept, dropped = settled(first, samples, sample)
+    if not all(kept):  # a sample taken in a transient's place recorded nothing: no figure rather than a wrong one
+        return None
     note = (
         f"device time from CUPTI: the GPU's kernels, copies and memsets of {batch} call(s) per sample, summed, "
         f"{samples} samples (launch gaps and host time not included)"

@@ -157,12 +157,23 @@ class JaxRunner(BackendRunner):
 
         executable = self._executable("forward" if kind == "forward" else "backward")
         call = lambda: executable(*self.args)  # noqa: E731
-        recorded = cupti_device_time(call, self.jax.block_until_ready, samples)
+        from ...speed.timing import DeviceTime
+
+        try:
+            recorded = cupti_device_time(call, self.jax.block_until_ready, samples)
+            why = (
+                "CUPTI recorded no GPU activity here (no torch with CUDA profiling in the Keras-on-JAX worker, or "
+                "another profiler holds CUPTI)"
+            )
+        except Exception as exc:  # a device time must never cost the benchmark its timings
+            recorded, why = None, f"CUPTI device time failed ({type(exc).__name__}: {str(exc)[:200]})"
         if recorded is not None:
             return recorded
-        queued = pipelined_device_time(call, self.jax.block_until_ready, samples)
-        why = "CUPTI recorded no GPU activity here (no torch with CUDA profiling in the Keras-on-JAX worker)"
-        return type(queued)(queued.method, queued.samples, f"{why}; {queued.note}", queued.dispatch_share)
+        try:
+            queued = pipelined_device_time(call, self.jax.block_until_ready, samples)
+        except Exception as exc:
+            return DeviceTime("none", (), f"{why}; queued timing failed too ({type(exc).__name__}: {str(exc)[:200]})")
+        return DeviceTime(queued.method, queued.samples, f"{why}; {queued.note}", queued.dispatch_share)
 
 
 def _f64(value: Any) -> np.ndarray:
