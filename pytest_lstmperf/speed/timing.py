@@ -197,15 +197,7 @@ def device_time(call: Callable[[], object], device: str, samples: int = 15, repl
     dev = torch.device(device)
     try:
         kept, dropped = _graph_replay_times(torch, dev, call, samples, replays)
-        note = ""
-        if dropped:
-            from .regression import format_seconds
-
-            note = (
-                f"{len(dropped)} leading sample(s) of a start-up transient left out ({format_seconds(dropped[0])} "
-                f"first, {format_seconds(statistics.median(kept))} steady): more taken in their place"
-            )
-        return DeviceTime("cuda-graph", tuple(kept), note)
+        return DeviceTime("cuda-graph", tuple(kept), transient_note(kept, dropped))
     except Exception as exc:
         with contextlib.suppress(Exception):
             torch.cuda.synchronize(dev)
@@ -264,12 +256,7 @@ def cupti_device_time(
         f"{samples} samples (launch gaps and host time not included)"
     )
     if dropped:
-        from .regression import format_seconds
-
-        note += (
-            f"; {len(dropped)} leading sample(s) of a start-up transient left out ({format_seconds(dropped[0])} "
-            f"first, {format_seconds(statistics.median(kept))} steady): more taken in their place"
-        )
+        note += f"; {transient_note(kept, dropped)}"
     return DeviceTime("cupti", tuple(kept), note)
 
 
@@ -342,12 +329,7 @@ def pipelined_device_time(
         f"result is ready; queueing took {share:.0%} of it, so the figure is {bound}"
     )
     if dropped:
-        from .regression import format_seconds
-
-        note += (
-            f"; {len(dropped)} leading sample(s) of a start-up transient left out ({format_seconds(dropped[0])} "
-            f"first, {format_seconds(statistics.median(kept))} steady): more taken in their place"
-        )
+        note += f"; {transient_note(kept, dropped)}"
     return DeviceTime("pipelined", tuple(kept), note, dispatch_share=share)
 
 
@@ -358,6 +340,18 @@ CAPTURE_HINTS = {
         "of its own (torch.cuda.set_stream(torch.cuda.Stream()) before building it) to capture it"
     ),
 }
+
+
+def transient_note(kept: Sequence[float], dropped: Sequence[float]) -> str:
+    """What :func:`settled` left out of a device measurement, or '' where it left out nothing."""
+    if not dropped:
+        return ""
+    from .regression import format_seconds
+
+    return (
+        f"{len(dropped)} leading sample(s) of a start-up transient left out ({format_seconds(dropped[0])} "
+        f"first, {format_seconds(statistics.median(kept))} steady): more taken in their place"
+    )
 
 
 def capture_failure(exc: BaseException) -> str:
