@@ -288,23 +288,20 @@ def device_limit(
     host_timed = method == "cuda-events" or (method == "pipelined" and host_bound)
     if host_timed and per_call is not None and per_call > limit:
         if method == "pipelined":
-            return per_call, (
+            cause = (
                 f"pipelined device time is host-bound here (queueing the calls took at least "
-                f"{PIPELINED_DEVICE_BOUND:.0%} of it: the GPU waited for launches), so it is held to the per-call "
-                f"threshold {per_call:.3f} (its recorded device band alone: {limit:.3f}); a device-side slowdown "
-                "smaller than that is not resolved on this benchmark",
+                f"{PIPELINED_DEVICE_BOUND:.0%} of it: the GPU waited for launches), so it is held to"
             )
-        if host_bound:
-            return per_call, (
+        elif host_bound:
+            cause = (
                 f"device time from CUDA events is host-bound here (at least {HOST_BOUND_EVENTS:.0%} of the time "
-                f"per call: the GPU waited for launches), so it is held to the per-call threshold {per_call:.3f} "
-                f"(its recorded device band alone: {limit:.3f}); a device-side slowdown smaller than that is not "
-                "resolved on this benchmark",
+                "per call: the GPU waited for launches), so it is held to"
             )
+        else:
+            cause = "device time from CUDA events also times the host's launch gaps, so it is held no tighter than"
         return per_call, (
-            f"device time from CUDA events also times the host's launch gaps, so it is held no tighter than "
-            f"the per-call threshold {per_call:.3f} (its recorded device band alone: {limit:.3f}); a device-side "
-            "slowdown smaller than that is not resolved on this benchmark",
+            f"{cause} the per-call threshold {per_call:.3f} (its recorded device band alone: {limit:.3f}); a "
+            "device-side slowdown smaller than that is not resolved on this benchmark",
         )
     return limit, ((why,) if why else ())
 

@@ -153,12 +153,10 @@ class JaxRunner(BackendRunner):
         installed). Without it, calls queued back to back are timed until the last result is ready
         (:func:`pytest_lstmperf.speed.timing.pipelined_device_time`): on the H100 a Keras-on-JAX cuDNN call
         waits on a copy to the host inside it, so that figure is host-bound there and the gate says so."""
-        from ...speed.timing import cupti_device_time, pipelined_device_time
+        from ...speed.timing import DeviceTime, cupti_device_time, pipelined_device_time
 
         executable = self._executable("forward" if kind == "forward" else "backward")
         call = lambda: executable(*self.args)  # noqa: E731
-        from ...speed.timing import DeviceTime
-
         try:
             recorded = cupti_device_time(call, self.jax.block_until_ready, samples)
             why = (
