@@ -99,6 +99,11 @@ class LstmPerfSession:
     selected: list[ExecutionPath]
     unavailable: dict[str, str]
     deselected_other_device: int = 0
+    #: GPU Keras paths whose worker was started and has not said hello yet: their availability is asked on
+    #: first use (:meth:`unavailable_reason`), and their tests run after the others of their file
+    #: (``plugin.pytest_collection_modifyitems``), so that the workers' imports (6 s for Keras on torch on
+    #: the H100) run beside those tests instead of before the first one
+    awaiting_worker: set[str] = field(default_factory=set)
 
     @property
     def profile(self) -> str:
@@ -107,6 +112,23 @@ class LstmPerfSession:
     @property
     def seed(self) -> int:
         return self.settings["lstmperf_seed"].value
+
+    def unavailable_reason(self, path: ExecutionPath) -> str | None:
+        """Why ``path`` cannot run on this device, or None; for a path awaiting its worker, asked now (waits
+        for the worker's hello) and kept."""
+        if path.name in self.awaiting_worker:
+            self.awaiting_worker.discard(path.name)
+            reason = path.available(self.device)
+            if reason:
+                self.unavailable[path.name] = reason
+        return self.unavailable.get(path.name)
+
+    def resolve_unavailable(self) -> dict[str, str]:
+        """Every selected path that cannot run here, with the reason: the paths still awaiting their worker
+        are asked now (at the end of a run their workers have long said hello)."""
+        for path in [p for p in self.selected if p.name in self.awaiting_worker]:
+            self.unavailable_reason(path)
+        return self.unavailable
 
     @property
     def available_paths(self) -> list[ExecutionPath]:
@@ -127,6 +149,13 @@ class LstmPerfSession:
         ]
         for name, reason in self.unavailable.items():
             lines.append(f"lstmperf: path {name} unavailable: {reason}")
+        if self.awaiting_worker:
+            waiting = [p for p in self.selected if p.name in self.awaiting_worker]
+            backends = sorted({str(p.options["keras"].backend) for p in waiting})  # type: ignore[attr-defined]
+            lines.append(
+                f"lstmperf: Keras workers ({', '.join(backends)}) starting beside the first tests: their paths' tests "
+                "run last in each file, and a path whose worker cannot start is skipped with the reason"
+            )
         if any("keras" in p.options and p.options["keras"].backend == "jax" for p in self.available_paths):
             from .paths.keras.pool import xla_cache_description
 
@@ -173,13 +202,14 @@ class LstmPerfSession:
         from .paths.keras.pool import resolve_xla_cache, set_xla_cache
 
         set_xla_cache(resolve_xla_cache(settings["lstmperf_xla_cache"].value))
-        prestart_workers(selected)  # the GPU Keras paths' workers, side by side; nothing otherwise
+        # the GPU Keras paths' workers, side by side, not waited for; nothing otherwise
+        awaiting = {p.name for p in prestart_workers(selected)}
         unavailable = {}
         for path in selected:
-            reason = path.available(device)
+            reason = None if path.name in awaiting else path.available(device)
             if reason:
                 unavailable[path.name] = reason
-        return cls(config, settings, device, selected, unavailable)
+        return cls(config, settings, device, selected, unavailable, awaiting_worker=awaiting)
 
 
 SESSION_KEY = pytest.StashKey[LstmPerfSession]()

@@ -176,6 +176,75 @@ def test_unavailable_path_is_skipped_with_its_reason(suite_copy) -> None:
     assert result.ret == 0
 
 
+def test_a_path_awaiting_its_worker_is_asked_on_first_use_and_runs_last_in_its_file(suite_copy) -> None:
+    """A GPU Keras path's worker starts with the session and is not waited for (6 s of imports on the H100):
+    its availability is asked when its first test runs, once, and its tests run after the others of their
+    file. Planted here on the CPU: a path marked as awaiting a worker that cannot start."""
+    suite_copy.makeconftest(
+        """
+        import types
+        from pytest_lstmperf import paths
+        from pytest_lstmperf.paths.keras import paths as keras_paths
+
+        RAN = []
+
+        def pytest_runtest_logreport(report):
+            if report.when == "call":
+                RAN.append(report.nodeid)
+
+        def no_worker(path, device):
+            with open("asked.txt", "a") as fh:
+                fh.write(f"asked after {len(RAN)} test(s)\\n")
+            return "its worker cannot start: planted"
+
+        paths.all_paths()
+        base = paths.get("torch-cpu-native")
+        paths.register(paths.ExecutionPath(
+            name="awaiting-cpu-worker", framework="keras", device="cpu", kernel="cpu-native", precision="fp32",
+            description="a path whose worker is starting", prepare_ref=base.prepare_ref,
+            available_ref="conftest:no_worker", supports_ref=base.supports_ref,
+            options={"keras": types.SimpleNamespace(backend="planted")}))
+        keras_paths.prestart_workers = lambda selected: [p for p in selected if p.name == "awaiting-cpu-worker"]
+        """
+    )
+    suite_copy.makepyfile(
+        test_other="""
+        def test_plain():
+            pass
+        """
+    )
+    result = run(suite_copy, "--device=cpu", "-v", "-rs", "--lstmperf-paths=awaiting-cpu-worker,torch-cpu-native")
+    assert result.ret == 0, result.stdout.str()
+    result.stdout.fnmatch_lines(
+        [
+            "lstmperf: Keras workers (planted) starting beside the first tests: their paths' tests run last*",
+            "test_other.py::test_plain PASSED*",
+            "test_tiny.py::test_one[[]torch-cpu-native[]] PASSED*",
+            "test_tiny.py::test_one[[]awaiting-cpu-worker[]] SKIPPED*",
+            "*awaiting-cpu-worker*0/  0/  1*(skipped: awaiting-cpu-worker: its worker cannot start: planted)",
+            "*SKIPPED*awaiting-cpu-worker: its worker cannot start: planted",
+        ]
+    )
+    # asked once, when its test came (after the two others), not while the session started
+    assert (suite_copy.path / "asked.txt").read_text().splitlines() == ["asked after 2 test(s)"]
+
+
+def test_the_gate_asks_every_path_still_awaiting_its_worker(monkeypatch) -> None:
+    """A path that no test used is asked at the end, so the gate knows an unavailable path from a missing one."""
+    from pytest_lstmperf import paths as registry
+    from pytest_lstmperf.device import resolve_device
+    from pytest_lstmperf.session import LstmPerfSession
+
+    asked = []
+    path = registry.get("torch-cpu-native")
+    monkeypatch.setattr(type(path), "available", lambda self, device: asked.append(self.name) or "no worker")
+    session = LstmPerfSession(None, {}, resolve_device("cpu"), [path], {}, awaiting_worker={path.name})  # type: ignore[arg-type]
+    assert not asked  # not at the start
+    assert session.resolve_unavailable() == {"torch-cpu-native": "no worker"}
+    assert session.resolve_unavailable() == {"torch-cpu-native": "no worker"} and asked == ["torch-cpu-native"]
+    assert session.unavailable_reason(path) == "no worker" and asked == ["torch-cpu-native"]
+
+
 def test_unused_plugin_resolves_no_device(pytester) -> None:
     """Installed but unused: a project whose tests don't use the plugin gets no header and no torch import."""
     pytester.makepyfile(
@@ -245,6 +314,6 @@ def test_extended_paths_leave_the_default_selection_and_run_when_asked(monkeypat
         "lstmperf_seed": types.SimpleNamespace(value=0),
     }
     session.device, session.selected, session.unavailable = resolve_device("cpu"), [], {}
-    session.deselected_other_device = 0
+    session.deselected_other_device, session.awaiting_worker = 0, set()
     (line,) = [text for text in session.header_lines() if "extended" in text]
     assert "slow-cpu-path (compiles slowly)" in line and "--lstmperf-paths=all" in line

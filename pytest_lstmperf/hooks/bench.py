@@ -409,7 +409,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         from ..session import SESSION_KEY
 
         session_ = config.stash.get(SESSION_KEY, None)
-        unavailable = session_.unavailable if session_ is not None else {}
+        unavailable = session_.resolve_unavailable() if session_ is not None else {}
         state.gate = run_gate(state.baseline, state.records, gate_knobs(config, state.baseline), unavailable)
     _write_report(config, state)
     failed = _gate_outcome(config, state)

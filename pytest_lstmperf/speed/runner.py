@@ -77,7 +77,7 @@ class BenchRunner:
         device = session.device
         path = registry.get(case.path)
         self.request.node.user_properties.append(("lstmperf_path", path.name))
-        reason = path.available(device)
+        reason = session.unavailable_reason(path) or path.available(device)
         if reason:
             pytest.skip(f"{path.name}: {reason}")
         _skip_shared_gpu(device)

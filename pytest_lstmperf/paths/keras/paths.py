@@ -333,12 +333,16 @@ def _gpu_missing(backend: str, info: dict) -> str:
     return f"torch {info.get('torch')} sees no CUDA device in the Keras worker"
 
 
-def prestart_workers(paths: list[ExecutionPath]) -> None:
-    """Start the Keras workers that ``paths`` (GPU Keras paths) will ask for, side by side, before their
-    availability is checked one path at a time (:func:`.pool.prestart`)."""
+def prestart_workers(paths: list[ExecutionPath]) -> list[ExecutionPath]:
+    """Start the Keras workers that ``paths`` (GPU Keras paths) will ask for, side by side, without waiting
+    for them (:func:`.pool.prestart`). Returns the paths whose availability waits for a worker's hello: the
+    GPU Keras paths whose Keras and backend are installed (the others say why at once)."""
     from .pool import prestart
 
-    prestart(_backends([p for p in paths if p.device == "cuda"]))
+    waiting = [p for p in paths if p.device == "cuda" and "keras" in p.options]
+    waiting = [p for p in waiting if _missing(str(p.options["keras"].backend)) is None]  # type: ignore[attr-defined]
+    prestart(_backends(waiting))
+    return waiting
 
 
 def _backends(paths: list[ExecutionPath]) -> list[str]:

@@ -179,6 +179,11 @@ def serve(backend: str) -> int:
         return 1
     gc.freeze()  # the imports' objects: long-lived, never scanned again by a collection (see Server.release)
     send(channel, {"ok": True, "result": info})
+    if backend == "jax" and info.get("gpus"):
+        from .jax_runner import preload_device_timing
+
+        preload_device_timing()  # before the first request is read: the session runs other tests meanwhile
+        gc.freeze()
     while True:
         try:
             message = recv(inbox)
