@@ -7,6 +7,7 @@ spin, timed on the thread clock), so verdicts do not depend on how busy the mach
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import types
 from pathlib import Path
@@ -301,6 +302,94 @@ def test_user_benchmark_is_recorded_and_gated(user) -> None:
     )
     result = user(*slowed)
     assert result.ret == 0, result.stdout.str()
+
+
+JAX_USER_TEST = """
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+SPIN_S = 0.02 * float(os.environ.get("SLOWER", "1"))
+
+
+@jax.jit
+def step(w, x):  # a small recurrent loop: one tanh cell per step
+    def cell(h, xt):
+        h = jnp.tanh(xt @ w + h)
+        return h, h
+
+    return jax.lax.scan(cell, jnp.zeros((x.shape[1], w.shape[1])), x)[1]
+
+
+def test_jax_forward(lstmperf_benchmark):
+    w, x = jnp.ones((8, 8)) * 0.01, jnp.ones((10, 4, 8))
+
+    def forward():
+        deadline = time.thread_time() + SPIN_S  # host work per call, on the thread's own clock
+        while time.thread_time() < deadline:
+            pass
+        return step(w, x)
+
+    out = lstmperf_benchmark(forward, label="forward")
+    assert out.shape == (10, 4, 8)
+"""
+
+
+def test_a_jax_function_is_benchmarked_waiting_for_its_results_and_gated(user, monkeypatch) -> None:
+    """``lstmperf_benchmark(fn)`` where ``fn`` returns JAX arrays (a JAX function, a Keras model on JAX): each
+    call waits for its results, the record says JAX and why it has no host counters and, on the CPU, no kernel;
+    a clean compare passes and 2x the host work per call fails."""
+    # not imported here: pytester restores sys.modules after the test, and jaxlib cannot be imported twice
+    if importlib.util.find_spec("jax") is None:
+        pytest.skip("JAX is not installed (pip install 'pytest-lstmperf[jax]')")
+    user.path.joinpath("test_user.py").write_text(JAX_USER_TEST)
+    result = user("--lstmperf-save-baseline")
+    assert result.ret == 0, result.stdout.str()
+    (path,) = sorted((user.path / "baselines").glob("*.json"))
+    (entry,) = json.loads(path.read_text())["benchmarks"]
+    extra = entry["extra_info"]
+    assert extra["framework"] == "jax" and extra["path"] == "user" and extra["precision"] == "fp32"
+    assert extra["kernel"] == "unknown" and "kernel marker" in extra["kernel_note"]
+    assert "host_counters" not in extra and "JAX work" in extra["host_counters_note"]
+    assert extra["device_time_method"] == "host" and len(entry["stats"]["data"]) >= 15
+    assert user("--benchmark-compare").ret == 0
+    monkeypatch.setenv("SLOWER", "2")
+    result = user("--benchmark-compare")
+    assert result.ret == pytest.ExitCode.TESTS_FAILED, result.stdout.str()
+    result.stdout.fnmatch_lines(["*test_jax_forward*regressed*"])
+
+
+def test_a_jax_benchmark_waits_for_each_calls_results(monkeypatch) -> None:
+    """JAX dispatches asynchronously: a call returns before its work is done. The timed call hands
+    ``jax.block_until_ready`` the very results it returned, so the per-call time holds the work."""
+    jax = pytest.importorskip("jax", reason="JAX is not installed (pip install 'pytest-lstmperf[jax]')")
+    import numpy as np
+
+    from pytest_lstmperf.speed import runner
+
+    waited = []
+    monkeypatch.setattr(jax, "block_until_ready", lambda value: waited.append(value) or value)
+    array = np.ones(3, dtype=np.float32)  # stands in for the JAX array a call returns
+    assert not runner._holds_jax_arrays([1.0, "x", array])
+    assert runner._jax_kernels(lambda: array, jax.block_until_ready, "cpu", array) == ("unknown", "fp32", [])
+    timed = []
+
+    fake = types.SimpleNamespace(
+        benchmark=types.SimpleNamespace(extra_info={}, group=""),
+        session=types.SimpleNamespace(device=types.SimpleNamespace(torch_device="cpu", name="cpu")),
+        config=None,
+        request=types.SimpleNamespace(node=types.SimpleNamespace(user_properties=[])),
+        _time=lambda timed_call, *args: timed.append(timed_call) or [],
+        _attach=lambda *args: None,
+    )
+    monkeypatch.setattr(runner, "bench_set", lambda config: "gate")
+    assert runner.BenchRunner._call_jax(fake, lambda: array, array, "forward", None, {}) is array
+    waited.clear()
+    timed[0]()
+    assert waited == [array]  # the timed call waited for the array its call returned
 
 
 MARKED_TESTS = """

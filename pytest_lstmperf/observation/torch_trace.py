@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import re
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 
@@ -427,6 +427,32 @@ _KERNEL_FAMILIES = (
     (re.compile(r"lstm_cell_forward|lstm_cell_backward|gru_cell_forward|gru_cell_backward"), "cuda-generic"),
     (re.compile(r"^triton_"), "inductor"),
 )
+
+
+def kernel_family(kernels: Sequence[str]) -> str | None:
+    """The kernel family that GPU kernel names alone show (``cudnn``, ``cuda-generic``, ``inductor``, ``mixed``
+    where several do), or None where none does."""
+    seen = {fam for k in kernels for pattern, fam in _KERNEL_FAMILIES if pattern.search(k)}
+    if not seen:
+        return None
+    return seen.pop() if len(seen) == 1 else "mixed"
+
+
+def gpu_kernel_names(block: Callable[[], object]) -> list[str] | None:
+    """The names of the GPU kernels launched in this process while ``block`` runs, whichever runtime launched
+    them (XLA's too), as CUPTI records them through ``torch.profiler``; copies and memsets left out. None where
+    torch has no CUDA profiling."""
+    try:
+        from torch.profiler import ProfilerActivity, profile, supported_activities
+    except ImportError:
+        return None
+    if ProfilerActivity.CUDA not in supported_activities():
+        return None
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        block()
+    return [name for name, on_gpu in profiled_events(prof) if on_gpu and not name.startswith(("Memcpy", "Memset"))]
+
+
 _PROFILER_DTYPES = {"float": "fp32", "double": "fp64", "c10::Half": "fp16", "c10::BFloat16": "bf16"}
 
 
@@ -451,9 +477,9 @@ def classify_compiled(ops: Sequence[str], kernels: Sequence[str], device: str, c
     family = classify_torch_ops(ops, device)
     names = {short_op(o) for o in ops}
     if family == "none":
-        seen = {fam for k in kernels for pattern, fam in _KERNEL_FAMILIES if pattern.search(k)}
-        if seen:
-            family = seen.pop() if len(seen) == 1 else "mixed"
+        by_name = kernel_family(kernels)
+        if by_name:
+            family = by_name
         elif compiled.compiled_regions and names & _MATMUL_OPS:
             family = "inductor"
     elif compiled.compiled_regions and any(k.startswith("triton_") for k in kernels) and family != "cudnn":

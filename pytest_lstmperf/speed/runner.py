@@ -142,6 +142,8 @@ class BenchRunner:
         sync = _synchronizer(device.torch_device)
         result = fn()
         sync()
+        if _holds_jax_arrays(result):
+            return self._call_jax(fn, result, label, flops, thresholds)
         with torch_trace(device.torch_device, "forward") as traced:
             fn()
         trace = traced[0]
@@ -175,6 +177,60 @@ class BenchRunner:
         )
         if data and flops:
             self._flops(extra, float(flops), trace.precision)
+        self._attach(extra, data or [], thresholds)
+        return result
+
+    def _call_jax(self, fn: Any, result: Any, label: str, flops: float | None, thresholds: dict) -> Any:
+        """``__call__`` for a ``fn`` that returns JAX arrays (a JAX function, a Keras model on JAX): each timed
+        call waits for its results (``jax.block_until_ready``: JAX dispatches asynchronously, so a
+        synchronisation of torch's would not wait for it); on a GPU the device time is the GPU work that CUPTI
+        records (:func:`.timing.xla_device_time`) and the kernel is read from the GPU kernels of one call
+        (``cudnn`` where cuDNN's RNN kernels ran, ``jax-generic`` where only XLA's own did); no host counters
+        (they count PyTorch's ATen ops, and JAX dispatches none)."""
+        import jax
+
+        from . import timing
+        from .shapes import ROUNDS
+
+        device = self.session.device
+        wait = jax.block_until_ready
+        wait(result)
+        family, precision, kernels = _jax_kernels(fn, wait, device.torch_device, result)
+        extra = self.benchmark.extra_info
+        extra.update(
+            path="user",
+            framework="jax",
+            device=device.name,
+            mode=label,
+            shape="-",
+            set=bench_set(self.config),
+            kernel=family,
+            precision=precision,
+            kernels=kernels[:8],
+            ops=[],
+        )
+        if family == "unknown":
+            extra["kernel_note"] = (
+                "JAX on the CPU launches no GPU kernel to read the kernel from: use the kernel marker, which reads "
+                "what XLA compiles each layer call to (docs/own-model.md)"
+            )
+        self.benchmark.group = f"user {label}"
+        self.request.node.user_properties.append(("lstmperf_observed", f"{label} {family}/{precision}"))
+
+        def timed() -> None:
+            wait(fn())
+
+        def dev_time(samples: int) -> timing.DeviceTime:
+            if device.torch_device.startswith("cuda"):
+                return timing.xla_device_time(fn, wait, samples)
+            return timing.device_time(fn, device.torch_device, samples)  # the CPU: the time per call
+
+        def counters() -> dict[str, Any]:
+            return {"note": "not counted: the call runs JAX work (host counters count PyTorch's ATen ops)"}
+
+        data = self._time(timed, ROUNDS[bench_set(self.config)], extra, dev_time, counters, thresholds)
+        if data and flops:
+            self._flops(extra, float(flops), precision)
         self._attach(extra, data or [], thresholds)
         return result
 
@@ -538,6 +594,37 @@ def _ratio(base: Any, now: Any) -> float | None:
         return None
     then = statistics.median(base)
     return statistics.median(now) / then if then > 0 else None
+
+
+def _holds_jax_arrays(result: Any) -> bool:
+    """Whether ``result`` (a value, or tuples, lists and dicts of them) holds a JAX array; JAX is not imported
+    for it."""
+    import sys
+
+    jax = sys.modules.get("jax")
+    if jax is None:
+        return False
+    return any(isinstance(leaf, jax.Array) for leaf in jax.tree_util.tree_leaves(result))
+
+
+def _jax_kernels(fn: Any, wait: Any, torch_device: str, result: Any) -> tuple[str, str, list[str]]:
+    """``(family, precision, kernel names)`` of one call of the JAX function ``fn``: on a GPU from the kernels
+    CUPTI records (torch's profiler), ``cudnn`` where cuDNN's RNN kernels ran, else ``jax-generic``; the
+    precision from the kernel names and the results' dtypes (those of the outputs: a model that computes in
+    a lower precision than it returns is not seen so). On the CPU nothing is launched to read: ``unknown``."""
+    import jax
+
+    from ..observation.torch_trace import gpu_kernel_names, kernel_family, precision_from
+
+    names = {"float64": "fp64", "float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
+    leaves = jax.tree_util.tree_leaves(result)
+    dtypes = sorted({names.get(str(leaf.dtype), str(leaf.dtype)) for leaf in leaves if hasattr(leaf, "dtype")})
+    if not torch_device.startswith("cuda"):
+        return "unknown", precision_from(dtypes, []), []
+    kernels = gpu_kernel_names(lambda: wait(fn()))
+    if kernels is None:
+        return "unknown", precision_from(dtypes, []), []
+    return kernel_family(kernels) or "jax-generic", precision_from(dtypes, kernels), kernels
 
 
 def _synchronizer(torch_device: str) -> Any:

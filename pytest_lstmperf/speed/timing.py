@@ -260,6 +260,28 @@ def cupti_device_time(
     return DeviceTime("cupti", tuple(kept), note)
 
 
+def xla_device_time(call: Callable[[], object], wait: Callable[[Any], object], samples: int) -> DeviceTime:
+    """Device seconds per call of ``call``, XLA work launched in this process (Keras on JAX, a JAX function),
+    whose results ``wait`` waits for: from CUPTI (:func:`cupti_device_time`), else from calls queued back to back
+    (:func:`pipelined_device_time`), else none, the note saying why each gave way. Never raises: a device time
+    must not cost a benchmark its timings."""
+    try:
+        recorded = cupti_device_time(call, wait, samples)
+        why = (
+            "CUPTI recorded no GPU activity here (no torch with CUDA profiling in this process, or another "
+            "profiler holds CUPTI)"
+        )
+    except Exception as exc:
+        recorded, why = None, f"CUPTI device time failed ({type(exc).__name__}: {str(exc)[:200]})"
+    if recorded is not None:
+        return recorded
+    try:
+        queued = pipelined_device_time(call, wait, samples)
+    except Exception as exc:
+        return DeviceTime("none", (), f"{why}; queued timing failed too ({type(exc).__name__}: {str(exc)[:200]})")
+    return DeviceTime(queued.method, queued.samples, f"{why}; {queued.note}", queued.dispatch_share)
+
+
 def _cupti_busy(block: Callable[[], None]) -> float | None:
     """GPU seconds that ``torch.profiler`` (CUPTI) records while ``block`` runs: every device activity of the
     process, whichever runtime launched it; None without torch or its CUDA profiling."""

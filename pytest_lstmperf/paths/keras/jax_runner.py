@@ -164,25 +164,10 @@ class JaxRunner(BackendRunner):
         installed). Without it, calls queued back to back are timed until the last result is ready
         (:func:`pytest_lstmperf.speed.timing.pipelined_device_time`): on the H100 a Keras-on-JAX cuDNN call
         waits on a copy to the host inside it, so that figure is host-bound there and the gate says so."""
-        from ...speed.timing import DeviceTime, cupti_device_time, pipelined_device_time
+        from ...speed.timing import xla_device_time
 
         executable = self._executable("forward" if kind == "forward" else "backward")
-        call = lambda: executable(*self.args)  # noqa: E731
-        try:
-            recorded = cupti_device_time(call, self.jax.block_until_ready, samples)
-            why = (
-                "CUPTI recorded no GPU activity here (no torch with CUDA profiling in the Keras-on-JAX worker, or "
-                "another profiler holds CUPTI)"
-            )
-        except Exception as exc:  # a device time must never cost the benchmark its timings
-            recorded, why = None, f"CUPTI device time failed ({type(exc).__name__}: {str(exc)[:200]})"
-        if recorded is not None:
-            return recorded
-        try:
-            queued = pipelined_device_time(call, self.jax.block_until_ready, samples)
-        except Exception as exc:
-            return DeviceTime("none", (), f"{why}; queued timing failed too ({type(exc).__name__}: {str(exc)[:200]})")
-        return DeviceTime(queued.method, queued.samples, f"{why}; {queued.note}", queued.dispatch_share)
+        return xla_device_time(lambda: executable(*self.args), self.jax.block_until_ready, samples)
 
 
 def _f64(value: Any) -> np.ndarray:
