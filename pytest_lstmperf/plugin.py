@@ -157,9 +157,11 @@ def _workers_last(items: list[pytest.Item], awaiting: set[str]) -> list[pytest.I
 
     def key(item: pytest.Item) -> tuple[int, bool]:
         names = _item_paths(item)
-        case = getattr(item, "callspec", None) and item.callspec.params.get("bench_case")  # the benchmark suite's
-        if isinstance(getattr(case, "path", None), str):
-            names.append(case.path)
+        callspec = getattr(item, "callspec", None)
+        case = callspec.params.get("bench_case") if callspec is not None else None  # the benchmark suite's
+        path = getattr(case, "path", None)
+        if isinstance(path, str):
+            names.append(path)
         return files[item.nodeid.split("::")[0]], any(n in awaiting for n in names)
 
     return sorted(items, key=key)  # stable: the order within each group is kept
