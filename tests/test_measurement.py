@@ -392,6 +392,20 @@ def test_a_jax_benchmark_waits_for_each_calls_results(monkeypatch) -> None:
     assert waited == [array]  # the timed call waited for the array its call returned
 
 
+def test_a_user_call_that_runs_no_pytorch_op_gets_no_device_time_on_a_gpu(monkeypatch) -> None:
+    """On a GPU, a user's ``fn`` whose traced call dispatched no ATen op (TensorFlow work, or JAX work whose
+    arrays it did not return) gets no device time, with the reason, instead of the replay time of an empty CUDA
+    graph; one that dispatched ops is timed as before."""
+    from pytest_lstmperf.speed import runner
+
+    timed = []
+    monkeypatch.setattr(timing, "device_time", lambda fn, device, samples: timed.append(device) or "timed")
+    none = runner._user_device_time(lambda: None, "cuda:0", [])(12)
+    assert none.method == "none" and none.samples == () and "dispatched no PyTorch op" in none.note and not timed
+    assert runner._user_device_time(lambda: None, "cuda:0", ["aten::mm"])(12) == "timed" and timed == ["cuda:0"]
+    assert runner._user_device_time(lambda: None, "cpu", [])(12) == "timed"  # the CPU: the time per call anyway
+
+
 MARKED_TESTS = """
 def forward(net, x):
     with torch.no_grad():

@@ -171,7 +171,7 @@ class BenchRunner:
             timed,
             ROUNDS[bench_set(self.config)],
             extra,
-            lambda samples: timing.device_time(fn, device.torch_device, samples),
+            _user_device_time(fn, device.torch_device, trace.ops),
             lambda: timing.host_counters(fn, device.torch_device),
             thresholds,
         )
@@ -594,6 +594,23 @@ def _ratio(base: Any, now: Any) -> float | None:
         return None
     then = statistics.median(base)
     return statistics.median(now) / then if then > 0 else None
+
+
+def _user_device_time(fn: Any, torch_device: str, ops: Any) -> Any:
+    """``dev_time(samples)`` for a user's ``fn`` that returned no JAX array. A CUDA graph or CUDA events see the
+    work of torch's streams only: where one traced call dispatched no ATen op (TensorFlow work, or JAX work whose
+    results ``fn`` did not return), a replay would time an empty graph, so there is no device time, and the
+    note says why (the run lists the benchmark as without a device comparison)."""
+    from . import timing
+
+    if torch_device.startswith("cuda") and not ops:
+        note = (
+            "not measured: one traced call dispatched no PyTorch op, so a CUDA graph or CUDA events would time "
+            "none of its work (a JAX function must return its JAX arrays to be timed as JAX work; TensorFlow work "
+            "has no device time here); the time per call decides"
+        )
+        return lambda samples: timing.DeviceTime("none", (), note)
+    return lambda samples: timing.device_time(fn, torch_device, samples)
 
 
 def _holds_jax_arrays(result: Any) -> bool:
