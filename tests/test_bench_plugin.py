@@ -1093,6 +1093,15 @@ def test_a_device_check_that_did_not_happen_is_listed_with_every_verdict(monkeyp
     # the same method on both sides: compared, nothing listed, and the slowdown fails
     same = speed_gate.decide_record(_gpu_record(1e-3, 5.75e-4, device_time_method="cupti"), base, KNOBS)
     assert same.verdict == "regressed" and GateResult([same]).no_device() == []
+    # no device time on either side (a user's call that runs no PyTorch op on a GPU): listed too
+    note = "not measured: one traced call dispatched no PyTorch op"
+    blind = _gpu_record(1e-3, 5e-4, device_time_method="none", device_samples=[], device_time_note=note)
+    neither = speed_gate.decide_record(blind, _entry(blind, spread=0.4), KNOBS)
+    ((_, why_none),) = GateResult([neither]).no_device()
+    assert neither.verdict == "unchanged" and "baseline (none) nor now: not measured" in why_none
+    # the CPU's "host" method (the time per call is the device's) is no missing check
+    host = _gpu_record(1e-3, 5e-4, device_time_method="host", device_samples=[])
+    assert GateResult([speed_gate.decide_record(host, _entry(host, spread=0.4), KNOBS)]).no_device() == []
 
     lines: list[str] = []
     tr = types.SimpleNamespace(write_line=lambda line, **kw: lines.append(line))

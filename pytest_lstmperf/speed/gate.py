@@ -139,10 +139,15 @@ def decide_record(record: dict[str, Any], entry: dict[str, Any] | None, knobs: G
         parts[-1] = replace(parts[-1], notes=(*parts[-1].notes, *per_call_notes))
     host, host_check = _host_decision(name, bextra, extra)
     checks = [host_check]
+    then, now = bextra.get("device_time_method"), extra.get("device_time_method")
     if knobs.metric == "auto" and not has_device and (_graph_samples(bextra) or _graph_samples(extra)):
         # say so: a device check that did not happen is not a pass
-        then, now = bextra.get("device_time_method"), extra.get("device_time_method")
         why = f"no device time of one method on both sides: baseline {then}, now {now}"
+        checks.insert(0, f"device: not compared ({why})")
+    elif knobs.metric == "auto" and now == "none":
+        # a GPU benchmark with no device time now, nor in the baseline (work that torch's streams do not see,
+        # such as a user's TensorFlow call): as loud as one whose device time failed this time
+        why = f"no device time in the baseline ({then}) nor now: {str(extra.get('device_time_note', ''))[:160]}"
         checks.insert(0, f"device: not compared ({why})")
     decision = combine([*parts, *host], checks)
     notes = decision.notes
