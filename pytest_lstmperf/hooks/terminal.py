@@ -90,9 +90,9 @@ def _print_gate(tr: Any, config: pytest.Config, state: GateState) -> None:
     unmatched = gate.no_device()
     if unmatched:
         tr.write_line(
-            f"{len(unmatched)} benchmark(s) without a device comparison: their device time was taken by another "
-            "method now than in the baseline, so the per-call check alone decided them, at its wider threshold "
-            "(record the baseline again where the method changed for good):",
+            f"{len(unmatched)} benchmark(s) without a device comparison: the per-call check alone decided them, "
+            "at its wider threshold (where the device time was taken by another method now than in the baseline, "
+            "record the baseline again if the method changed for good):",
             yellow=True,
         )
         for name, why in unmatched:

@@ -147,7 +147,8 @@ def decide_record(record: dict[str, Any], entry: dict[str, Any] | None, knobs: G
     elif knobs.metric == "auto" and now == "none":
         # a GPU benchmark with no device time now, nor in the baseline (work that torch's streams do not see,
         # such as a user's TensorFlow call): as loud as one whose device time failed this time
-        why = f"no device time in the baseline ({then}) nor now: {str(extra.get('device_time_note', ''))[:160]}"
+        reason = str(extra.get("device_time_note", "")).split(" (")[0].split(";")[0]
+        why = f"no device time in the baseline ({then}) nor now: {reason}"
         checks.insert(0, f"device: not compared ({why})")
     decision = combine([*parts, *host], checks)
     notes = decision.notes
