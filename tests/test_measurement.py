@@ -377,16 +377,15 @@ def test_a_jax_benchmark_waits_for_each_calls_results(monkeypatch) -> None:
     assert runner._jax_kernels(lambda: array, jax.block_until_ready, "cpu", array) == ("unknown", "fp32", [])
     timed = []
 
+    observed = []
     fake = types.SimpleNamespace(
-        benchmark=types.SimpleNamespace(extra_info={}, group=""),
         session=types.SimpleNamespace(device=types.SimpleNamespace(torch_device="cpu", name="cpu")),
-        config=None,
-        request=types.SimpleNamespace(node=types.SimpleNamespace(user_properties=[])),
-        _time=lambda timed_call, *args: timed.append(timed_call) or [],
-        _attach=lambda *args: None,
+        _user_benchmark=lambda label, flops, thresholds, seen, timed_call, *meters: (
+            observed.append(seen) or timed.append(timed_call)
+        ),
     )
-    monkeypatch.setattr(runner, "bench_set", lambda config: "gate")
     assert runner.BenchRunner._call_jax(fake, lambda: array, array, "forward", None, {}) is array
+    assert observed[0]["framework"] == "jax" and observed[0]["kernel"] == "unknown" and observed[0]["ops"] == []
     waited.clear()
     timed[0]()
     assert waited == [array]  # the timed call waited for the array its call returned

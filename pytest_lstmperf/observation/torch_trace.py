@@ -21,6 +21,7 @@ import re
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -438,10 +439,10 @@ def kernel_family(kernels: Sequence[str]) -> str | None:
     return seen.pop() if len(seen) == 1 else "mixed"
 
 
-def gpu_kernel_names(block: Callable[[], object]) -> list[str] | None:
-    """The names of the GPU kernels launched in this process while ``block`` runs, whichever runtime launched
-    them (XLA's too), as CUPTI records them through ``torch.profiler``; copies and memsets left out. None where
-    torch has no CUDA profiling."""
+def cuda_profile(block: Callable[[], object]) -> Any | None:
+    """``block`` run under ``torch.profiler`` recording CUDA activity alone: CUPTI records every GPU activity of
+    the process, whichever runtime launched it (XLA's too). The finished profiler, or None, ``block`` not run,
+    where torch has no CUDA profiling."""
     try:
         from torch.profiler import ProfilerActivity, profile, supported_activities
     except ImportError:
@@ -450,6 +451,15 @@ def gpu_kernel_names(block: Callable[[], object]) -> list[str] | None:
         return None
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         block()
+    return prof
+
+
+def gpu_kernel_names(block: Callable[[], object]) -> list[str] | None:
+    """The names of the GPU kernels launched in this process while ``block`` runs (:func:`cuda_profile`); copies
+    and memsets left out. None where torch has no CUDA profiling."""
+    prof = cuda_profile(block)
+    if prof is None:
+        return None
     return [name for name, on_gpu in profiled_events(prof) if on_gpu and not name.startswith(("Memcpy", "Memset"))]
 
 

@@ -134,7 +134,6 @@ class BenchRunner:
         FLOP/s; none is made up otherwise. Returns what one call of ``fn`` returned."""
         from ..observation.torch_trace import torch_trace
         from . import timing
-        from .shapes import ROUNDS
 
         device = self.session.device
         _skip_shared_gpu(device)
@@ -147,38 +146,54 @@ class BenchRunner:
         with torch_trace(device.torch_device, "forward") as traced:
             fn()
         trace = traced[0]
-        extra = self.benchmark.extra_info
-        extra.update(
-            path="user",
-            framework="torch",
-            device=device.name,
-            mode=label,
-            shape="-",
-            set=bench_set(self.config),
-            kernel=trace.family,
-            precision=trace.precision,
-            kernels=list(trace.kernels[:8]),
-            ops=list(trace.ops[:16]),
-        )
-        self.benchmark.group = f"user {label}"
-        self.request.node.user_properties.append(("lstmperf_observed", f"{label} {trace.family}/{trace.precision}"))
+        observed = {
+            "framework": "torch",
+            "kernel": trace.family,
+            "precision": trace.precision,
+            "kernels": list(trace.kernels[:8]),
+            "ops": list(trace.ops[:16]),
+        }
 
         def timed() -> None:
             fn()
             sync()
 
-        data = self._time(
+        self._user_benchmark(
+            label,
+            flops,
+            thresholds,
+            observed,
             timed,
-            ROUNDS[bench_set(self.config)],
-            extra,
             _user_device_time(fn, device.torch_device, trace.ops),
             lambda: timing.host_counters(fn, device.torch_device),
-            thresholds,
         )
-        if data and flops:
-            self._flops(extra, float(flops), trace.precision)
-        self._attach(extra, data or [], thresholds)
         return result
+
+    def _user_benchmark(
+        self,
+        label: str,
+        flops: float | None,
+        thresholds: dict,
+        observed: dict[str, Any],
+        timed: Any,
+        dev_time: Any,
+        counters: Any,
+    ) -> None:
+        """What a user's benchmark records and measures, whichever framework ran it: ``observed`` (the framework
+        and what one call ran), the per-call time of ``timed``, ``dev_time(samples)``, ``counters()``, FLOP/s
+        where ``flops`` is given, and the record the gate reads."""
+        from .shapes import ROUNDS
+
+        extra = self.benchmark.extra_info
+        extra.update(path="user", device=self.session.device.name, mode=label, shape="-", set=bench_set(self.config))
+        extra.update(observed)
+        self.benchmark.group = f"user {label}"
+        seen = f"{label} {observed['kernel']}/{observed['precision']}"
+        self.request.node.user_properties.append(("lstmperf_observed", seen))
+        data = self._time(timed, ROUNDS[bench_set(self.config)], extra, dev_time, counters, thresholds)
+        if data and flops:
+            self._flops(extra, float(flops), observed["precision"])
+        self._attach(extra, data or [], thresholds)
 
     def _call_jax(self, fn: Any, result: Any, label: str, flops: float | None, thresholds: dict) -> Any:
         """``__call__`` for a ``fn`` that returns JAX arrays (a JAX function, a Keras model on JAX): each timed
@@ -190,32 +205,23 @@ class BenchRunner:
         import jax
 
         from . import timing
-        from .shapes import ROUNDS
 
         device = self.session.device
         wait = jax.block_until_ready
         wait(result)
         family, precision, kernels = _jax_kernels(fn, wait, device.torch_device, result)
-        extra = self.benchmark.extra_info
-        extra.update(
-            path="user",
-            framework="jax",
-            device=device.name,
-            mode=label,
-            shape="-",
-            set=bench_set(self.config),
-            kernel=family,
-            precision=precision,
-            kernels=kernels[:8],
-            ops=[],
-        )
+        observed: dict[str, Any] = {
+            "framework": "jax",
+            "kernel": family,
+            "precision": precision,
+            "kernels": kernels[:8],
+            "ops": [],
+        }
         if family == "unknown":
-            extra["kernel_note"] = (
+            observed["kernel_note"] = (
                 "JAX on the CPU launches no GPU kernel to read the kernel from: use the kernel marker, which reads "
                 "what XLA compiles each layer call to (docs/own-model.md)"
             )
-        self.benchmark.group = f"user {label}"
-        self.request.node.user_properties.append(("lstmperf_observed", f"{label} {family}/{precision}"))
 
         def timed() -> None:
             wait(fn())
@@ -228,10 +234,7 @@ class BenchRunner:
         def counters() -> dict[str, Any]:
             return {"note": "not counted: the call runs JAX work (host counters count PyTorch's ATen ops)"}
 
-        data = self._time(timed, ROUNDS[bench_set(self.config)], extra, dev_time, counters, thresholds)
-        if data and flops:
-            self._flops(extra, float(flops), precision)
-        self._attach(extra, data or [], thresholds)
+        self._user_benchmark(label, flops, thresholds, observed, timed, dev_time, counters)
         return result
 
     def _check_kernel(

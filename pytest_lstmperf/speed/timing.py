@@ -231,12 +231,7 @@ def cupti_device_time(
     runs ``block`` and returns the GPU seconds recorded (default: :func:`_cupti_busy`, ``torch.profiler`` with
     CUDA activities); None where nothing can record them (no torch, no CUDA profiling) or nothing was recorded."""
     measure = busy or _cupti_busy
-    wait(call())  # warm-up, untimed
-    start = clock()
-    wait(call())
-    one = clock() - start
-    batch = events_batch(one, calls)
-    samples = long_call_samples(one * batch, samples)
+    batch, samples = _queued_plan(call, wait, samples, calls, clock)
 
     def block() -> None:
         wait([call() for _ in range(batch)])
@@ -258,6 +253,19 @@ def cupti_device_time(
     if dropped:
         note += f"; {transient_note(kept, dropped)}"
     return DeviceTime("cupti", tuple(kept), note)
+
+
+def _queued_plan(
+    call: Callable[[], object], wait: Callable[[Any], object], samples: int, calls: int, clock: Callable[[], float]
+) -> tuple[int, int]:
+    """``(calls per sample, samples)`` for timing ``call`` in batches: one untimed warm-up call, one timed call,
+    then :func:`events_batch` and :func:`long_call_samples` as for CUDA events."""
+    wait(call())  # warm-up, untimed
+    start = clock()
+    wait(call())
+    one = clock() - start
+    batch = events_batch(one, calls)
+    return batch, long_call_samples(one * batch, samples)
 
 
 def xla_device_time(call: Callable[[], object], wait: Callable[[Any], object], samples: int) -> DeviceTime:
@@ -285,14 +293,11 @@ def xla_device_time(call: Callable[[], object], wait: Callable[[Any], object], s
 def _cupti_busy(block: Callable[[], None]) -> float | None:
     """GPU seconds that ``torch.profiler`` (CUPTI) records while ``block`` runs: every device activity of the
     process, whichever runtime launched it; None without torch or its CUDA profiling."""
-    try:
-        from torch.profiler import ProfilerActivity, profile, supported_activities
-    except ImportError:
+    from ..observation.torch_trace import cuda_profile
+
+    prof = cuda_profile(block)
+    if prof is None:
         return None
-    if ProfilerActivity.CUDA not in supported_activities():
-        return None
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        block()
     results = getattr(prof.profiler, "kineto_results", None)
     if results is not None:  # the raw records: building the profiler's event tree took 4-6 s per benchmark
         from torch.autograd import DeviceType
@@ -326,12 +331,7 @@ def pipelined_device_time(
     time per call, plus one launch spread over the batch, wherever queueing a call takes the host less than
     the device needs for it; the host's share of the time (queueing the calls) is measured alongside and kept
     (``dispatch_share``): at :data:`PIPELINED_DEVICE_BOUND` and above the figure follows the host."""
-    wait(call())  # warm-up, untimed
-    start = clock()
-    wait(call())
-    one = clock() - start
-    batch = events_batch(one, calls)
-    samples = long_call_samples(one * batch, samples)
+    batch, samples = _queued_plan(call, wait, samples, calls, clock)
     queued: list[float] = []
 
     def sample() -> float:

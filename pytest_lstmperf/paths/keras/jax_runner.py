@@ -52,12 +52,10 @@ def preload_device_timing() -> None:
     runs its other tests, rather than inside the first Keras-on-JAX benchmark's measurement: torch's profiler
     (about 3 s of imports on the H100) and CUPTI's first start (one empty profiling session: 1-2 s there).
     Without torch or its CUDA profiling nothing is done (the device time then says why it fell back)."""
-    try:
-        from torch.profiler import ProfilerActivity, profile, supported_activities
+    from ...observation.torch_trace import cuda_profile
 
-        if ProfilerActivity.CUDA in supported_activities():
-            with profile(activities=[ProfilerActivity.CUDA]):
-                pass
+    try:
+        cuda_profile(lambda: None)
     except Exception:  # any failure is the device time's to report, when it is asked for
         return
 
