@@ -252,6 +252,48 @@ def test_known_kernel_finding_needs_every_difference_explained() -> None:
     assert claims.known_kernel_finding(path, trace(family="cudnn", precision="bf16")) is None
 
 
+PROBE_COUNTING_CONFTEST = """
+import os
+
+import cpuinfo
+import spinpath  # noqa: F401
+
+_real = cpuinfo.get_cpu_info
+
+
+def _counted():
+    with open(os.path.join(os.path.dirname(__file__), "probes.txt"), "a") as fh:
+        fh.write("probe\\n")
+    return _real()
+
+
+cpuinfo.get_cpu_info = _counted
+"""
+
+
+def test_pytest_benchmarks_cpu_probe_runs_once_beside_the_set_up(gate, gate_recording) -> None:
+    """pytest-benchmark probes the CPU (py-cpuinfo, a subprocess: 1.2-1.4 s on the H100 runner) where it loads
+    the baseline it compares against and again where it saves JSON. An lstmperf run computes its machine info
+    once, in a thread started at configure, and both get it: the JSON holds pytest-benchmark's fields and the
+    lstmperf section as before. A conftest that generates the machine info itself still decides it."""
+    gate_recording.install(gate.path)
+    gate.path.joinpath("conftest.py").write_text(PROBE_COUNTING_CONFTEST)
+    probes = gate.path / "probes.txt"
+    result = gate("--benchmark-compare", "--benchmark-json=out.json")
+    assert result.ret == 0, result.stdout.str()
+    assert probes.read_text().splitlines() == ["probe"]
+    info = json.loads((gate.path / "out.json").read_text())["machine_info"]
+    assert info["cpu"] and info["python_version"] and info["lstmperf"]["device_key"]
+    probes.unlink()
+    gate.path.joinpath("conftest.py").write_text(
+        PROBE_COUNTING_CONFTEST + "\n\ndef pytest_benchmark_generate_machine_info(config):\n    return {'mine': 1}\n"
+    )
+    result = gate("--benchmark-compare", "--benchmark-json=out.json")
+    assert result.ret == 0, result.stdout.str()
+    info = json.loads((gate.path / "out.json").read_text())["machine_info"]
+    assert info["mine"] == 1 and "cpu" not in info and info["lstmperf"]["device_key"]
+
+
 def test_per_test_threshold_marker_and_compare_fail(gate, gate_recording) -> None:
     gate_recording.install(gate.path)  # as `--lstmperf-save-baseline` records it
     gate.path.joinpath("conftest.py").write_text(

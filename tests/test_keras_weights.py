@@ -119,3 +119,30 @@ def test_projection_and_bad_shapes_are_clear_errors() -> None:
     bad = {(0, 0): [np.zeros((3, 3))]}
     with pytest.raises(kw.KerasLayoutError, match="expected"):
         kw.from_keras(spec, bad)
+
+
+def test_a_case_crosses_the_worker_pipe_narrowed_and_comes_back_bit_for_bit() -> None:
+    """A case's float64 arrays travel to a Keras worker as float32 where float32 holds their values exactly
+    (half the bytes), and come back as the same float64 arrays; an array float32 cannot hold goes as it is."""
+    import pickle
+
+    from pytest_lstmperf.paths.keras.runners import case_arrays
+    from pytest_lstmperf.paths.keras.transport import narrow, widen
+
+    for dtype in ("float32", "bfloat16", "float16"):
+        spec = LayerSpec(cell="lstm", input_size=64, hidden_size=128, num_layers=2, batch=4, seq_len=9, dtype=dtype)
+        arrays = case_arrays(make_case(spec, 3))
+        sent = narrow(arrays)
+        back = pickle.loads(pickle.dumps(widen(pickle.loads(pickle.dumps(sent)))))
+        assert len(pickle.dumps(sent)) < 0.6 * len(pickle.dumps(arrays))
+        for key, value in arrays.items():
+            if key == "weights":
+                assert back[key].keys() == value.keys()
+                for name, weight in value.items():
+                    assert back[key][name].dtype == np.float64 and np.array_equal(back[key][name], weight), name
+            elif value is None:
+                assert back[key] is None
+            else:
+                assert back[key].dtype == np.float64 and np.array_equal(back[key], value), key
+    wide = {"x": np.array([0.1, 1.0 / 3.0]), "n": None}  # float32 cannot hold these: sent unchanged
+    assert narrow(wide)["x"] is wide["x"] and widen(narrow(wide))["x"] is wide["x"]

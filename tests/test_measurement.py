@@ -156,6 +156,27 @@ def test_host_counters_are_exact_and_see_the_host_work_fault() -> None:
         assert timing.host_counters(call, "cpu") == clean[0]  # the fault undone, the counts are back
 
 
+def test_the_op_count_alone_counts_what_the_full_count_counts() -> None:
+    """On CUDA the caching allocator counts the bytes, so only ATen ops are counted there (no walk over each
+    op's inputs and outputs): the same op count as the CPU's full count, fault included."""
+    from pytest_lstmperf.testing.faults import planted
+
+    def ops(call, fresh_bytes: bool) -> int:
+        counter = timing._OpCounter()
+        with timing._counting_mode(counter, fresh_bytes=fresh_bytes):
+            call()
+        return counter.ops
+
+    for call in _tiny_lstm():
+        call()
+        clean = ops(call, False)
+        assert clean == ops(call, True) == timing.host_counters(call, "cpu")["aten_ops"] > 0
+        with planted("host-work:3"):
+            faulted = ops(call, False)
+            assert faulted == ops(call, True)
+        assert faulted - clean == 3 + 1  # the fault's scratch allocation and its 3 adds
+
+
 def test_batch_medians() -> None:
     assert timing.batch_medians([1, 2, 3, 4, 5, 6, 7, 8, 9, 10]) == [2, 5, 8.5]
     assert timing.batch_medians([1.0, 2.0]) == []

@@ -122,6 +122,12 @@ def layer_kwargs(spec: LayerSpec, options: KerasOptions) -> dict[str, Any]:
     return kwargs
 
 
+#: the layers' own initial values are replaced by the canonical weights at once (``set_weights``), so they are
+#: made as zeros: Keras's default orthogonal recurrent initializer runs a QR decomposition per layer (a compiled
+#: one on JAX), 2.9 s of the Keras-on-JAX worker's preparations in one run of the default GPU suites
+_PLACEHOLDER_INIT = {"kernel_initializer": "zeros", "recurrent_initializer": "zeros", "bias_initializer": "zeros"}
+
+
 class KerasStack:
     """The Keras layers of a spec (stacked, optionally Bidirectional), loaded with canonical weights.
 
@@ -146,7 +152,7 @@ class KerasStack:
         for layer in range(spec.num_layers):
             kwargs = layer_kwargs(spec, options)
             kwargs["return_sequences"] = options.return_sequences or layer < spec.num_layers - 1
-            rnn = cls(**kwargs, name=f"{spec.cell}_{layer}")
+            rnn = cls(**kwargs, **_PLACEHOLDER_INIT, name=f"{spec.cell}_{layer}")
             if spec.bidirectional:
                 rnn = keras.layers.Bidirectional(rnn, merge_mode="concat", name=f"bidirectional_{layer}")
             in_size = spec.layer_input_size(layer)

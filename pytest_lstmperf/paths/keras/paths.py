@@ -469,6 +469,7 @@ class KerasRun:
     def __init__(self, path: ExecutionPath, case: Case, device: DeviceInfo) -> None:
         from .pool import get_worker
         from .runners import case_arrays
+        from .transport import narrow
 
         self.path = path
         self.options = path.options["keras"]
@@ -477,7 +478,7 @@ class KerasRun:
             "prepare",
             spec=case.spec.to_dict(),
             options=self.options.to_dict(),
-            arrays=case_arrays(case),
+            arrays=narrow(case_arrays(case)),
             device=device.kind,
         )
 

@@ -15,7 +15,7 @@ from typing import Any
 from ...model.keras_options import KerasOptions
 from ...model.spec import LayerSpec
 from .runners import LocalKerasRun
-from .transport import recv, send
+from .transport import recv, send, widen
 
 
 class Server:
@@ -54,7 +54,7 @@ class Server:
     def prepare(self, spec: dict, options: dict, arrays: dict, device: str) -> int:
         if self.backend == "torch" and device == "cuda":
             own_stream()
-        run = LocalKerasRun(LayerSpec.from_dict(spec), KerasOptions.from_dict(options), arrays, device)
+        run = LocalKerasRun(LayerSpec.from_dict(spec), KerasOptions.from_dict(options), widen(arrays), device)
         handle = self.next_handle
         self.next_handle += 1
         self.runs[handle] = run
