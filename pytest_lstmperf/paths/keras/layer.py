@@ -122,10 +122,15 @@ def layer_kwargs(spec: LayerSpec, options: KerasOptions) -> dict[str, Any]:
     return kwargs
 
 
-#: the layers' own initial values are replaced by the canonical weights at once (``set_weights``), so they are
-#: made as zeros: Keras's default orthogonal recurrent initializer runs a QR decomposition per layer (a compiled
-#: one on JAX), 2.9 s of the Keras-on-JAX worker's preparations in one run of the default GPU suites
+#: the layers' own initial values are replaced by the canonical weights at once (``set_weights``), so on JAX and
+#: TensorFlow they are made as zeros: Keras's default orthogonal recurrent initializer runs a QR decomposition
+#: per layer (a compiled one on JAX), 2.9 s of the Keras-on-JAX worker's preparations in one run of the default
+#: GPU suites. Not on torch: there a variable keeps the tensor of its initial value, which ``set_weights``
+#: copies into (its memory layout included), and with zeros initial values what a Keras-on-torch cuDNN GRU call
+#: allocates moved on the H100 (45.5 MB to 46.4 MB per call, in two runs of two). The layer measured is the
+#: one a user's default-initialised Keras layer is.
 _PLACEHOLDER_INIT = {"kernel_initializer": "zeros", "recurrent_initializer": "zeros", "bias_initializer": "zeros"}
+_PLACEHOLDER_BACKENDS = ("jax", "tensorflow")
 
 
 class KerasStack:
@@ -152,7 +157,9 @@ class KerasStack:
         for layer in range(spec.num_layers):
             kwargs = layer_kwargs(spec, options)
             kwargs["return_sequences"] = options.return_sequences or layer < spec.num_layers - 1
-            rnn = cls(**kwargs, **_PLACEHOLDER_INIT, name=f"{spec.cell}_{layer}")
+            if keras.backend.backend() in _PLACEHOLDER_BACKENDS:
+                kwargs.update(_PLACEHOLDER_INIT)
+            rnn = cls(**kwargs, name=f"{spec.cell}_{layer}")
             if spec.bidirectional:
                 rnn = keras.layers.Bidirectional(rnn, merge_mode="concat", name=f"bidirectional_{layer}")
             in_size = spec.layer_input_size(layer)
