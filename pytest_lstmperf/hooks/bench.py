@@ -449,6 +449,43 @@ def pytest_benchmark_update_json(config: pytest.Config, benchmarks: Any, output_
     }
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtestloop(session: pytest.Session) -> Any:
+    """Once every test has run: the third looks at confirmed per-call slowdowns (:class:`LateLook`)."""
+    result = yield
+    if not session.shouldstop and not session.shouldfail:
+        _take_late_looks(session.config)
+    return result
+
+
+def _take_late_looks(config: pytest.Config) -> None:
+    state = config.stash.get(STATE_KEY, None)
+    if state is None or not state.late_looks:
+        return
+    looks, state.late_looks = state.late_looks, []
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+
+    def say(line: str) -> None:
+        if reporter is not None:
+            reporter.ensure_newline()
+            reporter.write_line(line)
+
+    say(
+        f"lstmperf: a third look at {len(looks)} benchmark(s) whose per-call slowdown the re-measurement confirmed "
+        "(a slow phase of the host outlasts two looks in a row; a slower code fails all three):"
+    )
+    for look in looks:
+        try:
+            ratio = look.take()
+        except Exception as exc:  # the re-measurement's verdict stands
+            why = f"{type(exc).__name__}: {str(exc)[:200]}"
+            say(f"  {look.name}: not looked at again ({why}); the re-measurement decides")
+            continue
+        limit = look.limit
+        verdict = "still slower" if (ratio or 0.0) >= limit else "back inside its threshold"
+        say(f"  {look.name}: {ratio:.3f}x against the per-call threshold {limit:.3f}: {verdict}")
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     config = session.config
     if _is_worker(config) or STATE_KEY not in config.stash:

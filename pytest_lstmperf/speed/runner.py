@@ -67,6 +67,7 @@ class BenchRunner:
         self.config = request.config
         self.session = session  # the run's LstmPerfSession
         self.state = state
+        self._late: LateLook | None = None  # a confirmed per-call slowdown's third look, once the record exists
 
     def measure(self, case: BenchCase) -> dict[str, Any]:
         from .. import paths as registry
@@ -445,9 +446,12 @@ class BenchRunner:
             again.update(device_samples=list(dev2.samples), device_time_method=dev2.method)
             if dev2.method == extra.get("device_time_method"):  # else not comparable: the gate says so
                 second = _ratio(base, dev2.samples)
+        second_device = device_suspect and (second or 0.0) > limit
         confirmed = (device_suspect and (second or 0.0) > limit) or (
             per_call_suspect and (per_call_second or 0.0) >= (per_call_limit or float("inf"))
         )
+        if per_call_suspect and (per_call_second or 0.0) >= (per_call_limit or float("inf")) and not second_device:
+            self._late = LateLook(timed, 2 * rounds, clock, entry, extra, self._knobs(), per_call_limit or 0.0)
         extra["remeasured"] = {
             "confirmed": confirmed,
             "first_ratio": first if device_suspect else per_call_first,
@@ -532,7 +536,51 @@ class BenchRunner:
             "failed": failed,
         }
         node.user_properties.append((RECORD_KEY, record))
+        late, self._late = self._late, None
+        if late is not None and not _xdist_worker(self.config):
+            late.record = record
+            self.state.late_looks.append(late)
         return record
+
+
+class LateLook:
+    """A third look, once every test has run, at a benchmark whose per-call slowdown its re-measurement
+    confirmed right away (and whose device time did not): a slow phase of the host outlasts the two
+    back-to-back looks. On the H100 a clean run failed on a host-bound autocast inference at 2.27x and then
+    2.15x against its per-call threshold of 2.02: the same benchmark read 0.78 ms and 0.93 ms in the run
+    before and the one after, 1.7-1.8 ms in both looks. The gate decides the per-call check on this look's
+    samples; a slowdown of the code fails all three. Not taken in a pytest-xdist worker, whose records have
+    left with its reports: there the re-measurement decides."""
+
+    def __init__(self, timed: Any, rounds: int, clock: Any, entry: dict, extra: dict, knobs: Any, limit: float) -> None:
+        self.timed, self.rounds, self.clock = timed, rounds, clock
+        self.entry, self.extra, self.knobs, self.limit = entry, extra, knobs, limit
+        self.record: dict[str, Any] | None = None
+
+    @property
+    def name(self) -> str:
+        return self.record["fullname"] if self.record else "?"
+
+    def take(self) -> float | None:
+        """Time the rounds again and write them and their ratio into the record's re-measurement; the ratio."""
+        from . import timing
+        from .gate import per_call_ratio
+
+        if self.record is None:
+            return None
+        timing.estimate_call(self.timed, 3, self.clock)
+        data, _ = timing.time_rounds(self.timed, self.rounds, self.clock)
+        ratio = per_call_ratio(self.entry, {**self.extra, "throttled": None}, data, self.knobs)
+        late = {"late_data": [float(x) for x in data], "late_ratio": ratio, "confirmed": (ratio or 0.0) >= self.limit}
+        # the gate's record and pytest-benchmark's own extra_info (its JSON) both carry it
+        for extra in (self.record["extra_info"], self.extra):
+            extra.setdefault("remeasured", {}).update(late)
+        self.timed = None  # the prepared run goes with it
+        return ratio
+
+
+def _xdist_worker(config: pytest.Config) -> bool:
+    return hasattr(config, "workerinput")
 
 
 class MarkedBenchmark:
