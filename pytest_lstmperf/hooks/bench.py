@@ -467,9 +467,10 @@ def _take_late_looks(config: pytest.Config) -> None:
 
     def say(line: str) -> None:
         if reporter is not None:
-            reporter.ensure_newline()
             reporter.write_line(line)
 
+    if reporter is not None:
+        reporter.write_line("")  # off the progress dots' line, which a quiet run does not end
     say(
         f"lstmperf: a third look at {len(looks)} benchmark(s) whose per-call slowdown the re-measurement confirmed "
         "(a slow phase of the host outlasts two looks in a row; a slower code fails all three):"
