@@ -445,3 +445,24 @@ def test_planted_backward_fault_is_caught_by_finite_differences(monkeypatch: pyt
     )
     with pytest.raises(AssertionError, match="analytic"):
         _check_finite_differences(case, _api_result(case).grads)
+
+
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
+def test_forward_sequences_runs_each_sequence_over_its_own_length(cell: str) -> None:
+    """A dataset's sequences in one loop over time (the longer ones a prefix of the sorted batch) give what
+    the reference gives each sequence alone; a bidirectional layer is refused."""
+    from pytest_lstmperf.model.reference import forward_reference, forward_sequences
+
+    rng = np.random.default_rng(7)
+    lengths = [5, 1, 9, 5, 3, 9, 2]
+    spec = LayerSpec(cell=cell, input_size=6, hidden_size=4, num_layers=2, batch=1, seq_len=max(lengths))
+    weights = make_case(spec, 3).weights
+    sequences = [rng.standard_normal((n, 6)) for n in lengths]
+    outputs = forward_sequences(spec, weights, sequences)
+    for seq, out in zip(sequences, outputs, strict=True):
+        alone = LayerSpec(cell=cell, input_size=6, hidden_size=4, num_layers=2, batch=1, seq_len=len(seq))
+        expected, _, _ = forward_reference(alone, weights, seq[None])
+        assert out.shape == (len(seq), 4)
+        np.testing.assert_allclose(out, expected[0], rtol=0, atol=1e-14)
+    with pytest.raises(ValueError, match="unidirectional"):
+        forward_sequences(LayerSpec(cell=cell, input_size=6, hidden_size=4, bidirectional=True), weights, sequences)

@@ -514,6 +514,47 @@ def forward_reference(
     return output, h_n, c_n
 
 
+def forward_sequences(
+    spec: LayerSpec, weights: Mapping[str, np.ndarray], sequences: list[np.ndarray]
+) -> list[np.ndarray]:
+    """Forward only, float64, zero initial states, unidirectional ``spec``: the output ``(T_b, S)`` of each
+    sequence ``(T_b, I)`` of a dataset, each run over its own length alone (``spec``'s batch and sequence length
+    are not used). The same steps as :func:`forward_reference` on one batch per length, in one loop over
+    time: at step ``t`` the sequences longer than ``t`` (a prefix, once sorted by length) take the step. One
+    batch per distinct length cost a Python loop over time for each of dozens of lengths (3 s of a GPU run's
+    workload checks)."""
+    if spec.bidirectional:
+        raise ValueError("forward_sequences runs unidirectional layers (a backward sweep starts at each end)")
+    lengths = np.array([len(seq) for seq in sequences], dtype=np.int64)
+    order = np.argsort(-lengths, kind="stable")
+    longest = int(lengths.max()) if len(lengths) else 0
+    layer_input = np.zeros((len(sequences), longest, spec.input_size))
+    for row, i in enumerate(order):
+        layer_input[row, : lengths[i]] = _f64(sequences[i])
+    active = [int(np.sum(lengths > t)) for t in range(longest)]  # rows taking step t (sorted: a prefix)
+    weights64 = {name: _f64(value) for name, value in weights.items()}
+    for layer in range(spec.num_layers):
+        p = _layer_params(spec, weights64, layer, 0)
+        h = np.zeros((len(sequences), spec.state_size))
+        c = np.zeros((len(sequences), spec.hidden_size)) if spec.cell == "lstm" else None
+        out = np.zeros((len(sequences), longest, spec.state_size))
+        for t in range(longest):
+            n = active[t]
+            if spec.cell == "lstm":
+                assert c is not None
+                h_new, c_new, _ = _lstm_step_forward(p, layer_input[:n, t], h[:n], c[:n])
+                c[:n] = c_new
+            else:
+                h_new, _ = _gru_step_forward(p, layer_input[:n, t], h[:n], spec.reset_after)
+            h[:n] = h_new
+            out[:n, t] = h_new
+        layer_input = out
+    outputs: list[np.ndarray] = [np.zeros(0)] * len(sequences)
+    for row, i in enumerate(order):
+        outputs[i] = layer_input[row, : lengths[i]]
+    return outputs
+
+
 @functools.lru_cache(maxsize=64)
 def _cached(spec: LayerSpec, seed: int) -> ReferenceResult:
     return _compute(make_case(spec, seed))

@@ -283,23 +283,15 @@ class VarLenWorkload:
 
     def reference(self) -> VarLenResult:
         """Every sequence without padding, in float64, from the numpy reference (``reference.py``) with the
-        module's weights: sequences of one length form one batch."""
-        from ..model.reference import forward_reference
+        module's weights, each over its own length (``reference.forward_sequences``)."""
+        from ..model.reference import forward_sequences
         from ..model.spec import LayerSpec
 
         weights = {name: p.detach().double().cpu().numpy() for name, p in self.module.named_parameters()}
-        outputs: list[np.ndarray | None] = [None] * len(self.lengths)
-        last: list[np.ndarray | None] = [None] * len(self.lengths)
-        for length in np.unique(self.lengths):
-            members = np.flatnonzero(self.lengths == length)
-            spec = LayerSpec(cell=self.cell, input_size=self.input_size, hidden_size=self.hidden_size,
-                             num_layers=self.num_layers, batch=len(members), seq_len=int(length))  # fmt: skip
-            x = np.stack([self.sequences[i].detach().double().cpu().numpy() for i in members])
-            out, _, _ = forward_reference(spec, weights, x)
-            for row, i in enumerate(members):
-                outputs[i] = out[row]
-                last[i] = out[row, -1]
-        return VarLenResult(outputs, last)  # type: ignore[arg-type]
+        spec = LayerSpec(cell=self.cell, input_size=self.input_size, hidden_size=self.hidden_size,
+                         num_layers=self.num_layers, batch=1, seq_len=int(self.lengths.max()))  # fmt: skip
+        outputs = forward_sequences(spec, weights, [s.detach().double().cpu().numpy() for s in self.sequences])
+        return VarLenResult(outputs, [out[-1] for out in outputs])
 
 
 def max_relative_error(result: VarLenResult, reference: VarLenResult) -> float:
