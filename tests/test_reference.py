@@ -466,3 +466,5 @@ def test_forward_sequences_runs_each_sequence_over_its_own_length(cell: str) -> 
         np.testing.assert_allclose(out, expected[0], rtol=0, atol=1e-14)
     with pytest.raises(ValueError, match="unidirectional"):
         forward_sequences(LayerSpec(cell=cell, input_size=6, hidden_size=4, bidirectional=True), weights, sequences)
+    with pytest.raises(ValueError, match="missing"):
+        forward_sequences(spec, {k: v for k, v in weights.items() if k != "weight_hh_l1"}, sequences)

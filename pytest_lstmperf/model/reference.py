@@ -525,6 +525,12 @@ def forward_sequences(
     workload checks)."""
     if spec.bidirectional:
         raise ValueError("forward_sequences runs unidirectional layers (a backward sweep starts at each end)")
+    expected = param_shapes(spec)
+    missing, unknown = sorted(set(expected) - set(weights)), sorted(set(weights) - set(expected))
+    if missing or unknown:
+        raise ValueError(f"weights do not match the spec: missing {missing}, unknown {unknown}")
+    for name, shape in expected.items():
+        _check_shape(name, _f64(weights[name]), shape)
     lengths = np.array([len(seq) for seq in sequences], dtype=np.int64)
     order = np.argsort(-lengths, kind="stable")
     longest = int(lengths.max()) if len(lengths) else 0
