@@ -469,8 +469,7 @@ def _take_late_looks(config: pytest.Config) -> None:
         if reporter is not None:
             reporter.write_line(line)
 
-    if reporter is not None:
-        reporter.write_line("")  # off the progress dots' line, which a quiet run does not end
+    say("")  # off the progress dots' line, which a quiet run does not end
     say(
         f"lstmperf: a third look at {len(looks)} benchmark(s) whose per-call slowdown the re-measurement confirmed "
         "(a slow phase of the host outlasts two looks in a row; a slower code fails all three):"
@@ -482,9 +481,8 @@ def _take_late_looks(config: pytest.Config) -> None:
             why = f"{type(exc).__name__}: {str(exc)[:200]}"
             say(f"  {look.name}: not looked at again ({why}); the re-measurement decides")
             continue
-        limit = look.limit
-        verdict = "still slower" if (ratio or 0.0) >= limit else "back inside its threshold"
-        say(f"  {look.name}: {ratio:.3f}x against the per-call threshold {limit:.3f}: {verdict}")
+        verdict = "still slower" if look.confirmed else "back inside its threshold"
+        say(f"  {look.name}: {ratio or 0.0:.3f}x against the per-call threshold {look.limit:.3f}: {verdict}")
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

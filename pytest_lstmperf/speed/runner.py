@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from .. import options
+from ..device import xdist_worker
 from ..observation.claims import Finding, kernel_mismatch, known_kernel_finding
 from .shapes import bench_set
 
@@ -446,14 +447,12 @@ class BenchRunner:
             again.update(device_samples=list(dev2.samples), device_time_method=dev2.method)
             if dev2.method == extra.get("device_time_method"):  # else not comparable: the gate says so
                 second = _ratio(base, dev2.samples)
-        second_device = device_suspect and (second or 0.0) > limit
-        confirmed = (device_suspect and (second or 0.0) > limit) or (
-            per_call_suspect and (per_call_second or 0.0) >= (per_call_limit or float("inf"))
-        )
-        if per_call_suspect and (per_call_second or 0.0) >= (per_call_limit or float("inf")) and not second_device:
+        device_confirmed = device_suspect and (second or 0.0) > limit
+        per_call_confirmed = per_call_suspect and (per_call_second or 0.0) >= (per_call_limit or float("inf"))
+        if per_call_confirmed and not device_confirmed:
             self._late = LateLook(timed, 2 * rounds, clock, entry, extra, self._knobs(), per_call_limit or 0.0)
         extra["remeasured"] = {
-            "confirmed": confirmed,
+            "confirmed": device_confirmed or per_call_confirmed,
             "first_ratio": first if device_suspect else per_call_first,
             "second_ratio": second if device_suspect else per_call_second,
             "metric": "device" if device_suspect else "per-call",
@@ -537,7 +536,7 @@ class BenchRunner:
         }
         node.user_properties.append((RECORD_KEY, record))
         late, self._late = self._late, None
-        if late is not None and not _xdist_worker(self.config):
+        if late is not None and xdist_worker() is None:
             late.record = record
             self.state.late_looks.append(late)
         return record
@@ -556,6 +555,7 @@ class LateLook:
         self.timed, self.rounds, self.clock = timed, rounds, clock
         self.entry, self.extra, self.knobs, self.limit = entry, extra, knobs, limit
         self.record: dict[str, Any] | None = None
+        self.confirmed = True  # until the third look says otherwise
 
     @property
     def name(self) -> str:
@@ -571,16 +571,13 @@ class LateLook:
         timing.estimate_call(self.timed, 3, self.clock)
         data, _ = timing.time_rounds(self.timed, self.rounds, self.clock)
         ratio = per_call_ratio(self.entry, {**self.extra, "throttled": None}, data, self.knobs)
-        late = {"late_data": [float(x) for x in data], "late_ratio": ratio, "confirmed": (ratio or 0.0) >= self.limit}
+        self.confirmed = (ratio or 0.0) >= self.limit
+        late = {"late_data": [float(x) for x in data], "late_ratio": ratio, "confirmed": self.confirmed}
         # the gate's record and pytest-benchmark's own extra_info (its JSON) both carry it
         for extra in (self.record["extra_info"], self.extra):
             extra.setdefault("remeasured", {}).update(late)
         self.timed = None  # the prepared run goes with it
         return ratio
-
-
-def _xdist_worker(config: pytest.Config) -> bool:
-    return hasattr(config, "workerinput")
 
 
 class MarkedBenchmark:
