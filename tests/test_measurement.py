@@ -351,6 +351,115 @@ def test_a_slow_phase_of_the_host_outlasting_two_looks_is_cleared_by_a_third(spi
     )
 
 
+USER_TEARDOWN_TEST = """
+import os
+import time
+
+import pytest
+import torch
+
+
+class Tagger(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.rnn = torch.nn.LSTM(8, 16, batch_first=True)
+        self.head = torch.nn.Linear(16, 3)
+        self.spin_s = 0.02 * float(os.environ.get("SLOWER", "1"))  # a fixed CPU time per call
+        self.with_head = True
+
+    def forward(self, x):
+        deadline = time.thread_time() + self.spin_s
+        while time.thread_time() < deadline:
+            pass
+        out, _ = self.rnn(x)
+        return self.head(out) if self.with_head else out
+
+
+@pytest.fixture
+def model():
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    net = Tagger().eval()
+    yield net, torch.randn(4, 10, 8)
+    net.spin_s, net.with_head = 0.0, False  # the teardown switches the model to other, cheaper work
+
+
+def test_tagger_forward(lstmperf_benchmark, model):
+    net, x = model
+
+    def forward():
+        with torch.no_grad():
+            return net(x)
+
+    lstmperf_benchmark(forward, label="forward")
+"""
+
+
+def test_a_third_look_at_a_call_its_teardown_changed_is_void(pytester, monkeypatch) -> None:
+    """The third look comes after the test's fixtures were torn down. A user's fixture whose teardown switches
+    the model to cheaper work (no spin, no head) would have the look time other work and clear a real 1.6x
+    slowdown; the look counts the call's ATen ops first, finds them moved, is void, and the re-measurement's
+    failure stands, with the reason printed and in the gate's note."""
+    pytester.makepyfile(test_user=USER_TEARDOWN_TEST)
+    _env(monkeypatch)
+    args = (*USER_ARGS, "--lstmperf-metric=per-call")
+    recorded = runpytest_forked(pytester, *args, "--lstmperf-save-baseline", timeout=300)
+    assert recorded.ret == 0, recorded.stdout.str()
+    monkeypatch.setenv("SLOWER", "1.6")
+    out = pytester.path / "slowed.json"
+    result = runpytest_forked(pytester, *args, "--benchmark-compare", f"--benchmark-json={out}", timeout=300)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED, result.stdout.str()
+    (bench,) = _records(out).values()
+    again = bench["extra_info"]["remeasured"]
+    assert again["first_ratio"] > 1.3 and again["second_ratio"] > 1.3 and again["confirmed"] is True
+    assert "late_ratio" not in again and "aten_ops" in again["late_void"]
+    result.stdout.fnmatch_lines(
+        [
+            "*a third look at 1 benchmark(s) whose per-call slowdown the re-measurement confirmed*",
+            "*test_tagger_forward: third look void: the call changed since its test (aten_ops * -> *)*",
+            "*confirmed by re-measurement*both fail; third look void: the call changed*",
+            "*SPEED GATE FAILED*",
+        ]
+    )
+
+
+def test_a_third_look_faster_than_the_baseline_beyond_its_noise_is_void() -> None:
+    """A call without host counts (JAX work) cannot be checked for a change by its counts: a third look that
+    reads faster than the baseline beyond its noise band (under 1 / the per-call threshold) timed other work,
+    is void, and the re-measurement's confirmation stands. A look back at the baseline's speed clears; one
+    still slower confirms. Timed on the thread's CPU clock, which the machine's load does not move."""
+    import time
+
+    from pytest_lstmperf.speed.gate import GateKnobs
+    from pytest_lstmperf.speed.runner import LateLook
+
+    def spin(seconds: float):
+        def call() -> None:
+            deadline = time.thread_time() + seconds
+            while time.thread_time() < deadline:
+                pass
+
+        return call
+
+    entry = {"stats": {"data": [0.004] * 21}, "extra_info": {"timer": "time.thread_time"}}
+    knobs = GateKnobs(metric="per-call", ratio=1.25, pvalue=0.01, probe=False)
+
+    def look(call) -> LateLook:
+        extra = {"timer": "time.thread_time", "remeasured": {"confirmed": True}}
+        late = LateLook(call, 5, time.thread_time, entry, extra, knobs, 1.5)
+        late.record = {"fullname": "t", "extra_info": {"remeasured": {"confirmed": True}}}
+        return late
+
+    other = look(lambda: None)  # the fixture's teardown left a call that does nothing
+    assert other.take() < 0.1 and other.void and other.confirmed
+    assert "faster than the baseline" in other.record["extra_info"]["remeasured"]["late_void"]
+    assert "late_data" not in other.record["extra_info"]["remeasured"]
+    back = look(spin(0.004))
+    assert 0.9 < back.take() < 1.3 and not back.void and not back.confirmed
+    slower = look(spin(0.008))
+    assert slower.take() > 1.5 and not slower.void and slower.confirmed
+
+
 def test_user_benchmark_is_recorded_and_gated(user) -> None:
     """A user's own model through ``lstmperf_benchmark(fn)``: recorded into the device's baseline with its
     observed kernel and host counters (no FLOP figure made up), compared clean, failed when its LSTM is

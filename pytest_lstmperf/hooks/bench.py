@@ -481,6 +481,9 @@ def _take_late_looks(config: pytest.Config) -> None:
             why = f"{type(exc).__name__}: {str(exc)[:200]}"
             say(f"  {look.name}: not looked at again ({why}); the re-measurement decides")
             continue
+        if look.void:
+            say(f"  {look.name}: third look void: {look.void}; the re-measurement decides")
+            continue
         verdict = "still slower" if look.confirmed else "back inside its threshold"
         say(f"  {look.name}: {ratio or 0.0:.3f}x against the per-call threshold {look.limit:.3f}: {verdict}")
 

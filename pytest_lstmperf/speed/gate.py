@@ -239,7 +239,11 @@ def _remeasure_note(failed: bool, again: dict[str, Any], unconfirmed: bool = Fal
             f"{late:.3f}x (a slow phase of the host, not of the code)"
         )
     if failed:
-        return f"confirmed by re-measurement: the first measurement{first_text} and the re-measurement both fail"
+        void = again.get("late_void")
+        no_third = f"; third look void: {void}" if void else ""
+        return (
+            f"confirmed by re-measurement: the first measurement{first_text} and the re-measurement both fail{no_third}"
+        )
     return f"not confirmed by re-measurement: the first measurement{first_text} was noise"
 
 

@@ -324,7 +324,7 @@ class BenchRunner:
         self._counters(extra, counters)
         phases["counters"], started = time.perf_counter() - started, time.perf_counter()
         extra["run_medians"] = timing.batch_medians(data)
-        self._remeasure(extra, data, thresholds, timed, plan, rounds, clock, dev_time)
+        self._remeasure(extra, data, thresholds, timed, plan, rounds, clock, dev_time, counters)
         phases["remeasure"] = time.perf_counter() - started
         return data
 
@@ -388,6 +388,7 @@ class BenchRunner:
         rounds: int,
         clock: Any,
         dev_time: Any,
+        counters: Any = None,
     ) -> None:
         """When a baseline is compared and the first measurement is past a threshold the gate applies (the
         device-time one, or the per-call one with its noise band), measure the suspect metric again (per-call:
@@ -451,6 +452,7 @@ class BenchRunner:
         per_call_confirmed = per_call_suspect and (per_call_second or 0.0) >= (per_call_limit or float("inf"))
         if per_call_confirmed and not device_confirmed:
             self._late = LateLook(timed, 2 * rounds, clock, entry, extra, self._knobs(), per_call_limit or 0.0)
+            self._late.counters = counters
         extra["remeasured"] = {
             "confirmed": device_confirmed or per_call_confirmed,
             "first_ratio": first if device_suspect else per_call_first,
@@ -549,13 +551,22 @@ class LateLook:
     2.15x against its per-call threshold of 2.02: the same benchmark read 0.78 ms and 0.93 ms in the run
     before and the one after, 1.7-1.8 ms in both looks. The gate decides the per-call check on this look's
     samples; a slowdown of the code fails all three. Not taken in a pytest-xdist worker, whose records have
-    left with its reports: there the re-measurement decides."""
+    left with its reports: there the re-measurement decides.
+
+    The look comes after the test's fixtures were torn down, and a teardown may change what the call runs (a
+    user's fixture that frees, moves or switches its model). Where the test counted the call's host work, the
+    look counts it again first: a call that now dispatches other ATen ops or launches other kernels is not the
+    call that was measured, the look is void (:attr:`void` says why) and the re-measurement decides. So is a
+    look that reads faster than the baseline beyond its noise band (below 1 / the per-call threshold): the
+    code cannot have sped up between two tests, and a call without counts (JAX work) is caught so."""
 
     def __init__(self, timed: Any, rounds: int, clock: Any, entry: dict, extra: dict, knobs: Any, limit: float) -> None:
         self.timed, self.rounds, self.clock = timed, rounds, clock
         self.entry, self.extra, self.knobs, self.limit = entry, extra, knobs, limit
         self.record: dict[str, Any] | None = None
         self.confirmed = True  # until the third look says otherwise
+        self.counters: Any = None  # ``counters()`` of the call, as the test counted it
+        self.void = ""  # why the look was not taken: the call changed since its test
 
     @property
     def name(self) -> str:
@@ -568,9 +579,25 @@ class LateLook:
 
         if self.record is None:
             return None
+        self.void = self._changed()
+        if self.void:
+            for extra in (self.record["extra_info"], self.extra):
+                extra.setdefault("remeasured", {})["late_void"] = self.void
+            self.timed = None
+            return None
         timing.estimate_call(self.timed, 3, self.clock)
         data, _ = timing.time_rounds(self.timed, self.rounds, self.clock)
         ratio = per_call_ratio(self.entry, {**self.extra, "throttled": None}, data, self.knobs)
+        if ratio is not None and self.limit > 0 and ratio < 1.0 / self.limit:
+            # faster than the baseline beyond its noise band: the code did not speed up between two tests
+            self.void = (
+                f"it read {ratio:.3f}x, faster than the baseline beyond its noise band (under 1/{self.limit:.3f}), "
+                "so it timed other work than the test did (its fixtures were torn down)"
+            )
+            for extra in (self.record["extra_info"], self.extra):
+                extra.setdefault("remeasured", {})["late_void"] = self.void
+            self.timed = None
+            return ratio
         self.confirmed = (ratio or 0.0) >= self.limit
         late = {"late_data": [float(x) for x in data], "late_ratio": ratio, "confirmed": self.confirmed}
         # the gate's record and pytest-benchmark's own extra_info (its JSON) both carry it
@@ -578,6 +605,28 @@ class LateLook:
             extra.setdefault("remeasured", {}).update(late)
         self.timed = None  # the prepared run goes with it
         return ratio
+
+    #: the counts that say which work a call does (bytes allocated may move with the caching allocator's history)
+    SAME_CALL = ("aten_ops", "kernels")
+
+    def _changed(self) -> str:
+        """Why the call is not the one the test measured (its op or kernel counts moved), else ``""``."""
+        then = self.extra.get("host_counters")
+        if self.counters is None or not isinstance(then, dict):
+            return ""
+        now = self.counters()
+        now = now if isinstance(now, dict) else {}
+        moved = [
+            f"{key} {then[key]} -> {now.get(key)}"
+            for key in self.SAME_CALL
+            if key in then and now.get(key) != then[key]
+        ]
+        if not moved:
+            return ""
+        return (
+            f"the call changed since its test ({', '.join(moved)}): its fixtures were torn down, so a third look "
+            "would time other work"
+        )
 
 
 class MarkedBenchmark:
