@@ -573,33 +573,30 @@ class LateLook:
         return self.record["fullname"] if self.record else "?"
 
     def take(self) -> float | None:
-        """Time the rounds again and write them and their ratio into the record's re-measurement; the ratio."""
+        """Time the rounds again and write them and their ratio into the record's re-measurement, or why the
+        look is void; the ratio (None when the look was not timed)."""
         from . import timing
         from .gate import per_call_ratio
 
         if self.record is None:
             return None
+        ratio = None
         self.void = self._changed()
+        if not self.void:
+            timing.estimate_call(self.timed, 3, self.clock)
+            data, _ = timing.time_rounds(self.timed, self.rounds, self.clock)
+            ratio = per_call_ratio(self.entry, {**self.extra, "throttled": None}, data, self.knobs)
+            if ratio is not None and self.limit > 0 and ratio < 1.0 / self.limit:
+                # faster than the baseline beyond its noise band: the code did not speed up between two tests
+                self.void = (
+                    f"it read {ratio:.3f}x, faster than the baseline beyond its noise band (under "
+                    f"1/{self.limit:.3f}), so it timed other work than the test did (its fixtures were torn down)"
+                )
         if self.void:
-            for extra in (self.record["extra_info"], self.extra):
-                extra.setdefault("remeasured", {})["late_void"] = self.void
-            self.timed = None
-            return None
-        timing.estimate_call(self.timed, 3, self.clock)
-        data, _ = timing.time_rounds(self.timed, self.rounds, self.clock)
-        ratio = per_call_ratio(self.entry, {**self.extra, "throttled": None}, data, self.knobs)
-        if ratio is not None and self.limit > 0 and ratio < 1.0 / self.limit:
-            # faster than the baseline beyond its noise band: the code did not speed up between two tests
-            self.void = (
-                f"it read {ratio:.3f}x, faster than the baseline beyond its noise band (under 1/{self.limit:.3f}), "
-                "so it timed other work than the test did (its fixtures were torn down)"
-            )
-            for extra in (self.record["extra_info"], self.extra):
-                extra.setdefault("remeasured", {})["late_void"] = self.void
-            self.timed = None
-            return ratio
-        self.confirmed = (ratio or 0.0) >= self.limit
-        late = {"late_data": [float(x) for x in data], "late_ratio": ratio, "confirmed": self.confirmed}
+            late: dict[str, Any] = {"late_void": self.void}
+        else:
+            self.confirmed = (ratio or 0.0) >= self.limit
+            late = {"late_data": [float(x) for x in data], "late_ratio": ratio, "confirmed": self.confirmed}
         # the gate's record and pytest-benchmark's own extra_info (its JSON) both carry it
         for extra in (self.record["extra_info"], self.extra):
             extra.setdefault("remeasured", {}).update(late)
