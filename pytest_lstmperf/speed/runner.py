@@ -589,8 +589,8 @@ class LateLook:
             if ratio is not None and self.limit > 0 and ratio < 1.0 / self.limit:
                 # faster than the baseline beyond its noise band: the code did not speed up between two tests
                 self.void = (
-                    f"it read {ratio:.3f}x, faster than the baseline beyond its noise band (under "
-                    f"1/{self.limit:.3f}), so it timed other work than the test did (its fixtures were torn down)"
+                    f"it read {ratio:.3f}x, faster than the baseline beyond its noise band (under 1/{self.limit:.3f}): "
+                    "it timed other work than the test did (a fixture's teardown changes a call so)"
                 )
         if self.void:
             late: dict[str, Any] = {"late_void": self.void}
@@ -621,8 +621,8 @@ class LateLook:
         if not moved:
             return ""
         return (
-            f"the call changed since its test ({', '.join(moved)}): its fixtures were torn down, so a third look "
-            "would time other work"
+            f"the call changed since its test ({', '.join(moved)}): a third look would time other work (a "
+            "fixture's teardown changes a call so, and so does a fault planted only while the test ran)"
         )
 
 
