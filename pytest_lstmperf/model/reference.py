@@ -335,10 +335,8 @@ def _check_shape(name: str, array: np.ndarray, shape: tuple[int, ...]) -> None:
         raise ValueError(f"{name} has shape {array.shape}, the spec needs {shape}")
 
 
-def _prepare(
-    spec: LayerSpec, weights: Mapping[str, np.ndarray], x: object, h0: object | None, c0: object | None
-) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray, np.ndarray | None]:
-    """Validate and convert the inputs to float64; missing initial states become zeros."""
+def _weights64(spec: LayerSpec, weights: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """``weights`` in float64, checked against the spec: every parameter there, none unknown, each of its shape."""
     expected = param_shapes(spec)
     missing = sorted(set(expected) - set(weights))
     unknown = sorted(set(weights) - set(expected))
@@ -347,6 +345,14 @@ def _prepare(
     w = {name: _f64(weights[name]) for name in param_names(spec)}
     for name, shape in expected.items():
         _check_shape(name, w[name], shape)
+    return w
+
+
+def _prepare(
+    spec: LayerSpec, weights: Mapping[str, np.ndarray], x: object, h0: object | None, c0: object | None
+) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray, np.ndarray | None]:
+    """Validate and convert the inputs to float64; missing initial states become zeros."""
+    w = _weights64(spec, weights)
     x = _f64(x)
     _check_shape("x", x, (spec.batch, spec.seq_len, spec.input_size))
     states = spec.num_layers * spec.directions
@@ -525,12 +531,7 @@ def forward_sequences(
     workload checks)."""
     if spec.bidirectional:
         raise ValueError("forward_sequences runs unidirectional layers (a backward sweep starts at each end)")
-    expected = param_shapes(spec)
-    missing, unknown = sorted(set(expected) - set(weights)), sorted(set(weights) - set(expected))
-    if missing or unknown:
-        raise ValueError(f"weights do not match the spec: missing {missing}, unknown {unknown}")
-    for name, shape in expected.items():
-        _check_shape(name, _f64(weights[name]), shape)
+    weights64 = _weights64(spec, weights)
     lengths = np.array([len(seq) for seq in sequences], dtype=np.int64)
     order = np.argsort(-lengths, kind="stable")
     longest = int(lengths.max()) if len(lengths) else 0
@@ -538,7 +539,6 @@ def forward_sequences(
     for row, i in enumerate(order):
         layer_input[row, : lengths[i]] = _f64(sequences[i])
     active = [int(np.sum(lengths > t)) for t in range(longest)]  # rows taking step t (sorted: a prefix)
-    weights64 = {name: _f64(value) for name, value in weights.items()}
     for layer in range(spec.num_layers):
         p = _layer_params(spec, weights64, layer, 0)
         h = np.zeros((len(sequences), spec.state_size))

@@ -451,8 +451,8 @@ class BenchRunner:
         device_confirmed = device_suspect and (second or 0.0) > limit
         per_call_confirmed = per_call_suspect and (per_call_second or 0.0) >= (per_call_limit or float("inf"))
         if per_call_confirmed and not device_confirmed:
-            self._late = LateLook(timed, 2 * rounds, clock, entry, extra, self._knobs(), per_call_limit or 0.0)
-            self._late.counters = counters
+            knobs, late_limit = self._knobs(), per_call_limit or 0.0
+            self._late = LateLook(timed, 2 * rounds, clock, entry, extra, knobs, late_limit, counters)
         extra["remeasured"] = {
             "confirmed": device_confirmed or per_call_confirmed,
             "first_ratio": first if device_suspect else per_call_first,
@@ -560,13 +560,23 @@ class LateLook:
     look that reads faster than the baseline beyond its noise band (below 1 / the per-call threshold): the
     code cannot have sped up between two tests, and a call without counts (JAX work) is caught so."""
 
-    def __init__(self, timed: Any, rounds: int, clock: Any, entry: dict, extra: dict, knobs: Any, limit: float) -> None:
+    def __init__(
+        self,
+        timed: Any,
+        rounds: int,
+        clock: Any,
+        entry: dict,
+        extra: dict,
+        knobs: Any,
+        limit: float,
+        counters: Any = None,
+    ) -> None:
         self.timed, self.rounds, self.clock = timed, rounds, clock
         self.entry, self.extra, self.knobs, self.limit = entry, extra, knobs, limit
+        self.counters = counters  # ``counters()`` of the call, as the test counted it (None: not counted)
         self.record: dict[str, Any] | None = None
         self.confirmed = True  # until the third look says otherwise
-        self.counters: Any = None  # ``counters()`` of the call, as the test counted it
-        self.void = ""  # why the look was not taken: the call changed since its test
+        self.void = ""  # why the look does not count: the call changed, or it read implausibly fast
 
     @property
     def name(self) -> str:
