@@ -76,16 +76,23 @@ def verdict_problem(seen: Observation, kernel: str, precision: str | None = None
 def _explanations(seen: Observation) -> list[str]:
     from ..observation.explain import ExplainError, explain
 
-    lines = []
+    from ..observation.calls import CELL_FRAMEWORK
+    from ..observation.eligibility import cell_verdict
+
+    lines: list[str] = []
     for framework, spec, options_or_device in seen.layers:
         try:
-            if framework == "torch":
+            if framework == CELL_FRAMEWORK:  # a cell call: no cuDNN or oneDNN kernel on any device
+                verdict = cell_verdict(spec, _device_of("torch", options_or_device))
+            elif framework == "torch":
                 verdict = explain(spec, "torch", _device_of(framework, options_or_device))
             else:
                 verdict = explain(spec, framework, _device_of(framework, None), options_or_device)
-            lines.append("explainer: " + verdict.describe())
+            line = "explainer: " + verdict.describe()
         except (ExplainError, ValueError) as exc:
-            lines.append(f"explainer: cannot judge {spec.short()}: {exc}")
+            line = f"explainer: cannot judge {spec.short()}: {exc}"
+        if line not in lines:  # a layer called once per step is explained once
+            lines.append(line)
     return lines + [f"note: {p}" for p in seen.problems]
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import importlib.abc
 import importlib.machinery
 import sys
@@ -106,40 +107,71 @@ def _collect(trace_cm: Any, seen: Observation) -> Iterator[None]:
     seen.traces.extend(out)
 
 
+#: the framework name of an ``nn.LSTMCell``/``nn.GRUCell`` call in ``Observation.layers`` (one time step)
+CELL_FRAMEWORK = "torch-cell"
+
+
 def _torch_hook(seen: Observation) -> Any:
     def hook(module: Any, args: Any) -> None:
         import torch
 
-        if isinstance(module, (torch.nn.LSTM, torch.nn.GRU)) and args:
+        if isinstance(module, (torch.nn.LSTM, torch.nn.GRU, torch.nn.LSTMCell, torch.nn.GRUCell)) and args:
+            if seen.recorder is not None and seen.recorder.paused:
+                return
             try:
-                seen.layers.append(("torch", *_torch_layer(module, args[0])))
+                seen.layers.append(_torch_layer(module, args))
             except Exception as exc:
                 seen.problems.append(f"could not describe {type(module).__name__}: {exc}")
 
     return hook
 
 
-def _torch_layer(module: Any, data: Any) -> tuple[Any, Any]:
+def _torch_layer(module: Any, args: tuple) -> tuple[str, Any, Any]:
+    """``(framework, LayerSpec, device type)`` of one call of a torch LSTM/GRU or cell, with the batch, length
+    and initial state of that call (a cell: one step, framework ``torch-cell``)."""
     import torch
 
     from ..model.spec import LayerSpec
 
+    data = args[0]
     packed = isinstance(data, torch.nn.utils.rnn.PackedSequence)
     tensor = data.data if packed else data
     dtype = str(tensor.dtype).replace("torch.", "")
+    dtype = dtype if dtype in ("float32", "float64", "float16", "bfloat16") else "float32"
+    given_state = len(args) > 1 and args[1] is not None
+    lstm = isinstance(module, (torch.nn.LSTM, torch.nn.LSTMCell))
+    common = {
+        "cell": "lstm" if lstm else "gru",
+        "input_size": module.input_size,
+        "hidden_size": module.hidden_size,
+        "bias": bool(module.bias),
+        "dtype": dtype,
+        "initial_state": given_state,
+    }
+    if isinstance(module, torch.nn.RNNCellBase):
+        batch = int(tensor.shape[0]) if tensor.dim() == 2 else 1
+        return CELL_FRAMEWORK, LayerSpec(**common, batch=batch, seq_len=1), str(tensor.device.type)
+    lengths = None
+    if packed:
+        sizes = [int(b) for b in data.batch_sizes]
+        batch, seq_len = sizes[0], len(sizes)
+        lengths = tuple(sum(1 for b in sizes if b > i) for i in range(batch))
+    elif tensor.dim() == 3:
+        first, second = int(tensor.shape[0]), int(tensor.shape[1])
+        batch, seq_len = (first, second) if module.batch_first else (second, first)
+    else:  # unbatched (L, H_in)
+        batch, seq_len = 1, int(tensor.shape[0])
     spec = LayerSpec(
-        cell="lstm" if isinstance(module, torch.nn.LSTM) else "gru",
-        input_size=module.input_size,
-        hidden_size=module.hidden_size,
+        **common,
         num_layers=module.num_layers,
         bidirectional=module.bidirectional,
         proj_size=getattr(module, "proj_size", 0),
-        bias=module.bias,
-        dtype=dtype if dtype in ("float32", "float64", "float16", "bfloat16") else "float32",
+        batch=batch,
+        seq_len=seq_len,
     )
     if packed:
-        spec = spec.replace(length_mode="packed", lengths=(1,) * spec.batch, seq_len=1)
-    return spec, str(tensor.device.type)
+        spec = spec.replace(length_mode="packed", lengths=lengths)
+    return "torch", spec, str(tensor.device.type)
 
 
 @contextlib.contextmanager
@@ -157,8 +189,10 @@ def _keras_layers(seen: Observation) -> Iterator[None]:
             patched.append((cls, name, original))
             setattr(cls, name, make(original))
 
+    given: dict[int, bool] = {}  # id(layer) -> whether its running call was given an initial state
     for cls in (keras.layers.LSTM, keras.layers.GRU):
-        patch(cls, "inner_loop", lambda original: _spied_inner_loop(seen, original))
+        patch(cls, "call", lambda original: _spied_call(given, original))
+        patch(cls, "inner_loop", lambda original: _spied_inner_loop(seen, original, given))
     for name in ("_call_fused_lstm", "_call_fused_gru"):
         patch(keras.layers.Bidirectional, name, lambda original: _spied_fused(seen, original))
     try:
@@ -191,17 +225,39 @@ def _layer_scope(seen: Observation, label: str, sequences: Any, *, keep_on_error
         recorder.leave()
 
 
-def _describe_into(seen: Observation, layer: Any, sequences: Any, mask: Any) -> list[tuple[str, Any, Any]]:
+def _describe_into(
+    seen: Observation, layer: Any, sequences: Any, mask: Any, initial_state: bool = False
+) -> list[tuple[str, Any, Any]]:
     try:
-        return [describe_keras_layer(layer, sequences, mask)]
+        return [describe_keras_layer(layer, sequences, mask, initial_state=initial_state)]
     except Exception as exc:
         seen.problems.append(f"could not describe Keras layer {layer.name!r}: {type(exc).__name__}: {exc}")
         return []
 
 
-def _spied_inner_loop(seen: Observation, original: Any) -> Any:
+def _spied_call(given: dict[int, bool], original: Any) -> Any:
+    """An LSTM/GRU ``call`` that notes whether the caller passed ``initial_state`` (Keras makes zeros before
+    ``inner_loop`` runs, so ``inner_loop`` always receives states)."""
+
+    @functools.wraps(original)
+    def call(self, sequences, initial_state=None, mask=None, training=False):
+        before = given.get(id(self))
+        given[id(self)] = initial_state is not None
+        try:
+            return original(self, sequences, initial_state=initial_state, mask=mask, training=training)
+        finally:
+            if before is None:
+                given.pop(id(self), None)
+            else:
+                given[id(self)] = before
+
+    return call
+
+
+def _spied_inner_loop(seen: Observation, original: Any, given: dict[int, bool] | None = None) -> Any:
     def inner_loop(self, sequences, initial_state, mask, training=False):
-        seen.layers.extend(_describe_into(seen, self, sequences, mask))
+        state = bool((given or {}).get(id(self), False))
+        seen.layers.extend(_describe_into(seen, self, sequences, mask, initial_state=state))
         if _keras_backend() == "jax":
 
             def invoke(x: Any, states: Any, m: Any) -> Any:
@@ -319,7 +375,8 @@ def _jax_layer_traces(seen: Observation, layer: Any, invoke: Any, arrays: tuple,
 def _spied_fused(seen: Observation, original: Any) -> Any:
     def fused(self, sequences, initial_state, *args, **kwargs):
         described = [d for layer in (self.forward_layer, self.backward_layer)
-                     for d in _describe_into(seen, layer, sequences, None)]  # fmt: skip
+                     for d in _describe_into(seen, layer, sequences, None,
+                                             initial_state=initial_state is not None)]  # fmt: skip
         label = f"keras Bidirectional {self.name!r} (fused)"
         with _layer_scope(seen, label, sequences, keep_on_error=False):
             result = original(self, sequences, initial_state, *args, **kwargs)
@@ -346,8 +403,9 @@ def _activation_name(function: Any) -> str:
     return f"custom:{module}.{name}"
 
 
-def describe_keras_layer(layer: Any, sequences: Any, mask: Any) -> tuple[str, Any, Any]:
-    """``(framework, LayerSpec, KerasOptions)`` of a Keras LSTM/GRU layer being called."""
+def describe_keras_layer(layer: Any, sequences: Any, mask: Any, initial_state: bool = False) -> tuple[str, Any, Any]:
+    """``(framework, LayerSpec, KerasOptions)`` of a Keras LSTM/GRU layer being called (``initial_state``:
+    whether the caller passed states, as a decoder fed an encoder's states is)."""
     import keras
     import numpy as np
 
@@ -377,6 +435,7 @@ def describe_keras_layer(layer: Any, sequences: Any, mask: Any) -> tuple[str, An
         reset_after=bool(getattr(cell, "reset_after", True)) or isinstance(layer, keras.layers.LSTM),
         length_mode="packed" if lengths else "none",
         lengths=lengths,
+        initial_state=bool(initial_state),
     )
     options = KerasOptions(
         backend=backend,

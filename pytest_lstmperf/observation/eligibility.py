@@ -219,7 +219,7 @@ def cell_verdict(spec: LayerSpec, device: Any) -> Verdict:
     return Verdict(
         framework=CELL_FRAMEWORK, device=kind, spec=spec, options=None,
         kernel="cuda-generic" if kind == "cuda" else "cpu-native", precision="fp32", reasons=(reason,),
-        rules_from="pytest_lstmperf.eligibility_report.cell_verdict",
+        rules_from="pytest_lstmperf.observation.eligibility.cell_verdict",
     )  # fmt: skip
 
 

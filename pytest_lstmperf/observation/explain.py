@@ -156,7 +156,12 @@ class Verdict:
         if self.raises:
             lines.append(f"  raises: {self.raises}")
         if not self.reasons:
-            lines.append("  eligible for cuDNN" if self.kernel == "cudnn" else "  no reason found")
+            if self.kernel == "cudnn":
+                lines.append("  eligible for cuDNN")
+            elif self.kernel == "onednn":
+                lines.append("  runs oneDNN, the CPU's fast kernel (cuDNN needs a GPU)")
+            else:
+                lines.append("  no reason found")
         for i, reason in enumerate(self.reasons, 1):
             lines.append(f"  {i}. " + reason.describe())
         lines += [f"  note: {n}" for n in self.notes]
@@ -384,10 +389,10 @@ RULES: tuple[Rule, ...] = (
         _ATEN,
     ),
     Rule(
-        "torch_cpu", _TORCHES,
-        lambda s, o, c: "input on the CPU: cuDNN needs a CUDA tensor" if c.device != "cuda" else None,
-        lambda s, o, c: "move the module and its input to a CUDA device (.to('cuda'))",
-        "none for the layer; needs a GPU machine",
+        "torch_cpu_onednn", _TORCHES,
+        lambda s, o, c: _off_onednn(s, c),
+        lambda s, o, c: _onto_onednn(s, c),
+        "the CPU's fastest LSTM kernel is oneDNN's; a GRU, a projection or a packed sequence has none there",
         _ATEN,
     ),
     Rule(
@@ -462,6 +467,36 @@ def installed_versions() -> dict[str, str | None]:
                 continue
         out[name] = version
     return out
+
+
+def _off_onednn(spec: LayerSpec, ctx: Context) -> str | None:
+    """Why a torch layer on the CPU does not run oneDNN (the CPU's fast kernel; ``use_mkldnn`` in RNN.cpp), or
+    ``None`` where it does or the device is a GPU. On the CPU the question is oneDNN, not cuDNN."""
+    if ctx.device == "cuda":
+        return None
+    if spec.cell == "gru":
+        return "GRU on the CPU: PyTorch's oneDNN RNN is LSTM-only, a GRU runs the native CPU kernels"
+    if spec.proj_size:
+        return f"proj_size={spec.proj_size}: PyTorch's oneDNN LSTM has no projection"
+    if spec.length_mode == "packed":
+        return "a PackedSequence: PyTorch's oneDNN LSTM runs dense sequences only"
+    if not ctx.mkldnn_enabled:
+        return "torch.backends.mkldnn.enabled is False"
+    if spec.dtype not in ("float32", "bfloat16"):
+        return f"dtype {spec.dtype}: PyTorch's oneDNN LSTM takes float32 or bfloat16 on the CPU"
+    return None
+
+
+def _onto_onednn(spec: LayerSpec, ctx: Context) -> str:
+    if spec.cell == "gru":
+        return "none for nn.GRU on the CPU (a GPU runs it on cuDNN); nn.LSTM runs oneDNN"
+    if spec.proj_size:
+        return f"proj_size={spec.proj_size} -> 0 (a Linear after the LSTM)"
+    if spec.length_mode == "packed":
+        return "pad the batch and pass the padded tensor (mask the padded steps in the loss)"
+    if not ctx.mkldnn_enabled:
+        return "torch.backends.mkldnn.enabled=False -> True"
+    return f"dtype {spec.dtype} -> float32 (or bfloat16)"
 
 
 def context_for(device: Any, **overrides: Any) -> Context:
@@ -687,14 +722,92 @@ def _rules_from(framework: str) -> str:
 
 
 def _version_notes(framework: str) -> list[str]:
+    """Nothing where the installed release is the one the rules were read from. For torch on another release
+    (with torch imported), the rules are checked against it (:func:`torch_rules_check`): a note only where a
+    prediction disagrees with what the installed release runs, or where it could not be checked."""
     installed = installed_versions()
     libs = ["torch"] if framework == "torch" else ["keras"]
     notes = []
     for lib in libs:
         have = installed.get(lib)
-        if have is not None and have.split("+")[0] != RULES_READ_FROM[lib]:
-            notes.append(f"rules read from {lib} {RULES_READ_FROM[lib]}, installed {lib} {have}: re-check the source")
+        if have is None or have.split("+")[0] == RULES_READ_FROM[lib]:
+            continue
+        if lib == "torch" and "torch" in sys.modules and not _PROBING:
+            check = torch_rules_check()
+            if check.agrees:
+                continue  # checked against the installed release: it runs what the rules predict
+            notes.append(f"rules read from torch {RULES_READ_FROM['torch']}, installed torch {have}: {check.summary}")
+            continue
+        notes.append(f"rules read from {lib} {RULES_READ_FROM[lib]}, installed {lib} {have}: re-check the source")
     return notes
+
+
+@dataclass(frozen=True)
+class RulesCheck:
+    """The torch rules against the installed release: each probe's prediction and what ran."""
+
+    version: str
+    results: tuple[tuple[str, str, str], ...]  # (probe, predicted, observed)
+    error: str = ""
+
+    @property
+    def agrees(self) -> bool:
+        return not self.error and all(p == o for _, p, o in self.results)
+
+    @property
+    def summary(self) -> str:
+        if self.error:
+            return f"the rules could not be checked against it ({self.error}): re-check the source"
+        if self.agrees:
+            return f"checked against it: {len(self.results)} probes ran what the rules predict"
+        wrong = [f"{name}: predicted {p}, ran {o}" for name, p, o in self.results if p != o]
+        return "the rules disagree with it (" + "; ".join(wrong) + "): re-check the source"
+
+
+_PROBING = False
+_RULES_CHECKS: dict[str, RulesCheck] = {}
+
+
+def torch_rules_check() -> RulesCheck:
+    """Check the torch rules against the installed torch, once per process and device setting: tiny
+    ``nn.LSTM``/``nn.GRU`` calls on the CPU (and, where torch sees a GPU, on it, with cuDNN on and off), each
+    observed from the ATen ops it dispatches and compared with :func:`explain`'s prediction. The calls run
+    outside any observer of the caller (the caller's dispatch modes are off, module hooks are not called)."""
+    global _PROBING
+    import torch
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    from ..model.spec import LayerSpec
+    from .torch_trace import torch_trace
+
+    version = str(torch.__version__)
+    cuda = torch.cuda.is_available()
+    key = f"{version} cuda={cuda}"
+    if key in _RULES_CHECKS:
+        return _RULES_CHECKS[key]
+    probes = [("lstm", "cpu", True), ("gru", "cpu", True)]
+    if cuda:
+        probes += [("lstm", "cuda", True), ("gru", "cuda", True), ("lstm", "cuda", False)]
+    results = []
+    _PROBING = True
+    try:
+        with _disable_current_modes(), torch.no_grad():
+            for cell, device, cudnn in probes:
+                spec = LayerSpec(cell=cell, input_size=4, hidden_size=4, batch=2, seq_len=3)
+                predicted = explain(spec, "torch", device, context=context_for(device, cudnn_enabled=cudnn)).kernel
+                layer = (torch.nn.LSTM if cell == "lstm" else torch.nn.GRU)(4, 4).to(device)
+                x = torch.randn(3, 2, 4, device=device)
+                with torch.backends.cudnn.flags(enabled=cudnn), torch_trace(device, "forward", False) as out:
+                    layer.forward(x)  # forward, not __call__: no module hook of the caller runs
+                name = f"{cell.upper()} on {device}" + ("" if cudnn else " with cuDNN off")
+                results.append((name, predicted, out[0].family))
+        check = RulesCheck(version, tuple(results))
+    except Exception as exc:
+        check = RulesCheck(version, tuple(results), f"{type(exc).__name__}: {exc}")
+    finally:
+        _PROBING = False
+    _RULES_CHECKS[key] = check
+    return check
 
 
 def fix_all(spec: LayerSpec, options: KerasOptions | None, verdict: Verdict) -> tuple[LayerSpec, KerasOptions | None]:

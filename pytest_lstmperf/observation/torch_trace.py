@@ -263,8 +263,13 @@ def profiled_events(profiler: object) -> list[tuple[str, bool]]:
 # ------------------------------------------------------------------------------------ per layer call
 #: torch module classes whose calls are recurrent layers (``nn.LSTM``/``nn.GRU``/``nn.RNN`` and their cells)
 _RECURRENT_MODULES = ("RNNBase", "RNNCellBase")
-#: ops that only a recurrent layer runs (matmuls with sigmoid/tanh alone are also an MLP)
-_RECURRENT_ONLY_OPS = _RECURRENT_OPS | {"_cudnn_rnn_backward", "mkldnn_rnn_layer_backward"}
+#: ops that only a recurrent layer's call runs (matmuls with sigmoid/tanh alone are also an MLP). Not
+#: ``_cudnn_rnn_flatten_weight``: building an ``nn.LSTM`` and moving it to CUDA (``module.to("cuda")``, whose
+#: ``_apply`` calls ``flatten_parameters``) runs it outside any call, and building a module is not a layer call
+_RECURRENT_ONLY_OPS = (_RECURRENT_OPS - {"_cudnn_rnn_flatten_weight"}) | {
+    "_cudnn_rnn_backward",
+    "mkldnn_rnn_layer_backward",
+}
 
 
 @dataclass
