@@ -22,6 +22,7 @@ import contextlib
 import dataclasses
 import os
 import shutil
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from . import ExecutionPath, PathResult, register_from
@@ -128,6 +129,20 @@ def supports(path: ExecutionPath, spec: LayerSpec) -> str | None:
 
 
 # ---------------------------------------------------------------------------------------------- runner
+@contextlib.contextmanager
+def _quiet_inductor_import() -> Iterator[None]:
+    """Silences the ``torch.jit.script_method is deprecated`` warnings that torch's own modules raise (14 of
+    them) when ``torch.compile`` first imports inductor: they are about torch's code, not the user's, and no
+    user can act on them. Every other warning goes through."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings(
+            "ignore", message="`torch.jit.script_method` is deprecated", category=DeprecationWarning
+        )
+        yield
+
+
 class CompiledRun(TorchRun):
     """A :class:`TorchRun` whose calls go through ``torch.compile(module, mode=...)``; compiled and warmed
     up when prepared, so traces and timings see the compiled code, not compilation."""
@@ -137,10 +152,11 @@ class CompiledRun(TorchRun):
         torch = self.torch
         torch._dynamo.reset()  # a fresh cache per path run: no recompile limit reached across examples
         self.mode = str(path.options.get("mode", "default"))
-        self.layer = torch.compile(self.module, mode=self.mode, dynamic=False)
-        self.graph_breaks = 0
-        self.breaks_seen: list[str] = []
-        self._warm("forward")
+        with _quiet_inductor_import():
+            self.layer = torch.compile(self.module, mode=self.mode, dynamic=False)
+            self.graph_breaks = 0
+            self.breaks_seen: list[str] = []
+            self._warm("forward")
 
     def _dynamo_config(self) -> contextlib.AbstractContextManager:
         return self.torch._dynamo.config.patch(allow_rnn=bool(self.path.options.get("allow_rnn", False)))
