@@ -22,6 +22,7 @@ _EXPORTS = {
     "verify_model": "numerics.verify_model",
     "ModelCheckFailed": "numerics.verify_model",
     "KnownFindingWarning": "numerics.verify_model",
+    "NotComparedWarning": "numerics.verify_model",
     "PathOutcome": "numerics.verify_model",
     "model_paths": "numerics.verify_model",
     "report": "observation.eligibility",

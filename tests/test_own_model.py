@@ -51,7 +51,8 @@ def x():
 
 def test_clean_model_passes_every_cpu_path(x):
     torch.manual_seed(0)
-    outcomes = verify_model(Tagger(), x, device="cpu")
+    # bf16 gradients cannot be compared (their bound would reach 0.1): accepted by name, or the call raises
+    outcomes = verify_model(Tagger(), x, device="cpu", accept_unchecked=["*-autocast-bf16: grad *"])
     names = {o.path for o in outcomes}
     assert {"torch-cpu-onednn", "torch-cpu-native"} <= names
     onednn = next(o for o in outcomes if o.path == "torch-cpu-onednn")
@@ -146,7 +147,7 @@ def test_tensors_made_without_a_dtype_follow_the_reference_and_a_cast_is_a_clear
     torch.manual_seed(0)
     outcomes = verify_model(TutorialEncoder(), x, device="cpu", paths=["torch-cpu-native"])
     assert outcomes[0].ok and outcomes[0].errors
-    with pytest.raises(ValueError, match=r"float64 reference run of TutorialEncoder on the CPU raised ValueError"):
+    with pytest.raises(ValueError, match=r"float64 reference run of TutorialEncoder on cpu raised ValueError"):
         verify_model(TutorialEncoder(cast_to_float32=True), x, device="cpu", paths=["torch-cpu-native"])
 
 

@@ -35,7 +35,14 @@ def test_training_step_runs_the_fast_kernel(model, batch):
 
 def test_every_path_matches_float64(model, batch, lstmperf_device):
     tokens, _ = batch
-    outcomes = pytest_lstmperf.verify_model(model, (tokens, model.init_hidden(BATCH)), device=lstmperf_device)
+    # the bf16 autocast paths' gradient bounds would reach 0.1 relative error: not comparable, accepted by name
+    # (without this the call raises: nothing goes uncompared in silence)
+    outcomes = pytest_lstmperf.verify_model(
+        model,
+        (tokens, model.init_hidden(BATCH)),
+        device=lstmperf_device,
+        accept_unchecked=["*-autocast-bf16: grad *"],
+    )
     checked = [o for o in outcomes if o.skipped is None]
     assert checked, [o.skipped for o in outcomes]
     assert all(o.errors for o in checked)

@@ -70,6 +70,13 @@ def verdict_problem(seen: Observation, kernel: str, precision: str | None = None
         counts[trace.describe()] = counts.get(trace.describe(), 0) + 1
     lines += [f"  {n}x {text}" if n > 1 else f"  {text}" for text, n in counts.items()]
     lines += _explanations(seen)
+    if kernel in ("cudnn", "cuda-generic") and any(
+        framework in ("torch", "torch-cell") and where != "cuda" for framework, _, where in seen.layers
+    ):
+        lines.append(
+            f"note: {kernel} needs a GPU: input on the CPU: cuDNN needs a CUDA tensor; move the module and its "
+            "input to a CUDA device (.to('cuda')), or claim the CPU's kernel with cpu=... (onednn for an nn.LSTM)"
+        )
     return "\n".join(lines)
 
 
