@@ -396,11 +396,23 @@ def _spied_fused(seen: Observation, original: Any) -> Any:
 def _activation_name(function: Any) -> str:
     from ..model.keras_options import ACTIVATIONS
 
-    name = getattr(function, "__name__", str(function))
+    name = getattr(function, "__name__", None)
     module = getattr(function, "__module__", "") or ""
     if name in ACTIVATIONS and module.startswith("keras"):
         return name
-    return f"custom:{module}.{name}"
+    if name is None and hasattr(function, "get_config"):
+        # a layer object as activation (keras.layers.ReLU(negative_slope=0.05)): carried as its Keras
+        # serialisation, so a worker can rebuild the layer with it (paths.keras.layer.activation)
+        import json
+
+        import keras
+
+        data = keras.saving.serialize_keras_object(function)
+        if isinstance(data, dict) and isinstance(data.get("config"), dict):  # what changes no computation out
+            data = {k: v for k, v in data.items() if not (k == "registered_name" and v is None)}
+            data["config"] = {k: v for k, v in data["config"].items() if k not in ("name", "dtype", "trainable")}
+        return "custom:" + json.dumps(data, sort_keys=True, separators=(",", ":"), default=str)
+    return f"custom:{module}.{name or type(function).__name__}"
 
 
 def describe_keras_layer(layer: Any, sequences: Any, mask: Any, initial_state: bool = False) -> tuple[str, Any, Any]:

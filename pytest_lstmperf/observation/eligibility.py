@@ -119,7 +119,7 @@ def configs_from_model(model: Any, batch: int = 4, seq_len: int = 10, example_in
     A Keras model is a Keras model on every backend (on the torch backend it is also a ``torch.nn.Module``)."""
     configs = ModelConfigs()
     if hasattr(model, "_flatten_layers"):
-        return _keras_configs(model, batch, seq_len)
+        return _keras_configs(model, batch, seq_len, example_inputs)
     torch_nn = getattr(importlib.import_module("torch"), "nn", None) if _has("torch") else None
     if torch_nn is not None and isinstance(model, torch_nn.Module):
         seen = _torch_call_shapes(model, example_inputs)
@@ -212,7 +212,8 @@ def cell_verdict(spec: LayerSpec, device: Any) -> Verdict:
         "has no cuDNN or oneDNN cell kernel",
         change=f"run the sequence through nn.{layer}({spec.input_size}, {spec.hidden_size}) in one call "
         "instead of a loop over the cell",
-        cost="per-step kernel launches and Python overhead for the whole loop; not measured here",
+        cost="per-step kernel launches and Python overhead for the whole loop (`lstmperf report --run` measures "
+        "the loop against nn.LSTM/GRU on the same weights)",
         source="PyTorch: aten::lstm_cell/gru_cell (_thnn_fused_*_cell on CUDA) have no cuDNN or oneDNN "
         "implementation (the kernel marker observes them as cuda-generic / cpu-native)",
     )
@@ -234,22 +235,65 @@ def _keras_input_shape(layer: Any) -> tuple[Any, ...] | None:
     return None
 
 
-def _keras_configs(model: Any, batch: int, seq_len: int) -> list[Config]:
+def _keras_called_shapes(model: Any, example_inputs: Any) -> dict[int, tuple[int, int, bool]]:
+    """``id(layer) -> (batch, seq_len, initial state given)`` of each Keras LSTM/GRU called on
+    ``example_inputs`` (one inference call of the model, observed); none given: {}."""
+    if example_inputs is None:
+        return {}
+    import keras
+
+    from .calls import observe
+
+    shapes: dict[int, tuple[int, int, bool]] = {}
+    original = {cls: cls.inner_loop for cls in (keras.layers.LSTM, keras.layers.GRU)}
+    with observe() as seen:
+        count = len(seen.layers)
+
+        def noting(cls: type) -> Any:
+            spied = cls.inner_loop  # observe()'s spy, which describes the call into seen.layers
+
+            def inner_loop(self, *args: Any, **kwargs: Any) -> Any:
+                nonlocal count
+                result = spied(self, *args, **kwargs)
+                for _, spec, _ in seen.layers[count:]:
+                    shapes[id(self)] = (spec.batch, spec.seq_len, spec.initial_state)
+                count = len(seen.layers)
+                return result
+
+            return inner_loop
+
+        for cls in original:
+            cls.inner_loop = noting(cls)
+        try:
+            model(example_inputs, training=False)
+        finally:
+            for cls, spied in original.items():
+                cls.inner_loop = spied  # observe() puts the layers' own back when its block ends
+    return shapes
+
+
+def _keras_configs(model: Any, batch: int, seq_len: int, example_inputs: Any = None) -> list[Config]:
     import keras
 
     from .calls import _activation_name
 
     configs = ModelConfigs()
+    called = _keras_called_shapes(model, example_inputs)
     for layer in model._flatten_layers(include_self=True, recursive=True):
         if isinstance(layer, (keras.layers.LSTM, keras.layers.GRU)) and layer.built:
             cell = layer.cell
             shape = _keras_input_shape(layer) or (None, None, None)
+            state = False
+            if id(layer) in called:
+                shape, state = (*called[id(layer)][:2], None), called[id(layer)][2]
+            guessed = [f"{what} {value}" for what, value, have in (("batch", batch, shape[0]),
+                                                                    ("length", seq_len, shape[1])) if not have]
             framework = f"keras-{keras.backend.backend()}"
             spec = LayerSpec(
                 cell="lstm" if isinstance(layer, keras.layers.LSTM) else "gru",
                 input_size=int(cell.kernel.shape[0]), hidden_size=int(cell.units), bias=bool(cell.use_bias),
                 reset_after=bool(getattr(cell, "reset_after", True)) or isinstance(layer, keras.layers.LSTM),
-                batch=int(shape[0] or batch), seq_len=int(shape[1] or seq_len),
+                batch=int(shape[0] or batch), seq_len=int(shape[1] or seq_len), initial_state=bool(state),
             )  # fmt: skip
             options = KerasOptions(
                 backend=keras.backend.backend(), use_cudnn=layer.use_cudnn,
@@ -259,6 +303,12 @@ def _keras_configs(model: Any, batch: int, seq_len: int) -> list[Config]:
                 recurrent_dropout=float(cell.recurrent_dropout), dropout=float(cell.dropout),
                 unroll=bool(layer.unroll), go_backwards=bool(layer.go_backwards),
             )  # fmt: skip
+            if guessed:
+                configs.notes[len(configs)] = (
+                    f"the model leaves its {' and '.join(w.split()[0] for w in guessed)} open (None): reported at "
+                    f"{', '.join(guessed)} (--batch/--seq-len, or report(model, example_inputs) for the shapes of "
+                    "a real call); small batches decide CPU vs GPU"
+                )
             configs.add(layer.name, (framework, spec, options))
     return configs
 
@@ -305,18 +355,47 @@ def load_configs(source: str, batch: int = 4, seq_len: int = 10) -> list[Config]
             raise ValueError(f"{source}: expected a JSON list of layer configs")
         return [config_from_dict(item) for item in data]
     module_name, _, attribute = source.partition(":")
+    import os
+    import sys
+
+    if "" not in sys.path and os.getcwd() not in sys.path:  # as `python -m` and pytest do: the current folder
+        sys.path.insert(0, os.getcwd())
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise ValueError(f"{source}: cannot import {module_name!r}: {exc}") from None
     obj = getattr(module, attribute or "CONFIGS", None)
     if obj is None:
-        raise ValueError(f"{source}: {module_name} has no attribute {attribute or 'CONFIGS'!r}")
+        candidates = _model_candidates(module)
+        if not attribute:
+            raise ValueError(
+                f"{source}: name what to report as {module_name}:ATTRIBUTE (a model, a model class or a factory, "
+                f"or a list of layer dicts); {module_name} has no CONFIGS list"
+                + (f"; candidates: {', '.join(f'{module_name}:{c}' for c in candidates)}" if candidates else "")
+            )
+        raise ValueError(
+            f"{source}: {module_name} has no attribute {attribute!r}"
+            + (f" (candidates: {', '.join(candidates)})" if candidates else "")
+        )
     if isinstance(obj, type) or (callable(obj) and not hasattr(obj, "modules") and not hasattr(obj, "_flatten_layers")):
         obj = obj()  # a model class or a factory: the model it builds
     if isinstance(obj, list):
         return [item if isinstance(item, tuple) else config_from_dict(item) for item in obj]
     return configs_from_model(obj, batch=batch, seq_len=seq_len)
+
+
+def _model_candidates(module: Any) -> list[str]:
+    """Names in ``module`` that look like what ``report`` takes: torch modules and their classes, Keras models,
+    and module-level functions defined there (factories)."""
+    out = []
+    for name, value in vars(module).items():
+        if name.startswith("_"):
+            continue
+        defined_here = getattr(value, "__module__", None) == module.__name__
+        is_model = hasattr(value, "modules") or hasattr(value, "_flatten_layers")
+        if (is_model and not isinstance(value, type)) or (defined_here and callable(value)):
+            out.append(name)
+    return out
 
 
 def _reference_slowdown(verdict: Verdict) -> tuple[str, str]:
@@ -366,13 +445,83 @@ def _median_train_time(run: Any, repeats: int = 5) -> float:
     return statistics.median(samples)
 
 
+def measure_cell_loop(spec: LayerSpec, device: Any, repeats: int = 7) -> tuple[str, float, tuple[float, float]]:
+    """A cell's row, run: the kernel its loop runs (observed), and the median time of a training call (forward
+    and backward) of a loop of ``spec.seq_len`` calls of ``nn.LSTMCell``/``nn.GRUCell`` over ``spec.batch``
+    sequences, divided by that of the ``nn.LSTM``/``nn.GRU`` holding the same weights, on ``device``."""
+    import time
+
+    import torch
+
+    from .torch_trace import torch_trace
+
+    where = getattr(device, "torch_device", None) or str(device)
+    lstm = spec.cell == "lstm"
+    torch.manual_seed(0)
+    cell = (torch.nn.LSTMCell if lstm else torch.nn.GRUCell)(spec.input_size, spec.hidden_size, bias=spec.bias)
+    layer = (torch.nn.LSTM if lstm else torch.nn.GRU)(spec.input_size, spec.hidden_size, bias=spec.bias)
+    with torch.no_grad():
+        layer.weight_ih_l0.copy_(cell.weight_ih)
+        layer.weight_hh_l0.copy_(cell.weight_hh)
+        if spec.bias:
+            layer.bias_ih_l0.copy_(cell.bias_ih)
+            layer.bias_hh_l0.copy_(cell.bias_hh)
+    cell, layer = cell.to(where), layer.to(where)
+    x = torch.randn(spec.seq_len, spec.batch, spec.input_size, device=where)
+
+    def loop() -> Any:
+        h = torch.zeros(spec.batch, spec.hidden_size, device=where)
+        state: Any = (h, h) if lstm else h
+        outs = []
+        for step in x:
+            state = cell(step, state)
+            outs.append(state[0] if lstm else state)
+        return torch.stack(outs)
+
+    with torch.no_grad():  # the same function: the comparison is of two ways to compute one thing
+        same = torch.allclose(loop(), layer(x)[0], rtol=1e-4, atol=1e-5)
+    if not same:
+        raise RuntimeError("the cell loop and nn.LSTM/GRU on the same weights disagree: nothing to compare")
+
+    def timed(call: Any) -> float:
+        start = time.perf_counter()
+        call().sum().backward()
+        if where.startswith("cuda"):
+            torch.cuda.synchronize()
+        return time.perf_counter() - start
+
+    def whole() -> Any:
+        return layer(x)[0]
+
+    for _ in range(2):  # warm-up: first calls pay one-time costs (allocations, kernel selection)
+        timed(loop), timed(whole)
+    samples = [(timed(loop), timed(whole)) for _ in range(repeats)]  # interleaved: a load change hits both
+    cell_time = statistics.median(a for a, _ in samples)
+    layer_time = statistics.median(b for _, b in samples)
+    with torch_trace(where, "forward") as traces:
+        loop()
+    return f"{traces[0].family}/{traces[0].precision}", cell_time / layer_time, (cell_time, layer_time)
+
+
 def build_report(configs: list[Config], device: Any = "cpu", run: bool = False) -> list[ReportRow]:
     rows = []
     names = getattr(configs, "names", None) or [""] * len(configs)
     for index, (name, (framework, spec, options)) in enumerate(zip(names, configs, strict=True)):
         if framework == CELL_FRAMEWORK:
             verdict = cell_verdict(spec, device)
-            row = ReportRow(verdict.config(), verdict, None, "?", "not measured: a cell loop vs nn.LSTM/GRU")
+            row = ReportRow(verdict.config(), verdict, None, "?", "not measured: run with --run to measure the "
+                            "cell loop against nn.LSTM/GRU on the same weights")  # fmt: skip
+            if run:
+                try:
+                    row.observed, factor, times = measure_cell_loop(spec, device)
+                    row.slowdown = f"{factor:.1f}x"
+                    row.slowdown_source = (
+                        f"measured here ({device.describe()}): a training call of the {spec.seq_len}-step cell loop "
+                        f"{times[0] * 1e3:.3g} ms vs nn.{spec.cell.upper()} on the same weights {times[1] * 1e3:.3g} ms"
+                    )
+                except Exception as exc:
+                    row.error = f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
+                    row.observed = "error"
             rows.append(_named(row, name))
             continue
         verdict = explain(spec, framework, device, options, context=context_for(device))

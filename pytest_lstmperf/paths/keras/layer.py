@@ -100,12 +100,38 @@ def unplace(array: np.ndarray, positions: np.ndarray) -> np.ndarray:
     return out
 
 
+def activation(name: str) -> Any:
+    """An activation of :class:`KerasOptions` as Keras takes it: a Keras name as it is; ``custom:{...}`` (an
+    observed layer object, :func:`pytest_lstmperf.observation.calls._activation_name`) rebuilt from its
+    serialisation; ``custom:module.function`` imported. One that cannot be rebuilt is a ``ValueError`` that
+    names it."""
+    if not str(name).startswith("custom:"):
+        return name
+    body = str(name)[len("custom:"):]
+    if body.startswith("{"):
+        import json
+
+        import keras
+
+        return keras.saving.deserialize_keras_object(json.loads(body))
+    import importlib
+
+    module, _, attribute = body.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module), attribute)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise ValueError(
+            f"activation {name!r}: cannot import {attribute!r} from {module!r} in the Keras worker ({exc}); "
+            "define the activation at module level of an importable module, or use a Keras activation name"
+        ) from None
+
+
 def layer_kwargs(spec: LayerSpec, options: KerasOptions) -> dict[str, Any]:
     """Constructor arguments of one Keras LSTM/GRU layer."""
     kwargs: dict[str, Any] = {
         "units": spec.hidden_size,
-        "activation": options.activation,
-        "recurrent_activation": options.recurrent_activation,
+        "activation": activation(options.activation),
+        "recurrent_activation": activation(options.recurrent_activation),
         "use_bias": spec.bias,
         "dropout": options.dropout,
         "recurrent_dropout": options.recurrent_dropout,

@@ -517,8 +517,9 @@ class KerasRun:
 
     def close(self) -> None:
         """Free the worker's copy (deferred to the next request: no pipe traffic from a finaliser)."""
-        if self.handle is not None:
-            self.worker.defer_release(self.handle)
+        handle = getattr(self, "handle", None)  # None also where "prepare" raised in __init__
+        if handle is not None:
+            self.worker.defer_release(handle)
         self.handle = None
 
     def __del__(self) -> None:
