@@ -36,6 +36,45 @@ def comparable_fields(kind: str, fingerprint: Mapping[str, str]) -> dict[str, st
     return {"kind": kind, **{name: str(fingerprint.get(name, "?")) for name in names}}
 
 
+#: what decides the hardware's speed: the key of a speed baseline (software versions are recorded with each entry)
+HARDWARE_FIELDS = {"cuda": ("gpu", "capability"), "cpu": ("cpu", "threads")}
+#: software whose version is recorded with every baseline entry: a run on other versions is an upgrade
+SOFTWARE_FIELDS = ("driver", "cuda", "cudnn", "torch")
+SOFTWARE_DISTRIBUTIONS = ("keras", "tensorflow", "jax", "jaxlib", "onnxruntime", "onnxruntime-gpu")
+
+
+def hardware_fields(kind: str, fingerprint: Mapping[str, str]) -> dict[str, str]:
+    """The fingerprint fields that key a speed baseline: the GPU model and compute capability, or the CPU model
+    and the threads torch uses."""
+    names = HARDWARE_FIELDS.get(kind)
+    if names is None:
+        raise ValueError(f"unknown device kind {kind!r} (valid: {', '.join(HARDWARE_FIELDS)})")
+    return {"kind": kind, **{name: str(fingerprint.get(name, "?")) for name in names}}
+
+
+def hardware_key(fields: Mapping[str, str]) -> str:
+    """A speed baseline's file name stem: ``NVIDIA_H100_80GB_HBM3-cc9.0``, ``cpu-<model>-2t``."""
+    if fields.get("kind") == "cuda":
+        parts = [fields.get("gpu", "gpu"), f"cc{fields.get('capability', '')}"]
+    else:
+        parts = ["cpu", fields.get("cpu", ""), f"{fields.get('threads', '')}t"]
+    return re.sub(r"[^A-Za-z0-9.+-]+", "_", "-".join(parts)).strip("_.")[:200]
+
+
+def software_versions(fingerprint: Mapping[str, str]) -> dict[str, str]:
+    """The versions of the software that runs the benchmarks: the device's (driver, CUDA, cuDNN, torch)
+    and the other frameworks', read from their distributions without importing them."""
+    from importlib import metadata
+
+    versions = {k: str(fingerprint[k]) for k in SOFTWARE_FIELDS if fingerprint.get(k) not in (None, "", "?")}
+    for dist in SOFTWARE_DISTRIBUTIONS:
+        try:
+            versions[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return versions
+
+
 def device_key(fields: Mapping[str, str]) -> str:
     """The one device key: readable and file-name-safe, from :func:`comparable_fields` (a baseline's file name,
     ``NVIDIA_H100_80GB_HBM3-cc9.0-drv570.86-cuda13.0-cudnn91900-torch2.11.0``); a field left out of ``fields``
@@ -72,6 +111,14 @@ class DeviceInfo:
     def comparable(self) -> dict[str, str]:
         """The fingerprint fields that decide whether two timings on devices can be compared."""
         return comparable_fields(self.kind, self.fingerprint)
+
+    def hardware(self) -> dict[str, str]:
+        """The fields that key this device's speed baseline (:func:`hardware_fields`)."""
+        return hardware_fields(self.kind, self.fingerprint)
+
+    def versions(self) -> dict[str, str]:
+        """The software versions recorded with each baseline entry (:func:`software_versions`)."""
+        return software_versions(self.fingerprint)
 
     def key(self) -> str:
         """:func:`device_key` of this device without the driver version: names the tolerance-measurement files

@@ -208,13 +208,6 @@ def parse_threshold(raw: str) -> float:
     return value
 
 
-def parse_pvalue(raw: str) -> float:
-    value = parse_float(0.0, 1.0)(raw)
-    if not 0.0 < value < 1.0:
-        raise ValueError(f"{raw!r} must be strictly between 0 and 1 (e.g. 0.002)")
-    return value
-
-
 def _parse_dir(raw: str) -> str:
     return raw.strip()
 
@@ -259,9 +252,8 @@ BENCH_SETTINGS = [
             "lstmperf_add_baseline_run",
             "false",
             parse_bool,
-            "add this run to the recorded baseline's noise band (its per-call and device medians and host counters) "
-            "without replacing any entry: record with --lstmperf-save-baseline, then add 2 or more runs, so that "
-            "the per-call threshold covers how much clean runs differ from each other",
+            "add this run's figures to the recorded baseline as one more recording run, without replacing any "
+            "entry; a run whose figure lies outside an entry's limit is refused for that entry and named",
         ),
         Setting(
             "lstmperf_accept_inconclusive",
@@ -290,41 +282,9 @@ BENCH_SETTINGS = [
             "lstmperf_threshold",
             "1.10",
             parse_threshold,
-            "minimum slowdown that counts as a regression, as a ratio of medians (marker lstmperf_threshold "
-            "overrides per test)",
+            "the speed gate's threshold: a figure more than this ratio above its baseline's is slower, where the "
+            "benchmark resolves it (marker lstmperf_threshold overrides per test)",
             "RATIO",
-        ),
-        Setting(
-            "lstmperf_pvalue",
-            "--lstmperf-pvalue",
-            "PYTEST_LSTMPERF_PVALUE",
-            "lstmperf_pvalue",
-            "0.002",
-            parse_pvalue,
-            "level of the one-sided Mann-Whitney U test on raw samples",
-            "P",
-        ),
-        Setting(
-            "lstmperf_drift",
-            "--lstmperf-drift",
-            "PYTEST_LSTMPERF_DRIFT",
-            "lstmperf_drift",
-            "off",
-            parse_choice(("probe", "off")),
-            "machine-drift correction of per-call decisions: probe (divide the host part of each time by the "
-            "now/baseline ratio of a fixed host-bound probe timed between the benchmark's rounds) or off",
-            "MODE",
-        ),
-        Setting(
-            "lstmperf_metric",
-            "--lstmperf-metric",
-            "PYTEST_LSTMPERF_METRIC",
-            "lstmperf_metric",
-            "auto",
-            parse_choice(("auto", "device", "per-call")),
-            "what the speed gate compares: auto (device time from CUDA-graph replay where both runs have it, "
-            "else the per-call time), device, or per-call (host overhead included)",
-            "METRIC",
         ),
         Setting(
             "lstmperf_report",

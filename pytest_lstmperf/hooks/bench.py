@@ -3,13 +3,13 @@
 its verdict set as the session's exit status.
 
 Hooks and fixture wiring only; the work lives in :mod:`..speed`: :mod:`..speed.runner` (one benchmark's
-measurement), :mod:`..speed.timing` (clocks), :mod:`..speed.baseline` (the store), :mod:`..speed.gate` and
-:mod:`..speed.regression` (the decision), :mod:`..speed.shapes` (what is measured), :mod:`..speed.report` (the
+measurement), :mod:`..speed.timing` (clocks and the anchor), :mod:`..speed.baseline` (the store),
+:mod:`..speed.policy` (the rule) and :mod:`..speed.gate` (the run's state and decisions), :mod:`..speed.shapes` (what is measured), :mod:`..speed.report` (the
 page); the terminal section is :mod:`.terminal`.
 
-* ``--benchmark-compare`` with no argument is pointed at this device's baseline file before
+* ``--benchmark-compare`` with no argument is pointed at this hardware's baseline file before
   pytest-benchmark loads it, so its comparison table and ``--benchmark-compare-fail`` work as usual; the
-  gate then compares raw samples and fails the session in ``pytest_sessionfinish``.
+  gate then decides by :mod:`..speed.policy` and fails the session in ``pytest_sessionfinish``.
 * ``--lstmperf-save-baseline`` records missing entries, ``--lstmperf-update-baseline`` replaces them.
 * ``@pytest.mark.lstmperf`` on a test using pytest-benchmark's own ``benchmark`` fixture: that test's
   ``benchmark(fn, *args, **kwargs)`` is measured as ``lstmperf_benchmark(fn)`` is (:class:`MarkedBenchmark`);
@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from .. import options
-from ..speed.gate import GateState, gate_knobs, run_gate
+from ..speed.gate import GateState, run_gate
 from ..speed.provenance import benchmark_header, provenance, record_command
 from ..speed.runner import BENCH_MARKER, RECORD_KEY, BenchCase, BenchRunner, MarkedBenchmark, run_spec
 from ..speed.shapes import bench_set
@@ -97,7 +97,7 @@ def _device(config: pytest.Config) -> DeviceInfo:
 
 
 def _fields(device: DeviceInfo) -> dict[str, str]:
-    return device.comparable()
+    return device.hardware()
 
 
 def _baselines_dir(config: pytest.Config) -> Path:
@@ -116,8 +116,8 @@ def _store(config: pytest.Config):
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
-        "lstmperf_threshold(ratio=None, pvalue=None): per-test regression threshold for the speed gate "
-        "(ratio of medians above which a significant slowdown fails; p-value level of the rank test)",
+        "lstmperf_threshold(ratio): per-test threshold of the speed gate (a figure more than this ratio above its "
+        "baseline's is slower, where the benchmark resolves it)",
     )
     config.addinivalue_line(
         "markers",
@@ -130,12 +130,8 @@ def pytest_configure(config: pytest.Config) -> None:
     compare = config.getoption("benchmark_compare", None)
     if not _is_worker(config) and _explicit_lstmperf(config) and (compare or _saves_json(config)):
         config.stash[MACHINE_KEY] = MachineInfo.start()  # before the device's set-up, which it overlaps
-    metric = _setting(config, "lstmperf_metric")
-    if compare and metric.value == "device" and _device(config).kind != "cuda":
-        raise pytest.UsageError(
-            f"{metric.where()}: the device metric compares CUDA-graph replay times, which a "
-            f"{_device(config).kind} run does not have (valid here: auto, per-call)"
-        )
+    if not _is_worker(config) and _saving(config) is not None:
+        _check_writable(config)
     if compare and _is_worker(config):
         config.option.benchmark_compare = []  # the controller compares; workers only measure
     elif compare and _explicit_lstmperf(config):
@@ -216,13 +212,19 @@ def _point_compare(config: pytest.Config, compare: object) -> None:
         return
     candidate = Path(str(compare))
     if not candidate.is_file():
-        if candidate.suffix == ".json" or os.sep in str(compare):
+        in_baselines = [_baselines_dir(config) / str(compare), _baselines_dir(config) / f"{compare}.json"]
+        found = next((p for p in in_baselines if p.is_file()), None)
+        if found is None:
+            if _benchmark_storage_has(config, str(compare)):
+                return  # pytest-benchmark's own run number or id: its comparison, not the gate's
             raise pytest.UsageError(
-                f"--benchmark-compare={compare}: no such file ({candidate.resolve()}). Valid: an existing baseline "
-                f"file, a pytest-benchmark run number or id from --benchmark-storage, or no value (this device's "
-                f"baseline in {_baselines_dir(config)})"
+                f"--benchmark-compare={compare}: matches nothing: no file {candidate.resolve()}, no "
+                f"{in_baselines[0].name} or {in_baselines[1].name} in {_baselines_dir(config)}, and no "
+                f"pytest-benchmark run *{compare}*.json in --benchmark-storage. Valid: an existing baseline file, a "
+                f"pytest-benchmark run number or id, or no value (this hardware's baseline in "
+                f"{_baselines_dir(config)})"
             )
-        return  # pytest-benchmark's own run number or id: its comparison, not the gate's
+        candidate = found
     try:
         baseline = load(candidate, record_command(config))
     except BaselineError as exc:
@@ -232,12 +234,25 @@ def _point_compare(config: pytest.Config, compare: object) -> None:
     diff = differences(baseline.fields, _fields(_device(config)))
     if diff:
         raise pytest.UsageError(
-            f"--benchmark-compare={compare}: refusing to compare against a baseline of another device: "
-            f"{'; '.join(diff)}. Timings of different devices are not comparable; compare against this "
-            f"device's baseline (--benchmark-compare with no argument) or record one with: "
+            f"--benchmark-compare={compare}: refusing to compare against a baseline of other hardware: "
+            f"{'; '.join(diff)}. Timings of different hardware are not comparable; compare against this "
+            f"hardware's baseline (--benchmark-compare with no argument) or record one with: "
             f"{record_command(config)}"
         )
     state.compare, state.baseline = "file", baseline
+    config.option.benchmark_compare = str(baseline.path.resolve())
+
+
+def _benchmark_storage_has(config: pytest.Config, name: str) -> bool:
+    """Whether pytest-benchmark's storage (``--benchmark-storage``, a ``file://`` folder) holds a run whose file
+    name contains ``name``, as pytest-benchmark's own ``--benchmark-compare=NAME`` looks it up."""
+    raw = str(config.getoption("benchmark_storage", None) or "file://./.benchmarks")
+    if not raw.startswith("file://"):
+        return True  # another storage (elasticsearch): pytest-benchmark looks itself
+    folder = Path(raw[len("file://") :])
+    if not folder.is_absolute():
+        folder = Path(config.invocation_params.dir) / folder
+    return folder.is_dir() and any(name in p.name for p in folder.rglob("*.json"))
 
 
 def _saving(config: pytest.Config) -> str | None:
@@ -348,9 +363,6 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         import warnings
 
         warnings.filterwarnings("ignore", message="Benchmarks are automatically disabled because xdist")
-    state = config.stash.get(STATE_KEY, None)
-    if state is not None and state.sampler is not None:
-        state.sampler.stop()
 
 
 # ----------------------------------------------------------------------------------- pytest-benchmark
@@ -424,9 +436,9 @@ def pytest_benchmark_update_machine_info(config: pytest.Config, machine_info: di
         device = _device(config)
     except pytest.UsageError:
         return
-    from ..device import device_key
+    from ..device import hardware_key
 
-    machine_info["lstmperf"] = {"device_key": device_key(_fields(device)), "fingerprint": dict(device.fingerprint)}
+    machine_info["lstmperf"] = {"device_key": hardware_key(_fields(device)), "fingerprint": dict(device.fingerprint)}
 
 
 def pytest_benchmark_update_json(config: pytest.Config, benchmarks: Any, output_json: dict[str, Any]) -> None:
@@ -436,56 +448,18 @@ def pytest_benchmark_update_json(config: pytest.Config, benchmarks: Any, output_
         device = _device(config)
     except pytest.UsageError:
         return
-    from ..device import device_key
+    from ..device import hardware_key
     from ..speed.baseline import FORMAT
 
     fields = _fields(device)
     output_json["lstmperf"] = {
         "format": FORMAT,
-        "device_key": device_key(fields),
-        "comparable": fields,
+        "device_key": hardware_key(fields),
+        "hardware": fields,
+        "versions": device.versions(),
         "fingerprint": dict(device.fingerprint),
         "provenance": provenance(config),
     }
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtestloop(session: pytest.Session) -> Any:
-    """Once every test has run: the third looks at confirmed per-call slowdowns (:class:`LateLook`)."""
-    result = yield
-    if not session.shouldstop and not session.shouldfail:
-        _take_late_looks(session.config)
-    return result
-
-
-def _take_late_looks(config: pytest.Config) -> None:
-    state = config.stash.get(STATE_KEY, None)
-    if state is None or not state.late_looks:
-        return
-    looks, state.late_looks = state.late_looks, []
-    reporter = config.pluginmanager.get_plugin("terminalreporter")
-
-    def say(line: str) -> None:
-        if reporter is not None:
-            reporter.write_line(line)
-
-    say("")  # off the progress dots' line, which a quiet run does not end
-    say(
-        f"lstmperf: a third look at {len(looks)} benchmark(s) whose per-call slowdown the re-measurement confirmed "
-        "(a slow phase of the host outlasts two looks in a row; a slower code fails all three):"
-    )
-    for look in looks:
-        try:
-            ratio = look.take()
-        except Exception as exc:  # the re-measurement's verdict stands
-            why = f"{type(exc).__name__}: {str(exc)[:200]}"
-            say(f"  {look.name}: not looked at again ({why}); the re-measurement decides")
-            continue
-        if look.void:
-            say(f"  {look.name}: third look void: {look.void}; the re-measurement decides")
-            continue
-        verdict = "still slower" if look.confirmed else "back inside its threshold"
-        say(f"  {look.name}: {ratio or 0.0:.3f}x against the per-call threshold {look.limit:.3f}: {verdict}")
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
@@ -514,11 +488,71 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
         session_ = config.stash.get(SESSION_KEY, None)
         unavailable = session_.resolve_unavailable() if session_ is not None else {}
-        state.gate = run_gate(state.baseline, state.records, gate_knobs(config, state.baseline), unavailable)
+        threshold = _setting(config, "lstmperf_threshold").value
+        state.gate = run_gate(state.baseline, state.records, threshold, _device(config).versions(), unavailable)
+        _write_ci_summary(config, state)
     _write_report(config, state)
     failed = _gate_outcome(config, state)
     if failed and session.exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def _check_writable(config: pytest.Config) -> None:
+    """A recording run whose baseline cannot be written stops before any test runs (exit 4)."""
+    from ..speed.baseline import BaselineError
+
+    try:
+        _store(config).check_writable(_fields(_device(config)))
+    except BaselineError as exc:
+        raise pytest.UsageError(f"{_saving_flag(config)}: {exc}") from None
+
+
+def _saving_flag(config: pytest.Config) -> str:
+    return {"update": "--lstmperf-update-baseline", "save": "--lstmperf-save-baseline"}.get(
+        _saving(config) or "", "--lstmperf-add-baseline-run"
+    )
+
+
+def _write_ci_summary(config: pytest.Config, state: GateState) -> None:
+    """The verdict as Markdown in ``$GITHUB_STEP_SUMMARY`` (where set) and as JUnit properties of the run."""
+    try:
+        from .. import ci_summary
+    except ImportError:  # pragma: no cover - the module ships with the package
+        return
+    assert state.gate is not None
+    rows = [
+        ci_summary.SummaryRow(
+            name=d.name,
+            verdict=d.verdict,
+            kernel=d.kernel_now or d.kernel_then,
+            ratio=(d.deciding.ratio if d.deciding else None),
+            limit=(d.deciding.limit if d.deciding else None),
+            note="; ".join(c.text() for c in d.checks if c.verdict != "unchanged") or "; ".join(d.notes),
+        )
+        for d in state.gate.decisions
+    ]
+    headline = f"speed gate: {state.gate.summary()}"
+    if state.gate.upgrade is not None:
+        headline += f" ({state.gate.upgrade.headline(state.gate.decisions)})"
+    try:
+        written = ci_summary.write_step_summary(rows, headline)
+    except OSError as exc:
+        state.errors.append(f"GITHUB_STEP_SUMMARY: could not write the gate's summary: {exc}")
+        written = None
+    if written is not None:
+        state.messages.append(f"the gate's verdict was written to {written} (GITHUB_STEP_SUMMARY)")
+    xml = config.stash.get(_junit_key(), None) if _junit_key() is not None else None
+    if xml is not None:
+        for name, value in ci_summary.junit_properties(rows, headline):
+            xml.add_global_property(name, value)
+
+
+def _junit_key() -> Any:
+    try:
+        from _pytest.junitxml import xml_key
+    except ImportError:  # pragma: no cover
+        return None
+    return xml_key
 
 
 def _record_baseline(config: pytest.Config, state: GateState, session: pytest.Session, measured: list) -> None:
@@ -528,12 +562,14 @@ def _record_baseline(config: pytest.Config, state: GateState, session: pytest.Se
 
     status = pytest.ExitCode(session.exitstatus) if isinstance(session.exitstatus, int) else session.exitstatus
     if status != pytest.ExitCode.OK or session.shouldstop or session.shouldfail:
-        why = "it was interrupted" if status == pytest.ExitCode.INTERRUPTED else f"it did not pass ({status.name})"
+        interrupted = status == pytest.ExitCode.INTERRUPTED
+        why = "it was interrupted" if interrupted else f"it did not pass ({status.name})"
         if session.testsfailed:
             why += f": {session.testsfailed} test(s) failed"
+        then = "Record again with a run that completes." if interrupted else "Fix the failure and record again."
         state.errors.append(
             f"not recording: this run did not complete ({why}); a partial baseline is never written, the "
-            f"baseline folder is unchanged. Fix the failure and record again."
+            f"baseline folder is unchanged. {then}"
         )
         return
     if not measured:
@@ -545,6 +581,8 @@ def _record_baseline(config: pytest.Config, state: GateState, session: pytest.Se
             measured,
             fields=_fields(device),
             fingerprint=device.fingerprint,
+            versions=device.versions(),
+            threshold=_setting(config, "lstmperf_threshold").value,
             provenance=provenance(config),
             header=benchmark_header(config),
             update=_saving(config) == "update",

@@ -27,18 +27,14 @@ def print_speed_section(tr: Any, config: pytest.Config, state: GateState, device
             tr.write_line(f"device: {device()}")
         for line in summary_lines(state.records):
             tr.write_line(line)
-        for note in clock_notes(state.records):
+        for note in timing_notes(state.records):
             tr.write_line(note, yellow=True)
     for message in state.messages:
         tr.write_line(message)
     if state.save_report is not None:
         tr.write_line(state.save_report.describe(), green=True)
-        for flag in state.save_report.flags:
-            tr.write_line(
-                f"BIMODAL BASELINE (recorded, flagged in the file as extra_info.noise_band): {flag}",
-                yellow=True,
-                bold=True,
-            )
+        for flag in state.save_report.refused:
+            tr.write_line(f"RECORDING RUN REFUSED for {flag}", yellow=True, bold=True)
     if state.report_path is not None:
         tr.write_line(f"speed report written to {state.report_path}")
     if state.gate is not None:
@@ -51,66 +47,49 @@ def print_speed_section(tr: Any, config: pytest.Config, state: GateState, device
 
 
 def _print_gate(tr: Any, config: pytest.Config, state: GateState) -> None:
-    from ..speed.regression import format_table
+    from ..speed.policy import format_table
 
     assert state.baseline is not None and state.gate is not None
     gate = state.gate
     verbose = config.getoption("verbose", 0) > 0
-    shown = gate.decisions if verbose else [d for d in gate.decisions if d.verdict not in ("unchanged", "not-run")]
     tr.write_line("")
+    if gate.upgrade is not None:  # said first: every figure below crosses it
+        tr.write_line(gate.upgrade.headline(gate.decisions), yellow=True, bold=True)
+        moved = [d for d in gate.decisions if d.verdict in ("regressed", "improved", "kernel-changed")]
+        for d in moved:
+            tr.write_line(f"  {d.name}: {d.verdict}: {_check_line(d)}", yellow=True)
+    if state.baseline.migrated_from is not None:
+        tr.write_line(
+            f"baseline {state.baseline.path.name} has the older format {state.baseline.migrated_from}: its timings "
+            "were taken without the anchor and are not compared (kernels and host counts are); record them with "
+            f"{record_command(config, '--lstmperf-save-baseline')}",
+            yellow=True,
+        )
     tr.write_line(f"speed gate against {state.baseline.path}: {gate.summary()}", bold=True)
+    shown = gate.decisions if verbose else [d for d in gate.decisions if d.verdict not in ("unchanged", "not-run")]
     for line in format_table(shown) if shown else []:
         tr.write_line(line)
-    uncorrected = [d for d in gate.decisions if any("no drift correction" in n for n in d.notes)]
-    if uncorrected:
+    threshold = options.resolve(config, "lstmperf_threshold").value
+    coarse = gate.coarse(threshold)
+    if coarse:
         tr.write_line(
-            f"--lstmperf-drift=probe: no drift correction for {len(uncorrected)} benchmark(s): the baseline has "
-            "no drift-probe samples for them (record with --lstmperf-drift=probe)",
+            f"{len(coarse)} check(s) resolve less than the threshold {threshold:.2f} on this machine (their limit "
+            "is the slowdown they resolve: 4 standard errors of the figures; more rounds or a quieter machine "
+            "narrow it):",
             yellow=True,
         )
-    no_counters = [d for d in gate.decisions if any(c.startswith("host: not compared") for c in d.checks)]
-    if no_counters:
-        tr.write_line(
-            f"host counters not compared for {len(no_counters)} benchmark(s): the baseline or this run has none "
-            "(record the baseline again to gate host work)",
-            yellow=True,
-        )
-    wide = gate.wide_device()
-    if wide:
-        tr.write_line(
-            f"{len(wide)} benchmark(s) with a raised device threshold: their baseline's device time spread wider "
-            "between recording runs than the configured threshold, or their event-timed or queued device time "
-            "follows the host's launches, "
-            "so smaller device slowdowns are not resolved there (re-record noisy ones on a quiet machine, or set "
-            "--lstmperf-threshold to hold them to it):",
-            yellow=True,
-        )
-        for name, note in wide:
-            tr.write_line(f"  {name}: {note}", yellow=True)
-    unmatched = gate.no_device()
-    if unmatched:
-        tr.write_line(
-            f"{len(unmatched)} benchmark(s) without a device comparison: the per-call check alone decided them, "
-            "at its wider threshold (where the device time was taken by another method now than in the baseline, "
-            "record the baseline again if the method changed for good):",
-            yellow=True,
-        )
-        for name, why in unmatched:
-            tr.write_line(f"  {name}: {why}", yellow=True)
-    listed = {name for name, _ in unmatched}
+        for name, check in coarse:
+            tr.write_line(f"  {name}: {check.metric} resolves {check.resolves:.3f}x", yellow=True)
     for decision in gate.decisions:
-        remeasured = any("re-measurement" in n for n in decision.notes)
-        if not (decision.failed or decision.verdict == "inconclusive" or remeasured or (verbose and decision.checks)):
+        if not (decision.failed or decision.verdict == "inconclusive" or decision.notes or verbose):
             continue
-        for line in (*decision.checks, *decision.notes):
-            if (
-                "no drift correction" in line
-                or line.startswith("host: not compared")
-                or line == decision.device_blunted
-                or (decision.name in listed and line.startswith("device: not compared"))
-            ):
-                continue
+        lines = [c.text() for c in decision.checks if verbose or c.verdict != "unchanged"] + list(decision.notes)
+        for line in dict.fromkeys(lines):
             tr.write_line(f"  {decision.name}: {line}", red=decision.failed, yellow=not decision.failed)
+
+
+def _check_line(decision: Any) -> str:
+    return "; ".join(c.text() for c in decision.checks if c.verdict != "unchanged") or "unchanged"
 
 
 def summary_lines(records: list[dict[str, Any]]) -> list[str]:
@@ -131,22 +110,8 @@ def summary_lines(records: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def clock_notes(records: list[dict[str, Any]]) -> list[str]:
+def timing_notes(records: list[dict[str, Any]]) -> list[str]:
     notes = []
-    throttled = [
-        (r["extra_info"].get("throttled_rounds", 0), r["extra_info"].get("rounds", 0), r["name"])
-        for r in records
-        if r["extra_info"].get("throttled_rounds")
-    ]
-    for count, total, name in throttled:
-        notes.append(
-            f"throttled: {count}/{total} rounds of {name} ran below 75% of the maximum SM clock "
-            f"(dropped from the regression test)"
-        )
-    reasons = {r["extra_info"].get("clock_note") for r in records if r["extra_info"].get("clock_note")}
-    for reason in sorted(reasons):
-        if reason != "no GPU clock on the CPU":
-            notes.append(reason)
     methods = {r["extra_info"].get("device_time_note") for r in records if r["extra_info"].get("device_time_note")}
     if any(m and m.startswith("CUDA graph capture failed") for m in methods):
         count = sum(1 for r in records if str(r["extra_info"].get("device_time_note", "")).startswith("CUDA graph"))
@@ -190,11 +155,8 @@ def outcome_lines(config: pytest.Config, state: GateState, failed: bool) -> list
                 f"--lstmperf-accept-inconclusive (env PYTEST_LSTMPERF_ACCEPT_INCONCLUSIVE=1)"
             )
     if not failed and not gate.failed:
-        wide, unmatched = len(gate.wide_device()), len(gate.no_device())
-        listed = [
-            *([f"{wide} with a raised device threshold"] if wide else []),
-            *([f"{unmatched} without a device comparison"] if unmatched else []),
-        ]
-        blunted = f" ({', '.join(listed)}, listed above)" if listed else ""
-        lines.append(f"speed gate passed: {gate.compared} benchmark(s) compared, none slower{blunted}")
+        coarse = len(gate.coarse(options.resolve(config, "lstmperf_threshold").value))
+        listed = f" ({coarse} check(s) resolving less than the threshold, listed above)" if coarse else ""
+        upgrade = f", across an {gate.upgrade.headline(gate.decisions)}" if gate.upgrade is not None else ""
+        lines.append(f"speed gate passed: {gate.compared} benchmark(s) compared, none slower{listed}{upgrade}")
     return lines

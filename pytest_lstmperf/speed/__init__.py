@@ -1,2 +1,3 @@
-"""Speed: the benchmark shapes (``shapes``), the clocks and timers (``timing``), device-keyed stored baselines
-(``baseline``), the regression decision (``regression``) and the speed report (``report``)."""
+"""Speed: the benchmark shapes (``shapes``), the clocks and the anchor (``timing``), one benchmark's measurement
+(``runner``), hardware-keyed stored baselines (``baseline``), the gate's rule (``policy``), the run's decisions
+(``gate``) and the speed report (``report``)."""

@@ -1,15 +1,19 @@
-"""Baselines keyed by device: one pytest-benchmark JSON file per comparable device, with raw samples.
+"""Baselines keyed by hardware: one pytest-benchmark JSON file per GPU model (or CPU model and thread count).
 
 A baseline file is what ``pytest --benchmark-json`` writes (``machine_info``, ``commit_info``,
 ``benchmarks`` with ``stats.data`` holding every sample, ``datetime``, ``version``), so pytest-benchmark's
 ``--benchmark-compare=FILE`` and ``--benchmark-compare-fail`` read it as their own, plus a ``lstmperf``
-section: the format version, the fields that make timings comparable (GPU model, compute capability,
-driver, CUDA, cuDNN and torch versions; CPU model, thread count and torch version on the CPU), the full
-device fingerprint and the provenance (commit, machine, date, command) of the run that created and of
-the run that last updated it. Each benchmark entry also carries its own ``recorded`` provenance.
+section: the format version, the hardware fields that key it (GPU model and compute capability; CPU model
+and threads), the full device fingerprint and the provenance (commit, machine, date, command) of the run
+that created and of the run that last updated it. Each benchmark entry carries its own ``lstmperf`` part:
+the software versions it was recorded with, its kernel, the figures of each recording run
+(:class:`~.policy.RunFigures`) and the history of earlier versions' figures (for plots across releases).
 
-The file name is derived from the comparable fields, so ``--benchmark-compare`` with no argument finds
-this device's file, and a file of another device is refused with the differing fields named.
+The file name is derived from the hardware fields, so ``--benchmark-compare`` with no argument finds this
+device's file, and a file of other hardware is refused with the differing fields named. A file of the
+older format 1 (keyed by driver, CUDA, cuDNN and torch versions too) is read as this format: its entries
+keep their kernel, host counters and versions, and their timings move to the history (they were taken
+without the anchor, so they are not compared).
 
 Writes are explicit, atomic (temporary file in the same folder, fsync, ``os.replace``), take the permissions
 of the file they replace (or of the folder's other baselines) and are serialised by an exclusive ``flock`` on
@@ -31,15 +35,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..device import device_key
+from ..device import HARDWARE_FIELDS, hardware_key
 
 #: version of the ``lstmperf`` section; bump when its meaning changes
-FORMAT = 1
+FORMAT = 2
 BROKEN_SUFFIX = ".broken"
 LOCK_TIMEOUT_S = 120.0
 
-#: other frameworks whose version matters for the benchmarks of their paths (checked per benchmark)
-FRAMEWORK_DISTRIBUTIONS = ("keras", "tensorflow")
 
 
 class BaselineError(Exception):
@@ -47,7 +49,7 @@ class BaselineError(Exception):
 
 
 def differences(baseline: Mapping[str, str], current: Mapping[str, str]) -> list[str]:
-    """Human-readable differing fields: ``driver 570.86 (baseline) vs 575.51 (this device)``."""
+    """Human-readable differing fields: ``gpu NVIDIA A100 (baseline) vs NVIDIA H100 (this device)``."""
     out = []
     for name in dict.fromkeys([*baseline, *current]):
         then, now = baseline.get(name), current.get(name)
@@ -59,22 +61,12 @@ def differences(baseline: Mapping[str, str], current: Mapping[str, str]) -> list
     return out
 
 
-def framework_versions() -> dict[str, str]:
-    """Installed versions of the non-torch frameworks, read without importing them."""
-    from importlib import metadata
-
-    versions = {}
-    for dist in FRAMEWORK_DISTRIBUTIONS:
-        try:
-            versions[dist] = metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            continue
-    return versions
-
-
 # ------------------------------------------------------------------------------------------- entries
-def bench_entry(record: Mapping[str, Any], recorded: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """One benchmark in pytest-benchmark's JSON layout, its statistics computed from the raw samples.
+def bench_entry(
+    record: Mapping[str, Any], recorded: Mapping[str, Any] | None = None, versions: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """One benchmark in pytest-benchmark's JSON layout, its statistics computed from the raw samples; with
+    ``versions`` (a baseline's entry) also its ``lstmperf`` part: versions, kernel, the run's figures.
 
     ``record`` holds ``fullname``, ``name``, ``group``, ``param``, ``params``, ``extra_info``, ``options``,
     ``data`` (seconds per call, one per round) and ``iterations``.
@@ -102,7 +94,53 @@ def bench_entry(record: Mapping[str, Any], recorded: Mapping[str, Any] | None = 
     }
     if recorded is not None:
         entry["recorded"] = dict(recorded)
+    if versions is not None:
+        from .policy import Measurement, run_figures
+
+        measured = Measurement.from_record(record)
+        entry["lstmperf"] = {
+            "versions": dict(versions),
+            "kernel": measured.kernel,
+            "runs": [run_figures(measured).to_dict()],
+            "history": [],
+        }
     return entry
+
+
+def history_point(entry: Mapping[str, Any], date: str | None = None) -> dict[str, Any]:
+    """What an entry's figures were under its versions, kept when newer versions replace them."""
+    part = entry.get("lstmperf") or {}
+    extra = entry.get("extra_info") or {}
+    reference = reference_of(entry)
+    return {
+        "versions": dict(part.get("versions") or {}),
+        "date": date or (entry.get("recorded") or {}).get("date"),
+        "kernel": part.get("kernel", ""),
+        "per_call_s": _median(entry.get("stats", {}).get("data") or []),
+        "device_s": extra.get("device_time_s"),
+        "per_call": (reference.figure("per-call") or (None,))[0],
+        "device": (reference.figure("device") or (None,))[0],
+    }
+
+
+def reference_of(entry: Mapping[str, Any]) -> Any:
+    """The :class:`~.policy.Reference` of a baseline entry."""
+    from .policy import Reference, RunFigures
+
+    part = entry.get("lstmperf") or {}
+    return Reference(
+        name=entry["fullname"],
+        runs=tuple(RunFigures.from_dict(r) for r in part.get("runs") or []),
+        kernel=str(part.get("kernel", "")),
+        versions=dict(part.get("versions") or {}),
+    )
+
+
+def _median(values: Any) -> float | None:
+    import statistics
+
+    vals = [float(v) for v in values or [] if v]
+    return statistics.median(vals) if vals else None
 
 
 # ------------------------------------------------------------------------------------------- files
@@ -119,7 +157,12 @@ class Baseline:
 
     @property
     def fields(self) -> dict[str, str]:
-        return dict(self.section.get("comparable", {}))
+        return dict(self.section.get("hardware", {}))
+
+    @property
+    def migrated_from(self) -> int | None:
+        """The older format this file was read from (in memory; writing it gives the current format)."""
+        return self.section.get("migrated_from")
 
     @property
     def entries(self) -> dict[str, dict[str, Any]]:
@@ -180,13 +223,16 @@ def load(path: Path, record_hint: str = "") -> Baseline:
             f"baseline {path} was written by a newer pytest-lstmperf (format {version}; this version reads "
             f"format {FORMAT}). Upgrade pytest-lstmperf."
         )
-    if version < FORMAT:
+    if version == 1 and isinstance(section.get("comparable"), dict):
+        data = migrate_format_1(data)
+        section = data["lstmperf"]
+    elif version < FORMAT:
         raise BaselineError(
-            f"baseline {path} has the older format {version} (this version reads format {FORMAT}). Record it "
-            f"again, replacing the old file, with --lstmperf-update-baseline."
+            f"baseline {path} has the format {version}, which this version cannot read (it reads formats 1 and "
+            f"{FORMAT}). Record it again, replacing the old file, with --lstmperf-update-baseline."
         )
-    if not isinstance(section.get("comparable"), dict):
-        raise BaselineError(f"baseline {path} has no device fields ('lstmperf.comparable')." + restore)
+    if not isinstance(section.get("hardware"), dict):
+        raise BaselineError(f"baseline {path} has no hardware fields ('lstmperf.hardware')." + restore)
     for bench in data["benchmarks"]:
         stats = bench.get("stats") if isinstance(bench, dict) else None
         if not isinstance(stats, dict) or "fullname" not in bench:
@@ -194,10 +240,42 @@ def load(path: Path, record_hint: str = "") -> Baseline:
         samples = stats.get("data")
         if not isinstance(samples, list) or not samples or not all(isinstance(x, (int, float)) for x in samples):
             raise BaselineError(
-                f"baseline {path}: benchmark {bench['fullname']} has no raw samples (stats.data); the rank test "
-                f"needs them." + restore
+                f"baseline {path}: benchmark {bench['fullname']} has no raw samples (stats.data)." + restore
             )
     return Baseline(path, data)
+
+
+def migrate_format_1(data: dict[str, Any]) -> dict[str, Any]:
+    """A format-1 baseline (keyed by device and software versions, timings without an anchor) as format 2: the
+    hardware fields key it, each entry keeps its kernel, host counters and versions, and its timings become its
+    history's first point. The entries have no recording runs: their timings are not compared (the gate says so)
+    until a run records them (``--lstmperf-save-baseline`` fills entries that lack runs)."""
+    old = data["lstmperf"]
+    comparable = dict(old["comparable"])
+    kind = comparable.get("kind", "cuda")
+    hardware = {"kind": kind, **{k: comparable.get(k, "?") for k in HARDWARE_FIELDS.get(kind, ())}}
+    versions = {k: v for k, v in comparable.items() if k not in hardware}
+    versions.update(old.get("frameworks") or {})
+    for bench in data["benchmarks"]:
+        extra = bench.get("extra_info") or {}
+        counters = extra.get("host_counters") or {}
+        bench["lstmperf"] = {"versions": dict(versions), "kernel": "", "runs": [], "history": []}
+        if extra.get("kernel"):
+            bench["lstmperf"]["kernel"] = f"{extra.get('kernel')}/{extra.get('precision', '')}"
+        if counters:  # the host counts were exact then as now: still compared
+            bench["lstmperf"]["runs"] = [{"per_call": None, "device": None, "host_counters": counters}]
+        point = history_point(bench, (bench.get("recorded") or {}).get("date"))
+        bench["lstmperf"]["history"] = [point]
+    data["lstmperf"] = {
+        "format": FORMAT,
+        "device_key": hardware_key(hardware),
+        "hardware": hardware,
+        "fingerprint": old.get("fingerprint", {}),
+        "created": old.get("created", {}),
+        "updated": old.get("updated", {}),
+        "migrated_from": 1,
+    }
+    return data
 
 
 def file_mode(path: Path) -> int:
@@ -277,10 +355,11 @@ class SaveReport:
     kept: list[str] = field(default_factory=list)  # entries present and left alone (save mode)
     untouched: int = 0  # entries of the file this run did not measure
     new_file: bool = False
-    replaced_format: int | None = None
     broken: Path | None = None  # where an unreadable file this run replaced was kept
-    flags: list[str] = field(default_factory=list)  # bimodal entries, said at recording time
-    added_run: bool = False  # --lstmperf-add-baseline-run: noise bands extended, no entry replaced
+    migrated: Path | None = None  # the format-1 file this one was read from
+    refused: list[str] = field(default_factory=list)  # recording runs not added (outliers), with why
+    added_run: bool = False  # --lstmperf-add-baseline-run: recording runs added, no entry replaced
+    entries: dict[str, dict[str, Any]] = field(default_factory=dict)  # the file's entries as written
 
     def describe(self) -> str:
         parts = []
@@ -294,66 +373,104 @@ class SaveReport:
             parts.append(f"{self.untouched} not measured in this run, left as they were")
         what = "created" if self.new_file else "written"
         if self.added_run:
-            parts = [f"a recording run added to the noise band of {len(self.updated)} benchmark(s)"]
+            parts = [f"a recording run added to {len(self.updated)} benchmark(s)"]
+            if self.refused:
+                parts.append(f"refused for {len(self.refused)} (outside the limits of the runs before it)")
             if self.kept:
                 parts.append(f"{len(self.kept)} not in the baseline (record them with --lstmperf-save-baseline)")
         if not self.created and not self.updated:
             what = "unchanged"
         text = f"baseline {self.path} {what}: " + (", ".join(parts) or "nothing to record")
-        if self.replaced_format is not None:
-            text += f" (replaced a format-{self.replaced_format} file)"
+        if self.migrated is not None:
+            text += f" (migrated from the format-1 file {self.migrated.name}, left in place: delete it)"
         if self.broken is not None:
             text += f" (replaced an unreadable file, kept as {self.broken})"
         return text
 
 
 class BaselineStore:
-    """The baselines folder: one file per comparable device."""
+    """The baselines folder: one file per hardware (GPU model, or CPU model and threads)."""
 
     def __init__(self, directory: Path | str, record_hint: str = "") -> None:
         self.directory = Path(directory)
         self.record_hint = record_hint
 
     def path_for(self, fields: Mapping[str, str]) -> Path:
-        return self.directory / f"{device_key(fields)}.json"
+        return self.directory / f"{hardware_key(fields)}.json"
 
     def find(self, fields: Mapping[str, str]) -> Baseline | None:
-        """This device's baseline, or None when there is none; a broken file raises BaselineError."""
+        """This hardware's baseline (a format-1 file of the same hardware, read as the current format, where
+        no current one exists), or None when there is none; a broken file raises BaselineError."""
         path = self.path_for(fields)
         if not path.exists():
-            return None
+            return self._older(fields)
         baseline = load(path, self.record_hint)
         diff = differences(baseline.fields, dict(fields))
         if diff:  # a renamed or hand-copied file
-            raise BaselineError(f"baseline {path} is for another device: {'; '.join(diff)}")
+            raise BaselineError(f"baseline {path} is for other hardware: {'; '.join(diff)}")
         return baseline
 
-    def others(self, fields: Mapping[str, str]) -> list[tuple[Path, list[str]]]:
-        """The other devices' baselines of the same kind, each with what differs (closest first)."""
+    def _older(self, fields: Mapping[str, str]) -> Baseline | None:
+        """The newest format-1 file of this hardware, migrated in memory."""
+        if not self.directory.is_dir():
+            return None
         found = []
+        for candidate in sorted(self.directory.glob("*.json")):
+            if _old_format(candidate) != 1:
+                continue
+            try:
+                old = load(candidate, self.record_hint)
+            except BaselineError:
+                continue
+            if not differences(old.fields, dict(fields)):
+                found.append((str(old.section.get("updated", {}).get("date", "")), candidate.name, old))
+        return max(found, key=lambda item: item[:2])[2] if found else None
+
+    def others(self, fields: Mapping[str, str]) -> list[tuple[Path, list[str]]]:
+        """The other hardware's baselines of the same kind, each with what differs (closest first)."""
+        found: list[tuple[Path, list[str]]] = []
         if not self.directory.is_dir():
             return found
         for path in sorted(self.directory.glob("*.json")):
-            if path == self.path_for(fields):
-                continue
             try:
                 other = load(path)
             except BaselineError:
                 continue
             if other.fields.get("kind") != fields.get("kind"):
                 continue
-            found.append((path, differences(other.fields, dict(fields))))
+            diff = differences(other.fields, dict(fields))
+            if diff:
+                found.append((path, diff))
         return sorted(found, key=lambda item: len(item[1]))
 
     def missing_message(self, fields: Mapping[str, str]) -> str:
         path = self.path_for(fields)
         where = "" if self.directory.is_dir() else f" (the folder {self.directory} does not exist)"
-        text = f"no baseline for this device: {path} is missing{where}."
+        text = f"no baseline for this hardware: {path} is missing{where}."
         closest = self.others(fields)
         if closest:
             other, diff = closest[0]
-            text += f" The closest, {other.name}, differs in: {'; '.join(diff)}; it is not comparable."
+            text += f" The closest, {other.name}, is of other hardware ({'; '.join(diff)}): not comparable."
         return text + _hint(self.record_hint)
+
+    def check_writable(self, fields: Mapping[str, str]) -> None:
+        """Before any test runs: the baseline this run would record can be written (the folder exists or can be
+        made, is writable; an existing file is readable). Raises :class:`BaselineError` naming what is wrong."""
+        path = self.path_for(fields)
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise BaselineError(
+                f"cannot record: the baseline folder {self.directory} cannot be made: {exc.strerror or exc}. "
+                f"Record into another folder with --lstmperf-baselines=DIR."
+            ) from None
+        if not os.access(self.directory, os.W_OK | os.X_OK):
+            raise BaselineError(
+                f"cannot record: the baseline folder {self.directory} is not writable. Make it writable, or record "
+                f"into another folder with --lstmperf-baselines=DIR."
+            )
+        if path.exists() and not os.access(path, os.R_OK):
+            raise BaselineError(f"cannot record: the baseline {path} is not readable.")
 
     def save(
         self,
@@ -361,28 +478,53 @@ class BaselineStore:
         *,
         fields: Mapping[str, str],
         fingerprint: Mapping[str, str],
+        versions: Mapping[str, str],
         provenance: Mapping[str, Any],
         header: Mapping[str, Any],
         update: bool,
         add_run: bool = False,
+        threshold: float | None = None,
     ) -> SaveReport:
-        """Merge ``records`` into this device's file under the lock and write it atomically.
+        """Merge ``records`` into this hardware's file under the lock and write it atomically.
 
-        With ``add_run`` no entry is replaced: each measured entry's noise band gains this run's medians and
-        host counters (:func:`add_recording_run`), so that the band covers the spread between clean runs.
-
-        Without ``update`` entries already in the file are kept (never overwritten); with it they are
-        replaced, and so is a file that cannot be read as a baseline (kept beside as ``<name>.broken``).
-        Entries not measured in this run stay. ``header`` gives pytest-benchmark's top-level keys
-        (``machine_info``, ``commit_info``, ``version``). A file-system error is a :class:`BaselineError`
-        naming the path and the cause; the previous file is then untouched.
+        Without ``update`` entries already in the file are kept (never overwritten), except those that have no
+        figures yet (migrated from format 1), which this run fills; with it they are replaced, their figures
+        kept in their history when ``versions`` differ from theirs, and so is a file that cannot be read as a
+        baseline (kept beside as ``<name>.broken``). With ``add_run`` no entry is replaced: each measured entry
+        gains this run's figures as one more recording run, unless they lie outside the entry's limit (the
+        gate's own :func:`~.policy.check` at ``threshold``): such a run is refused for that entry and named, not
+        added. Entries not measured in this run stay. A file-system error is a :class:`BaselineError` naming
+        the path and the cause; the previous file is then untouched.
         """
         path = self.path_for(fields)
         try:
             with locked(self.directory):
+                existing, report = self._existing(path, fields, update)
                 if add_run:
-                    return self._add_run_locked(path, list(records), fields)
-                return self._save_locked(path, list(records), fields, fingerprint, provenance, header, update)
+                    self._add_run(existing, path, list(records), versions, threshold, report)
+                else:
+                    self._save(existing, list(records), versions, provenance, update, report)
+                if not report.created and not report.updated:
+                    return report
+                data = existing or {}
+                section = {
+                    "format": FORMAT,
+                    "device_key": hardware_key(fields),
+                    "hardware": dict(fields),
+                    "fingerprint": dict(fingerprint),
+                    "created": data.get("lstmperf", {}).get("created", dict(provenance)),
+                    "updated": dict(provenance),
+                }
+                out = {
+                    "machine_info": header.get("machine_info", data.get("machine_info", {})),
+                    "commit_info": header.get("commit_info", data.get("commit_info", {})),
+                    "benchmarks": [report.entries[name] for name in sorted(report.entries)],
+                    "datetime": provenance.get("date"),
+                    "version": header.get("version", data.get("version")),
+                    "lstmperf": section,
+                }
+                _atomic_write(path, json.dumps(out, indent=1, sort_keys=False, default=str) + "\n")
+                return report
         except OSError as exc:
             where = exc.filename or path
             raise BaselineError(
@@ -390,114 +532,103 @@ class BaselineStore:
                 f"folder writable, or record into another folder with --lstmperf-baselines=DIR."
             ) from None
 
-    def _add_run_locked(self, path: Path, records: list[Mapping[str, Any]], fields: Mapping[str, str]) -> SaveReport:
-        from .regression import own_device_median
-
+    def _existing(self, path: Path, fields: Mapping[str, str], update: bool) -> tuple[dict | None, SaveReport]:
+        """The file's current content (a format-1 file of this hardware where no current one exists); a broken
+        file is an error, or (``update``) moved aside."""
         report = SaveReport(path)
         if not path.exists():
-            raise BaselineError(
-                f"not recording: --lstmperf-add-baseline-run adds to a recorded baseline and {path} does not exist; "
-                f"record it first with --lstmperf-save-baseline"
-            )
-        data = load(path, self.record_hint).data
-        diff = differences(data["lstmperf"]["comparable"], dict(fields))
-        if diff:
-            raise BaselineError(f"not recording: {path} is for another device: {'; '.join(diff)}")
-        entries = {b["fullname"]: b for b in data["benchmarks"]}
+            older = self._older(fields)
+            if older is not None:
+                report.migrated = older.path
+            data = older.data if older is not None else None
+        else:
+            try:
+                data = load(path, self.record_hint).data
+            except BaselineError as exc:
+                if not update:
+                    raise BaselineError(f"not recording: {exc}") from None
+                report.broken = path.with_name(path.name + BROKEN_SUFFIX)
+                os.replace(path, report.broken)
+                data = None
+        if data is not None:
+            diff = differences(data["lstmperf"]["hardware"], dict(fields))
+            if diff:
+                raise BaselineError(f"not recording: {path} is for other hardware: {'; '.join(diff)}")
+            report.entries = {b["fullname"]: b for b in data["benchmarks"]}
+        report.new_file = data is None
+        return data, report
+
+    def _save(
+        self,
+        existing: dict | None,
+        records: list[Mapping[str, Any]],
+        versions: Mapping[str, str],
+        provenance: Mapping[str, Any],
+        update: bool,
+        report: SaveReport,
+    ) -> None:
+        recorded = {k: provenance.get(k) for k in ("commit", "dirty", "date", "machine")}
+        entries = report.entries
         for record in records:
-            entry = entries.get(record["fullname"])
+            name = record["fullname"]
+            old = entries.get(name)
+            empty = old is not None and not any(
+                (r.get("per_call") or r.get("device")) for r in (old.get("lstmperf") or {}).get("runs") or []
+            )
+            if old is not None and not update and not empty:
+                report.kept.append(name)
+                continue
+            (report.updated if old is not None else report.created).append(name)
+            entry = bench_entry(record, recorded, versions)
+            if old is not None:
+                history = list((old.get("lstmperf") or {}).get("history") or [])
+                then = (old.get("lstmperf") or {}).get("versions") or {}
+                if not empty and dict(then) != dict(versions):
+                    history.append(history_point(old))
+                entry["lstmperf"]["history"] = history
+            entries[name] = entry
+        report.untouched = len(set(entries) - {r["fullname"] for r in records})
+
+    def _add_run(
+        self,
+        existing: dict | None,
+        path: Path,
+        records: list[Mapping[str, Any]],
+        versions: Mapping[str, str],
+        threshold: float | None,
+        report: SaveReport,
+    ) -> None:
+        from .policy import THRESHOLD, Measurement, check, metrics_of, run_figures
+
+        if existing is None:
+            raise BaselineError(
+                f"not recording: --lstmperf-add-baseline-run adds to a recorded baseline and {path} does not "
+                f"exist; record it first with --lstmperf-save-baseline"
+            )
+        report.added_run = True
+        for record in records:
+            entry = report.entries.get(record["fullname"])
             if entry is None:
                 report.kept.append(record["fullname"])  # not in the baseline: nothing to add to
                 continue
-            add_recording_run(entry, record)
-            report.updated.append(record["fullname"])
-            band = entry["extra_info"]["noise_band"]
-            flag = band.get("host_counters_unstable")
-            if flag:
-                report.flags.append(f"{record['fullname']}: host counters differ between recording runs: {flag}")
-            if band.get("device_other_method"):
-                report.flags.append(f"{record['fullname']}: {band['device_other_method']}")
-            extra = entry["extra_info"]
-            wide = _device_unsteady(band, extra.get("device_time_method"), own_device_median(extra))
-            if wide:
-                report.flags.append(f"{record['fullname']}: {wide}")
-        report.untouched = len(set(entries) - set(report.updated))
-        report.added_run = True
-        if report.updated:
-            _atomic_write(path, json.dumps(data, indent=1, sort_keys=False, default=str) + "\n")
-        return report
-
-    def _existing(self, path: Path, update: bool, report: SaveReport) -> dict[str, Any] | None:
-        """The file's current content; a broken file is an error, or (``update``) moved aside."""
-        if not path.exists():
-            return None
-        try:
-            return load(path, self.record_hint).data
-        except BaselineError as exc:
-            if not update:
-                raise BaselineError(f"not recording: {exc}") from None
-            report.replaced_format = _old_format(path)
-            if report.replaced_format is None:  # unreadable: keep it beside, replaced by this run
-                report.broken = path.with_name(path.name + BROKEN_SUFFIX)
-                os.replace(path, report.broken)
-            return None
-
-    def _save_locked(
-        self,
-        path: Path,
-        records: list[Mapping[str, Any]],
-        fields: Mapping[str, str],
-        fingerprint: Mapping[str, str],
-        provenance: Mapping[str, Any],
-        header: Mapping[str, Any],
-        update: bool,
-    ) -> SaveReport:
-        from .regression import noise_record
-
-        report = SaveReport(path)
-        recorded = {k: provenance.get(k) for k in ("commit", "dirty", "date", "machine")}
-        existing = self._existing(path, update, report)
-        if existing is not None:
-            diff = differences(existing["lstmperf"]["comparable"], dict(fields))
-            if diff:
-                raise BaselineError(f"not recording: {path} is for another device: {'; '.join(diff)}")
-        report.new_file = existing is None
-        entries = {} if existing is None else {b["fullname"]: b for b in existing["benchmarks"]}
-        measured = set()
-        for record in records:
-            name = record["fullname"]
-            measured.add(name)
-            if name in entries and not update:
-                report.kept.append(name)
+            part = entry.setdefault("lstmperf", {})
+            if dict(part.get("versions") or {}) != dict(versions):
+                report.refused.append(f"{record['fullname']}: recorded with other versions; record it anew")
                 continue
-            (report.updated if name in entries else report.created).append(name)
-            entries[name] = bench_entry(record, recorded)
-            noise = noise_record(entries[name]["extra_info"], entries[name]["stats"]["data"])
-            entries[name]["extra_info"]["noise_band"] = noise
-            if noise.get("bimodal"):
-                report.flags.append(f"{name}: {noise['bimodal']}")
-        report.untouched = len(set(entries) - measured)
-        if not report.created and not report.updated:
-            return report
-        section = {
-            "format": FORMAT,
-            "device_key": device_key(fields),
-            "comparable": dict(fields),
-            "fingerprint": dict(fingerprint),
-            "frameworks": framework_versions(),
-            "created": (existing or {}).get("lstmperf", {}).get("created", dict(provenance)),
-            "updated": dict(provenance),
-        }
-        data = {
-            "machine_info": header.get("machine_info", {}),
-            "commit_info": header.get("commit_info", {}),
-            "benchmarks": [entries[name] for name in sorted(entries)],
-            "datetime": provenance.get("date"),
-            "version": header.get("version"),
-            "lstmperf": section,
-        }
-        _atomic_write(path, json.dumps(data, indent=1, sort_keys=False, default=str) + "\n")
-        return report
+            measured = Measurement.from_record(record)
+            reference = reference_of(entry)
+            limit = measured.threshold or threshold or THRESHOLD
+            outside = [
+                c.text()
+                for m in metrics_of(reference, measured.first)
+                if (c := check(m, measured.look(m).samples(m), reference, limit)).verdict in ("regressed", "improved")
+            ]
+            if outside:  # an outlier run would widen the band silently: refused and said
+                report.refused.append(f"{record['fullname']}: {'; '.join(outside)}")
+                continue
+            part.setdefault("runs", []).append(run_figures(measured).to_dict())
+            report.updated.append(record["fullname"])
+        report.untouched = len(set(report.entries) - set(report.updated))
 
 
 def _old_format(path: Path) -> int | None:
@@ -510,84 +641,3 @@ def _old_format(path: Path) -> int | None:
     return version if isinstance(version, int) and version < FORMAT else None
 
 
-def add_recording_run(entry: dict[str, Any], record: Mapping[str, Any]) -> None:
-    """Extend ``entry``'s noise band with one more clean run of the same benchmark (``record``).
-
-    The band's ``per_call_spread``/``device_spread`` become the larger of the spread within the first run
-    (its independent batches) and the relative spread of every recording run's median, with ``source``
-    saying how many runs it rests on; exactly compared host counters (ATen ops, kernels, syncs) that moved
-    between the recording runs are named in ``host_counters_unstable`` and left out of the comparison, since a
-    clean rerun already changed them; the others are still compared, bytes allocated within their recorded
-    spread (``regression.alloc_tolerance``).
-    """
-    from .regression import device_spread, own_device_median, relative_spread, runs_of_method, unstable_counters
-
-    extra = entry["extra_info"]
-    band = dict(extra.get("noise_band") or {})
-    runs = list(band.get("recording_runs") or [_run_summary(entry["stats"]["data"], extra)])
-    now = record["extra_info"]
-    runs.append(_run_summary(record["data"], now))
-    band["recording_runs"] = runs
-    method, own = extra.get("device_time_method"), own_device_median(extra)
-    # device time: only the runs timed as the entry's own samples were (a CUDA-graph replay and a batch of
-    # event-timed calls measure different things; the gate compares one method with itself)
-    alike = [id(r) for r in runs_of_method(runs, method, own)]
-    for spread_key in ("per_call_spread", "device_spread"):
-        band[f"{spread_key}_within_run"] = band.get(f"{spread_key}_within_run", band.get(spread_key))
-    medians = [r["per_call_median"] for r in runs if r.get("per_call_median")]
-    candidates = [v for v in (band["per_call_spread_within_run"], relative_spread(medians)) if v is not None]
-    band["per_call_spread"] = max(candidates) if candidates else None
-    band["device_spread"] = device_spread(band, method, own)[0]  # the gate's own rule
-    other = [
-        f"{i + 1} ({r.get('device_time_method') or 'method not kept; median far from the entry'})"
-        for i, r in enumerate(runs)
-        if id(r) not in alike
-    ]
-    if other:
-        band["device_other_method"] = (
-            f"device time of recording run(s) {', '.join(other)} taken by another method than the entry's "
-            f"({method}): left out of its device band"
-        )
-    else:
-        band.pop("device_other_method", None)
-    band["source"] = f"{len(runs)} recording runs (and the batches within the first)"
-    band["runs"] = len(runs)
-    then = extra.get("host_counters")
-    moved = unstable_counters(then, band)  # over every recording run, by the gate's own comparison rule
-    if moved:
-        band["host_counters_unstable"] = "; ".join(f"{k} {v}" for k, v in sorted(moved.items()))
-    else:
-        band.pop("host_counters_unstable", None)
-    extra["noise_band"] = band
-
-
-def _device_unsteady(band: Mapping[str, Any], method: str | None = None, own: float | None = None) -> str:
-    """A description when the recording runs' device medians (those taken by ``method``, the entry's, whose own
-    samples' median is ``own``: ``regression.runs_of_method``) spread so wide that the gate's device threshold
-    for the entry rises above the default (``regression.device_threshold``), else ''."""
-    from .regression import Thresholds, device_spread, device_threshold, runs_of_method
-
-    runs = [r for r in band.get("recording_runs") or [] if r.get("device_median")]
-    medians = [r["device_median"] for r in runs_of_method(runs, method, own)]
-    threshold, _ = device_threshold(Thresholds().ratio, band, method=method, own=own)
-    if len(medians) < 2 or threshold <= Thresholds().ratio:
-        return ""
-    shown = ", ".join(f"{m * 1e3:.3g} ms" for m in medians)
-    spread = device_spread(band, method, own)[0] or 0.0
-    return (
-        f"device time unsteady between recording runs ({shown}: {spread:.0%} spread); the "
-        f"gate resolves only device slowdowns past {threshold:.2f}x here"
-    )
-
-
-def _run_summary(data: Any, extra: Mapping[str, Any]) -> dict[str, Any]:
-    import statistics
-
-    values = [float(x) for x in data or [] if x]
-    device = [float(x) for x in extra.get("device_samples") or [] if x]
-    return {
-        "per_call_median": statistics.median(values) if values else None,
-        "device_median": statistics.median(device) if device else None,
-        "device_time_method": extra.get("device_time_method"),
-        "host_counters": extra.get("host_counters"),
-    }

@@ -1,15 +1,16 @@
 """One benchmark's measurement: what ``lstmperf_benchmark`` gives a test.
 
 :class:`BenchRunner` prepares a path, checks the kernel it ran against the path's claim (failing at once on a
-mismatch), times the call with ``benchmark.pedantic`` (a synchronising callable, bounded rounds), measures
-device time, SM clock, host counters and FLOP/s into ``extra_info``, re-measures a suspect, and attaches a
-record to the test report (so pytest-xdist brings it to the controller). :class:`MarkedBenchmark` is
+mismatch), times the call with ``benchmark.pedantic`` in rounds paired with the anchor (a synchronising callable,
+bounded rounds), measures device time beside the anchor's, host counters and FLOP/s into ``extra_info``, takes
+the second look where the gate's rule asks for one, and attaches a record to the test report (so pytest-xdist brings it to the controller). :class:`MarkedBenchmark` is
 pytest-benchmark's ``benchmark`` in a test marked ``@pytest.mark.lstmperf``, measured the same way.
 """
 
 from __future__ import annotations
 
 import json
+import statistics
 import time
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
@@ -17,7 +18,6 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from .. import options
-from ..device import xdist_worker
 from ..observation.claims import Finding, kernel_mismatch, known_kernel_finding
 from .shapes import bench_set
 
@@ -26,7 +26,6 @@ if TYPE_CHECKING:
     from ..paths import ExecutionPath
     from .gate import GateState
     from .shapes import BenchShape
-    from .timing import ClockSampler
 
 #: the ``user_properties`` key of a benchmark's record
 RECORD_KEY = "lstmperf_bench"
@@ -68,7 +67,6 @@ class BenchRunner:
         self.config = request.config
         self.session = session  # the run's LstmPerfSession
         self.state = state
-        self._late: LateLook | None = None  # a confirmed per-call slowdown's third look, once the record exists
 
     def measure(self, case: BenchCase) -> dict[str, Any]:
         from .. import paths as registry
@@ -268,70 +266,116 @@ class BenchRunner:
         counters: Any,
         thresholds: dict[str, float],
     ) -> list[float] | None:
-        """Time ``timed`` (which synchronises) in rounds, then device time (``dev_time(samples)``), the host
-        counters (``counters()``, one untimed call, no tracing during the rounds), the run medians and, when a
-        baseline entry is compared and the first figures look like a regression, a second measurement.
-        Fills ``extra``; returns the per-call samples, or None under ``--benchmark-disable``."""
+        """Time ``timed`` (which synchronises) in rounds paired with the anchor, then device time beside the
+        anchor's (``dev_time(samples)``), the host counters (``counters()``, one untimed call), and, when a
+        baseline entry is compared and a figure is past its limit, the second look (:mod:`.policy`). Fills
+        ``extra``; returns the per-call samples, or None under ``--benchmark-disable``."""
         from . import timing
 
         phases = extra.setdefault("phase_s", {})
         started = time.perf_counter()
-        device = self.session.device
         clock = timing.benchmark_timer(self.config)
         extra["timer"] = f"{getattr(clock, '__module__', None) or 'time'}.{getattr(clock, '__name__', repr(clock))}"
-        estimate = timing.estimate_call(timed, plan.warmup, clock)
-        rounds = timing.RoundPlan(plan.warmup, plan.min_rounds, plan.max_rounds, plan.target_s).rounds_for(estimate)
-        sampler = self._sampler(device)
-        data: list[float] = []
-        windows: list[tuple[float, float]] = []
         user_disabled = self.config.getoption("benchmark_disable", False) and not self.config.getoption(
             "benchmark_enable", False
         )
-        # the drift probe runs only when asked for: it is work between every two rounds
-        probe = (
-            timing.DriftProbe(device.torch_device, clock)
-            if options.resolve(self.config, "lstmperf_drift").value == "probe"
-            else None
-        )
-        between = probe.sample if probe is not None else None
-        if self.benchmark.enabled:
-            starts: list[float] = []
-
-            def mark_round() -> None:
-                if between is not None:
-                    between()  # untimed: how fast the host is right now
-                starts.append(time.perf_counter())
-
-            warm = 0 if (estimate or 0.0) >= timing.WARM_AFTER_ONE_S else 1  # a long call is warm already
-            self.benchmark.pedantic(timed, setup=mark_round, rounds=rounds, warmup_rounds=warm, iterations=1)
-            data = list(self.benchmark.stats.stats.data)
-            ends = [*starts[-rounds:][1:], time.perf_counter()]
-            windows = list(zip(starts[-rounds:], ends, strict=True))
-        elif user_disabled:
+        if user_disabled and not self.benchmark.enabled:
             self.benchmark.pedantic(timed)  # --benchmark-disable: run once, as a test
             return None
+        estimate = timing.estimate_call(timed, plan.warmup, clock)
+        anchor = self._anchor()
+        entry = self._baseline_entry()
+        repeat = int(((entry or {}).get("extra_info", {}).get("anchor") or {}).get("repeat") or 0)
+        repeat = repeat or anchor.fit(estimate)
+        rounds = timing.RoundPlan(plan.warmup, plan.min_rounds, plan.max_rounds, plan.target_s).rounds_for(
+            2 * estimate  # a round is a call and the anchor
+        )
+        if self.benchmark.enabled:
+            anchors: list[float] = []
+            warm = 0 if (estimate or 0.0) >= timing.WARM_AFTER_ONE_S else 1  # a long call is warm already
+
+            def setup() -> None:
+                anchors.append(anchor.time(repeat, clock))  # untimed by pytest-benchmark, timed here
+
+            self.benchmark.pedantic(timed, setup=setup, rounds=rounds, warmup_rounds=warm, iterations=1)
+            data = list(self.benchmark.stats.stats.data)
+            anchors = anchors[-len(data) :]
         else:  # pytest-benchmark disabled itself (pytest-xdist): time the same way ourselves
             self.benchmark.pedantic(lambda: None)
-            data, windows = timing.time_rounds(timed, rounds, clock, between=between)
+            data, anchors = timing.paired_rounds(timed, anchor, repeat, rounds, clock)
             extra["timed_by"] = "pytest-lstmperf (pytest-benchmark is disabled under pytest-xdist)"
         extra["rounds"] = len(data)
-        if probe is not None:
-            extra["drift_probe"] = probe.samples[-len(data) :] if data else []
-        self._clock(extra, sampler, windows)
+        extra["anchor"] = {
+            "kind": anchor.kind,
+            "repeat": repeat,
+            "samples": anchors,
+            "per_call_s": statistics.median(anchors) if anchors else None,
+        }
         phases["rounds"], started = time.perf_counter() - started, time.perf_counter()
-        self._device_time(extra, dev_time(plan.device_samples), data)
+        self._device_time(extra, dev_time(plan.device_samples), data, anchor)
         phases["device_time"], started = time.perf_counter() - started, time.perf_counter()
         self._counters(extra, counters)
         phases["counters"], started = time.perf_counter() - started, time.perf_counter()
         extra["run_medians"] = timing.batch_medians(data)
-        self._remeasure(extra, data, thresholds, timed, plan, rounds, clock, dev_time, counters)
-        phases["remeasure"] = time.perf_counter() - started
+        self._second_look(extra, data, thresholds, timed, plan, rounds, clock, dev_time, anchor, repeat)
+        phases["second_look"] = time.perf_counter() - started
         return data
 
+    def _anchor(self) -> Any:
+        """The run's anchor on this device, made once."""
+        from .timing import Anchor
+
+        if self.state.anchor is None:
+            self.state.anchor = Anchor(self.session.device.torch_device)
+        return self.state.anchor
+
+    def _second_look(
+        self,
+        extra: dict[str, Any],
+        data: list[float],
+        thresholds: dict[str, float],
+        timed: Any,
+        plan: Any,
+        rounds: int,
+        clock: Any,
+        dev_time: Any,
+        anchor: Any,
+        repeat: int,
+    ) -> None:
+        """When a baseline entry is compared and a figure of this first look is past its limit (the gate's own
+        :func:`.policy.needs_second_look`), measure that metric once more, with twice the rounds or samples,
+        into ``extra["second_look"]``: the gate decides that metric on it alone."""
+        from . import timing
+        from .baseline import reference_of
+        from .policy import needs_second_look
+
+        entry = self._baseline_entry()
+        if entry is None or not data:
+            return
+        record = {"fullname": self.request.node.nodeid, "data": data, "extra_info": extra}
+        metrics = needs_second_look(record, reference_of(entry), self._threshold(thresholds))
+        if not metrics:
+            return
+        again: dict[str, Any] = {"metrics": metrics, "anchor": {}}
+        if "per-call" in metrics:
+            timing.estimate_call(timed, plan.warmup, clock)
+            again["data"], again["anchor"]["samples"] = timing.paired_rounds(timed, anchor, repeat, 2 * rounds, clock)
+        if "device" in metrics:
+            dev = dev_time(2 * plan.device_samples)
+            again["device_samples"] = list(dev.samples)
+            again["device_time_method"] = dev.method
+            again["anchor"]["device_samples"] = list(anchor.device_time(len(dev.samples)).samples)
+        extra["second_look"] = again
+
+    def _threshold(self, thresholds: dict[str, float]) -> float:
+        return thresholds.get("ratio") or options.resolve(self.config, "lstmperf_threshold").value
+
     @staticmethod
-    def _device_time(extra: dict[str, Any], dev: Any, data: list[float]) -> None:
+    def _device_time(extra: dict[str, Any], dev: Any, data: list[float], anchor: Any) -> None:
         from . import timing
 
+        if dev.samples and anchor.kind == "torch-cuda":  # the anchor's device time, taken the same way beside it
+            extra["anchor"]["device_samples"] = list(anchor.device_time(len(dev.samples)).samples)
         median = sorted(data)[len(data) // 2] if data else None
         extra.update(
             time_per_call_s=median,
@@ -378,142 +422,22 @@ class BenchRunner:
             return None
         return state.baseline.entries.get(self.request.node.nodeid)
 
-    def _remeasure(
-        self,
-        extra: dict[str, Any],
-        data: list[float],
-        thresholds: dict[str, float],
-        timed: Any,
-        plan: Any,
-        rounds: int,
-        clock: Any,
-        dev_time: Any,
-        counters: Any = None,
-    ) -> None:
-        """When a baseline is compared and the first measurement is past a threshold the gate applies (the
-        device-time one, or the per-call one with its noise band), measure the suspect metric again (per-call:
-        fresh warm-up and twice the rounds; device: twice the device samples) and record both in
-        ``extra["remeasured"]``: the first figures alone never fail the build; the gate decides a re-measured
-        metric on its re-measured samples. A metric that was not suspect keeps its first samples: it was
-        inside its threshold, and timing it again would only cost time (a device suspect on a host-bound
-        Keras loop re-timed 18 rounds of 0.2 s for nothing)."""
-        from . import timing
-        from .gate import per_call_ratio
-        from .regression import centred_baseline, pick_samples
-
-        entry = self._baseline_entry()
-        if entry is None or not data:
-            return
-        metric = options.resolve(self.config, "lstmperf_metric").value
-        base_extra = entry.get("extra_info", {})
-        band = base_extra.get("noise_band")
-        base_data = centred_baseline(entry.get("stats", {}).get("data") or [], band, "per-call")[0]
-        used, base, now, _ = pick_samples(metric, base_extra, extra, base_data, data)
-        if used == "device":  # the ratios the gate will take: against the centre of the recording runs
-            base = centred_baseline(base, band, "device", base_extra.get("device_time_method"))[0]
-        if used == "per-call" and base_extra.get("timer", "time.perf_counter") != extra.get("timer"):
-            return  # another clock: not comparable, and the gate says so
-        limit = thresholds.get("ratio", options.resolve(self.config, "lstmperf_threshold").value)
-        per_call_limit = self._per_call_limit(entry, limit) if metric in ("auto", "per-call") else None
-        if used == "device":  # the device threshold the gate will apply to this entry
-            from .gate import device_limit
-            from .regression import events_host_bound
-
-            explicit = "ratio" in thresholds or self._knobs().explicit_ratio
-            # as the gate: an event timing is held no tighter than the per-call threshold, whichever metric is gated
-            bound = events_host_bound(base_extra) or events_host_bound(extra)
-            limit = device_limit(base_extra, limit, explicit, bound, self._per_call_limit(entry, limit))[0]
-        # device samples move by a few percent between runs: a device ratio half-way to the threshold is
-        # already worth a second look; per-call times are noisier, and are looked at again past the threshold
-        # the gate applies to them (its noise band)
-        device_trigger = 1.0 + (limit - 1.0) / 2
-        first = _ratio(base, now) if used == "device" else None
-        # per-call: the ratio the gate will take (throttled rounds left out, drift-corrected under the probe),
-        # so that no first measurement fails the build without a second look
-        per_call_first = per_call_ratio(entry, extra, data, self._knobs()) if per_call_limit else None
-        device_suspect = (first or 0.0) > device_trigger
-        per_call_suspect = per_call_limit is not None and (per_call_first or 0.0) >= per_call_limit
-        if not device_suspect and not per_call_suspect:
-            return
-        again: dict[str, Any] = {}
-        second = per_call_second = None
-        if per_call_suspect:
-            timing.estimate_call(timed, plan.warmup, clock)
-            data2, _ = timing.time_rounds(timed, 2 * rounds, clock)
-            # re-measured samples carry no throttle flags: the gate takes them whole
-            per_call_second = per_call_ratio(entry, {**extra, "throttled": None}, data2, self._knobs())
-            again["data"] = data2
-        if device_suspect:
-            dev2 = dev_time(2 * plan.device_samples)
-            again.update(device_samples=list(dev2.samples), device_time_method=dev2.method)
-            if dev2.method == extra.get("device_time_method"):  # else not comparable: the gate says so
-                second = _ratio(base, dev2.samples)
-        device_confirmed = device_suspect and (second or 0.0) > limit
-        per_call_confirmed = per_call_suspect and (per_call_second or 0.0) >= (per_call_limit or float("inf"))
-        if per_call_confirmed and not device_confirmed:
-            knobs, late_limit = self._knobs(), per_call_limit or 0.0
-            self._late = LateLook(timed, 2 * rounds, clock, entry, extra, knobs, late_limit, counters)
-        extra["remeasured"] = {
-            "confirmed": device_confirmed or per_call_confirmed,
-            "first_ratio": first if device_suspect else per_call_first,
-            "second_ratio": second if device_suspect else per_call_second,
-            "metric": "device" if device_suspect else "per-call",
-            "threshold": limit if device_suspect else per_call_limit,
-            "trigger": device_trigger if device_suspect else per_call_limit,
-            "remeasured": [m for m, s in (("per-call", per_call_suspect), ("device", device_suspect)) if s],
-            **again,
-        }
-
-    def _per_call_limit(self, entry: dict[str, Any], limit: float) -> float:
-        """The per-call threshold the gate will apply to this entry (its noise band, or the pooled one)."""
-        from .gate import per_call_threshold
-
-        return per_call_threshold(entry, limit, self._knobs())[0]
-
-    def _knobs(self) -> Any:
-        """The gate's settings against the compared baseline, computed once per run."""
-        from .gate import gate_knobs
-
-        state = self.state
-        if state.knobs is None:
-            assert state.baseline is not None
-            state.knobs = gate_knobs(self.config, state.baseline)
-        return state.knobs
-
-    def _clock(self, extra: dict[str, Any], sampler: ClockSampler | None, windows: list[tuple[float, float]]) -> None:
-        if sampler is None or not sampler.active:
-            extra.update(clock_source="none", clock_note=sampler.reason if sampler else "")
-            return
-        clocks = sampler.round_clocks(windows)
-        flags = sampler.throttled(windows)
-        extra.update(
-            clock_source=sampler.source,
-            sm_clock_mhz=clocks,
-            sm_clock_max_mhz=sampler.max_mhz,
-            throttled=flags,
-            throttled_rounds=sum(flags),
-        )
-
-    def _sampler(self, device: DeviceInfo) -> ClockSampler | None:
-        """The run's SM clock sampler, started on first use (stopped when pytest unconfigures)."""
-        if self.state.sampler is None:
-            from .timing import ClockSampler
-
-            self.state.sampler = ClockSampler(device.torch_device).start()
-        return self.state.sampler
-
     def _thresholds(self) -> dict[str, float]:
         marker = self.request.node.get_closest_marker("lstmperf_threshold")
         if marker is None:
             return {}
         out: dict[str, float] = {}
+        unknown = sorted(set(marker.kwargs) - {"ratio"})
+        if unknown or len(marker.args) > 1:
+            pytest.fail(
+                f"@pytest.mark.lstmperf_threshold: takes one ratio (lstmperf_threshold(1.2) or ratio=1.2); got "
+                f"{', '.join([*map(repr, marker.args), *unknown])}",
+                pytrace=False,
+            )
         ratio = marker.kwargs.get("ratio", marker.args[0] if marker.args else None)
-        pvalue = marker.kwargs.get("pvalue", marker.args[1] if len(marker.args) > 1 else None)
         try:
             if ratio is not None:
                 out["ratio"] = options.parse_threshold(str(ratio))
-            if pvalue is not None:
-                out["pvalue"] = options.parse_pvalue(str(pvalue))
         except ValueError as exc:
             pytest.fail(f"@pytest.mark.lstmperf_threshold: {exc}", pytrace=False)
         return out
@@ -537,103 +461,7 @@ class BenchRunner:
             "failed": failed,
         }
         node.user_properties.append((RECORD_KEY, record))
-        late, self._late = self._late, None
-        if late is not None and xdist_worker() is None:
-            late.record = record
-            self.state.late_looks.append(late)
         return record
-
-
-class LateLook:
-    """A third look, once every test has run, at a benchmark whose per-call slowdown its re-measurement
-    confirmed right away (and whose device time did not): a slow phase of the host outlasts the two
-    back-to-back looks. On the H100 a clean run failed on a host-bound autocast inference at 2.27x and then
-    2.15x against its per-call threshold of 2.02: the same benchmark read 0.78 ms and 0.93 ms in the run
-    before and the one after, 1.7-1.8 ms in both looks. The gate decides the per-call check on this look's
-    samples; a slowdown of the code fails all three. Not taken in a pytest-xdist worker, whose records have
-    left with its reports: there the re-measurement decides.
-
-    The look comes after the test's fixtures were torn down, and a teardown may change what the call runs (a
-    user's fixture that frees, moves or switches its model). Where the test counted the call's host work, the
-    look counts it again first: a call that now dispatches other ATen ops or launches other kernels is not the
-    call that was measured, the look is void (:attr:`void` says why) and the re-measurement decides. So is a
-    look that reads faster than the baseline beyond its noise band (below 1 / the per-call threshold): the
-    code cannot have sped up between two tests, and a call without counts (JAX work) is caught so."""
-
-    def __init__(
-        self,
-        timed: Any,
-        rounds: int,
-        clock: Any,
-        entry: dict,
-        extra: dict,
-        knobs: Any,
-        limit: float,
-        counters: Any = None,
-    ) -> None:
-        self.timed, self.rounds, self.clock = timed, rounds, clock
-        self.entry, self.extra, self.knobs, self.limit = entry, extra, knobs, limit
-        self.counters = counters  # ``counters()`` of the call, as the test counted it (None: not counted)
-        self.record: dict[str, Any] | None = None
-        self.confirmed = True  # until the third look says otherwise
-        self.void = ""  # why the look does not count: the call changed, or it read implausibly fast
-
-    @property
-    def name(self) -> str:
-        return self.record["fullname"] if self.record else "?"
-
-    def take(self) -> float | None:
-        """Time the rounds again and write them and their ratio into the record's re-measurement, or why the
-        look is void; the ratio (None when the look was not timed)."""
-        from . import timing
-        from .gate import per_call_ratio
-
-        if self.record is None:
-            return None
-        ratio = None
-        self.void = self._changed()
-        if not self.void:
-            timing.estimate_call(self.timed, 3, self.clock)
-            data, _ = timing.time_rounds(self.timed, self.rounds, self.clock)
-            ratio = per_call_ratio(self.entry, {**self.extra, "throttled": None}, data, self.knobs)
-            if ratio is not None and self.limit > 0 and ratio < 1.0 / self.limit:
-                # faster than the baseline beyond its noise band: the code did not speed up between two tests
-                self.void = (
-                    f"it read {ratio:.3f}x, faster than the baseline beyond its noise band (under 1/{self.limit:.3f}): "
-                    "it timed other work than the test did (a fixture's teardown changes a call so)"
-                )
-        if self.void:
-            late: dict[str, Any] = {"late_void": self.void}
-        else:
-            self.confirmed = (ratio or 0.0) >= self.limit
-            late = {"late_data": [float(x) for x in data], "late_ratio": ratio, "confirmed": self.confirmed}
-        # the gate's record and pytest-benchmark's own extra_info (its JSON) both carry it
-        for extra in (self.record["extra_info"], self.extra):
-            extra.setdefault("remeasured", {}).update(late)
-        self.timed = None  # the prepared run goes with it
-        return ratio
-
-    #: the counts that say which work a call does (bytes allocated may move with the caching allocator's history)
-    SAME_CALL = ("aten_ops", "kernels")
-
-    def _changed(self) -> str:
-        """Why the call is not the one the test measured (its op or kernel counts moved), else ``""``."""
-        then = self.extra.get("host_counters")
-        if self.counters is None or not isinstance(then, dict):
-            return ""
-        now = self.counters()
-        now = now if isinstance(now, dict) else {}
-        moved = [
-            f"{key} {then[key]} -> {now.get(key)}"
-            for key in self.SAME_CALL
-            if key in then and now.get(key) != then[key]
-        ]
-        if not moved:
-            return ""
-        return (
-            f"the call changed since its test ({', '.join(moved)}): a third look would time other work (a "
-            "fixture's teardown changes a call so, and so does a fault planted only while the test ran)"
-        )
 
 
 class MarkedBenchmark:
@@ -689,15 +517,6 @@ def _meters(run: Any, call: Any, mode: str, device: DeviceInfo) -> tuple[Any, An
         return own_counts(mode) if own_counts is not None else timing.host_counters(call, device.torch_device)
 
     return dev_time, counters
-
-
-def _ratio(base: Any, now: Any) -> float | None:
-    import statistics
-
-    if not base or not now:
-        return None
-    then = statistics.median(base)
-    return statistics.median(now) / then if then > 0 else None
 
 
 def _user_device_time(fn: Any, torch_device: str, ops: Any) -> Any:

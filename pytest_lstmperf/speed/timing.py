@@ -1,4 +1,5 @@
-"""Timing that is right on GPUs: what a user waits for, what the GPU spends, and whether the clock held.
+"""Timing that is right on GPUs and on busy machines: what a user waits for, what the GPU spends, and a fixed
+anchor workload timed beside both.
 
 * **Time per call** (what users feel): host wall clock around ``call(); synchronize()``, one call per round,
   after warm-up. The synchronisation makes queued CUDA work count; the host overhead (Python, dispatch,
@@ -15,11 +16,9 @@
 * **Achieved FLOP/s** against the device's *measured* peak: the best of several large GEMMs in the same
   precision, once per process (:func:`measured_peak_flops`, :data:`PEAK_METHOD`); a share above 100% is
   flagged as a measurement error (:func:`format_peak_fraction`).
-* **SM clock**: :class:`ClockSampler` polls the SM clock in a background thread through NVML
-  (``pynvml``, from the nvidia-ml-py package) or, without it, a streaming
-  ``nvidia-smi --query-gpu=clocks.sm,clocks.max.sm --format=csv,noheader,nounits --loop-ms=N``; a round is flagged
-  as throttled when the clock sampled during it fell below 75% of the maximum SM clock (nvbench's rule).
-  Neither available, or a CPU run: no flags, and the reason is recorded.
+* **The anchor** (:class:`Anchor`): a fixed workload of the benchmark's device, timed in pairs with its calls
+  (:func:`paired_rounds`) and its device time beside the benchmark's, so that what the whole machine does to
+  both (a slow phase, a busy neighbour, a lower clock) cancels in their ratio (:mod:`.policy`, sentence 1).
 
 torch is imported only inside the functions that need it.
 """
@@ -37,10 +36,6 @@ import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
-
-#: a round whose SM clock fell below this share of the maximum is throttled (nvbench: 75%)
-THROTTLE_FRACTION = 0.75
-
 
 # -------------------------------------------------------------------------------------------- rounds
 @dataclass(frozen=True)
@@ -119,44 +114,102 @@ def time_rounds(
     return data, windows
 
 
-class DriftProbe:
-    """A fixed host-bound workload, timed once before every round of a benchmark (untimed there).
+class Anchor:
+    """A fixed workload on the benchmark's device, timed beside every benchmark call (:mod:`.policy`, sentence 1).
 
-    Twenty small ``addmm`` + ``tanh`` launches on 32x32 tensors of the benchmark's device, then a
-    synchronisation: a few hundred microseconds spent almost entirely in Python, the dispatcher and kernel
-    launches, the costs that dominate a host-bound RNN call. It touches no LSTM or GRU, so a slowdown of
-    the layer does not move it, while a host that is slower today (frequency, a noisy neighbour) does. The
-    speed gate divides the host part of the current samples by median(probe now) / median(probe baseline)
-    (``--lstmperf-drift=probe``, the default; see ``regression.compare_samples``).
+    Per call: ten steps of ``h = tanh(x @ W + h @ U)`` on 16x64 tensors (a few dozen small ops: the dispatcher,
+    the allocator, a little arithmetic, a synchronisation on a GPU), run ``repeat`` times so that it lasts about
+    as long as the benchmark's call; :meth:`time` returns seconds per repetition, so figures taken with another
+    ``repeat`` stay comparable. On a GPU also a device part, one 2048x2048 matmul and a ``tanh``
+    (:meth:`device_call`), whose device time is taken the same way as the benchmark's. It touches no LSTM or GRU
+    layer: a slower layer does not move it, while a slower machine moves both. torch where it is installed (the
+    benchmark's own threads and device), else numpy.
     """
 
-    STEPS = 20
+    STEPS = 10
+    MAX_REPEAT = 4096
 
-    def __init__(self, torch_device: str, clock: Callable[[], float] = time.perf_counter) -> None:
-        import torch
-
+    def __init__(self, torch_device: str = "cpu") -> None:
+        self.torch_device = torch_device
+        try:
+            import torch
+        except ImportError:
+            torch = None
         self._torch = torch
-        self.device = torch.device(torch_device)
-        gen = torch.Generator().manual_seed(0)
-        self.a = (torch.randn(32, 32, generator=gen) / 32).to(self.device)
-        self.b = torch.randn(32, 32, generator=gen).to(self.device)
-        self.clock = clock
-        self.samples: list[float] = []
-        self._work()  # first call pays one-off costs (allocator, kernel loading); not a sample
+        if torch is None:
+            import numpy as np
 
-    def _work(self) -> None:
+            rng = np.random.default_rng(0)
+            self.kind = "numpy"
+            self._x, self._w, self._u = (rng.standard_normal(s).astype("float32") / 8 for s in ((16, 64), (64, 64), (64, 64)))
+        else:
+            dev = torch.device(torch_device)
+            gen = torch.Generator().manual_seed(0)
+            self.kind = f"torch-{dev.type}"
+            self._x, self._w, self._u = ((torch.randn(*s, generator=gen) / 8).to(dev) for s in ((16, 64), (64, 64), (64, 64)))
+            self._cuda = dev.type == "cuda"
+            if self._cuda:
+                self._a = (torch.randn(2048, 2048, generator=gen) / 45).to(dev)
+        self.once()  # the first call pays one-off costs
+
+    def once(self) -> None:
+        if self._torch is None:
+            import numpy as np
+
+            h = self._x
+            for _ in range(self.STEPS):
+                h = np.tanh(self._x @ self._w + h @ self._u)
+            return
         torch = self._torch
         with torch.no_grad():
-            x = self.b
+            h = self._x
             for _ in range(self.STEPS):
-                x = torch.addmm(self.b, x, self.a).tanh_()
-            if self.device.type == "cuda":
-                torch.cuda.synchronize(self.device)
+                h = torch.tanh(torch.addmm(h @ self._u, self._x, self._w))
+            if self._cuda:
+                torch.cuda.synchronize(self.torch_device)
 
-    def sample(self) -> None:
-        start = self.clock()
-        self._work()
-        self.samples.append(self.clock() - start)
+    def fit(self, call_s: float | None) -> int:
+        """The repetitions that make the anchor last about ``call_s``: a power of two up to :data:`MAX_REPEAT`."""
+        one = self.time(1)
+        one = min(one, self.time(1))
+        repeat = 1
+        while call_s and repeat * one < call_s and repeat < self.MAX_REPEAT:
+            repeat *= 2
+        return repeat
+
+    def time(self, repeat: int, clock: Callable[[], float] = time.perf_counter) -> float:
+        """Seconds per repetition of ``repeat`` back-to-back runs."""
+        start = clock()
+        for _ in range(repeat):
+            self.once()
+        return (clock() - start) / repeat
+
+    def device_call(self) -> None:
+        """The device part (a GPU only), unsynchronised: what :func:`device_time` captures and replays."""
+        torch = self._torch
+        with torch.no_grad():
+            torch.tanh(self._a @ self._a)
+
+    def device_time(self, samples: int) -> DeviceTime:
+        return device_time(self.device_call, self.torch_device, samples)
+
+
+def paired_rounds(
+    call: Callable[[], object],
+    anchor: Anchor,
+    repeat: int,
+    rounds: int,
+    clock: Callable[[], float] = time.perf_counter,
+) -> tuple[list[float], list[float]]:
+    """``rounds`` pairs of (seconds of one ``call``, which must synchronise; seconds per repetition of the
+    anchor), the anchor first in every pair, as pytest-benchmark's ``setup`` runs it."""
+    data, anchors = [], []
+    for _ in range(rounds):
+        anchors.append(anchor.time(repeat, clock))
+        start = clock()
+        call()
+        data.append(clock() - start)
+    return data, anchors
 
 
 def benchmark_timer(config: Any) -> Callable[[], float]:
@@ -368,7 +421,7 @@ def transient_note(kept: Sequence[float], dropped: Sequence[float]) -> str:
     """What :func:`settled` left out of a device measurement, or '' where it left out nothing."""
     if not dropped:
         return ""
-    from .regression import format_seconds
+    from .policy import format_seconds
 
     return (
         f"{len(dropped)} leading sample(s) of a start-up transient left out ({format_seconds(dropped[0])} "
@@ -728,170 +781,3 @@ def _fastest_gemm(torch: Any, device: str, dtype: Any, n: int) -> float:
     return best
 
 
-# ------------------------------------------------------------------------------------------ SM clock
-@dataclass
-class ClockSampler:
-    """Samples the SM clock of one GPU in the background; see the module docstring for the sources."""
-
-    device: str  # "cuda:0", "cpu"
-    interval_s: float = 0.025
-    source: str = "none"
-    reason: str = ""
-    max_mhz: float | None = None
-    samples: list[tuple[float, float]] = field(default_factory=list)
-    _stop: threading.Event = field(default_factory=threading.Event)
-    _thread: threading.Thread | None = None
-    _proc: subprocess.Popen | None = None
-    _lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def start(self) -> ClockSampler:
-        if not self.device.startswith("cuda"):
-            self.reason = "no GPU clock on the CPU"
-            return self
-        ident = _gpu_identity(self.device)
-        reasons = []
-        try:
-            self._start_nvml(ident)
-            return self
-        except Exception as exc:
-            reasons.append(
-                f"NVML: {type(exc).__name__}: {exc}"
-                if not isinstance(exc, ImportError)
-                else "NVML: pynvml not installed (pip install nvidia-ml-py)"
-            )
-        try:
-            self._start_smi(ident)
-            return self
-        except Exception as exc:
-            reasons.append(f"nvidia-smi: {exc}")
-        self.source = "none"
-        self.reason = "SM clock not sampled: " + "; ".join(reasons)
-        return self
-
-    # -- NVML
-    def _start_nvml(self, ident: dict[str, Any]) -> None:
-        import pynvml  # type: ignore[import-not-found]
-
-        pynvml.nvmlInit()
-        handle = None
-        if ident.get("uuid"):
-            with contextlib.suppress(Exception):
-                handle = pynvml.nvmlDeviceGetHandleByUUID(ident["uuid"])
-        if handle is None:
-            handle = pynvml.nvmlDeviceGetHandleByIndex(ident.get("index", 0))
-        clock = pynvml.NVML_CLOCK_SM
-        self.max_mhz = float(pynvml.nvmlDeviceGetMaxClockInfo(handle, clock))
-        first = float(pynvml.nvmlDeviceGetClockInfo(handle, clock))
-        self._add(first)
-        self.source = "nvml"
-
-        def loop() -> None:
-            while not self._stop.wait(self.interval_s):
-                with contextlib.suppress(Exception):
-                    self._add(float(pynvml.nvmlDeviceGetClockInfo(handle, clock)))
-
-        self._thread = threading.Thread(target=loop, name="lstmperf-sm-clock", daemon=True)
-        self._thread.start()
-
-    # -- nvidia-smi
-    def _start_smi(self, ident: dict[str, Any]) -> None:
-        exe = shutil.which("nvidia-smi")
-        if exe is None:
-            raise RuntimeError("not on PATH")
-        target = ident.get("uuid") or str(ident.get("index", 0))
-        interval_ms = max(int(self.interval_s * 1000), 20)
-        cmd = [
-            exe,
-            "-i",
-            target,
-            "--query-gpu=clocks.sm,clocks.max.sm",
-            "--format=csv,noheader,nounits",
-            f"--loop-ms={interval_ms}",
-        ]
-        probe = subprocess.run(cmd[:-1], capture_output=True, text=True, timeout=15)
-        if probe.returncode != 0 and ident.get("uuid"):
-            cmd[2] = str(ident.get("index", 0))
-            probe = subprocess.run(cmd[:-1], capture_output=True, text=True, timeout=15)
-        if probe.returncode != 0:
-            raise RuntimeError((probe.stderr or probe.stdout).strip()[:200] or f"exit {probe.returncode}")
-        now, top = _parse_smi(probe.stdout)
-        self.max_mhz = top
-        self._add(now)
-        self.source = "nvidia-smi"
-        self._proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-
-        def reader() -> None:
-            assert self._proc is not None and self._proc.stdout is not None
-            for line in self._proc.stdout:
-                if self._stop.is_set():
-                    break
-                with contextlib.suppress(ValueError):
-                    self._add(_parse_smi(line)[0])
-
-        self._thread = threading.Thread(target=reader, name="lstmperf-sm-clock", daemon=True)
-        self._thread.start()
-
-    def _add(self, mhz: float) -> None:
-        with self._lock:
-            self.samples.append((time.perf_counter(), mhz))
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._proc is not None:
-            with contextlib.suppress(Exception):
-                self._proc.terminate()
-                self._proc.wait(5)
-        if self._thread is not None:
-            self._thread.join(2)
-
-    @property
-    def active(self) -> bool:
-        return self.source != "none"
-
-    def round_clocks(self, windows: Sequence[tuple[float, float]]) -> list[float | None]:
-        """The lowest SM clock seen in each round's window (the nearest earlier sample if none fell in it)."""
-        with self._lock:
-            samples = list(self.samples)
-        return clocks_for_windows(samples, windows, slack=self.interval_s)
-
-    def throttled(self, windows: Sequence[tuple[float, float]]) -> list[bool]:
-        return throttled_flags(self.round_clocks(windows), self.max_mhz)
-
-
-def clocks_for_windows(
-    samples: Sequence[tuple[float, float]], windows: Sequence[tuple[float, float]], slack: float = 0.0
-) -> list[float | None]:
-    out: list[float | None] = []
-    for start, end in windows:
-        inside = [mhz for t, mhz in samples if start - slack <= t <= end + slack]
-        if inside:
-            out.append(min(inside))
-            continue
-        before = [mhz for t, mhz in samples if t <= end]
-        out.append(before[-1] if before else None)
-    return out
-
-
-def throttled_flags(
-    clocks: Sequence[float | None], max_mhz: float | None, fraction: float = THROTTLE_FRACTION
-) -> list[bool]:
-    if not max_mhz:
-        return [False] * len(clocks)
-    return [c is not None and c < fraction * max_mhz for c in clocks]
-
-
-def _parse_smi(text: str) -> tuple[float, float]:
-    line = text.strip().splitlines()[0]
-    now, top = (float(part.strip()) for part in line.split(",")[:2])
-    return now, top
-
-
-def _gpu_identity(device: str) -> dict[str, Any]:
-    """Index and UUID of a CUDA device, so NVML and nvidia-smi look at the same GPU as torch."""
-    ident: dict[str, Any] = {"index": int(device.split(":")[1]) if ":" in device else 0}
-    with contextlib.suppress(Exception):
-        import torch
-
-        uuid = str(torch.cuda.get_device_properties(ident["index"]).uuid)
-        ident["uuid"] = uuid if uuid.startswith(("GPU-", "MIG-")) else f"GPU-{uuid}"
-    return ident

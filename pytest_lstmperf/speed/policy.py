@@ -1,0 +1,467 @@
+"""The speed gate's rule: what a benchmark measured, what its baseline holds, and the verdict. One home.
+
+The rule, in five sentences (docs/speed-gate.md states the same):
+
+1. Every benchmark is timed in pairs, one call of the benchmark and one call of a fixed anchor workload on the
+   same device in the same process (on a GPU the same pairing is done for device time), and its figure is the
+   median of the per-pair ratios, so a slow phase, a busy neighbour or a clock change that the whole machine
+   shares cancels instead of being measured.
+2. A figure is slower when it exceeds the baseline's figure by more than its limit: the threshold (1.10 unless
+   ``--lstmperf-threshold`` or the ``lstmperf_threshold`` marker says otherwise), or the smallest slowdown the
+   benchmark resolves on this machine (4 standard errors of the two figures and of the recording runs' spread)
+   where that is larger, and every benchmark's resolution is printed.
+3. A figure past its limit is measured once more in the test itself, with twice the rounds, and only that second
+   look decides; a first look inside its limit is final.
+4. A benchmark fails when a figure is slower, when it ran another kernel or precision than its baseline, or when
+   its exact host counts per call (ATen ops, GPU kernels, synchronisations) changed.
+5. Baselines are keyed by the hardware alone: a run on other software versions is compared by the same rule and
+   reported as an upgrade, and ``--lstmperf-update-baseline`` accepts what it changed.
+
+Everything here is pure: records and baseline entries in, verdicts out, no timing and no files. The in-test
+re-measurement (:func:`needs_second_look`) and the end-of-run verdict (:func:`decide`) call the same functions.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+# ----------------------------------------------------------------------------------------------- constants
+#: the default threshold: a figure more than 10% above its baseline's is slower (where the benchmark resolves it)
+THRESHOLD = 1.10
+#: standard errors a slowdown must exceed before it can count: the benchmark's resolution is exp(K_SIGMA x sigma)
+K_SIGMA = 4.0
+#: fewer paired samples on a side than this and a figure is not compared (inconclusive)
+MIN_SAMPLES = 5
+#: the two figures a benchmark can have: per call (host included) and device time (GPU only)
+METRICS = ("per-call", "device")
+#: counts per call that must match exactly; bytes allocated may move by allocator rounding
+EXACT_COUNTERS = ("aten_ops", "kernels", "syncs")
+ALLOC_TOLERANCE = (0.05, 4096)  # relative, absolute (bytes)
+
+#: verdicts that fail the session
+FAILING = ("regressed", "kernel-changed", "host-work-changed", "path-lost")
+#: verdicts of a benchmark that was compared
+COMPARED = ("regressed", "kernel-changed", "host-work-changed", "improved", "unchanged")
+VERDICTS = ("kernel-changed", "regressed", "host-work-changed", "path-lost", "inconclusive", "improved", "unchanged",
+            "new", "not-run")  # fmt: skip  (also the precedence: the first one found in a benchmark's checks wins)
+
+
+# --------------------------------------------------------------------------------------------- measured
+@dataclass(frozen=True)
+class Look:
+    """One look at a benchmark: per-pair ratios (benchmark / anchor) of each metric it has."""
+
+    per_call: tuple[float, ...] = ()
+    device: tuple[float, ...] = ()
+
+    def samples(self, metric: str) -> tuple[float, ...]:
+        return self.per_call if metric == "per-call" else self.device
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """What one benchmark measured in this run (read from its record once; the record itself is not consulted
+    again)."""
+
+    name: str
+    kernel: str = ""  # "cudnn/fp32"; "" where nothing was traced
+    failed_kernel: bool = False  # the test failed because the kernel was not the path's claim: not timed
+    first: Look = Look()
+    second: Look | None = None  # the in-test re-measurement, where the first look was past a limit
+    second_metrics: tuple[str, ...] = ()
+    counters: Mapping[str, float] = field(default_factory=dict)
+    threshold: float | None = None  # the marker's, where one is set
+    per_call_s: float | None = None  # the raw medians, for the table and the report
+    device_s: float | None = None
+    anchor_s: float | None = None
+
+    @classmethod
+    def from_record(cls, record: Mapping[str, Any]) -> Measurement:
+        extra = record.get("extra_info") or {}
+        again = extra.get("second_look") or None
+        return cls(
+            name=record["fullname"],
+            kernel=kernel_text(extra),
+            failed_kernel=record.get("failed") == "kernel",
+            first=look_of(record.get("data") or (), extra),
+            second=look_of(again.get("data") or (), again) if again else None,
+            second_metrics=tuple(again.get("metrics") or ()) if again else (),
+            counters=dict(extra.get("host_counters") or {}),
+            threshold=(record.get("thresholds") or {}).get("ratio"),
+            per_call_s=_median(record.get("data") or ()),
+            device_s=extra.get("device_time_s"),
+            anchor_s=(extra.get("anchor") or {}).get("per_call_s"),
+        )
+
+    def look(self, metric: str) -> Look:
+        """The look that decides ``metric``: the second where it re-measured that metric, else the first."""
+        return self.second if self.second is not None and metric in self.second_metrics else self.first
+
+
+def look_of(data: Sequence[float], extra: Mapping[str, Any]) -> Look:
+    """The paired ratios of a record (or of its second look): call / anchor, round by round, and device time /
+    the anchor's device time, sample by sample."""
+    anchor = extra.get("anchor") or {}
+    return Look(
+        per_call=_pairs(data, anchor.get("samples") or ()),
+        device=_pairs(extra.get("device_samples") or (), anchor.get("device_samples") or ()),
+    )
+
+
+def _pairs(values: Sequence[float], anchors: Sequence[float]) -> tuple[float, ...]:
+    if len(values) != len(anchors):
+        return ()
+    return tuple(float(v) / float(a) for v, a in zip(values, anchors, strict=True) if v and a and v > 0 and a > 0)
+
+
+def kernel_text(extra: Mapping[str, Any]) -> str:
+    return f"{extra.get('kernel', '')}/{extra.get('precision', '')}" if extra.get("kernel") else ""
+
+
+# --------------------------------------------------------------------------------------------- figures
+@dataclass(frozen=True)
+class Figure:
+    """A median of paired ratios and its standard error on the log scale."""
+
+    value: float
+    se: float
+    n: int
+
+    @classmethod
+    def of(cls, samples: Sequence[float]) -> Figure | None:
+        values = [float(x) for x in samples if x and x > 0]
+        if len(values) < MIN_SAMPLES:
+            return None
+        logs = [math.log(x) for x in values]
+        centre = statistics.median(logs)
+        mad = statistics.median(abs(x - centre) for x in logs)
+        # the standard error of a median: sqrt(pi/2) x sigma / sqrt(n), sigma from the MAD (robust to outliers)
+        se = 1.2533 * 1.4826 * mad / math.sqrt(len(values))
+        return cls(math.exp(centre), se, len(values))
+
+
+@dataclass(frozen=True)
+class RunFigures:
+    """One recording run of a benchmark, as the baseline keeps it."""
+
+    per_call: Figure | None
+    device: Figure | None
+    counters: Mapping[str, float] = field(default_factory=dict)
+
+    def get(self, metric: str) -> Figure | None:
+        return self.per_call if metric == "per-call" else self.device
+
+    def to_dict(self) -> dict[str, Any]:
+        def one(f: Figure | None) -> dict[str, float] | None:
+            return None if f is None else {"value": f.value, "se": f.se, "n": f.n}
+
+        return {"per_call": one(self.per_call), "device": one(self.device), "host_counters": dict(self.counters)}
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> RunFigures:
+        def one(f: Any) -> Figure | None:
+            return Figure(float(f["value"]), float(f["se"]), int(f["n"])) if isinstance(f, dict) else None
+
+        return cls(one(raw.get("per_call")), one(raw.get("device")), dict(raw.get("host_counters") or {}))
+
+
+def run_figures(measurement: Measurement) -> RunFigures:
+    """What a recording run contributes to its baseline entry: the figures of the look that decides each metric."""
+    return RunFigures(
+        Figure.of(measurement.look("per-call").per_call),
+        Figure.of(measurement.look("device").device),
+        measurement.counters,
+    )
+
+
+@dataclass(frozen=True)
+class Reference:
+    """A benchmark's baseline: its recording runs (this software's), its kernel, its versions."""
+
+    name: str
+    runs: tuple[RunFigures, ...]
+    kernel: str = ""
+    versions: Mapping[str, str] = field(default_factory=dict)
+
+    def figure(self, metric: str) -> tuple[float, float] | None:
+        """(value, sigma): the median of the runs' figures, and the noise of that reference on the log scale
+        (the runs' own standard errors, and how far the runs lie apart, where there are several)."""
+        figures = [f for f in (run.get(metric) for run in self.runs) if f is not None]
+        if not figures:
+            return None
+        logs = [math.log(f.value) for f in figures]
+        within = math.sqrt(sum(f.se**2 for f in figures) / len(figures) ** 2)
+        between = statistics.stdev(logs) if len(logs) > 1 else 0.0
+        return math.exp(statistics.median(logs)), math.hypot(within, between)
+
+
+# --------------------------------------------------------------------------------------------- decision
+@dataclass(frozen=True)
+class Check:
+    """One metric of one benchmark against its reference."""
+
+    metric: str
+    verdict: str  # "regressed" (slower), "improved" (faster), "unchanged", "inconclusive"
+    ratio: float | None = None
+    limit: float | None = None
+    resolves: float | None = None  # the smallest slowdown this benchmark resolves on this machine
+    note: str = ""
+
+    def text(self) -> str:
+        if self.ratio is None:
+            return f"{self.metric}: {self.verdict} ({self.note})"
+        return f"{self.metric}: {self.verdict} at {self.ratio:.3f}x (limit {self.limit:.3f}, resolves {self.resolves:.3f})"
+
+
+def check(metric: str, samples: Sequence[float], reference: Reference, threshold: float) -> Check:
+    """``samples`` (paired ratios of this run) against ``reference`` on ``metric`` (rule sentences 2 and 3)."""
+    ref = reference.figure(metric)
+    now = Figure.of(samples)
+    if ref is None or now is None:
+        side = "this run" if now is None else "the baseline"
+        return Check(metric, "inconclusive", note=f"fewer than {MIN_SAMPLES} paired samples in {side}")
+    value, sigma_ref = ref
+    sigma = math.hypot(now.se, sigma_ref)
+    resolves = math.exp(K_SIGMA * sigma)
+    limit = max(threshold, resolves)
+    ratio = now.value / value
+    verdict = "regressed" if ratio > limit else "improved" if ratio < 1 / limit else "unchanged"
+    return Check(metric, verdict, ratio, limit, resolves)
+
+
+def metrics_of(reference: Reference, look: Look) -> list[str]:
+    """The metrics both sides have: per call always; device time where both have it (a GPU)."""
+    return [m for m in METRICS if look.samples(m) and reference.figure(m) is not None]
+
+
+def needs_second_look(record: Mapping[str, Any], reference: Reference | None, threshold: float) -> list[str]:
+    """The metrics of a first look (a record without its second look) that are past their limit: measure them
+    again. The same :func:`check` as the verdict."""
+    if reference is None:
+        return []
+    look = Measurement.from_record(record).first
+    return [m for m in metrics_of(reference, look) if check(m, look.samples(m), reference, threshold).verdict == "regressed"]
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The verdict on one benchmark, with every check behind it."""
+
+    name: str
+    verdict: str
+    checks: tuple[Check, ...] = ()
+    kernel_then: str = ""
+    kernel_now: str = ""
+    notes: tuple[str, ...] = ()
+    per_call_s: float | None = None
+    device_s: float | None = None
+
+    @property
+    def failed(self) -> bool:
+        return self.verdict in FAILING
+
+    def ratio(self, metric: str) -> float | None:
+        return next((c.ratio for c in self.checks if c.metric == metric), None)
+
+    @property
+    def deciding(self) -> Check | None:
+        """The check that gave the verdict, else the first one with a ratio."""
+        return next((c for c in self.checks if c.verdict == self.verdict), None) or next(
+            (c for c in self.checks if c.ratio is not None), None
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "verdict": self.verdict,
+            "kernel_then": self.kernel_then,
+            "kernel_now": self.kernel_now,
+            "checks": [c.__dict__ for c in self.checks],
+            "notes": list(self.notes),
+        }
+
+
+def decide(measurement: Measurement, reference: Reference | None, threshold: float = THRESHOLD) -> Decision:
+    """One benchmark against its reference (rule sentences 2 to 4): the most severe check wins."""
+    from ..observation.claims import same_kernel
+
+    name, now = measurement.name, measurement.kernel
+    if reference is None:
+        return Decision(name, "new", kernel_now=now)
+    then = reference.kernel
+    base = Decision(name, "unchanged", kernel_then=then, kernel_now=now, per_call_s=measurement.per_call_s,
+                    device_s=measurement.device_s)  # fmt: skip
+    if measurement.failed_kernel:
+        return replace(base, verdict="kernel-changed", notes=("the kernel differs from the path's claim: not timed",))
+    limit = measurement.threshold or threshold
+    checks = [
+        check(m, measurement.look(m).samples(m), reference, limit)
+        for m in metrics_of(reference, measurement.first)
+    ]
+    notes = [
+        f"{m}: not compared: the baseline has this figure, this run has none"
+        for m in METRICS
+        if reference.figure(m) is not None and not measurement.first.samples(m)
+    ]
+    if not checks:
+        if not any(run.per_call or run.device for run in reference.runs):
+            why = (
+                "the baseline entry holds no timings of this format (migrated from format 1, or recorded without "
+                "the anchor): record them with --lstmperf-save-baseline"
+            )
+        else:
+            why = "no paired samples in this run (not timed: --benchmark-disable, or the test stopped before timing)"
+        checks = [Check("per-call", "inconclusive", note=why)]
+    if then and now and not same_kernel(then, now):
+        checks.append(Check("kernel", "kernel-changed", note=f"{then} in the baseline, {now} now"))
+    moved = counter_changes(reference, measurement.counters)
+    if moved:
+        checks.append(Check("host", "host-work-changed", note="; ".join(moved)))
+    for metric in measurement.second_metrics:
+        first = check(metric, measurement.first.samples(metric), reference, limit)
+        notes.append(
+            f"{metric}: first look {first.ratio or 0:.3f}x past its limit, measured again: "
+            f"{next((c.text() for c in checks if c.metric == metric), 'not compared')}"
+        )
+    rank = {v: i for i, v in enumerate(VERDICTS)}
+    verdict = min((c.verdict for c in checks), key=lambda v: rank.get(v, len(rank)))
+    return replace(base, verdict=verdict, checks=tuple(checks), notes=tuple(notes))
+
+
+def counter_changes(reference: Reference, now: Mapping[str, float]) -> list[str]:
+    """Host counts per call that changed: exact counts must match the baseline's (where every recording run
+    agreed on them), bytes allocated within allocator rounding. Nothing where either side has no counts."""
+    runs = [run.counters for run in reference.runs if run.counters]
+    if not runs or not now:
+        return []
+    out = []
+    for key in EXACT_COUNTERS:
+        seen = {run.get(key) for run in runs}
+        if len(seen) != 1 or key not in now or None in seen:
+            continue  # a count a clean rerun already moved is not a rule
+        then = seen.pop()
+        if now[key] != then:
+            out.append(f"{key} {then:g} -> {now[key]:g} per call")
+    allocs = [run["alloc_bytes"] for run in runs if "alloc_bytes" in run]
+    if allocs and "alloc_bytes" in now:
+        rel, absolute = ALLOC_TOLERANCE
+        low, high = min(allocs), max(allocs)
+        slack = max(rel * high, absolute)
+        if not low - slack <= now["alloc_bytes"] <= high + slack:
+            out.append(f"alloc_bytes {statistics.median(allocs):g} -> {now['alloc_bytes']:g} per call")
+    return out
+
+
+# ------------------------------------------------------------------------------------------- the run
+@dataclass(frozen=True)
+class Upgrade:
+    """Software versions that differ between the baseline's entries and this run: ``name -> (then, now)``."""
+
+    changed: Mapping[str, tuple[str, str]]
+
+    def headline(self, decisions: Sequence[Decision]) -> str:
+        moved = ", ".join(f"{k} {a} -> {b}" for k, (a, b) in sorted(self.changed.items()))
+        counts = {v: sum(1 for d in decisions if d.verdict == v) for v in ("regressed", "improved", "kernel-changed")}
+        parts = [f"{counts['regressed']} slower", f"{counts['improved']} faster"]
+        parts.append(f"{counts['kernel-changed']} kernel changed")
+        return f"upgrade: {moved}: {', '.join(parts)}"
+
+
+def upgrade_of(references: Iterable[Reference], versions: Mapping[str, str]) -> Upgrade | None:
+    changed: dict[str, tuple[str, str]] = {}
+    for ref in references:
+        for key in set(ref.versions) | set(versions):
+            then, now = ref.versions.get(key), versions.get(key)
+            if then is not None and now is not None and then != now:
+                changed.setdefault(key, (then, now))
+    return Upgrade(changed) if changed else None
+
+
+@dataclass
+class GateResult:
+    """Every decision of one run against one baseline, and the upgrade it crossed, if any."""
+
+    decisions: list[Decision] = field(default_factory=list)
+    upgrade: Upgrade | None = None
+
+    @property
+    def failed(self) -> list[Decision]:
+        return [d for d in self.decisions if d.failed]
+
+    def count(self, verdict: str) -> int:
+        return sum(1 for d in self.decisions if d.verdict == verdict)
+
+    @property
+    def inconclusive(self) -> list[Decision]:
+        return [d for d in self.decisions if d.verdict == "inconclusive"]
+
+    @property
+    def compared(self) -> int:
+        return sum(1 for d in self.decisions if d.verdict in COMPARED)
+
+    def unsettled(self) -> list[str]:
+        """Why this run is not a pass although nothing failed: inconclusive benchmarks, nothing compared."""
+        out = []
+        if self.inconclusive:
+            out.append(f"{len(self.inconclusive)} benchmark(s) inconclusive")
+        if not self.compared:
+            out.append("nothing was compared with the baseline")
+        return out
+
+    def coarse(self, threshold: float) -> list[tuple[str, Check]]:
+        """Compared checks whose resolution lies above the threshold: the slowdowns this machine cannot see."""
+        return [
+            (d.name, c)
+            for d in self.decisions
+            if d.verdict in COMPARED
+            for c in d.checks
+            if c.resolves is not None and c.resolves > (threshold if c.limit is None else min(c.limit, threshold))
+        ]
+
+    def summary(self) -> str:
+        parts = [f"{self.count(v)} {v}" for v in VERDICTS if self.count(v)]
+        return ", ".join(parts) or "nothing compared"
+
+
+def format_seconds(value: float | None) -> str:
+    if value is None:
+        return "-"
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6), ("ns", 1e-9)):
+        if value >= scale:
+            return f"{value / scale:.3g} {unit}"
+    return f"{value:.3g} s"
+
+
+def format_table(decisions: Sequence[Decision]) -> list[str]:
+    """Rows for the terminal: test, per call now, each metric's ratio and resolution, kernels, verdict."""
+    header = ("test", "per call", "ratio", "device ratio", "resolves", "kernel then", "kernel now", "verdict")
+    rows = [header]
+    for d in decisions:
+        per_call = next((c for c in d.checks if c.metric == "per-call"), None)
+        device = next((c for c in d.checks if c.metric == "device"), None)
+        resolves = [c.resolves for c in (per_call, device) if c is not None and c.resolves is not None]
+        rows.append(
+            (
+                d.name,
+                format_seconds(d.per_call_s),
+                "-" if per_call is None or per_call.ratio is None else f"{per_call.ratio:.3f}",
+                "-" if device is None or device.ratio is None else f"{device.ratio:.3f}",
+                "/".join(f"{r:.2f}" for r in resolves) or "-",
+                d.kernel_then or "-",
+                d.kernel_now or "-",
+                d.verdict,
+            )
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    lines = ["  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip() for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return lines
+
+
+def _median(values: Sequence[float]) -> float | None:
+    vals = [float(v) for v in values if v]
+    return statistics.median(vals) if vals else None
