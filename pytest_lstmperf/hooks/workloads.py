@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import statistics
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -26,9 +27,23 @@ def add_row(request: pytest.FixtureRequest, kind: str, **row: Any) -> None:
     """Add a row to the summary; ``workers``/``cores`` record how many pytest-xdist workers shared the cores."""
     if kind not in KINDS:
         raise ValueError(f"unknown workload row kind {kind!r} (valid: {', '.join(KINDS)})")
+    row.setdefault("hardware", _hardware(request.config))
     row.setdefault("workers", int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1))
     row.setdefault("cores", os.cpu_count() or 1)
     request.node.user_properties.append((PROPERTY, json.dumps({"kind": kind, **row}, default=str)))
+
+
+def _hardware(config: pytest.Config) -> str:
+    """The run's device in a few words, for the plots' titles: the GPU's name, or the CPU's and its threads."""
+    from ..session import SESSION_KEY
+
+    session = config.stash.get(SESSION_KEY, None)
+    if session is None:
+        return ""
+    fp = session.device.fingerprint
+    if session.device.kind == "cuda":
+        return str(fp.get("gpu", session.device.name))
+    return f"CPU: {fp.get('cpu', '?')}, {fp.get('threads', '?')} threads"
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -313,6 +328,9 @@ def write_workload_report(out: Path, rows: list[dict[str, Any]]) -> Path:
     path = out / "workloads.md"
     path.write_text("\n".join(lines), encoding="utf-8")
     (out / "workloads.json").write_text(json.dumps(rows, indent=1), encoding="utf-8")
+    from ..speed.report import link_pages
+
+    link_pages(out)  # the folder's index links this page and shows its plots
     return path
 
 
@@ -338,7 +356,7 @@ def _plot_bucketing(out: Path, rows: list[dict[str, Any]]) -> Path | None:
     workloads = sorted({r["workload"] for r in rows})
     if not workloads:
         return None
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4.6))
     width = 0.25
     for i, mode in enumerate(("padded", "packed", "bucketed")):
         ratios = [
@@ -355,6 +373,9 @@ def _plot_bucketing(out: Path, rows: list[dict[str, Any]]) -> Path | None:
         ax.set_xticklabels(workloads, fontsize=7)
         ax.set_ylabel(label)
         ax.legend(fontsize=8)
+    axes[0].set_title("padded work (1 = no padding)", fontsize=9)
+    axes[1].set_title("time of one training epoch", fontsize=9)
+    _titled(fig, "padding vs packing vs bucketing: one training epoch per dataset", rows)
     fig.tight_layout()
     return _save(plt, fig, out / "bucketing.png")
 
@@ -366,7 +387,7 @@ def _plot_scaling(out: Path, rows: list[dict[str, Any]]) -> Path | None:
 
     if not rows:
         return None
-    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 5))
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 5.4))
     worlds = sorted({r["world"] for r in rows})
     ax.plot(worlds, worlds, linestyle="--", color="grey", label="ideal")
     ax2.axhline(1.0, linestyle="--", color="grey", label="plain single device")
@@ -384,13 +405,37 @@ def _plot_scaling(out: Path, rows: list[dict[str, Any]]) -> Path | None:
         a.set_xticks(worlds)
         a.grid(True, alpha=0.3)
         a.legend(fontsize=7)
+    ax.set_title("speedup (strong scaling)", fontsize=9)
+    ax2.set_title("against plain single-device training", fontsize=9)
+    backends = ", ".join(sorted({str(r.get("backend")) for r in rows if r.get("backend")}))
+    fig.suptitle("scale-out training: throughput per number of ranks" + (f" ({backends})" if backends else "")
+                 + (f"\n{_device_of(rows)}" if _device_of(rows) else ""), fontsize=10)  # fmt: skip
     fig.tight_layout()
     return _save(plt, fig, out / "scaling.png")
 
 
+#: the overhead plot names each shape on its x axis up to this many shapes; beyond, it plots against the raw cost
+NAMED_SHAPES = 8
+
+
+def _device_of(rows: list[dict[str, Any]]) -> str:
+    """The device the rows were measured on, for a plot's title ("" when the rows do not say)."""
+    devices = sorted({str(r.get("hardware") or r["device"]) for r in rows if r.get("hardware") or r.get("device")})
+    return ", ".join(devices)
+
+
+def _titled(fig: Any, title: str, rows: list[dict[str, Any]]) -> None:
+    device = _device_of(rows)
+    fig.suptitle(title + (f"\n{device}" if device else ""), fontsize=10)
+
+
 def _plot_overhead(out: Path, rows: list[dict[str, Any]]) -> Path | None:
-    """Each framework's call time over the raw cost (1.0 = no overhead) against the raw cost, one point per
-    shape and framework (log scales): the overhead falls as the device work grows."""
+    """Each framework's forward call time over the raw cost (1x = no overhead), log scale.
+
+    Up to :data:`NAMED_SHAPES` shapes: one column per shape, ordered by raw cost and named with it, the
+    frameworks side by side in each column (every framework of a shape shares its raw cost, so points placed
+    by raw cost would sit on one another). More shapes: the ratio against the raw cost, unlabelled points (the
+    overhead falls as the device work grows); the table beside the plot names them."""
     from ..speed.report import plain_log_scale
 
     plt = _pyplot()
@@ -399,30 +444,47 @@ def _plot_overhead(out: Path, rows: list[dict[str, Any]]) -> Path | None:
     if not rows:
         return None
     frameworks = sorted({r.get("framework", "torch") for r in rows}, key=lambda f: (f != "torch", f))
-    fig, ax = plt.subplots(figsize=(8, 5))
-    markers = {"lstm": "o", "gru": "s"}
-    for framework in frameworks:
-        mine = [r for r in rows if r.get("framework", "torch") == framework]
-        color = None
-        for cell in sorted({r["shape"].split("-")[0] for r in mine}):
-            pts = [r for r in mine if r["shape"].startswith(cell + "-")]
-            xs, ys = [r["raw_s"] * 1e3 for r in pts], [r["ratio"] for r in pts]
-            drawn = ax.scatter(xs, ys, color=color, marker=markers.get(cell, "o"), s=30, alpha=0.8,
-                               label=f"{framework} ({cell})")  # fmt: skip
-            color = drawn.get_facecolor()[0]
-        if len(mine) <= 8:  # few points: name their shapes
-            for r in mine:
-                ax.annotate(r["shape"], (r["raw_s"] * 1e3, r["ratio"]), fontsize=6, xytext=(3, 3),
-                            textcoords="offset points")  # fmt: skip
-    ax.axhline(1.0, color="grey", linestyle="--", label="raw cost")
-    plain_log_scale(ax, "x")
-    plain_log_scale(ax, "y", suffix="x")
-    ax.margins(x=0.12, y=0.08)  # room for the shape names beside the outermost points
+    colors = {name: f"C{i % 10}" for i, name in enumerate(frameworks)}
+    raw: dict[str, list[float]] = defaultdict(list)
+    for r in rows:
+        raw[r["shape"]].append(r["raw_s"])
+    shapes = sorted(raw, key=lambda shape: (sorted(raw[shape])[len(raw[shape]) // 2], shape))
     on_gpu = any(r.get("graph_s") for r in rows)
-    ax.set_xlabel("raw cost, ms (" + ("CUDA-graph replay of the cuDNN call" if on_gpu else "ATen op") + ")")
+    raw_name = "CUDA-graph replay of the cuDNN call" if on_gpu else "ATen op"
+    named = len(shapes) <= NAMED_SHAPES
+    fig, ax = plt.subplots(figsize=(max(8.0, 1.25 * len(shapes) + 3.5) if named else 8.0, 5.2))
+    markers = {"lstm": "o", "gru": "s"}
+    if named:
+        width = 0.6 / max(len(frameworks), 1)
+        for i, framework in enumerate(frameworks):
+            mine = [r for r in rows if r.get("framework", "torch") == framework]
+            xs = [shapes.index(r["shape"]) + (i - (len(frameworks) - 1) / 2) * width for r in mine]
+            ax.scatter(xs, [r["ratio"] for r in mine], color=colors[framework], s=36, alpha=0.85, label=framework)
+        ax.set_xticks(range(len(shapes)))
+        ax.set_xticklabels(
+            [f"{shape}\nraw {statistics.median(raw[shape]) * 1e3:.3g} ms" for shape in shapes], fontsize=7
+        )
+        ax.set_xlim(-0.6, len(shapes) - 0.4)
+        ax.set_xlabel(f"shape, by raw cost ({raw_name})")
+    else:
+        for framework in frameworks:
+            mine = [r for r in rows if r.get("framework", "torch") == framework]
+            for cell in sorted({r["shape"].split("-")[0] for r in mine}):
+                pts = [r for r in mine if r["shape"].startswith(cell + "-")]
+                ax.scatter([r["raw_s"] * 1e3 for r in pts], [r["ratio"] for r in pts], color=colors[framework],
+                           marker=markers.get(cell, "o"), s=30, alpha=0.8, label=f"{framework} ({cell})")  # fmt: skip
+        plain_log_scale(ax, "x")
+        ax.margins(x=0.08, y=0.08)
+        ax.set_xlabel(f"raw cost, ms ({raw_name})")
+    ax.axhline(1.0, color="grey", linestyle="--", label="1x: no overhead")
+    plain_log_scale(ax, "y", suffix="x")
+    low, high = ax.get_ylim()
+    ax.set_ylim(min(low, 0.8), high)  # the 1x line is always in view
     ax.set_ylabel("forward call time / raw cost")
     ax.grid(True, which="both", alpha=0.25)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0, title="framework",
+              title_fontsize=8)  # fmt: skip
+    _titled(fig, "framework overhead (forward): call time over the raw cost", rows)
     fig.tight_layout()
     return _save(plt, fig, out / "overhead.png")
 
@@ -439,7 +501,7 @@ def _plot_precision(out: Path, rows: list[dict[str, Any]]) -> Path | None:
     paths = sorted({r["path"] for r in rows})
     ncol = 1 if len(shapes) == 1 else 2
     legend_rows = math.ceil(len(paths) / ncol) + 1  # + the legend's title
-    height = 4.2 + 0.22 * legend_rows
+    height = 4.7 + 0.22 * legend_rows
     fig, axes = plt.subplots(1, len(shapes), figsize=(max(6.5, 4.8 * len(shapes)), height), squeeze=False)
     colors = {name: f"C{i % 10}" for i, name in enumerate(paths)}
     labelled: set[str] = set()
@@ -463,5 +525,6 @@ def _plot_precision(out: Path, rows: list[dict[str, Any]]) -> Path | None:
         ax.grid(True, which="both", alpha=0.25)
     fig.legend(loc="lower center", ncol=ncol, fontsize=8, frameon=False,
                title="path (X: not the claimed kernel/precision)", title_fontsize=8)  # fmt: skip
+    _titled(fig, "precision (forward): time per call against error", rows)
     fig.tight_layout(rect=(0, (0.25 + 0.2 * legend_rows) / height, 1, 1))
     return _save(plt, fig, out / "precision.png")

@@ -22,7 +22,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from .timing import PEAK_METHOD, format_peak_fraction
+from .timing import PEAK_METHOD
 
 SWEEPS = (
     ("batch", "batch", "batch size"),
@@ -32,7 +32,7 @@ SWEEPS = (
 
 
 def _fmt(value: float | None) -> str:
-    from .regression import format_seconds
+    from .policy import format_seconds
 
     return format_seconds(value)
 
@@ -223,9 +223,12 @@ def by_case(records: Iterable[dict[str, Any]], *fields: str) -> list[tuple[tuple
     groups: dict[tuple[str, ...], list[dict[str, Any]]] = defaultdict(list)
     for record in records:
         extra = record["extra_info"]
-        groups[tuple(str(extra.get(name, "?")) for name in fields)].append(record)
+        groups[tuple(shape_of(record) if name == "shape" else str(extra.get(name, "?")) for name in fields)].append(
+            record
+        )
     return [
-        (key, sorted(group, key=lambda r: r["extra_info"].get("path", ""))) for key, group in sorted(groups.items())
+        (key, sorted(group, key=lambda r: (r["extra_info"].get("path", ""), r.get("name", ""))))
+        for key, group in sorted(groups.items())
     ]
 
 
@@ -238,6 +241,59 @@ def generic_reference(group: Iterable[dict[str, Any]]) -> float | None:
         if extra.get("path") == GENERIC_REFERENCE.get(kind) and extra.get("time_per_call_s"):
             return float(extra["time_per_call_s"])
     return None
+
+
+def shape_of(record: dict[str, Any]) -> str:
+    """The shape column of a record: the suite's shape id, or for a user's own benchmark (which has no shape of
+    the suite's) the benchmark's test name, so that two user benchmarks with the same label stay told apart."""
+    shape = str(record["extra_info"].get("shape") or "-")
+    if shape == "-" and record["extra_info"].get("path") == "user":
+        return str(record.get("name") or record.get("fullname") or "-")
+    return shape
+
+
+def peak_cell(extra: dict[str, Any]) -> str:
+    """The ``% of measured peak`` cell: achieved FLOP/s over the GEMM peak measured in the same process.
+
+    ``-`` where no FLOP count or peak was recorded; ``n/a under -n`` for a record timed under pytest-xdist (the
+    peak GEMM then ran while other workers shared the cores, so the share means nothing); ``>100%: unreliable``
+    where the share cannot be one. :func:`peak_notes` explains both."""
+    fraction = extra.get("peak_fraction")
+    if fraction is None:
+        return "-"
+    if extra.get("timed_by"):
+        return "n/a under -n"
+    if fraction > 1.0:
+        return ">100%: unreliable"
+    return f"{fraction:.1%}"
+
+
+def peak_notes(records: Iterable[dict[str, Any]]) -> list[str]:
+    """What a reader must know about the ``%peak`` cells :func:`peak_cell` did not print as a share."""
+    records = list(records)
+    notes = []
+    shared = [
+        r for r in records if r["extra_info"].get("peak_fraction") is not None and r["extra_info"].get("timed_by")
+    ]
+    if shared:
+        notes.append(
+            f"%peak not shown for {len(shared)} benchmark(s) timed under pytest-xdist (n/a under -n): the peak GEMM "
+            "was measured while other workers used the same cores, so it comes out low and the shares high; run "
+            "without -n to see them"
+        )
+    over = [
+        r for r in records
+        if (r["extra_info"].get("peak_fraction") or 0) > 1.0 and not r["extra_info"].get("timed_by")
+    ]  # fmt: skip
+    if over:
+        names = ", ".join(r["name"] for r in over[:5]) + (f" and {len(over) - 5} more" if len(over) > 5 else "")
+        notes.append(
+            f"%peak over 100% for {len(over)} benchmark(s) ({names}): more FLOP/s than the peak GEMM measured "
+            "in this process, so the peak was measured low (another process was busy on the machine while it "
+            "ran) or the benchmark's time misses work it did (its FLOP count is in extra_info.flops). Run again "
+            "on a quiet machine; if it stays, the timing of that path is wrong"
+        )
+    return notes
 
 
 def timing_cells(record: dict[str, Any], reference: float | None) -> tuple[str, str, str, str, str, str]:
@@ -253,7 +309,7 @@ def timing_cells(record: dict[str, Any], reference: float | None) -> tuple[str, 
         "-" if host is None else f"{host:.0%}",
         f"{reference / per_call:.2f}x" if reference and per_call else "-",
         f"{extra.get('kernel', '?')}/{extra.get('precision', '?')}",
-        format_peak_fraction(extra.get("peak_fraction")),
+        peak_cell(extra),
     )
 
 
@@ -338,15 +394,19 @@ def write_report(
         "CUDA-graph replay (or CUDA events, see notes); host share = 1 - device/per call; vs generic (torch) is "
         f"the time per call of {' on the CPU, '.join(GENERIC_REFERENCE.values())} on a GPU (same mode and "
         "shape) over the row's; % of measured peak is achieved FLOP/s against the "
-        f"{PEAK_METHOD} on the same device (over 100%: flagged as a measurement error).",
+        f"{PEAK_METHOD} on the same device.",
         "",
         _md_table(header, rows),
         "",
     ]
+    md += [f"* {note}" for note in peak_notes(records)] + ([""] if peak_notes(records) else [])
     if gate_rows:
         md += ["## Speed gate", "", f"{gate.summary()}", "", _md_table(gate_header, gate_rows), ""]
     if plots:
-        md += ["## Plots", ""] + [f"![{p.stem}]({p.name})" for p in plots] + [""]
+        md += ["## Plots", ""]
+        for p in plots:
+            md += [f"### {PLOT_TITLES.get(p.stem, p.stem)}", "", f"![{PLOT_TITLES.get(p.stem, p.stem)}]({p.name})", ""]
+    md += [PAGES_START, PAGES_END, ""]
     (out / "index.md").write_text("\n".join(md), encoding="utf-8")
     body = [
         f"<h1>{title}</h1>",
@@ -354,10 +414,15 @@ def write_report(
         "<h2>Benchmarks</h2>",
         _html_table(header, rows),
     ]
+    body += [f"<p>{html.escape(note)}</p>" for note in peak_notes(records)]
     if gate_rows:
         body += ["<h2>Speed gate</h2>", f"<p>{html.escape(gate.summary())}</p>", _html_table(gate_header, gate_rows)]
     if plots:
-        body += ["<h2>Plots</h2>"] + [f'<p><img src="{p.name}" alt="{p.stem}"></p>' for p in plots]
+        body += ["<h2>Plots</h2>"]
+        for p in plots:
+            caption = html.escape(PLOT_TITLES.get(p.stem, p.stem))
+            body += [f'<h3>{caption}</h3><p><img src="{p.name}" alt="{caption}"></p>']
+    body += [PAGES_START, PAGES_END]
     style = (
         "body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;font-size:12px}"
         "td,th{border:1px solid #ccc;padding:2px 6px;text-align:left}img{max-width:100%}"
@@ -368,7 +433,80 @@ def write_report(
     )
     target = out / "index.html"
     target.write_text(page, encoding="utf-8")
+    link_pages(out)
     return target
+
+
+#: what each plot of the report folder shows, as its heading on the index (other plots: their file name)
+PLOT_TITLES = {
+    "time_vs_batch": "forward time against batch size",
+    "time_vs_seq": "forward time against sequence length",
+    "time_vs_hidden": "forward time against hidden size",
+    "baseline_vs_now": "baseline against now",
+    "bucketing": "workloads: padding vs packing vs bucketing",
+    "crossover-cpu": "workloads: crossover of the CPU paths",
+    "crossover-cuda": "workloads: CPU/GPU crossover",
+    "overhead": "workloads: framework overhead",
+    "precision": "workloads: precision, speed against error",
+    "scaling": "workloads: scale-out training",
+}
+#: the pages other parts of a run write into the report folder, with what they hold; linked from the index
+OTHER_PAGES = {
+    "workloads.md": "the seed workloads' tables and notes (padding/packing/bucketing, crossover, overhead, "
+    "precision, scaling)",
+}
+PAGES_START, PAGES_END = "<!-- lstmperf: other pages -->", "<!-- /lstmperf: other pages -->"
+
+
+def link_pages(out: Path) -> Path:
+    """Link every page of :data:`OTHER_PAGES` found in ``out`` from ``index.md`` and ``index.html``, and show
+    every plot of the folder that the index does not already show; written between the :data:`PAGES_START` and
+    :data:`PAGES_END` markers, replaced on each call. An index that does not exist yet is started with this
+    section alone (a run with workloads and no benchmark). Called by :func:`write_report` and by the workload
+    report, in either order. Returns the HTML index's path."""
+    import re
+
+    md_path, html_path = out / "index.md", out / "index.html"
+    title = "LSTM/GRU speed report"
+    if not md_path.exists():
+        md_path.write_text(f"# {title}\n\n{PAGES_START}{PAGES_END}\n", encoding="utf-8")
+    if not html_path.exists():
+        html_path.write_text(
+            f"<!doctype html><html><head><meta charset='utf-8'><title>{title}</title>"
+            f"<style>img{{max-width:100%}}</style></head><body><h1>{title}</h1>{PAGES_START}{PAGES_END}</body></html>",
+            encoding="utf-8",
+        )
+    md, page = md_path.read_text(encoding="utf-8"), html_path.read_text(encoding="utf-8")
+    outside = _between(md, "")
+    shown = set(re.findall(r"!\[[^\]]*\]\(([^)]+)\)", outside))
+    pages = [(name, about) for name, about in OTHER_PAGES.items() if (out / name).exists()]
+    plots = sorted(p for p in out.glob("*.png") if p.name not in shown)
+    md_lines: list[str] = []
+    html_parts: list[str] = []
+    if pages:
+        md_lines += ["## Other pages", ""] + [f"- [{name}]({name}): {about}" for name, about in pages] + [""]
+        items = "".join(f'<li><a href="{html.escape(n)}">{html.escape(n)}</a>: {html.escape(a)}</li>' for n, a in pages)
+        html_parts.append(f"<h2>Other pages</h2><ul>{items}</ul>")
+    if plots:
+        md_lines += ["## More plots", ""]
+        html_parts.append("<h2>More plots</h2>")
+        for p in plots:
+            caption = PLOT_TITLES.get(p.stem, p.stem)
+            md_lines += [f"### {caption}", "", f"![{caption}]({p.name})", ""]
+            html_parts.append(
+                f'<h3>{html.escape(caption)}</h3><p><img src="{p.name}" alt="{html.escape(caption)}"></p>'
+            )
+    md_path.write_text(_between(md, "\n" + "\n".join(md_lines) if md_lines else ""), encoding="utf-8")
+    html_path.write_text(_between(page, "".join(html_parts)), encoding="utf-8")
+    return html_path
+
+
+def _between(text: str, section: str) -> str:
+    """``text`` with what lies between the other-pages markers replaced by ``section`` (unchanged without them)."""
+    head, found, rest = text.partition(PAGES_START)
+    if not found:
+        return text
+    return head + PAGES_START + section + PAGES_END + rest.partition(PAGES_END)[2]
 
 
 def main(argv: Sequence[str] | None = None) -> int:

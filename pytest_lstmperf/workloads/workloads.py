@@ -334,7 +334,14 @@ def crossover_sweep(
         device = devices.get(path.device)
         reasons[name] = "no such device" if device is None else path.available(device)
     points = []
-    for batch in batches:
+    started = time.perf_counter()
+    for step, batch in enumerate(batches, 1):
+        if progress is not None:
+            spent = time.perf_counter() - started
+            progress(
+                f"batch {batch} ({step}/{len(batches)}): preparing and timing {len(paths)} paths, {repeats} calls "
+                f"each{f' ({spent:.0f} s so far; larger batches take longer)' if step > 1 else ''}"
+            )
         here = _sweep_batch(spec.replace(batch=int(batch)), paths, reasons, devices, repeats, seed)
         for point in here:
             points.append(point)
@@ -410,7 +417,10 @@ def read_sweep_csv(path: Any) -> list[SweepPoint]:
 
 def plot_sweep(points: Sequence[SweepPoint], out: Any, title: str, marks: dict[str, int | None]) -> Any:
     """Time per call against batch size per path (log-log), the crossovers marked; returns the PNG path.
-    ``title`` is wrapped to the figure's width (a device description is long)."""
+
+    Each path's legend entry says from which batch it wins (or that it never does), and its crossover is a
+    dashed line in the path's colour: several paths may win from the same batch, and text drawn beside the lines
+    would lie on top of each other. ``title`` is wrapped to the figure's width (a device description is long)."""
     import textwrap
 
     import matplotlib
@@ -421,17 +431,25 @@ def plot_sweep(points: Sequence[SweepPoint], out: Any, title: str, marks: dict[s
     from ..speed.report import plain_log_scale
 
     fig, ax = plt.subplots(figsize=(8, 5))
+    drawn: dict[int, int] = {}  # batch -> how many crossover lines are already drawn there
     for name in dict.fromkeys(p.path for p in points):
         xy = [(p.batch, p.seconds * 1e3) for p in points if p.path == name and p.seconds]
-        if xy:
-            ax.plot(*zip(*xy, strict=True), marker="o", label=name)
+        if not xy:
+            continue
+        label = name
+        if name in marks:
+            batch = marks[name]
+            label += f": wins from batch {batch}" if batch is not None else ": never wins for good"
+        elif marks:
+            label += ": the reference"
+        (line,) = ax.plot(*zip(*xy, strict=True), marker="o", label=label)
+        batch = marks.get(name)
+        if batch is not None:
+            dashes = (4, 2 + 2 * drawn.get(batch, 0))  # lines at one batch stay told apart
+            ax.axvline(batch, linestyle=(0, dashes), alpha=0.7, color=line.get_color(), linewidth=1.2)
+            drawn[batch] = drawn.get(batch, 0) + 1
     plain_log_scale(ax, "x", base=2)
     plain_log_scale(ax, "y")
-    for name, batch in marks.items():
-        if batch is not None:
-            ax.axvline(batch, linestyle="--", alpha=0.5, color="grey")
-            ax.annotate(f"{name} wins from batch {batch}", (batch, 1.0), xycoords=("data", "axes fraction"),
-                        xytext=(3, -4), textcoords="offset points", rotation=90, va="top", fontsize=7)  # fmt: skip
     ax.set_xlabel("batch size")
     ax.set_ylabel("forward time per call (ms)")
     lines = [textwrap.fill(line, 95) for line in title.splitlines()]
