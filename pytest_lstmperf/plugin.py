@@ -245,3 +245,10 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
         return
     for line in tally.summary_lines():
         terminalreporter.write_line(line)
+
+
+@pytest.hookimpl(trylast=True, specname="pytest_terminal_summary")  # after pytest-benchmark's tables
+def pytest_terminal_summary_wall_time(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    tally = config.stash.get(TALLY_KEY, None)
+    if tally is not None and tally.outcomes:
+        terminalreporter.write_line(tally.wall_time_line())

@@ -61,10 +61,12 @@ class RunTally:
         if not self.outcomes:
             return []
         lines = ["", "lstmperf: per path (passed/failed/skipped; kernels observed)"]
+        width = max(len(path) for path in self.outcomes)  # a pair of paths runs past any fixed width
         for path in sorted(self.outcomes):
             c = self.outcomes[path]
             seen = "; ".join(sorted(self.observed.get(path, ()))) or "-"
-            line = f"  {path:28s} {c.get('passed', 0):3d}/{c.get('failed', 0):3d}/{c.get('skipped', 0):3d}  {seen}"
+            counts = f"{c.get('passed', 0):3d}/{c.get('failed', 0):3d}/{c.get('skipped', 0):3d}"
+            line = f"  {path.ljust(width)} {counts}  {seen}"
             if c.get("xfailed"):
                 line += f"  ({c['xfailed']} xfailed: known finding)"
             if path in self.skip_reasons and not c.get("passed") and not c.get("failed"):
@@ -84,8 +86,13 @@ class RunTally:
                 first = found[0]
                 shapes = f" (and {len(found) - 1} more shapes)" if len(found) > 1 else ""
                 lines.append(f"  {path} [{check}] {first.spec}{shapes}: {first.message.splitlines()[0][:300]}")
-        lines.append(f"lstmperf: wall time {time.perf_counter() - self.started:.1f}s")
         return lines
+
+    def wall_time_line(self) -> str:
+        """The run's wall time, printed after every other summary (pytest-benchmark's tables included) but the
+        speed gate's section, whose verdict stays last."""
+        seconds = time.perf_counter() - self.started
+        return f"lstmperf: wall time {seconds:.1f}s, start-up included (pytest's own time below starts after it)"
 
 
 TALLY_KEY = pytest.StashKey[RunTally]()

@@ -1,0 +1,55 @@
+"""The end of a run's output: the per-path summary aligned whatever the length of a path's name, and the wall
+time after pytest-benchmark's tables (not between the summary and them)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+LONG = "torch-cudnn-packed~torch-cuda-generic-packed"  # a pair of paths: longer than any fixed column
+
+TESTS = f"""
+def test_long(benchmark, request):
+    request.node.user_properties.append(("lstmperf_path", "{LONG}"))
+    benchmark(lambda: None)
+
+
+def test_short(request):
+    request.node.user_properties.append(("lstmperf_path", "torch-cpu-native"))
+"""
+
+
+@pytest.fixture(scope="module")
+def output(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    pytest.importorskip("pytest_benchmark")
+    pytester_dir = tmp_path_factory.mktemp("summary")
+    (pytester_dir / "test_summary.py").write_text(TESTS, encoding="utf-8")
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "test_summary.py", "-p", "no:cacheprovider", "--device=cpu",
+         "--lstmperf-paths=torch-cpu-native", "-p", "no:xdist"],
+        cwd=pytester_dir, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout.splitlines()
+
+
+def test_per_path_summary_is_aligned(output: list[str]) -> None:
+    start = output.index("lstmperf: per path (passed/failed/skipped; kernels observed)")
+    rows = output[start + 1 : start + 3]
+    assert [row.split()[0] for row in rows] == ["torch-cpu-native", LONG]
+    counts = {row.index("/") for row in rows}  # the passed/failed/skipped column starts at one place
+    kernels = {re.search(r"\d+/\s*\d+/\s*\d+\s+", row).end() for row in rows}  # type: ignore[union-attr]
+    assert len(counts) == 1 and len(kernels) == 1, rows
+
+
+def test_wall_time_comes_after_the_benchmark_tables(output: list[str]) -> None:
+    wall = [i for i, line in enumerate(output) if line.startswith("lstmperf: wall time ")]
+    table = [i for i, line in enumerate(output) if "benchmark: 1 tests" in line]
+    summary = output.index("lstmperf: per path (passed/failed/skipped; kernels observed)")
+    assert len(wall) == 1 and len(table) == 1, output
+    assert summary < table[0] < wall[0]
+    assert "start-up included" in output[wall[0]]
