@@ -1,0 +1,90 @@
+"""The CI recipe stays true: the options the workflow and docs/ci.md use exist, the workflow's commands name
+folders that exist, and the job summary shown in docs/ci.md is what ``ci_summary.markdown`` writes."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from pytest_lstmperf.ci_summary import SummaryRow, junit_properties, markdown
+
+ROOT = Path(__file__).resolve().parents[1]
+WORKFLOW = ROOT / "examples" / "ci" / "lstmperf.yml"
+CI_DOC = ROOT / "docs" / "ci.md"
+
+
+@pytest.fixture(scope="module")
+def pytest_help() -> str:
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "--help", "-p", "no:cacheprovider"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def _options(text: str) -> set[str]:
+    return set(re.findall(r"(?<![\w-])(--(?:lstmperf|benchmark|junit|device)[\w-]*)", text))
+
+
+def test_every_option_of_the_recipe_exists(pytest_help: str) -> None:
+    used = _options(WORKFLOW.read_text(encoding="utf-8")) | _options(CI_DOC.read_text(encoding="utf-8"))
+    assert {"--benchmark-compare", "--lstmperf-update-baseline", "--lstmperf-save-baseline", "--device"} <= used
+    missing = sorted(option for option in used if not re.search(rf"(?<![\w-]){re.escape(option)}\b", pytest_help))
+    assert missing == [], f"not options of pytest with the plugin: {missing}"
+
+
+def test_workflow_jobs_and_commands() -> None:
+    text = WORKFLOW.read_text(encoding="utf-8")
+    assert "\t" not in text
+    jobs = re.findall(r"^  ([\w-]+):\n", text.split("\njobs:\n", 1)[1], flags=re.M)
+    assert jobs == ["tests-cpu", "speed-gate", "update-baseline"]
+    assert "pytest suites/ --device=cuda --benchmark-compare" in " ".join(text.split())
+    assert "runs-on: [self-hosted, linux, gpu]" in text
+    assert "pytest tests suites examples --device=cpu -n 2" in text
+    for folder in ("tests", "suites", "examples"):
+        assert (ROOT / folder).is_dir()
+    # the label the docs tell reviewers to add is the one the workflow reacts to
+    label = re.search(r"github\.event\.label\.name == '([\w-]+)'", text)
+    assert label is not None and f"`{label.group(1)}`" in CI_DOC.read_text(encoding="utf-8")
+    # pytest-lstmperf's extras named by the install steps exist
+    extras = set(re.findall(r"-e '\.\[([\w,]+)\]'", text))
+    pyproject = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    for group in extras:
+        for extra in group.split(","):
+            assert re.search(rf"^{extra} = \[", pyproject, flags=re.M), extra
+
+
+def _doc_example() -> str:
+    doc = CI_DOC.read_text(encoding="utf-8")
+    start = doc.index("  ```\n  ### lstmperf speed gate")
+    block = doc[start:].split("\n", 1)[1]
+    return textwrap.dedent(block[: block.index("  ```")])
+
+
+def test_the_summary_shown_in_the_docs_is_what_the_code_writes() -> None:
+    shown = _doc_example()
+    rows = []
+    for line in shown.splitlines():
+        if line.startswith("| suites/"):
+            name, verdict, kernel, ratio, limit, note = (c.strip() for c in line.strip("|").split(" | "))
+            rows.append(SummaryRow(name, verdict, kernel, float(ratio[:-1]), float(limit[:-1]), note))
+    assert len(rows) == 2
+    rows += [SummaryRow(f"u{i}", "unchanged", "cudnn/fp32", 1.0, 1.1, "") for i in range(74)]
+    rows += [SummaryRow(f"i{i}", "improved", "cudnn/fp32", 0.8, 1.1, "") for i in range(2)]
+    headline = "speed gate: 1 kernel-changed, 1 regressed, 2 improved, 74 unchanged"
+    assert markdown(rows, headline) == shown
+    doc = " ".join(CI_DOC.read_text(encoding="utf-8").split())
+    properties = dict(junit_properties(rows, headline))
+    assert properties["lstmperf.gate"] == headline and properties["lstmperf.gate.failed"] == "2"
+    for documented in ("`lstmperf.gate`", "`lstmperf.gate.failed`", "`lstmperf.gate.<verdict>`",
+                       "`lstmperf.gate.failed.<benchmark>`"):  # fmt: skip
+        assert documented in doc
+    value = properties[f"lstmperf.gate.failed.{rows[1].name}"]
+    assert value.startswith("regressed: kernel cudnn/tf32, 1.243x (fails at 1.100x); ")
+    assert "`regressed: kernel cudnn/tf32, 1.243x (fails at 1.100x); ...`" in doc
