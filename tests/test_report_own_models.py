@@ -135,7 +135,7 @@ def test_a_keras_model_with_open_dimensions_says_it_guessed_and_example_inputs_d
                             cwd=tmp_path, timeout=300)  # fmt: skip
     line = next((x for x in result.stdout.splitlines() if x.startswith("RESULT ")), None)
     assert line, result.stderr[-3000:]
-    data = json.loads(line[len("RESULT "):])
+    data = json.loads(line[len("RESULT ") :])
     ((batch, length, notes),) = data["open"]
     assert (batch, length) == (4, 10)
     assert any("leaves its batch and length open (None): reported at batch 4, length 10" in n for n in notes)

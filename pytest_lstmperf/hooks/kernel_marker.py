@@ -81,10 +81,9 @@ def verdict_problem(seen: Observation, kernel: str, precision: str | None = None
 
 
 def _explanations(seen: Observation) -> list[str]:
-    from ..observation.explain import ExplainError, explain
-
     from ..observation.calls import CELL_FRAMEWORK
     from ..observation.eligibility import cell_verdict
+    from ..observation.explain import ExplainError, explain
 
     lines: list[str] = []
     for framework, spec, options_or_device in seen.layers:

@@ -480,7 +480,9 @@ def _accept(outcomes: list[PathOutcome], accept_unchecked: Sequence[str]) -> Non
                 o.accepted += [q for q in o.unchecked_quantities if fnmatchcase(q, quantity) and q not in o.accepted]
 
 
-def _finish(outcomes: list[PathOutcome], raise_on_failure: bool, accept_unchecked: Sequence[str] = ()) -> list[PathOutcome]:
+def _finish(
+    outcomes: list[PathOutcome], raise_on_failure: bool, accept_unchecked: Sequence[str] = ()
+) -> list[PathOutcome]:
     """Warn of each known finding of a path that passed; raise the failed paths' reports, and the paths that
     left quantities not compared that the caller did not accept (``raise_on_failure=False``: warn of them)."""
     import warnings

@@ -286,8 +286,11 @@ def _keras_configs(model: Any, batch: int, seq_len: int, example_inputs: Any = N
             state = False
             if id(layer) in called:
                 shape, state = (*called[id(layer)][:2], None), called[id(layer)][2]
-            guessed = [f"{what} {value}" for what, value, have in (("batch", batch, shape[0]),
-                                                                    ("length", seq_len, shape[1])) if not have]
+            guessed = [
+                f"{what} {value}"
+                for what, value, have in (("batch", batch, shape[0]), ("length", seq_len, shape[1]))
+                if not have
+            ]
             framework = f"keras-{keras.backend.backend()}"
             spec = LayerSpec(
                 cell="lstm" if isinstance(layer, keras.layers.LSTM) else "gru",

@@ -107,7 +107,7 @@ def activation(name: str) -> Any:
     names it."""
     if not str(name).startswith("custom:"):
         return name
-    body = str(name)[len("custom:"):]
+    body = str(name)[len("custom:") :]
     if body.startswith("{"):
         import json
 
