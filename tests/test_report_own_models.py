@@ -163,3 +163,39 @@ def test_a_failed_prepare_leaves_no_finaliser_error() -> None:
     run = KerasRun.__new__(KerasRun)  # as when the worker's "prepare" raised inside __init__
     run.close()  # no AttributeError
     assert run.handle is None
+
+
+KERAS_SEQ2SEQ = """
+import json, numpy as np, keras
+from pytest_lstmperf import observe
+
+# keras-io's lstm_seq2seq (character-level translation, Apache-2.0): the encoder's states feed the decoder
+num_encoder_tokens, num_decoder_tokens, latent_dim = 7, 9, 6
+encoder_inputs = keras.Input(shape=(None, num_encoder_tokens))
+encoder = keras.layers.LSTM(latent_dim, return_state=True)
+encoder_outputs, state_h, state_c = encoder(encoder_inputs)
+encoder_states = [state_h, state_c]
+decoder_inputs = keras.Input(shape=(None, num_decoder_tokens))
+decoder_lstm = keras.layers.LSTM(latent_dim, return_sequences=True, return_state=True)
+decoder_outputs, _, _ = decoder_lstm(decoder_inputs, initial_state=encoder_states)
+decoder_dense = keras.layers.Dense(num_decoder_tokens, activation="softmax")
+decoder_outputs = decoder_dense(decoder_outputs)
+model = keras.Model([encoder_inputs, decoder_inputs], decoder_outputs)
+
+data = [np.zeros((1, 11, num_encoder_tokens), "float32"), np.zeros((1, 4, num_decoder_tokens), "float32")]
+with observe() as seen:
+    model(data)
+print("RESULT " + json.dumps([[s.batch, s.seq_len, s.initial_state] for _, s, _ in seen.layers]))
+"""
+
+
+@needs_keras
+def test_seen_layers_of_a_keras_encoder_decoder_carry_each_calls_shapes_and_states(tmp_path: Path) -> None:
+    """The lstm_seq2seq decoder is given the encoder's states: ``seen.layers`` said ``initial_state=False``
+    for it; now each call says whether it was given states, with its own batch and length."""
+    env = {**os.environ, "KERAS_BACKEND": "torch", "PYTHONPATH": str(ROOT)}
+    result = subprocess.run([sys.executable, "-c", KERAS_SEQ2SEQ], capture_output=True, text=True, env=env,
+                            cwd=tmp_path, timeout=300)  # fmt: skip
+    line = next((x for x in result.stdout.splitlines() if x.startswith("RESULT ")), None)
+    assert line, result.stderr[-3000:]
+    assert json.loads(line[len("RESULT ") :]) == [[1, 11, False], [1, 4, True]]
