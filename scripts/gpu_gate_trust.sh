@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Can the speed gate be trusted? On one GPU, from the repository root:
 #   1. record this device's baseline of the default benchmark set (suites/test_benchmarks.py) into a fresh folder,
-#      from RECORD_RUNS runs (--lstmperf-save-baseline, then --lstmperf-add-baseline-run: the noise band);
+#      from RECORD_RUNS runs (--lstmperf-save-baseline, then --lstmperf-add-baseline-run: more recording runs);
 #   2. time one full `pytest suites/ --device=cuda --benchmark-compare` against it (also a clean run of the set);
 #   3. run a subset of the benchmarks (GATE_PATHS) clean N times and with planted faults: a kernel fallback
 #      (cuDNN off), device-side slowdowns of 1.10x and 1.25x (kernel-slowdown:F), a host-side slowdown
@@ -81,10 +81,10 @@ else
   if [ -z "$BASE" ]; then
     echo "no baseline was recorded; see $LOG"; tail -30 "$WORK/record.log"; exit 1
   fi
-  for k in $(seq 2 "$RECORD_RUNS"); do  # more clean runs into each entry's noise band
+  for k in $(seq 2 "$RECORD_RUNS"); do  # more recording runs (an outlier is refused and named)
     run "record$k" record suites/test_benchmarks.py --lstmperf-add-baseline-run -q
   done
-  grep -h "BIMODAL\|noise band\|host counters differ" "$WORK"/record*.log | head -20
+  grep -h "RECORDING RUN REFUSED\|resolve less" "$WORK"/record*.log | head -20
   cp "$BASE" "$OUT/baseline.json"
 fi
 RUNS=()

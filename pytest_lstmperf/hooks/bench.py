@@ -166,10 +166,37 @@ def _uses_lstmperf(config: pytest.Config) -> bool:
     return state is not None and bool(state.records or state.compare_requested or _explicit_lstmperf(config))
 
 
+def _is_benchmark(item: pytest.Item) -> bool:
+    return BENCH_FIXTURE in getattr(item, "fixturenames", ()) or item.get_closest_marker(BENCH_MARKER) is not None
+
+
+MACHINE_LOCK_KEY = pytest.StashKey[Any]()
+
+
+def _machine_lock(config: pytest.Config) -> Any:
+    """This pytest-xdist worker's :class:`~..speed.machine_lock.MachineLock`, where the run times benchmarks."""
+    return config.stash.get(MACHINE_LOCK_KEY, None)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
+    """Under pytest-xdist, a test that is not a benchmark waits while another worker's benchmark times."""
+    lock = _machine_lock(item.config)
+    if lock is None or _is_benchmark(item):
+        return (yield)
+    with lock.shared():
+        return (yield)
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     """A ``--benchmark-compare`` left to pytest-benchmark at configure time becomes the gate's once lstmperf
-    benchmarks are collected; pytest-benchmark then reloads what it compares against."""
+    benchmarks are collected; pytest-benchmark then reloads what it compares against. A pytest-xdist worker
+    whose collection holds benchmarks opens the run's machine lock."""
     config = session.config
+    if _is_worker(config) and any(_is_benchmark(item) for item in session.items):
+        from ..speed.machine_lock import MachineLock
+
+        config.stash[MACHINE_LOCK_KEY] = MachineLock(str(config.workerinput["testrunuid"]))
     state = config.stash.get(STATE_KEY, None)
     if state is None or state.deferred_compare is None:
         return
@@ -296,7 +323,7 @@ def bench_params(config: pytest.Config, mode: str) -> list[Any]:
 @pytest.fixture
 def lstmperf_benchmark(benchmark: Any, request: pytest.FixtureRequest, lstmperf: Any) -> BenchRunner:
     """Measure one :class:`BenchCase` through pytest-benchmark's ``benchmark`` fixture."""
-    return BenchRunner(benchmark, request, lstmperf, _state(request.config))
+    return BenchRunner(benchmark, request, lstmperf, _state(request.config), _machine_lock(request.config))
 
 
 def _marked_options(item: pytest.Item) -> tuple[str, float | None]:
@@ -363,6 +390,9 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         import warnings
 
         warnings.filterwarnings("ignore", message="Benchmarks are automatically disabled because xdist")
+        lock = config.stash.get(MACHINE_LOCK_KEY, None)
+        if lock is not None:
+            lock.close()
 
 
 # ----------------------------------------------------------------------------------- pytest-benchmark
@@ -462,6 +492,7 @@ def pytest_benchmark_update_json(config: pytest.Config, benchmarks: Any, output_
     }
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest's junitxml writes its file: the gate's properties go in it
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     config = session.config
     if _is_worker(config) or STATE_KEY not in config.stash:
@@ -515,44 +546,37 @@ def _saving_flag(config: pytest.Config) -> str:
 
 def _write_ci_summary(config: pytest.Config, state: GateState) -> None:
     """The verdict as Markdown in ``$GITHUB_STEP_SUMMARY`` (where set) and as JUnit properties of the run."""
-    try:
-        from .. import ci_summary
-    except ImportError:  # pragma: no cover - the module ships with the package
-        return
+    from .. import ci_summary
+
     assert state.gate is not None
-    rows = [
-        ci_summary.SummaryRow(
-            name=d.name,
-            verdict=d.verdict,
-            kernel=d.kernel_now or d.kernel_then,
-            ratio=(d.deciding.ratio if d.deciding else None),
-            limit=(d.deciding.limit if d.deciding else None),
-            note="; ".join(c.text() for c in d.checks if c.verdict != "unchanged") or "; ".join(d.notes),
+    rows = []
+    for d in state.gate.decisions:
+        deciding = d.deciding
+        kernel = d.kernel_now or d.kernel_then
+        if d.kernel_then and d.kernel_now and d.kernel_then != d.kernel_now:
+            kernel = f"{d.kernel_then} -> {d.kernel_now}"
+        notes = [c.text() for c in d.checks if c.verdict != "unchanged"] or list(d.notes)
+        rows.append(
+            ci_summary.SummaryRow(
+                name=d.name,
+                verdict=d.verdict,
+                kernel=kernel,
+                ratio=deciding.ratio if deciding else None,
+                limit=deciding.limit if deciding else None,
+                note="; ".join(notes),
+            )
         )
-        for d in state.gate.decisions
-    ]
     headline = f"speed gate: {state.gate.summary()}"
     if state.gate.upgrade is not None:
         headline += f" ({state.gate.upgrade.headline(state.gate.decisions)})"
     try:
         written = ci_summary.write_step_summary(rows, headline)
-    except OSError as exc:
-        state.errors.append(f"GITHUB_STEP_SUMMARY: could not write the gate's summary: {exc}")
+    except ci_summary.StepSummaryError as exc:
+        state.errors.append(str(exc))
         written = None
     if written is not None:
         state.messages.append(f"the gate's verdict was written to {written} (GITHUB_STEP_SUMMARY)")
-    xml = config.stash.get(_junit_key(), None) if _junit_key() is not None else None
-    if xml is not None:
-        for name, value in ci_summary.junit_properties(rows, headline):
-            xml.add_global_property(name, value)
-
-
-def _junit_key() -> Any:
-    try:
-        from _pytest.junitxml import xml_key
-    except ImportError:  # pragma: no cover
-        return None
-    return xml_key
+    ci_summary.add_junit_properties(config, ci_summary.junit_properties(rows, headline))
 
 
 def _record_baseline(config: pytest.Config, state: GateState, session: pytest.Session, measured: list) -> None:

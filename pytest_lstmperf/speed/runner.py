@@ -9,6 +9,7 @@ pytest-benchmark's ``benchmark`` in a test marked ``@pytest.mark.lstmperf``, mea
 
 from __future__ import annotations
 
+import contextlib
 import json
 import statistics
 import time
@@ -61,8 +62,11 @@ def run_spec(path: ExecutionPath, spec: Any, mode: str) -> Any:
 class BenchRunner:
     """What ``lstmperf_benchmark`` gives a test: ``measure(case)``."""
 
-    def __init__(self, benchmark: Any, request: pytest.FixtureRequest, session: Any, state: GateState) -> None:
+    def __init__(
+        self, benchmark: Any, request: pytest.FixtureRequest, session: Any, state: GateState, lock: Any = None
+    ) -> None:
         self.benchmark = benchmark
+        self.lock = lock  # under pytest-xdist: the run's MachineLock (timing holds it exclusively)
         self.request = request
         self.config = request.config
         self.session = session  # the run's LstmPerfSession
@@ -282,6 +286,25 @@ class BenchRunner:
         if user_disabled and not self.benchmark.enabled:
             self.benchmark.pedantic(timed)  # --benchmark-disable: run once, as a test
             return None
+        with self.lock.exclusive() if self.lock is not None else contextlib.nullcontext():
+            return self._time_alone(timed, plan, extra, dev_time, counters, thresholds, clock, phases, started)
+
+    def _time_alone(
+        self,
+        timed: Any,
+        plan: Any,
+        extra: dict[str, Any],
+        dev_time: Any,
+        counters: Any,
+        thresholds: dict[str, float],
+        clock: Any,
+        phases: dict[str, float],
+        started: float,
+    ) -> list[float]:
+        from . import timing
+
+        phases["waited"] = time.perf_counter() - started  # under pytest-xdist: for the other workers' tests
+        started = time.perf_counter()
         estimate = timing.estimate_call(timed, plan.warmup, clock)
         anchor = self._anchor()
         entry = self._baseline_entry()

@@ -127,7 +127,7 @@ class Anchor:
     """
 
     STEPS = 10
-    MAX_REPEAT = 4096
+    MAX_REPEAT = 256
 
     def __init__(self, torch_device: str = "cpu") -> None:
         self.torch_device = torch_device
@@ -170,8 +170,7 @@ class Anchor:
 
     def fit(self, call_s: float | None) -> int:
         """The repetitions that make the anchor last about ``call_s``: a power of two up to :data:`MAX_REPEAT`."""
-        one = self.time(1)
-        one = min(one, self.time(1))
+        one = min(self.time(1) for _ in range(3))
         repeat = 1
         while call_s and repeat * one < call_s and repeat < self.MAX_REPEAT:
             repeat *= 2

@@ -1,0 +1,78 @@
+"""Under pytest-xdist, a benchmark times with the machine to itself: every other test of the run waits.
+
+Workers share the machine's cores: a benchmark timed while another worker runs a test measures that test as much
+as its own call (on 2 cores, two workers running torch with 2 threads each made one call read 3 ms to 290 ms).
+So the workers of one run share two ``flock`` locks in a folder named by xdist's ``testrunuid``:
+
+* every test that is not a benchmark holds ``machine`` shared while it runs (setup, call, teardown), after
+  passing ``intent`` (taken shared and released at once);
+* a benchmark holds ``intent`` and then ``machine`` exclusively while it times (its rounds, device time, host
+  counts and second look): no new test starts, it waits for the tests already running to end, times alone,
+  and lets them go.
+
+One process decides as several do, by construction. Outside pytest-xdist nothing is locked. POSIX only (a no-op
+where ``fcntl`` is missing).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - not POSIX
+    fcntl = None  # type: ignore[assignment]
+
+
+class MachineLock:
+    """The two locks of one pytest-xdist run (``run_id``: xdist's ``testrunuid``)."""
+
+    def __init__(self, run_id: str, folder: Path | None = None) -> None:
+        self.folder = (folder or Path(tempfile.gettempdir())) / f"pytest-lstmperf-{run_id}"
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self._fds = {name: os.open(self.folder / f"{name}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+                     for name in ("intent", "machine")}  # fmt: skip
+
+    def _lock(self, name: str, mode: int) -> None:
+        if fcntl is not None:
+            fcntl.flock(self._fds[name], mode)
+
+    @contextlib.contextmanager
+    def shared(self) -> Iterator[None]:
+        """A test that is not a benchmark: it waits while a benchmark times, and runs beside other tests."""
+        if fcntl is None:
+            yield
+            return
+        self._lock("intent", fcntl.LOCK_SH)
+        self._lock("intent", fcntl.LOCK_UN)
+        self._lock("machine", fcntl.LOCK_SH)
+        try:
+            yield
+        finally:
+            self._lock("machine", fcntl.LOCK_UN)
+
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[None]:
+        """A benchmark's timing: no other test of the run runs meanwhile."""
+        if fcntl is None:
+            yield
+            return
+        self._lock("intent", fcntl.LOCK_EX)
+        try:
+            self._lock("machine", fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                self._lock("machine", fcntl.LOCK_UN)
+        finally:
+            self._lock("intent", fcntl.LOCK_UN)
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._fds = {}
