@@ -436,10 +436,13 @@ def format_seconds(value: float | None) -> str:
     return f"{value:.3g} s"
 
 
-def format_table(decisions: Sequence[Decision]) -> list[str]:
-    """Rows for the terminal: test, per call now, each metric's ratio and resolution, kernels, verdict."""
-    header = ("test", "per call", "ratio", "device ratio", "resolves", "kernel then", "kernel now", "verdict")
-    rows = [header]
+TABLE_HEADER = ("test", "per call", "ratio", "device ratio", "resolves", "kernel then", "kernel now", "verdict")
+
+
+def table_rows(decisions: Sequence[Decision]) -> list[tuple[str, ...]]:
+    """One row of cells per decision, under :data:`TABLE_HEADER`: test, per call now, each metric's ratio and
+    resolution, kernels, verdict (the terminal's table and the report's)."""
+    rows = []
     for d in decisions:
         per_call = next((c for c in d.checks if c.metric == "per-call"), None)
         device = next((c for c in d.checks if c.metric == "device"), None)
@@ -456,6 +459,13 @@ def format_table(decisions: Sequence[Decision]) -> list[str]:
                 d.verdict,
             )
         )
+    return rows
+
+
+def format_table(decisions: Sequence[Decision]) -> list[str]:
+    """Rows for the terminal: :func:`table_rows` under :data:`TABLE_HEADER`, in aligned columns."""
+    header = TABLE_HEADER
+    rows = [header, *table_rows(decisions)]
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     lines = ["  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip() for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))

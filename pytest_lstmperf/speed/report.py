@@ -171,27 +171,33 @@ def _plot_sweep(out: Path, records: list[dict[str, Any]], sweep: str, field: str
 def _plot_baseline(
     out: Path, records: list[dict[str, Any]], baseline: list[dict[str, Any]], gate: Any = None
 ) -> Path | None:
-    """Now/baseline per benchmark. With the gate's decisions: the ratio each one was decided on (device time
-    where both runs have CUDA-graph samples, else per call), coloured by verdict; without: per-call medians."""
+    """Now/baseline per benchmark. With the gate's decisions: the paired ratio of the check that decided each
+    one (per call or device time, :attr:`.policy.Decision.deciding`), coloured by verdict; without: per-call
+    medians."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    decided = {d.name: d for d in getattr(gate, "decisions", []) if d.ratio is not None}
+    decided = {
+        d.name: (d.deciding, d.verdict)
+        for d in getattr(gate, "decisions", [])
+        if d.deciding is not None and d.deciding.ratio is not None
+    }
     then = {b["fullname"]: _median(b.get("stats", {}).get("data") or []) for b in baseline}
     rows: list[tuple[str, float, str]] = []
     for r in records:
         decision = decided.get(r["fullname"])
         if decision is not None:
-            rows.append((r["name"], float(decision.ratio), decision.verdict))
+            check, verdict = decision
+            rows.append((r["name"], float(check.ratio), verdict))
         elif then.get(r["fullname"]) and r["extra_info"].get("time_per_call_s"):
             ratio = r["extra_info"]["time_per_call_s"] / then[r["fullname"]]
             rows.append((r["name"], ratio, "regressed" if ratio >= 1.10 else "improved" if ratio <= 1 / 1.10 else ""))
     if not rows:
         return None
     rows.sort()
-    metrics = sorted({decided[r["fullname"]].metric for r in records if r["fullname"] in decided})
+    metrics = sorted({decided[r["fullname"]][0].metric for r in records if r["fullname"] in decided})
     fig, ax = plt.subplots(figsize=(9, max(3.0, 0.28 * len(rows) + 1)))
     colors = {
         "regressed": "tab:red",
@@ -366,22 +372,10 @@ def write_report(
         if compared is not None:
             plots.append(compared)
     header, rows = _table(records)
-    gate_rows: list[list[str]] = []
-    gate_header = ["test", "baseline", "now", "ratio", "p-value", "kernel then", "kernel now", "verdict"]
-    if gate is not None:
-        for d in gate.decisions:
-            gate_rows.append(
-                [
-                    d.name,
-                    _fmt(d.base_median),
-                    _fmt(d.now_median),
-                    "-" if d.ratio is None else f"{d.ratio:.3f}",
-                    "-" if d.pvalue is None else f"{d.pvalue:.2g}",
-                    d.kernel_then or "-",
-                    d.kernel_now or "-",
-                    d.verdict,
-                ]
-            )
+    from .policy import TABLE_HEADER, table_rows
+
+    gate_header = list(TABLE_HEADER)
+    gate_rows = [list(row) for row in table_rows(gate.decisions)] if gate is not None else []
     title = "LSTM/GRU speed report"
     md = [
         f"# {title}",
