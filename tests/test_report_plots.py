@@ -261,3 +261,13 @@ def test_peak_notes_say_why_and_what_to_do() -> None:
     (note,) = report.peak_notes([shared])
     assert "pytest-xdist" in note and "run without -n" in note
     assert len(report.peak_notes([over, shared])) == 2
+
+
+def test_terminal_notes_explain_the_peak_cells() -> None:
+    from pytest_lstmperf.hooks.terminal import timing_notes
+
+    over = {"name": "test_keras[keras-jax-cpu]", "extra_info": {"peak_fraction": 6.0}}
+    fine = {"name": "test_y", "extra_info": {"peak_fraction": 0.4}}
+    notes = timing_notes([over, fine])
+    assert any(n.startswith("%peak over 100% for 1 benchmark(s) (test_keras[keras-jax-cpu])") for n in notes)
+    assert not any("%peak" in n for n in timing_notes([fine]))

@@ -111,7 +111,9 @@ def summary_lines(records: list[dict[str, Any]]) -> list[str]:
 
 
 def timing_notes(records: list[dict[str, Any]]) -> list[str]:
-    notes = []
+    from ..speed.report import peak_notes
+
+    notes = peak_notes(records)  # why a %peak cell shows no share
     methods = {r["extra_info"].get("device_time_note") for r in records if r["extra_info"].get("device_time_note")}
     if any(m and m.startswith("CUDA graph capture failed") for m in methods):
         count = sum(1 for r in records if str(r["extra_info"].get("device_time_note", "")).startswith("CUDA graph"))
