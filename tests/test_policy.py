@@ -177,3 +177,183 @@ def test_the_marker_threshold_wins() -> None:
 def test_run_figures_round_trip() -> None:
     run = policy.run_figures(Measurement.from_record(record(seed=1, device=True, counters={"aten_ops": 3})))
     assert RunFigures.from_dict(run.to_dict()) == run
+
+
+# ------------------------------------------------------------------- many reruns: detections and false alarms
+def test_a_planted_slowdown_is_caught_in_every_one_of_200_runs_and_no_clean_rerun_fails() -> None:
+    """200 seeds each: a 1.25x slower call on a machine that wanders by 50% within a run and is up to 30% slower
+    or faster as a whole is regressed every time; the same code measured again is never slower (at 3% noise
+    per sample, a few slow outliers in every run)."""
+
+    def noisy(seed: int, call_s: float, machine: float) -> dict:
+        rec = record(seed=seed, call_s=call_s, machine=machine, noise=0.03, n=20)
+        rng = random.Random(seed + 10_000)
+        for i in rng.sample(range(20), 2):  # a preempted round: the call alone is hit, not its anchor
+            rec["data"][i] *= rng.uniform(1.5, 3.0)
+        return rec
+
+    caught = alarms = 0
+    for seed in range(200):
+        base = reference(noisy(2 * seed, 1e-3, 1.0))
+        machine = random.Random(seed).uniform(0.7, 1.3)
+        caught += decide(Measurement.from_record(noisy(2 * seed + 1, 1.25e-3, machine)), base).verdict == "regressed"
+        clean = decide(Measurement.from_record(noisy(2 * seed + 1, 1e-3, machine)), base)
+        alarms += clean.failed
+    assert caught == 200
+    assert alarms == 0
+
+
+# ---------------------------------------------------------------------------------------- verdicts, edges
+def test_a_faster_call_is_improved_and_does_not_fail() -> None:
+    base = reference(record(seed=1))
+    decision = decide(Measurement.from_record(record(seed=2, call_s=0.5e-3)), base)
+    assert decision.verdict == "improved" and not decision.failed
+    assert decision.ratio("per-call") == pytest.approx(0.5, rel=0.03)
+
+
+def test_tf32_is_fp32_and_other_kernels_or_precisions_are_not() -> None:
+    base = reference(record(seed=1, kernel="cudnn"))  # recorded as cudnn/fp32
+    tf32 = record(seed=2)
+    tf32["extra_info"]["precision"] = "tf32"
+    assert decide(Measurement.from_record(tf32), base).verdict == "unchanged"
+    half = record(seed=2)
+    half["extra_info"]["precision"] = "fp16"
+    decision = decide(Measurement.from_record(half), base)
+    assert decision.verdict == "kernel-changed"
+    assert decision.checks[-1].note == "cudnn/fp32 in the baseline, cudnn/fp16 now"
+    native = reference(record(seed=1, kernel="onednn"))
+    assert decide(Measurement.from_record(record(seed=2, kernel="cpu-native")), native).verdict == "kernel-changed"
+
+
+def test_a_test_that_failed_on_its_kernel_is_kernel_changed_untimed() -> None:
+    failed = {"fullname": "t", "data": [], "extra_info": {"kernel": "cuda-generic", "precision": "fp32"},
+              "failed": "kernel"}  # fmt: skip
+    decision = decide(Measurement.from_record(failed), reference(record(seed=1)))
+    assert decision.verdict == "kernel-changed" and decision.failed and "not timed" in decision.notes[0]
+
+
+def test_the_most_severe_check_decides_and_every_check_is_kept() -> None:
+    counts = {"aten_ops": 120, "kernels": 10, "syncs": 1}
+    base = reference(record(seed=1, counters=counts))
+    slower_and_more_ops = record(seed=2, call_s=2e-3, counters={**counts, "syncs": 2})
+    decision = decide(Measurement.from_record(slower_and_more_ops), base)
+    assert decision.verdict == "regressed"
+    assert [(c.metric, c.verdict) for c in decision.checks] == [
+        ("per-call", "regressed"),
+        ("host", "host-work-changed"),
+    ]
+    assert decision.deciding is decision.checks[0]
+    other_kernel = record(seed=2, call_s=2e-3, kernel="cuda-generic", counters={**counts, "syncs": 2})
+    assert decide(Measurement.from_record(other_kernel), base).verdict == "kernel-changed"  # above regressed
+
+
+def test_an_untimed_run_a_new_benchmark_and_a_lost_device_figure_are_named() -> None:
+    base = reference(record(seed=1, device=True))
+    untimed = decide(Measurement.from_record({**record(seed=2), "data": []}), base)
+    assert untimed.verdict == "inconclusive" and untimed.checks[0].note.startswith("no paired samples in this run")
+    assert decide(Measurement.from_record(record(seed=2)), None).verdict == "new"
+    no_device = decide(Measurement.from_record(record(seed=2)), base)  # the baseline has device time, now none
+    assert no_device.verdict == "unchanged" and [c.metric for c in no_device.checks] == ["per-call"]
+    assert no_device.notes == ("device: not compared: the baseline has this figure, this run has none",)
+
+
+def test_host_counts_exact_bytes_within_allocator_rounding_and_absent_counts_not_compared() -> None:
+    then = {"aten_ops": 40, "kernels": 12, "syncs": 1, "alloc_bytes": 200_000}
+    base = reference(record(seed=1, counters=then))
+    assert policy.counter_changes(base, dict(then)) == []
+    # the smallest planted change each count catches: one op, one kernel launch, one synchronisation
+    assert policy.counter_changes(base, {**then, "aten_ops": 41}) == ["aten_ops 40 -> 41 per call"]
+    assert policy.counter_changes(base, {**then, "kernels": 13}) == ["kernels 12 -> 13 per call"]
+    assert policy.counter_changes(base, {**then, "syncs": 2}) == ["syncs 1 -> 2 per call"]
+    # bytes: within 5% or 4 KiB, whichever is larger
+    assert policy.counter_changes(base, {**then, "alloc_bytes": 209_999}) == []
+    assert policy.counter_changes(base, {**then, "alloc_bytes": 210_001}) == ["alloc_bytes 200000 -> 210001 per call"]
+    small = reference(record(seed=1, counters={"aten_ops": 5, "alloc_bytes": 1000}))
+    assert policy.counter_changes(small, {"aten_ops": 5, "alloc_bytes": 5096}) == []
+    assert policy.counter_changes(small, {"aten_ops": 5, "alloc_bytes": 5097}) != []
+    # nothing to compare with on either side: not compared (a baseline without counts, JAX work now)
+    assert policy.counter_changes(reference(record(seed=1)), then) == []
+    assert policy.counter_changes(base, {}) == []
+    assert policy.counter_changes(base, {"kernels": 12}) == []  # only the counts both sides have
+
+
+def test_the_table_the_summary_and_what_is_not_a_pass() -> None:
+    base = reference(record(name="suites/x::a", seed=1))
+    slow = decide(Measurement.from_record(record(name="suites/x::a", seed=2, call_s=1.3e-3)), base)
+    same = decide(Measurement.from_record(record(name="suites/x::b", seed=3)), base)
+    lines = policy.format_table([slow, same])
+    assert lines[0].split() == ["test", "per", "call", "ratio", "device", "ratio", "resolves", "kernel", "then",
+                                "kernel", "now", "verdict"]  # fmt: skip
+    assert lines[2].startswith("suites/x::a") and lines[2].endswith("regressed")
+    assert f"  {policy.format_seconds(slow.per_call_s)}  " in lines[2] and slow.per_call_s > 1e-3
+    assert f"  {slow.ratio('per-call'):.3f}  " in lines[2] and lines[2].split()[-3:] == [
+        "cudnn/fp32",
+        "cudnn/fp32",
+        "regressed",
+    ]
+    gate = policy.GateResult([slow, same, policy.Decision("c", "not-run")])
+    assert [d.name for d in gate.failed] == ["suites/x::a"] and gate.compared == 2
+    assert gate.summary() == "1 regressed, 1 unchanged, 1 not-run"
+    assert gate.unsettled() == []
+    unsure = policy.GateResult([same, policy.Decision("b", "inconclusive")])
+    assert not unsure.failed and unsure.unsettled() == ["1 benchmark(s) inconclusive"]
+    nothing = policy.GateResult([policy.Decision("a", "not-run")])
+    assert nothing.unsettled() == ["nothing was compared with the baseline"]
+
+
+def test_a_check_that_resolves_less_than_the_threshold_is_listed() -> None:
+    noisy = reference(record(seed=1, noise=0.3))
+    coarse = decide(Measurement.from_record(record(name="noisy", seed=2, noise=0.3)), noisy)
+    fine = decide(Measurement.from_record(record(name="quiet", seed=2)), reference(record(seed=1)))
+    gate = policy.GateResult([coarse, fine])
+    ((name, listed),) = gate.coarse(1.10)
+    assert name == "noisy" and listed.resolves > 1.10 and listed is coarse.checks[0]
+
+
+# ------------------------------------------------------------------------------------- the run (gate.py)
+def test_run_gate_decides_every_record_and_names_what_did_not_run() -> None:
+    from pathlib import Path
+
+    from pytest_lstmperf.speed.baseline import Baseline, bench_entry
+    from pytest_lstmperf.speed.gate import run_gate
+
+    versions = {"torch": "2.12.0"}
+
+    def entry(name: str, path: str, call_s: float = 1e-3) -> dict:
+        rec = {**record(name=name, seed=1, call_s=call_s), "name": name, "extra_info": {}}
+        rec["extra_info"] = {**record(name=name, seed=1, call_s=call_s)["extra_info"], "path": path}
+        return bench_entry(rec, versions=versions)
+
+    data = {"benchmarks": [entry("a", "p"), entry("b", "p"), entry("c", "gone")], "lstmperf": {"hardware": {}}}
+    baseline = Baseline(Path("b.json"), data)
+    result = run_gate(baseline, [record(name="a", seed=2, call_s=3e-3)], 1.10, {"torch": "2.13.0"},
+                      {"gone": "no CUDA device"})  # fmt: skip
+    assert [(d.name, d.verdict) for d in result.decisions] == [("a", "regressed"), ("b", "not-run"), ("c", "path-lost")]
+    assert result.decisions[2].notes == ("gone is unavailable now: no CUDA device",)
+    assert result.upgrade is not None and dict(result.upgrade.changed) == {"torch": ("2.12.0", "2.13.0")}
+    same = run_gate(baseline, [record(name="a", seed=2)], 1.10, versions, {})
+    assert same.upgrade is None and same.decisions[0].verdict == "unchanged"
+
+
+def test_the_report_plots_the_ratio_each_benchmark_was_decided_on(tmp_path) -> None:
+    """The report's baseline plot takes each decision's deciding check (a paired ratio), and without the gate's
+    decisions the per-call medians; the report's gate table has the terminal's columns."""
+    from pytest_lstmperf.speed.report import _plot_baseline
+
+    base = reference(record(name="x::test_a", seed=1))
+    decision = decide(Measurement.from_record(record(name="x::test_a", seed=2, call_s=3e-3)), base)
+    records = [
+        {"name": "test_a", "fullname": "x::test_a", "extra_info": {"time_per_call_s": 3e-3}},
+        {"name": "test_b", "fullname": "x::test_b", "extra_info": {"time_per_call_s": 2e-3}},
+    ]
+    baseline = [
+        {"fullname": "x::test_a", "stats": {"data": [1e-3]}},
+        {"fullname": "x::test_b", "stats": {"data": [2e-3]}},
+    ]
+    path = _plot_baseline(tmp_path, records, baseline, policy.GateResult([decision, policy.Decision("x::b", "new")]))
+    assert path is not None and path.stat().st_size > 1000
+    assert _plot_baseline(tmp_path, records, baseline, None) is not None
+    assert _plot_baseline(tmp_path, records, [], None) is None
+    ((name, per_call, ratio, *_, verdict),) = policy.table_rows([decision])
+    assert (name, verdict, ratio) == ("x::test_a", "regressed", f"{decision.ratio('per-call'):.3f}")
+    assert per_call == policy.format_seconds(decision.per_call_s)
