@@ -158,7 +158,8 @@ def test_suite_passes_and_reports(pytester: pytest.Pytester, monkeypatch: pytest
     result = runpytest_forked(pytester, *SUITE_ARGS, "--lstmperf-report=rep", timeout=600)
     assert result.ret == 0, result.stdout.str()
     # precision: torch-cpu-onednn, the two bf16 paths, torch-compile-cpu, onnxruntime-cpu
-    result.stdout.fnmatch_lines(["lstmperf workloads: precision: *(5 tests)", "test_workloads.py ..*"])
+    # a CPU without oneDNN bf16 skips torch-cpu-autocast-bf16, the second precision test
+    result.stdout.fnmatch_lines(["lstmperf workloads: precision: *(5 tests)", "test_workloads.py [.s][.s]*"])
     result.stdout.fnmatch_lines([
         "*lstmperf workloads*",
         "padding vs packing vs bucketing*",
@@ -179,6 +180,10 @@ def test_suite_passes_and_reports(pytester: pytest.Pytester, monkeypatch: pytest
     written = {p.name for p in (pytester.path / "rep").iterdir()}
     assert {"workloads.md", "workloads.json", "bucketing.png", "crossover-cpu.png"} <= written
     assert {"overhead.png", "precision.png"} <= written
+    index = (pytester.path / "rep" / "index.md").read_text(encoding="utf-8")  # the folder's index shows them all
+    assert "[workloads.md](workloads.md)" in index and all(
+        f"]({png})" in index for png in written if png.endswith(".png")
+    )
 
 
 @pytest.mark.parametrize(("plant", "test", "message"), [
@@ -493,7 +498,11 @@ def test_crossover_on_the_cpu_sweeps_the_cpu_paths(tmp_path, capsys: pytest.Capt
     argv = ["crossover", "lstm", "input_size=4", "hidden_size=8", "seq_len=3", "--device=cpu", "--batches=1,2",
             "--repeats=1", f"--out={out}"]  # fmt: skip
     assert cli.main(argv) == 0, capsys.readouterr().err
-    printed = capsys.readouterr().out
+    captured = capsys.readouterr()
+    printed = captured.out
+    progress = [line for line in captured.err.splitlines() if line.startswith("batch ")]  # one line as each starts
+    assert progress[0] == "batch 1 (1/2): preparing and timing 4 paths, 1 call each"
+    assert progress[1].startswith("batch 2 (2/2): preparing and timing 4 paths, 1 call each (") and len(progress) == 2
     assert "against torch-cpu-native" in printed and "lstm-I4-H8-L1-T3" in printed and "-B1-" not in printed
     data = json.loads((out / "crossover.json").read_text())
     assert data["reference"] == "torch-cpu-native" and set(data["crossover"]) == set(cli.CROSSOVER_PATHS["cpu"][1:])

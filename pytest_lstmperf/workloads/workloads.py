@@ -339,8 +339,9 @@ def crossover_sweep(
         if progress is not None:
             spent = time.perf_counter() - started
             progress(
-                f"batch {batch} ({step}/{len(batches)}): preparing and timing {len(paths)} paths, {repeats} calls "
-                f"each{f' ({spent:.0f} s so far; larger batches take longer)' if step > 1 else ''}"
+                f"batch {batch} ({step}/{len(batches)}): preparing and timing {len(paths)} paths, {repeats} "
+                f"call{'s' if repeats != 1 else ''} each"
+                + (f" ({spent:.0f} s so far; larger batches take longer)" if step > 1 else "")
             )
         here = _sweep_batch(spec.replace(batch=int(batch)), paths, reasons, devices, repeats, seed)
         for point in here:
