@@ -462,8 +462,11 @@ def _accept(outcomes: list[PathOutcome], accept_unchecked: Sequence[str]) -> Non
     ``ValueError`` naming the valid ones (a typo must not leave something unchecked in silence)."""
     from fnmatch import fnmatchcase
 
+    from .. import paths as registry
+
     known = {q for o in outcomes for q in (*o.errors, *o.unchecked_quantities)}
-    paths = {o.path for o in outcomes}
+    # a path may be named that this device does not run (one test accepting the bf16 paths of CPU and GPU)
+    paths = set(registry.all_paths()) | {o.path for o in outcomes}
     for name in accept_unchecked:
         path, sep, quantity = str(name).partition(": ")
         if not sep:
@@ -472,7 +475,7 @@ def _accept(outcomes: list[PathOutcome], accept_unchecked: Sequence[str]) -> Non
             valid = ", ".join(sorted(known)) or "none"
             raise ValueError(
                 f"accept_unchecked: {name!r} names no quantity of this model (valid: a quantity, or "
-                f"'<path>: <quantity>' with a path of {', '.join(sorted(paths))}; shell-style patterns such as "
+                f"'<path>: <quantity>' with a registered path (`lstmperf paths`); shell-style patterns such as "
                 f"'*-autocast-bf16: grad *' match several; quantities: {valid})"
             )
         for o in outcomes:
