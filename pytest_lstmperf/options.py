@@ -280,7 +280,7 @@ BENCH_SETTINGS = [
             "--lstmperf-threshold",
             "PYTEST_LSTMPERF_THRESHOLD",
             "lstmperf_threshold",
-            "1.10",
+            "1.05",
             parse_threshold,
             "the speed gate's threshold: a figure more than this ratio above its baseline's is slower, where the "
             "benchmark resolves it (marker lstmperf_threshold overrides per test)",

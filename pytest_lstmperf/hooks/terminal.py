@@ -33,6 +33,8 @@ def print_speed_section(tr: Any, config: pytest.Config, state: GateState, device
         tr.write_line(message)
     if state.save_report is not None:
         tr.write_line(state.save_report.describe(), green=True)
+        for flag in state.save_report.outliers:
+            tr.write_line(f"RECORDING RUN OUTSIDE the runs before it (added; the resolution widens): {flag}", yellow=True)
         for flag in state.save_report.refused:
             tr.write_line(f"RECORDING RUN REFUSED for {flag}", yellow=True, bold=True)
     if state.report_path is not None:
@@ -80,6 +82,13 @@ def _print_gate(tr: Any, config: pytest.Config, state: GateState) -> None:
         )
         for name, check in coarse:
             tr.write_line(f"  {name}: {check.metric} resolves {check.resolves:.3f}x", yellow=True)
+    single = gate.one_run()
+    if single:
+        tr.write_line(
+            f"{len(single)} benchmark(s) rest on one recording run: how far clean runs lie apart is not in their "
+            "resolution yet (add runs on other days with --lstmperf-add-baseline-run)",
+            yellow=True,
+        )
     for decision in gate.decisions:
         if not (decision.failed or decision.verdict == "inconclusive" or decision.notes or verbose):
             continue

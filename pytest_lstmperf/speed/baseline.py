@@ -357,7 +357,8 @@ class SaveReport:
     new_file: bool = False
     broken: Path | None = None  # where an unreadable file this run replaced was kept
     migrated: Path | None = None  # the format-1 file this one was read from
-    refused: list[str] = field(default_factory=list)  # recording runs not added (outliers), with why
+    refused: list[str] = field(default_factory=list)  # recording runs not added (another version, a broken run)
+    outliers: list[str] = field(default_factory=list)  # recording runs added outside the runs before them
     added_run: bool = False  # --lstmperf-add-baseline-run: recording runs added, no entry replaced
     entries: dict[str, dict[str, Any]] = field(default_factory=dict)  # the file's entries as written
 
@@ -374,8 +375,10 @@ class SaveReport:
         what = "created" if self.new_file else "written"
         if self.added_run:
             parts = [f"a recording run added to {len(self.updated)} benchmark(s)"]
+            if self.outliers:
+                parts.append(f"{len(self.outliers)} of them outside the limits of the runs before (their resolution widens)")
             if self.refused:
-                parts.append(f"refused for {len(self.refused)} (outside the limits of the runs before it)")
+                parts.append(f"refused for {len(self.refused)} (a figure more than twice the others', or other versions)")
             if self.kept:
                 parts.append(f"{len(self.kept)} not in the baseline (record them with --lstmperf-save-baseline)")
         if not self.created and not self.updated:
@@ -491,9 +494,10 @@ class BaselineStore:
         figures yet (migrated from format 1), which this run fills; with it they are replaced, their figures
         kept in their history when ``versions`` differ from theirs, and so is a file that cannot be read as a
         baseline (kept beside as ``<name>.broken``). With ``add_run`` no entry is replaced: each measured entry
-        gains this run's figures as one more recording run, unless they lie outside the entry's limit (the
-        gate's own :func:`~.policy.check` at ``threshold``): such a run is refused for that entry and named, not
-        added. Entries not measured in this run stay. A file-system error is a :class:`BaselineError` naming
+        gains this run's figures as one more recording run: a run outside the entry's limit (the gate's own
+        :func:`~.policy.check` at ``threshold``) is added and named (clean runs lie that far apart here, and the
+        entry's resolution takes it in), a run more than :data:`~.policy.OUTLIER_FACTOR` from the entry's figure
+        (a run that broke) or of other software versions is refused and named. Entries not measured in this run stay. A file-system error is a :class:`BaselineError` naming
         the path and the cause; the previous file is then untouched.
         """
         path = self.path_for(fields)
@@ -598,7 +602,7 @@ class BaselineStore:
         threshold: float | None,
         report: SaveReport,
     ) -> None:
-        from .policy import THRESHOLD, Measurement, check, metrics_of, run_figures
+        from .policy import OUTLIER_FACTOR, THRESHOLD, Measurement, check, metrics_of, run_figures
 
         if existing is None:
             raise BaselineError(
@@ -618,14 +622,14 @@ class BaselineStore:
             measured = Measurement.from_record(record)
             reference = reference_of(entry)
             limit = measured.threshold or threshold or THRESHOLD
-            outside = [
-                c.text()
-                for m in metrics_of(reference, measured.first)
-                if (c := check(m, measured.look(m).samples(m), reference, limit)).verdict in ("regressed", "improved")
-            ]
-            if outside:  # an outlier run would widen the band silently: refused and said
-                report.refused.append(f"{record['fullname']}: {'; '.join(outside)}")
+            checks = [check(m, measured.look(m).samples(m), reference, limit) for m in metrics_of(reference, measured.first)]
+            broken = [c.text() for c in checks if c.ratio and not 1 / OUTLIER_FACTOR <= c.ratio <= OUTLIER_FACTOR]
+            if broken:  # a run more than twice as slow or fast as the others broke: refused, said
+                report.refused.append(f"{record['fullname']}: {'; '.join(broken)}")
                 continue
+            outside = [c.text() for c in checks if c.verdict in ("regressed", "improved")]
+            if outside:  # added: clean runs lie this far apart here, and the resolution says so from now on
+                report.outliers.append(f"{record['fullname']}: {'; '.join(outside)}")
             part.setdefault("runs", []).append(run_figures(measured).to_dict())
             report.updated.append(record["fullname"])
         report.untouched = len(set(report.entries) - set(report.updated))
