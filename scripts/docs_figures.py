@@ -128,10 +128,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--check", action="store_true", help="only check that docs/validation.md is up to date")
     parser.add_argument("--note", default="", help="with --time: a note shown with the figure (e.g. other load)")
-    parser.add_argument("--time", nargs=argparse.REMAINDER, help="a command to run and time (after --)")
-    args = parser.parse_args(argv)
+    parser.add_argument("--time", action="store_true", help="run and time the command given after --")
+    argv = sys.argv[1:] if argv is None else list(argv)
+    command = argv[argv.index("--") + 1 :] if "--" in argv else []
+    args = parser.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
+    if args.time and not command:
+        parser.error("--time needs the command after --, e.g. --time -- pytest tests --device=cpu")
     if args.time:
-        command = args.time[1:] if args.time[0] == "--" else args.time
         entry = time_command(command)
         if args.note:
             entry["note"] = args.note

@@ -68,3 +68,19 @@ def test_time_records_a_command(script, tmp_path: Path, monkeypatch: pytest.Monk
     assert entry["device"] == "cpu (test)" and entry["result"] == "3 passed in 0.01s" and entry["seconds"] >= 0
     failed = script.time_command([sys.executable, "-c", "import sys; print('1 failed'); sys.exit(1)"])
     assert failed["result"] == "exit 1: 1 failed"
+
+
+def test_main_times_a_command_into_the_table(script, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(script, "RUN_TIMES", tmp_path / "run-times.json")
+    validation = tmp_path / "validation.md"
+    validation.write_text(f"# v\n\n{script.START}\n{script.END}\n", encoding="utf-8")
+    monkeypatch.setattr(script, "VALIDATION", validation)
+    monkeypatch.setattr(script, "ROOT", tmp_path)
+    monkeypatch.setattr(script, "this_device", lambda: "cpu (test)")
+    command = [sys.executable, "-c", "print('= 2 passed in 0.1s =')"]
+    assert script.main(["--note", "busy", "--time", "--", *command]) == 0
+    (entry,) = json.loads((tmp_path / "run-times.json").read_text(encoding="utf-8"))
+    assert entry["result"] == "2 passed in 0.1s" and entry["note"] == "busy" and entry["command"] == " ".join(command)
+    assert "| cpu (test) |" in validation.read_text(encoding="utf-8") and script.main(["--check"]) == 0
+    with pytest.raises(SystemExit):
+        script.main(["--time"])
