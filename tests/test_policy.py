@@ -32,6 +32,7 @@ def record(
     anchors = [anchor_s * p * math.exp(rng.gauss(0, noise)) for p in phases]
     extra: dict = {"kernel": kernel, "precision": "fp32", "anchor": {"samples": anchors, "repeat": 4}}
     if device:
+        extra["device_time_method"] = "cuda-graph"
         extra["device_samples"] = [0.5 * call_s * p * math.exp(rng.gauss(0, noise)) for p in phases]
         extra["anchor"]["device_samples"] = [0.5 * anchor_s * p * math.exp(rng.gauss(0, noise)) for p in phases]
     if counters is not None:
@@ -357,3 +358,16 @@ def test_the_report_plots_the_ratio_each_benchmark_was_decided_on(tmp_path) -> N
     ((name, per_call, ratio, *_, verdict),) = policy.table_rows([decision])
     assert (name, verdict, ratio) == ("x::test_a", "regressed", f"{decision.ratio('per-call'):.3f}")
     assert per_call == policy.format_seconds(decision.per_call_s)
+
+
+def test_event_timed_device_time_is_no_device_figure() -> None:
+    """CUDA events around queued calls hold the launch gaps (they follow the host): not a device figure, so the
+    time per call decides such a benchmark alone."""
+    base = reference(record(seed=1, device=True))
+    now = record(seed=10, device=True)
+    now["extra_info"]["device_time_method"] = "cuda-events"
+    now["extra_info"]["device_samples"] = [x * 1.5 for x in now["extra_info"]["device_samples"]]
+    decision = decide(Measurement.from_record(now), base)
+    assert [c.metric for c in decision.checks] == ["per-call"]
+    assert decision.verdict == "unchanged"
+    assert any("device: not compared" in n for n in decision.notes)

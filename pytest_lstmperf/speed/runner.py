@@ -309,7 +309,7 @@ class BenchRunner:
         anchor = self._anchor()
         entry = self._baseline_entry()
         repeat = int(((entry or {}).get("extra_info", {}).get("anchor") or {}).get("repeat") or 0)
-        repeat = repeat or anchor.fit(estimate)
+        repeat = repeat or anchor.fit(min(estimate, timing.ANCHOR_MAX_S))
         rounds = timing.RoundPlan(plan.warmup, plan.min_rounds, plan.max_rounds, plan.target_s).rounds_for(
             2 * estimate  # a round is a call and the anchor
         )
@@ -386,7 +386,7 @@ class BenchRunner:
         if "device" in metrics:
             dev = dev_time(2 * plan.device_samples)
             again["device_samples"] = list(dev.samples)
-            again["device_time_method"] = dev.method
+            again["device_time_method"] = dev.method  # another method than the first's: no device figure
             again["anchor"]["device_samples"] = list(anchor.device_time(len(dev.samples)).samples)
         extra["second_look"] = again
 

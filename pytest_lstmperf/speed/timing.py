@@ -114,6 +114,10 @@ def time_rounds(
     return data, windows
 
 
+#: the anchor lasts about as long as the benchmark's call, up to this: a long call's rounds are not doubled
+ANCHOR_MAX_S = 0.005
+
+
 class Anchor:
     """A fixed workload on the benchmark's device, timed beside every benchmark call (:mod:`.policy`, sentence 1).
 
