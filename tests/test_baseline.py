@@ -341,29 +341,38 @@ def test_add_baseline_run_needs_a_recorded_baseline(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
-def test_a_recording_run_is_added_inside_the_limits_and_refused_outside(tmp_path: Path) -> None:
+def test_a_recording_run_is_added_named_when_outside_and_refused_when_broken(tmp_path: Path) -> None:
     """--lstmperf-add-baseline-run: a run that agrees with the entry is one more recording run (the samples stay
-    the first run's); a run slower or faster than the entry's limit, or of other versions, is refused and named,
-    and an entry the baseline does not have is not made."""
+    the first run's); one outside the entry's limit but within 2x is added and named (clean runs can lie that
+    far apart, and the entry's resolution takes it in from now on); one more than 2x slower or faster (a run
+    that broke), or of other versions, is refused and named; an entry the baseline does not have is not made."""
     store = bl.BaselineStore(tmp_path)
-    save(store, [record("a"), record("b"), record("c")])
+    save(store, [record("a"), record("b"), record("c"), record("d")])
     report = save(
         store,
-        [record("a", 1.02e-3), record("b", 3e-3), record("c", 0.3e-3), record("new")],
+        [record("a", 1.02e-3), record("b", 3e-3), record("c", 0.3e-3), record("d", 1.5e-3), record("new")],
         add_run=True,
     )
-    names = {n: record(n)["fullname"] for n in ("a", "b", "c", "new")}
-    assert report.added_run and report.updated == [names["a"]] and report.kept == [names["new"]]
+    names = {n: record(n)["fullname"] for n in ("a", "b", "c", "d", "new")}
+    assert report.added_run and report.updated == [names["a"], names["d"]] and report.kept == [names["new"]]
     refused = dict(line.split(": ", 1) for line in report.refused)
+    assert sorted(refused) == [names["b"], names["c"]]
     assert refused[names["b"]].startswith("per-call: regressed at 3.0")
     assert refused[names["c"]].startswith("per-call: improved at 0.3")
+    ((outside, why),) = [line.split(": ", 1) for line in report.outliers]
+    assert outside == names["d"] and why.startswith("per-call: regressed at 1.5")
     assert report.describe().endswith(
-        "written: a recording run added to 1 benchmark(s), refused for 2 (outside the limits of the runs before "
-        "it), 1 not in the baseline (record them with --lstmperf-save-baseline)"
+        "written: a recording run added to 2 benchmark(s), 1 of them outside the limits of the runs before (their "
+        "resolution widens), refused for 2 (a figure more than twice the others', or other versions), 1 not in the "
+        "baseline (record them with --lstmperf-save-baseline)"
     )
     entries = store.find(fields()).entries
-    assert [len(entries[names[n]]["lstmperf"]["runs"]) for n in ("a", "b", "c")] == [2, 1, 1]
+    assert [len(entries[names[n]]["lstmperf"]["runs"]) for n in ("a", "b", "c", "d")] == [2, 1, 1, 2]
     assert entries[names["a"]]["stats"]["data"] == record("a")["data"] and names["new"] not in entries
+    # the run added outside is part of the entry's noise from now on: its resolution widens
+    widened = bl.reference_of(entries[names["d"]])
+    one_run = bl.reference_of(entries[names["b"]])
+    assert widened.figure("per-call")[1] > 10 * one_run.figure("per-call")[1]
     other = save(store, [record("a")], add_run=True, versions={**VERSIONS, "torch": "2.12.0"})
     assert other.refused == [f"{names['a']}: recorded with other versions; record it anew"]
     assert "unchanged" in other.describe()
