@@ -326,7 +326,7 @@ def test_the_second_look_measures_only_the_figures_past_their_limit(monkeypatch)
         return [value * (1 + 0.002 * (i % 7)) for i in range(n)]
 
     entry_record = {"fullname": "t", "data": pairs(1e-3, 15), "extra_info": {
-        "anchor": {"samples": pairs(1e-4, 15)}, "device_samples": pairs(5e-4, 12),
+        "anchor": {"samples": pairs(1e-4, 15)}, "device_samples": pairs(5e-4, 12), "device_time_method": "cuda-graph",
     }}  # fmt: skip
     entry_record["extra_info"]["anchor"]["device_samples"] = pairs(1e-4, 12)
     reference = policy.Reference("t", (policy.run_figures(policy.Measurement.from_record(entry_record)),))
@@ -355,7 +355,7 @@ def test_the_second_look_measures_only_the_figures_past_their_limit(monkeypatch)
     def look(per_call: float, device: float) -> dict:
         calls.clear()
         extra = {"anchor": {"samples": pairs(1e-4, 15), "device_samples": pairs(1e-4, 12)},
-                 "device_samples": pairs(device, 12)}  # fmt: skip
+                 "device_samples": pairs(device, 12), "device_time_method": "cuda-graph"}  # fmt: skip
         runner.BenchRunner._second_look(stub, extra, pairs(per_call, 15), {}, None, plan, 15, None, dev_time, anchor, 4)
         return extra
 
