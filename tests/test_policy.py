@@ -120,7 +120,18 @@ def test_device_time_is_a_figure_of_its_own() -> None:
     now["extra_info"]["device_samples"] = [x * 1.25 for x in now["extra_info"]["device_samples"]]
     decision = decide(Measurement.from_record(now), base)
     assert decision.verdict == "regressed"
-    assert [c.verdict for c in decision.checks] == ["unchanged", "regressed"]
+    assert [(c.metric, c.verdict) for c in decision.checks] == [("device", "regressed")]
+
+
+def test_where_a_device_figure_exists_the_time_per_call_does_not_decide() -> None:
+    """Sentence 1: a GPU benchmark's figure is its device time; a time per call 1.4x off between clean runs (as
+    device-bound calls read on the H100) with the device time unchanged is no regression."""
+    base = reference(record(seed=1, device=True))
+    now = record(seed=10, device=True)
+    now["data"] = [x * 1.4 for x in now["data"]]
+    decision = decide(Measurement.from_record(now), base)
+    assert decision.verdict == "unchanged"
+    assert [c.metric for c in decision.checks] == ["device"]
 
 
 def test_kernel_and_host_counts_fail_whatever_the_time() -> None:
