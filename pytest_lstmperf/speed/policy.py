@@ -9,7 +9,7 @@ The rule, in five sentences (docs/speed-gate.md states the same):
 2. A figure is slower when it exceeds the baseline's figure by more than its limit: the threshold (1.05 unless
    ``--lstmperf-threshold`` or the ``lstmperf_threshold`` marker says otherwise), or the smallest slowdown the
    benchmark resolves on this machine (4 standard errors of the two figures and of the recording runs' spread)
-   where that is larger, and every benchmark's resolution is printed.
+   where that is larger; a resolution above the threshold is printed (with ``-v``, every one).
 3. A figure past its limit is measured once more in the test itself, with twice the rounds, and only that second
    look decides; a first look inside its limit is final.
 4. A benchmark fails when its figure is slower, when it ran another kernel or precision than its baseline, or when
