@@ -150,7 +150,7 @@ def test_word_language_model_speed_test_fails_with_a_slowed_forward(pytester: py
     result = _run(pytester, "-k", "speed", "--benchmark-compare")
     assert result.ret == pytest.ExitCode.TESTS_FAILED, result.stdout.str()
     result.stdout.fnmatch_lines(
-        ["*test_forward_speed*", "*host work per call changed: aten_ops *", "*SPEED GATE FAILED*"]
+        ["*test_forward_speed*", "*host: host-work-changed (aten_ops *", "*SPEED GATE FAILED*"]
     )
 
 
