@@ -38,7 +38,7 @@ cp "$BASE" "$OUT/baseline.json"
 REPLAY=()
 for mode in $MODES; do
   extra=(suites/test_benchmarks.py)
-  [ "$mode" = xdist ] && extra=(-n 2 suites/test_benchmarks.py suites/test_kernels.py)
+  [ "$mode" = xdist ] && extra=(-n 2 suites/test_benchmarks.py suites/test_kernels.py -k torch-cpu)
   for k in $(seq 1 "$N"); do
     run "$mode-clean-$k" "${extra[@]}" --benchmark-compare -v --benchmark-json="$OUT/runs/$mode-clean-$k.json" --benchmark-save-data
     REPLAY+=("clean#$mode$k=$OUT/runs/$mode-clean-$k.json")
