@@ -30,6 +30,14 @@ from pytest_lstmperf.speed.baseline import reference_of
 Record = dict[str, Any]
 
 
+def _read(path: Path) -> Any:
+    """A JSON file, gzip-compressed where its name ends in ``.gz`` (as the committed runs in docs/data are)."""
+    import gzip
+
+    raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+    return json.loads(raw)
+
+
 def _no_anchor(record: Record) -> Record:
     out = copy.deepcopy(record)
     for part in (out["extra_info"], out["extra_info"].get("second_look") or {}):
@@ -86,7 +94,7 @@ def _baseline_for(variant: str, entries: dict[str, Any]) -> dict[str, Any]:
 
 def replay(baseline: Path, runs: list[tuple[str, Path]]) -> dict[str, dict[str, list[int]]]:
     """variant -> scenario kind -> [alarms on targeted, targeted, alarms elsewhere, elsewhere]."""
-    entries = {b["fullname"]: b for b in json.loads(baseline.read_text())["benchmarks"]}
+    entries = {b["fullname"]: b for b in _read(baseline)["benchmarks"]}
     table: dict[str, dict[str, list[int]]] = {}
     threshold = policy.THRESHOLD
     for variant, (transform, k_sigma) in VARIANTS.items():
@@ -99,7 +107,7 @@ def replay(baseline: Path, runs: list[tuple[str, Path]]) -> dict[str, dict[str, 
             for scenario, path in runs:
                 kind = scenario.split("#")[0]
                 row = rows.setdefault(kind, [0, 0, 0, 0])
-                for record in json.loads(path.read_text())["benchmarks"]:
+                for record in _read(path)["benchmarks"]:
                     name = record["fullname"]
                     if name not in references:
                         continue

@@ -439,3 +439,26 @@ def test_a_format_1_file_of_other_hardware_or_unreadable_is_not_taken(tmp_path: 
     store = bl.BaselineStore(tmp_path)
     assert store.find(fields()) is None
     assert "The closest, NVIDIA_A100-SXM4-40GB-cc9.0-drv570.86" in store.missing_message(fields())
+
+
+def test_a_broken_baseline_is_told_to_restore_from_git_only_where_git_has_it(tmp_path: Path) -> None:
+    """The advice to restore from version control is given for a committed file, not for one never committed."""
+    import shutil
+    import subprocess
+
+    from pytest_lstmperf.speed.baseline import BaselineError, load
+
+    broken = tmp_path / "cpu-x-2t.json"
+    broken.write_text('{"benchmarks": [', encoding="utf-8")
+    with pytest.raises(BaselineError) as untracked:
+        load(broken)
+    assert "git checkout" not in str(untracked.value) and "Record it again" in str(untracked.value)
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed: the committed case cannot be made")
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
+    subprocess.run([*git, "init", "-q"], cwd=tmp_path, check=True)
+    subprocess.run([*git, "add", broken.name], cwd=tmp_path, check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "baseline"], cwd=tmp_path, check=True)
+    with pytest.raises(BaselineError) as tracked:
+        load(broken)
+    assert f"git checkout -- {broken}" in str(tracked.value)

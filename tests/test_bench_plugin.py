@@ -356,7 +356,7 @@ def test_bad_baseline_files(gate, gate_recording) -> None:
     path.write_text(good[: len(good) // 2])
     result = gate("--benchmark-compare")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
-    result.stderr.fnmatch_lines(["*is truncated: not valid JSON*git checkout*"])
+    result.stderr.fnmatch_lines(["*is truncated: not valid JSON*Record it again, replacing it*"])
     result = gate("--lstmperf-save-baseline")
     assert result.ret != 0
     result.stdout.fnmatch_lines(["*ERROR: not recording:*truncated*"])

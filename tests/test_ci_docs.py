@@ -86,5 +86,5 @@ def test_the_summary_shown_in_the_docs_is_what_the_code_writes() -> None:
                        "`lstmperf.gate.failed.<benchmark>`"):  # fmt: skip
         assert documented in doc
     value = properties[f"lstmperf.gate.failed.{rows[1].name}"]
-    assert value.startswith("regressed: kernel cudnn/tf32, 1.243x (fails at 1.100x); ")
-    assert "`regressed: kernel cudnn/tf32, 1.243x (fails at 1.100x); ...`" in doc
+    assert value.startswith("regressed: kernel cudnn/tf32, 1.243x (fails at 1.050x); ")
+    assert "`regressed: kernel cudnn/tf32, 1.243x (fails at 1.050x); ...`" in doc

@@ -25,13 +25,16 @@ def output(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
     pytest.importorskip("pytest_benchmark")
     pytester_dir = tmp_path_factory.mktemp("summary")
     (pytester_dir / "test_summary.py").write_text(TESTS, encoding="utf-8")
+    import os
     import subprocess
     import sys
 
+    # a run of its own: not a pytest-xdist worker's (whose environment says so to pytest-benchmark and the plugin)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST")}
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "test_summary.py", "-p", "no:cacheprovider", "--device=cpu",
          "--lstmperf-paths=torch-cpu-native", "-p", "no:xdist"],
-        cwd=pytester_dir, capture_output=True, text=True, timeout=300,
+        cwd=pytester_dir, capture_output=True, text=True, timeout=300, env=env,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout.splitlines()

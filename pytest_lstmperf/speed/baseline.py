@@ -195,8 +195,7 @@ def load(path: Path, record_hint: str = "") -> Baseline:
     except (OSError, UnicodeDecodeError) as exc:
         raise BaselineError(f"baseline {path} cannot be read: {exc.strerror or exc}") from None
     restore = (
-        f" Restore it from version control (git checkout -- {path}), or record it again, replacing it (the "
-        f"broken file is kept as {path.name}{BROKEN_SUFFIX})"
+        f"{_git_restore(path)} Record it again, replacing it (the broken file is kept as {path.name}{BROKEN_SUFFIX})"
     )
     restore += f", with: {replace_command(record_hint)}" if record_hint else " with --lstmperf-update-baseline."
     try:
@@ -243,6 +242,20 @@ def load(path: Path, record_hint: str = "") -> Baseline:
                 f"baseline {path}: benchmark {bench['fullname']} has no raw samples (stats.data)." + restore
             )
     return Baseline(path, data)
+
+
+def _git_restore(path: Path) -> str:
+    """`` Restore it with: git checkout -- PATH.`` where git tracks the file, else ``""``: the advice is given only
+    where it works (a baseline recorded and never committed has no committed version to restore)."""
+    import subprocess
+
+    try:
+        done = subprocess.run(
+            ["git", "ls-files", "--error-unmatch", path.name], cwd=path.parent, capture_output=True, timeout=10
+        )
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return f" Restore the committed version with: git checkout -- {path}." if done.returncode == 0 else ""
 
 
 def migrate_format_1(data: dict[str, Any]) -> dict[str, Any]:
