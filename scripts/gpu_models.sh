@@ -13,6 +13,9 @@ mkdir -p "$OUT/models"
 DIR="$(cd "$OUT/models" && pwd)"  # absolute: the steps below run from other folders
 export DIR
 cd "$ROOT"
+# the checkout on PYTHONPATH (the plugin and the CLI import from it, from any folder) and the pytest arguments that
+# load the plugin where no installed distribution registers it (scripts/gpu_env.sh)
+PYTHON="$PY" source scripts/gpu_env.sh
 if ls .whl/keras-*.whl >/dev/null 2>&1; then "$PY" -m pip install -q --no-deps .whl/keras-*.whl >"$DIR/pip.log" 2>&1; fi
 export KERAS_BACKEND=torch
 declare -A RC
@@ -53,7 +56,7 @@ def test_cell_loop_fails_cudnn():  # planted: must fail, naming the cell
     for _ in range(3):
         h, c = cell(torch.randn(4, 16, device="cuda"), (h, c))
 PYEOF
-step marker "$PY" -m pytest -p no:cacheprovider -q -rf --device=cuda "$MARKER_DIR" --junitxml="$DIR/marker.xml"
+step marker "$PY" -m pytest $PLUGIN -p no:cacheprovider -q -rf --device=cuda "$MARKER_DIR" --junitxml="$DIR/marker.xml"
 
 # 2. verify_model on the translation model, on CUDA (the reference runs where the model made its tensors)
 step verify_translation "$PY" - <<'PYEOF'
@@ -95,7 +98,7 @@ step seed_report bash -c "cd '$SEED_DIR' && '$PY' -c 'import sys; from pytest_ls
 step cell_report bash -c "cd examples/time_sequence_prediction && '$PY' -c 'import sys; from pytest_lstmperf.cli import main; sys.exit(main())' report sine_model:Sequence --device cuda --run --batch 3 --seq-len 100 --json '$DIR/cell_report.json'"
 
 # 5. the examples on CUDA (TensorFlow absent: the Keras example runs on the torch backend)
-step examples "$PY" -m pytest -p no:cacheprovider -q -rfs examples --device=cuda --junitxml="$DIR/examples.xml"
+step examples "$PY" -m pytest $PLUGIN -p no:cacheprovider -q -rfs examples --device=cuda --junitxml="$DIR/examples.xml"
 
 echo
 echo "== summary (logs under $DIR)"
