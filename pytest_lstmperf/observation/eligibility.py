@@ -21,6 +21,7 @@ from typing import Any
 from ..model.keras_options import KerasOptions
 from ..model.spec import LayerSpec
 from .explain import Verdict, context_for, explain, fix_all, normalize_framework
+from .tf_import import quiet_tensorflow_import
 
 # (framework, device, rule) -> (factor, source); rule "*" is any reason
 _KT = "H100, Keras 3.15 torch backend, LSTM(128) B=32 T=100 training call"
@@ -363,28 +364,31 @@ def load_configs(source: str, batch: int = 4, seq_len: int = 10) -> list[Config]
 
     if "" not in sys.path and os.getcwd() not in sys.path:  # as `python -m` and pytest do: the current folder
         sys.path.insert(0, os.getcwd())
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ValueError(f"{source}: cannot import {module_name!r}: {exc}") from None
-    obj = getattr(module, attribute or "CONFIGS", None)
-    if obj is None:
-        candidates = _model_candidates(module)
-        if not attribute:
+    with quiet_tensorflow_import():  # the module may import Keras on TensorFlow, now or in its factory
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as exc:
+            raise ValueError(f"{source}: cannot import {module_name!r}: {exc}") from None
+        obj = getattr(module, attribute or "CONFIGS", None)
+        if obj is None:
+            candidates = _model_candidates(module)
+            if not attribute:
+                named = ", ".join(f"{module_name}:{c}" for c in candidates)
+                raise ValueError(
+                    f"{source}: name what to report as {module_name}:ATTRIBUTE (a model, a model class or a "
+                    f"factory, or a list of layer dicts); {module_name} has no CONFIGS list"
+                    + (f"; candidates: {named}" if candidates else "")
+                )
             raise ValueError(
-                f"{source}: name what to report as {module_name}:ATTRIBUTE (a model, a model class or a factory, "
-                f"or a list of layer dicts); {module_name} has no CONFIGS list"
-                + (f"; candidates: {', '.join(f'{module_name}:{c}' for c in candidates)}" if candidates else "")
+                f"{source}: {module_name} has no attribute {attribute!r}"
+                + (f" (candidates: {', '.join(candidates)})" if candidates else "")
             )
-        raise ValueError(
-            f"{source}: {module_name} has no attribute {attribute!r}"
-            + (f" (candidates: {', '.join(candidates)})" if candidates else "")
-        )
-    if isinstance(obj, type) or (callable(obj) and not hasattr(obj, "modules") and not hasattr(obj, "_flatten_layers")):
-        obj = obj()  # a model class or a factory: the model it builds
-    if isinstance(obj, list):
-        return [item if isinstance(item, tuple) else config_from_dict(item) for item in obj]
-    return configs_from_model(obj, batch=batch, seq_len=seq_len)
+        is_model = hasattr(obj, "modules") or hasattr(obj, "_flatten_layers")
+        if isinstance(obj, type) or (callable(obj) and not is_model):
+            obj = obj()  # a model class or a factory: the model it builds
+        if isinstance(obj, list):
+            return [item if isinstance(item, tuple) else config_from_dict(item) for item in obj]
+        return configs_from_model(obj, batch=batch, seq_len=seq_len)
 
 
 def _model_candidates(module: Any) -> list[str]:
