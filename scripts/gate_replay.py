@@ -4,15 +4,16 @@ in turn, and count what it changes: false alarms on clean runs, detections on pl
     python scripts/gate_replay.py BASELINE.json SCENARIO=RUN.json [SCENARIO=RUN.json ...] [--markdown]
 
 ``BASELINE.json`` is a baseline file; each ``RUN.json`` is a ``--benchmark-json`` file of one compare run (every
-record with its ``extra_info``: anchor samples, device samples, host counters, second look). ``SCENARIO`` is
+record with its ``extra_info``: anchor samples, device samples, host counters). ``SCENARIO`` is
 ``clean`` or the planted fault (``slowdown:1.5``, ``kernel-slowdown:1.10``, ``host-work:40``, ``fallback``), with
 an optional ``#k`` run suffix. A planted fault targets the benchmarks of the torch framework (the faults are
 planted in ``torch.nn.LSTM``/``GRU`` of the test process); an alarm there is a detection, an alarm anywhere else a
 false alarm.
 
 The variants: the rule as it is; without the anchor (every anchor sample set to one: raw times compared);
-without the resolution (the limit is the threshold alone); without the second look (the first look decides);
-without the host counts.
+without the resolution (the limit is the threshold alone); without the host counts. (Runs recorded while the gate
+took a second look at a figure past its limit carry it as ``extra_info.second_look``; the rule no longer reads
+it: the first look decides.)
 """
 
 from __future__ import annotations
@@ -40,17 +41,10 @@ def _read(path: Path) -> Any:
 
 def _no_anchor(record: Record) -> Record:
     out = copy.deepcopy(record)
-    for part in (out["extra_info"], out["extra_info"].get("second_look") or {}):
-        anchor = part.get("anchor") or {}
-        for key in ("samples", "device_samples"):
-            if anchor.get(key):
-                anchor[key] = [1.0] * len(anchor[key])
-    return out
-
-
-def _no_second_look(record: Record) -> Record:
-    out = copy.deepcopy(record)
-    out["extra_info"].pop("second_look", None)
+    anchor = out["extra_info"].get("anchor") or {}
+    for key in ("samples", "device_samples"):
+        if anchor.get(key):
+            anchor[key] = [1.0] * len(anchor[key])
     return out
 
 
@@ -64,7 +58,6 @@ VARIANTS: dict[str, tuple[Callable[[Record], Record], float | None]] = {
     "the rule": (lambda r: r, None),
     "without the anchor": (_no_anchor, None),
     "without the resolution": (lambda r: r, 0.0),
-    "without the second look": (_no_second_look, None),
     "without the host counts": (_no_counters, None),
 }
 

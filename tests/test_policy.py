@@ -9,7 +9,7 @@ import random
 import pytest
 
 from pytest_lstmperf.speed import policy
-from pytest_lstmperf.speed.policy import Measurement, Reference, RunFigures, check, decide, needs_second_look
+from pytest_lstmperf.speed.policy import Measurement, Reference, RunFigures, check, decide
 
 
 def record(
@@ -95,23 +95,6 @@ def test_recording_runs_that_lie_apart_widen_the_resolution() -> None:
     assert decide(now, apart).checks[0].resolves > 1.15
 
 
-def test_the_second_look_decides() -> None:
-    """Sentence 3: a first look past the limit asks for a second; the second look alone decides."""
-    base = reference(record(seed=1))
-    first = record(seed=8, call_s=1.5e-3)
-    assert needs_second_look(first, base, 1.10) == ["per-call"]
-    clean_again = record(seed=9)
-    first["extra_info"]["second_look"] = {
-        "metrics": ["per-call"],
-        "data": clean_again["data"],
-        "anchor": clean_again["extra_info"]["anchor"],
-    }
-    decision = decide(Measurement.from_record(first), base)
-    assert decision.verdict == "unchanged"
-    assert any(n.startswith("per-call: first look 1.") and "past its limit" in n for n in decision.notes)
-    assert needs_second_look(record(seed=9), base, 1.10) == []
-
-
 def test_device_time_is_a_figure_of_its_own() -> None:
     """On a GPU the device figure is compared too: a device slowdown of 1.25x fails though the per-call figure
     (host-bound) did not move."""
@@ -135,7 +118,7 @@ def test_where_a_device_figure_exists_the_time_per_call_does_not_decide() -> Non
 
 
 def test_kernel_and_host_counts_fail_whatever_the_time() -> None:
-    """Sentence 4: a kernel change and one extra ATen op per call fail though the time is unchanged."""
+    """Sentence 3: a kernel change and one extra ATen op per call fail though the time is unchanged."""
     counts = {"aten_ops": 120, "kernels": 10, "syncs": 1, "alloc_bytes": 1 << 20}
     base = reference(record(seed=1, counters=counts))
     other_kernel = decide(Measurement.from_record(record(seed=2, counters=counts, kernel="cuda-generic")), base)
@@ -382,3 +365,17 @@ def test_event_timed_device_time_is_no_device_figure() -> None:
     assert [c.metric for c in decision.checks] == ["per-call"]
     assert decision.verdict == "unchanged"
     assert any("device: not compared" in n for n in decision.notes)
+
+
+def test_the_anchor_keeps_its_baseline_repetitions_unless_they_outlast_its_cap(monkeypatch) -> None:
+    """A compare pairs with the anchor the baseline was timed with (its repetitions), so both figures divide by the
+    same workload; a baseline's repetitions whose anchor would last more than twice ``ANCHOR_MAX_S`` (256 of
+    0.6 ms on the H100: 150 ms per round, recorded before the cap) are fitted anew instead of doubling every
+    round's time."""
+    from pytest_lstmperf.speed import timing
+
+    anchor = timing.Anchor("cpu")
+    monkeypatch.setattr(anchor, "time", lambda repeat, clock=None: 0.5e-3)  # 0.5 ms per repetition
+    assert anchor.repeat_for(0.2, baseline=16) == 16  # 8 ms: kept
+    assert anchor.repeat_for(0.2, baseline=256) == anchor.repeat_for(0.005) == 16  # 128 ms: fitted to the cap
+    assert anchor.repeat_for(1e-3) == 2 and anchor.repeat_for(1e-3, baseline=4) == 4

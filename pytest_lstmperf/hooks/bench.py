@@ -180,9 +180,10 @@ def _machine_lock(config: pytest.Config) -> Any:
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Any:
-    """Under pytest-xdist, a test that is not a benchmark waits while another worker's benchmark times."""
+    """Under pytest-xdist, every test (a benchmark up to its timing too) waits while another worker's benchmark
+    times."""
     lock = _machine_lock(item.config)
-    if lock is None or _is_benchmark(item):
+    if lock is None:
         return (yield)
     with lock.shared():
         return (yield)

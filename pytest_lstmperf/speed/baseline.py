@@ -635,7 +635,7 @@ class BaselineStore:
             measured = Measurement.from_record(record)
             reference = reference_of(entry)
             limit = measured.threshold or threshold or THRESHOLD
-            checks = [check(m, measured.look(m).samples(m), reference, limit) for m in metrics_of(reference, measured.first)]
+            checks = [check(m, measured.first.samples(m), reference, limit) for m in metrics_of(reference, measured.first)]
             broken = [c.text() for c in checks if c.ratio and not 1 / OUTLIER_FACTOR <= c.ratio <= OUTLIER_FACTOR]
             if broken:  # a run more than twice as slow or fast as the others broke: refused, said
                 report.refused.append(f"{record['fullname']}: {'; '.join(broken)}")

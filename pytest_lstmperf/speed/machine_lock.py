@@ -1,14 +1,15 @@
-"""Under pytest-xdist, a benchmark times with the machine to itself: every other test of the run waits.
+"""Under pytest-xdist, a benchmark times with the machine to itself: every other worker waits.
 
-Workers share the machine's cores: a benchmark timed while another worker runs a test measures that test as much
-as its own call (on 2 cores, two workers running torch with 2 threads each made one call read 3 ms to 290 ms).
-So the workers of one run share two ``flock`` locks in a folder named by xdist's ``testrunuid``:
+Workers share the machine's cores: a benchmark timed while another worker runs a test (or builds its own
+benchmark's model) measures that work as much as its own call (on 2 cores, two workers running torch with 2
+threads each made one call read 3 ms to 290 ms). So the workers of one run share two ``flock`` locks in a folder
+named by xdist's ``testrunuid``:
 
-* every test that is not a benchmark holds ``machine`` shared while it runs (setup, call, teardown), after
+* every test, a benchmark included, holds ``machine`` shared while it runs (setup, call, teardown), after
   passing ``intent`` (taken shared and released at once);
-* a benchmark holds ``intent`` and then ``machine`` exclusively while it times (its rounds, device time, host
-  counts and second look): no new test starts, it waits for the tests already running to end, times alone,
-  and lets them go.
+* a benchmark's timing (its rounds, device time and host counts) lets its shared hold go, takes ``intent`` and
+  then ``machine`` exclusively: no test starts, the tests already running end (a test's set-up, call and
+  teardown, or a benchmark up to its timing), it times alone, and takes its shared hold back.
 
 One process decides as several do, by construction. Outside pytest-xdist nothing is locked. POSIX only (a no-op
 where ``fcntl`` is missing).
@@ -36,6 +37,7 @@ class MachineLock:
         self.folder.mkdir(parents=True, exist_ok=True)
         self._fds = {name: os.open(self.folder / f"{name}.lock", os.O_RDWR | os.O_CREAT, 0o600)
                      for name in ("intent", "machine")}  # fmt: skip
+        self._shared = 0  # how deep this process holds ``machine`` shared
 
     def _lock(self, name: str, mode: int) -> None:
         if fcntl is not None:
@@ -50,24 +52,30 @@ class MachineLock:
         self._lock("intent", fcntl.LOCK_SH)
         self._lock("intent", fcntl.LOCK_UN)
         self._lock("machine", fcntl.LOCK_SH)
+        self._shared += 1
         try:
             yield
         finally:
-            self._lock("machine", fcntl.LOCK_UN)
+            self._shared -= 1
+            if not self._shared:
+                self._lock("machine", fcntl.LOCK_UN)
 
     @contextlib.contextmanager
     def exclusive(self) -> Iterator[None]:
-        """A benchmark's timing: no other test of the run runs meanwhile."""
+        """A benchmark's timing: no other test of the run runs meanwhile. A shared hold of this process is let go
+        first (two benchmarks waiting for each other's shared hold would wait forever) and taken back after."""
         if fcntl is None:
             yield
             return
+        if self._shared:
+            self._lock("machine", fcntl.LOCK_UN)
         self._lock("intent", fcntl.LOCK_EX)
         try:
             self._lock("machine", fcntl.LOCK_EX)
             try:
                 yield
             finally:
-                self._lock("machine", fcntl.LOCK_UN)
+                self._lock("machine", fcntl.LOCK_SH if self._shared else fcntl.LOCK_UN)
         finally:
             self._lock("intent", fcntl.LOCK_UN)
 

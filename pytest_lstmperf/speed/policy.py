@@ -3,23 +3,24 @@
 The rule, in five sentences (docs/speed-gate.md states the same):
 
 1. Every benchmark is timed in pairs, one call of the benchmark and one run of a fixed anchor workload on the
-   same device in the same process, and its figure is the median of the per-pair ratios of its device time where
-   it has one that leaves the host out (a GPU), else of its time per call, so that a slow phase, a busy
-   neighbour or a clock change that the whole machine shares cancels instead of being measured.
+   same device in the same process, with the machine to itself (under pytest-xdist the other workers wait), and
+   its figure is the median of the per-pair ratios of its device time where it has one that leaves the host out
+   (a GPU), else of its time per call, so that a slow phase, a busy neighbour or a clock change that the whole
+   machine shares cancels instead of being measured.
 2. A figure is slower when it exceeds the baseline's figure by more than its limit: the threshold (1.05 unless
    ``--lstmperf-threshold`` or the ``lstmperf_threshold`` marker says otherwise), or the smallest slowdown the
    benchmark resolves on this machine (4 standard errors of the two figures and of the recording runs' spread)
    where that is larger; a resolution above the threshold is printed (with ``-v``, every one).
-3. A figure past its limit is measured once more in the test itself, with twice the rounds, and only that second
-   look decides; a first look inside its limit is final.
-4. A benchmark fails when its figure is slower, when it ran another kernel or precision than its baseline, or when
+3. A benchmark fails when its figure is slower, when it ran another kernel or precision than its baseline, or when
    its exact host counts per call (ATen ops, GPU kernels, synchronisations: the host's work, on a GPU too)
-   changed.
+   changed; a figure that cannot be compared is inconclusive, which fails unless accepted.
+4. A recording run is compared with the entry's earlier runs by the same rule: one outside their limits is added
+   and named, one more than 2x off is refused.
 5. Baselines are keyed by the hardware alone: a run on other software versions is compared by the same rule and
    reported as an upgrade, and ``--lstmperf-update-baseline`` accepts what it changed.
 
-Everything here is pure: records and baseline entries in, verdicts out, no timing and no files. The in-test
-re-measurement (:func:`needs_second_look`) and the end-of-run verdict (:func:`decide`) call the same functions.
+Everything here is pure: records and baseline entries in, verdicts out, no timing and no files. The end-of-run
+verdict (:func:`decide`) and a recording run's outlier check call the same :func:`check`.
 """
 
 from __future__ import annotations
@@ -79,8 +80,6 @@ class Measurement:
     kernel: str = ""  # "cudnn/fp32"; "" where nothing was traced
     failed_kernel: bool = False  # the test failed because the kernel was not the path's claim: not timed
     first: Look = Look()
-    second: Look | None = None  # the in-test re-measurement, where the first look was past a limit
-    second_metrics: tuple[str, ...] = ()
     counters: Mapping[str, float] = field(default_factory=dict)
     threshold: float | None = None  # the marker's, where one is set
     per_call_s: float | None = None  # the raw medians, for the table and the report
@@ -90,14 +89,11 @@ class Measurement:
     @classmethod
     def from_record(cls, record: Mapping[str, Any]) -> Measurement:
         extra = record.get("extra_info") or {}
-        again = extra.get("second_look") or None
         return cls(
             name=record["fullname"],
             kernel=kernel_text(extra),
             failed_kernel=record.get("failed") == "kernel",
             first=look_of(record.get("data") or (), extra),
-            second=look_of(again.get("data") or (), again) if again else None,
-            second_metrics=tuple(again.get("metrics") or ()) if again else (),
             counters=dict(extra.get("host_counters") or {}),
             threshold=(record.get("thresholds") or {}).get("ratio"),
             per_call_s=_median(record.get("data") or ()),
@@ -105,13 +101,10 @@ class Measurement:
             anchor_s=(extra.get("anchor") or {}).get("per_call_s"),
         )
 
-    def look(self, metric: str) -> Look:
-        """The look that decides ``metric``: the second where it re-measured that metric, else the first."""
-        return self.second if self.second is not None and metric in self.second_metrics else self.first
 
 
 def look_of(data: Sequence[float], extra: Mapping[str, Any]) -> Look:
-    """The paired ratios of a record (or of its second look): call / anchor, round by round, and device time /
+    """The paired ratios of a record: call / anchor, round by round, and device time /
     the anchor's device time, sample by sample."""
     anchor = extra.get("anchor") or {}
     device = extra.get("device_samples") if extra.get("device_time_method") in DEVICE_METHODS else ()
@@ -179,10 +172,10 @@ class RunFigures:
 
 
 def run_figures(measurement: Measurement) -> RunFigures:
-    """What a recording run contributes to its baseline entry: the figures of the look that decides each metric."""
+    """What a recording run contributes to its baseline entry: its figures and host counts."""
     return RunFigures(
-        Figure.of(measurement.look("per-call").per_call),
-        Figure.of(measurement.look("device").device),
+        Figure.of(measurement.first.per_call),
+        Figure.of(measurement.first.device),
         measurement.counters,
     )
 
@@ -227,7 +220,7 @@ class Check:
 
 
 def check(metric: str, samples: Sequence[float], reference: Reference, threshold: float) -> Check:
-    """``samples`` (paired ratios of this run) against ``reference`` on ``metric`` (rule sentences 2 and 3)."""
+    """``samples`` (paired ratios of this run) against ``reference`` on ``metric`` (rule sentence 2)."""
     ref = reference.figure(metric)
     now = Figure.of(samples)
     if ref is None or now is None:
@@ -250,15 +243,6 @@ def metrics_of(reference: Reference, look: Look) -> list[str]:
     if look.device and reference.figure("device") is not None:
         return ["device"]
     return ["per-call"] if look.per_call and reference.figure("per-call") is not None else []
-
-
-def needs_second_look(record: Mapping[str, Any], reference: Reference | None, threshold: float) -> list[str]:
-    """The metrics of a first look (a record without its second look) that are past their limit: measure them
-    again. The same :func:`check` as the verdict."""
-    if reference is None:
-        return []
-    look = Measurement.from_record(record).first
-    return [m for m in metrics_of(reference, look) if check(m, look.samples(m), reference, threshold).verdict == "regressed"]
 
 
 @dataclass(frozen=True)
@@ -301,7 +285,7 @@ class Decision:
 
 
 def decide(measurement: Measurement, reference: Reference | None, threshold: float = THRESHOLD) -> Decision:
-    """One benchmark against its reference (rule sentences 2 to 4): the most severe check wins."""
+    """One benchmark against its reference (rule sentences 2 and 3): the most severe check wins."""
     from ..observation.claims import same_kernel
 
     name, now = measurement.name, measurement.kernel
@@ -314,7 +298,7 @@ def decide(measurement: Measurement, reference: Reference | None, threshold: flo
         return replace(base, verdict="kernel-changed", notes=("the kernel differs from the path's claim: not timed",))
     limit = measurement.threshold or threshold
     checks = [
-        check(m, measurement.look(m).samples(m), reference, limit)
+        check(m, measurement.first.samples(m), reference, limit)
         for m in metrics_of(reference, measurement.first)
     ]
     notes = [
@@ -336,12 +320,6 @@ def decide(measurement: Measurement, reference: Reference | None, threshold: flo
     moved = counter_changes(reference, measurement.counters)
     if moved:
         checks.append(Check("host", "host-work-changed", note="; ".join(moved)))
-    for metric in measurement.second_metrics:
-        first = check(metric, measurement.first.samples(metric), reference, limit)
-        notes.append(
-            f"{metric}: first look {first.ratio or 0:.3f}x past its limit, measured again: "
-            f"{next((c.text() for c in checks if c.metric == metric), 'not compared')}"
-        )
     rank = {v: i for i, v in enumerate(VERDICTS)}
     verdict = min((c.verdict for c in checks), key=lambda v: rank.get(v, len(rank)))
     return replace(base, verdict=verdict, checks=tuple(checks), notes=tuple(notes))

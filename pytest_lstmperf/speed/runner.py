@@ -2,8 +2,8 @@
 
 :class:`BenchRunner` prepares a path, checks the kernel it ran against the path's claim (failing at once on a
 mismatch), times the call with ``benchmark.pedantic`` in rounds paired with the anchor (a synchronising callable,
-bounded rounds), measures device time beside the anchor's, host counters and FLOP/s into ``extra_info``, takes
-the second look where the gate's rule asks for one, and attaches a record to the test report (so pytest-xdist brings it to the controller). :class:`MarkedBenchmark` is
+bounded rounds), measures device time beside the anchor's, host counters and FLOP/s into ``extra_info``, and
+attaches a record to the test report (so pytest-xdist brings it to the controller). :class:`MarkedBenchmark` is
 pytest-benchmark's ``benchmark`` in a test marked ``@pytest.mark.lstmperf``, measured the same way.
 """
 
@@ -120,7 +120,7 @@ class BenchRunner:
             run.synchronize()
 
         dev_time, counters = _meters(run, call, case.mode, device)
-        data = self._time(timed, ROUNDS[case.set_name], extra, dev_time, counters, thresholds)
+        data = self._time(timed, ROUNDS[case.set_name], extra, dev_time, counters)
         if data is None:
             return self._attach(extra, [], thresholds)
         flops = spec.flops_forward * (3 if case.mode == "train" else 1)  # backward ~ 2x forward
@@ -194,7 +194,7 @@ class BenchRunner:
         self.benchmark.group = f"user {label}"
         seen = f"{label} {observed['kernel']}/{observed['precision']}"
         self.request.node.user_properties.append(("lstmperf_observed", seen))
-        data = self._time(timed, ROUNDS[bench_set(self.config)], extra, dev_time, counters, thresholds)
+        data = self._time(timed, ROUNDS[bench_set(self.config)], extra, dev_time, counters)
         if data and flops:
             self._flops(extra, float(flops), observed["precision"])
         self._attach(extra, data or [], thresholds)
@@ -261,19 +261,11 @@ class BenchRunner:
         self._attach(extra, [], thresholds, failed="kernel")
         pytest.fail(mismatch + _explanation(path, spec, device, trace), pytrace=False)
 
-    def _time(
-        self,
-        timed: Any,
-        plan: Any,
-        extra: dict[str, Any],
-        dev_time: Any,
-        counters: Any,
-        thresholds: dict[str, float],
-    ) -> list[float] | None:
+    def _time(self, timed: Any, plan: Any, extra: dict[str, Any], dev_time: Any, counters: Any) -> list[float] | None:
         """Time ``timed`` (which synchronises) in rounds paired with the anchor, then device time beside the
-        anchor's (``dev_time(samples)``), the host counters (``counters()``, one untimed call), and, when a
-        baseline entry is compared and a figure is past its limit, the second look (:mod:`.policy`). Fills
-        ``extra``; returns the per-call samples, or None under ``--benchmark-disable``."""
+        anchor's (``dev_time(samples)``) and the host counters (``counters()``, one untimed call), with the machine
+        to itself (under pytest-xdist: :mod:`.machine_lock`). Fills ``extra``; returns the per-call samples, or
+        None under ``--benchmark-disable``."""
         from . import timing
 
         phases = extra.setdefault("phase_s", {})
@@ -287,62 +279,42 @@ class BenchRunner:
             self.benchmark.pedantic(timed)  # --benchmark-disable: run once, as a test
             return None
         with self.lock.exclusive() if self.lock is not None else contextlib.nullcontext():
-            return self._time_alone(timed, plan, extra, dev_time, counters, thresholds, clock, phases, started)
+            phases["waited"] = time.perf_counter() - started  # under pytest-xdist: for the other workers' tests
+            started = time.perf_counter()
+            estimate = timing.estimate_call(timed, plan.warmup, clock)
+            anchor = self._anchor()
+            repeat = anchor.repeat_for(estimate, self._baseline_anchor_repeat())
+            rounds = timing.RoundPlan(plan.warmup, plan.min_rounds, plan.max_rounds, plan.target_s).rounds_for(
+                2 * estimate  # a round is a call and the anchor
+            )
+            if self.benchmark.enabled:
+                anchors: list[float] = []
+                warm = 0 if (estimate or 0.0) >= timing.WARM_AFTER_ONE_S else 1  # a long call is warm already
 
-    def _time_alone(
-        self,
-        timed: Any,
-        plan: Any,
-        extra: dict[str, Any],
-        dev_time: Any,
-        counters: Any,
-        thresholds: dict[str, float],
-        clock: Any,
-        phases: dict[str, float],
-        started: float,
-    ) -> list[float]:
-        from . import timing
+                def setup() -> None:
+                    anchors.append(anchor.time(repeat, clock))  # untimed by pytest-benchmark, timed here
 
-        phases["waited"] = time.perf_counter() - started  # under pytest-xdist: for the other workers' tests
-        started = time.perf_counter()
-        estimate = timing.estimate_call(timed, plan.warmup, clock)
-        anchor = self._anchor()
-        entry = self._baseline_entry()
-        repeat = int(((entry or {}).get("extra_info", {}).get("anchor") or {}).get("repeat") or 0)
-        repeat = repeat or anchor.fit(min(estimate, timing.ANCHOR_MAX_S))
-        rounds = timing.RoundPlan(plan.warmup, plan.min_rounds, plan.max_rounds, plan.target_s).rounds_for(
-            2 * estimate  # a round is a call and the anchor
-        )
-        if self.benchmark.enabled:
-            anchors: list[float] = []
-            warm = 0 if (estimate or 0.0) >= timing.WARM_AFTER_ONE_S else 1  # a long call is warm already
-
-            def setup() -> None:
-                anchors.append(anchor.time(repeat, clock))  # untimed by pytest-benchmark, timed here
-
-            self.benchmark.pedantic(timed, setup=setup, rounds=rounds, warmup_rounds=warm, iterations=1)
-            data = list(self.benchmark.stats.stats.data)
-            anchors = anchors[-len(data) :]
-        else:  # pytest-benchmark disabled itself (pytest-xdist): time the same way ourselves
-            self.benchmark.pedantic(lambda: None)
-            data, anchors = timing.paired_rounds(timed, anchor, repeat, rounds, clock)
-            extra["timed_by"] = "pytest-lstmperf (pytest-benchmark is disabled under pytest-xdist)"
-        extra["rounds"] = len(data)
-        extra["anchor"] = {
-            "kind": anchor.kind,
-            "repeat": repeat,
-            "samples": anchors,
-            "per_call_s": statistics.median(anchors) if anchors else None,
-        }
-        phases["rounds"], started = time.perf_counter() - started, time.perf_counter()
-        self._device_time(extra, dev_time(plan.device_samples), data, anchor)
-        phases["device_time"], started = time.perf_counter() - started, time.perf_counter()
-        self._counters(extra, counters)
-        phases["counters"], started = time.perf_counter() - started, time.perf_counter()
-        extra["run_medians"] = timing.batch_medians(data)
-        self._second_look(extra, data, thresholds, timed, plan, rounds, clock, dev_time, anchor, repeat)
-        phases["second_look"] = time.perf_counter() - started
-        return data
+                self.benchmark.pedantic(timed, setup=setup, rounds=rounds, warmup_rounds=warm, iterations=1)
+                data = list(self.benchmark.stats.stats.data)
+                anchors = anchors[-len(data) :]
+            else:  # pytest-benchmark disabled itself (pytest-xdist): time the same way ourselves
+                self.benchmark.pedantic(lambda: None)
+                data, anchors = timing.paired_rounds(timed, anchor, repeat, rounds, clock)
+                extra["timed_by"] = "pytest-lstmperf (pytest-benchmark is disabled under pytest-xdist)"
+            extra["rounds"] = len(data)
+            extra["anchor"] = {
+                "kind": anchor.kind,
+                "repeat": repeat,
+                "samples": anchors,
+                "per_call_s": statistics.median(anchors) if anchors else None,
+            }
+            phases["rounds"], started = time.perf_counter() - started, time.perf_counter()
+            self._device_time(extra, dev_time(plan.device_samples), data, anchor)
+            phases["device_time"], started = time.perf_counter() - started, time.perf_counter()
+            self._counters(extra, counters)
+            phases["counters"] = time.perf_counter() - started
+            extra["run_medians"] = timing.batch_medians(data)
+            return data
 
     def _anchor(self) -> Any:
         """The run's anchor on this device, made once."""
@@ -352,46 +324,10 @@ class BenchRunner:
             self.state.anchor = Anchor(self.session.device.torch_device)
         return self.state.anchor
 
-    def _second_look(
-        self,
-        extra: dict[str, Any],
-        data: list[float],
-        thresholds: dict[str, float],
-        timed: Any,
-        plan: Any,
-        rounds: int,
-        clock: Any,
-        dev_time: Any,
-        anchor: Any,
-        repeat: int,
-    ) -> None:
-        """When a baseline entry is compared and a figure of this first look is past its limit (the gate's own
-        :func:`.policy.needs_second_look`), measure that metric once more, with twice the rounds or samples,
-        into ``extra["second_look"]``: the gate decides that metric on it alone."""
-        from . import timing
-        from .baseline import reference_of
-        from .policy import needs_second_look
-
-        entry = self._baseline_entry()
-        if entry is None or not data:
-            return
-        record = {"fullname": self.request.node.nodeid, "data": data, "extra_info": extra}
-        metrics = needs_second_look(record, reference_of(entry), self._threshold(thresholds))
-        if not metrics:
-            return
-        again: dict[str, Any] = {"metrics": metrics, "anchor": {}}
-        if "per-call" in metrics:
-            timing.estimate_call(timed, plan.warmup, clock)
-            again["data"], again["anchor"]["samples"] = timing.paired_rounds(timed, anchor, repeat, 2 * rounds, clock)
-        if "device" in metrics:
-            dev = dev_time(2 * plan.device_samples)
-            again["device_samples"] = list(dev.samples)
-            again["device_time_method"] = dev.method  # another method than the first's: no device figure
-            again["anchor"]["device_samples"] = list(anchor.device_time(len(dev.samples)).samples)
-        extra["second_look"] = again
-
-    def _threshold(self, thresholds: dict[str, float]) -> float:
-        return thresholds.get("ratio") or options.resolve(self.config, "lstmperf_threshold").value
+    def _baseline_anchor_repeat(self) -> int | None:
+        """The anchor repetitions this benchmark's baseline entry was timed with, where it has one."""
+        entry = self._baseline_entry() or {}
+        return int((entry.get("extra_info", {}).get("anchor") or {}).get("repeat") or 0) or None
 
     @staticmethod
     def _device_time(extra: dict[str, Any], dev: Any, data: list[float], anchor: Any) -> None:

@@ -4,7 +4,7 @@ anchor workload timed beside both.
 * **Time per call** (what users feel): host wall clock around ``call(); synchronize()``, one call per round,
   after warm-up. The synchronisation makes queued CUDA work count; the host overhead (Python, dispatch,
   kernel launches) is included. pytest-benchmark takes these samples when it runs enabled; under
-  pytest-xdist it disables itself and :func:`time_rounds` takes them the same way.
+  pytest-xdist it disables itself and :func:`paired_rounds` takes them the same way.
 * **Device time**: a CUDA graph of one call is captured and replayed; CUDA events around the replays time the
   kernels without the host (the graph launches them back to back). When capture fails (an op that
   synchronises, a CPU fallback inside the call) the call itself is timed with CUDA events around several
@@ -94,26 +94,6 @@ def estimate_call(call: Callable[[], object], warmup: int, clock: Callable[[], f
     return statistics.median(times)
 
 
-def time_rounds(
-    call: Callable[[], object],
-    rounds: int,
-    clock: Callable[[], float] = time.perf_counter,
-    between: Callable[[], object] | None = None,
-) -> tuple[list[float], list[tuple[float, float]]]:
-    """Per-round seconds of ``call`` (which must synchronise) on ``clock``, and each round's (start, end)
-    window on the wall clock (``time.perf_counter``, which the SM clock sampler stamps with). ``between``
-    runs untimed before every round (as pytest-benchmark's ``setup``)."""
-    data, windows = [], []
-    for _ in range(rounds):
-        if between is not None:
-            between()
-        start, wall = clock(), time.perf_counter()
-        call()
-        data.append(clock() - start)
-        windows.append((wall, time.perf_counter()))
-    return data, windows
-
-
 #: the anchor lasts about as long as the benchmark's call, up to this: a long call's rounds are not doubled
 ANCHOR_MAX_S = 0.005
 
@@ -172,13 +152,22 @@ class Anchor:
             if self._cuda:
                 torch.cuda.synchronize(self.torch_device)
 
-    def fit(self, call_s: float | None) -> int:
-        """The repetitions that make the anchor last about ``call_s``: a power of two up to :data:`MAX_REPEAT`."""
-        one = min(self.time(1) for _ in range(3))
+    def _fit(self, call_s: float | None, one: float) -> int:
+        """The repetitions that make the anchor last about ``call_s`` at ``one`` per repetition: a power of two up
+        to :data:`MAX_REPEAT`."""
         repeat = 1
         while call_s and repeat * one < call_s and repeat < self.MAX_REPEAT:
             repeat *= 2
         return repeat
+
+    def repeat_for(self, call_s: float | None, baseline: int | None = None) -> int:
+        """The repetitions for a call of ``call_s``: the baseline entry's, so that both figures pair with the same
+        anchor, where that lasts at most twice :data:`ANCHOR_MAX_S` here; else fitted to the call, up to
+        :data:`ANCHOR_MAX_S`, as for a new entry."""
+        one = min(self.time(1) for _ in range(3))
+        if baseline and baseline * one <= 2 * ANCHOR_MAX_S:
+            return baseline
+        return self._fit(min(call_s, ANCHOR_MAX_S) if call_s else call_s, one)
 
     def time(self, repeat: int, clock: Callable[[], float] = time.perf_counter) -> float:
         """Seconds per repetition of ``repeat`` back-to-back runs."""
