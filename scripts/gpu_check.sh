@@ -18,7 +18,7 @@ PY
 echo "== CUDA paths: $CUDA_PATHS"
 t0=$(date +%s)
 echo "== 1. tolerance measurement"
-$PYTHON -m pytest_lstmperf.numerics.measure --device cuda --examples ${EXAMPLES:-20} --paths "$CUDA_PATHS" \
+$PYTHON tools/tolerance_calibration.py --device cuda --examples ${EXAMPLES:-20} --paths "$CUDA_PATHS" \
   --out "$WORK/measure" --write 2>&1 | grep -v Warning | tee "$OUT/measure.log"
 cp pytest_lstmperf/tolerances.json "$OUT/tolerances.json"
 t1=$(date +%s)

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Tolerance samples and the sharpness table on one GPU, from the repository root (about 6 minutes on an H100):
-#   python -m pytest_lstmperf.numerics.measure --device cuda --sharpness: every CUDA path available without TensorFlow
+#   python tools/tolerance_calibration.py --device cuda --sharpness: every CUDA path available without TensorFlow
 #   (Keras-on-torch paths run when keras is importable or its wheels are in .whl/; unavailable paths are listed
 #   with their reason), raw samples + sharpness sweep written to $OUT. Nothing in the checkout is modified:
-#   the files are committed to docs/data/ and fitted afterwards with `python -m pytest_lstmperf.numerics.measure --fit`.
+#   the files are committed to docs/data/ and fitted afterwards with `python tools/tolerance_calibration.py --fit`.
 # Files in $OUT: tolerance-samples-<device>.json, sharpness-<device>.json, errors-<device>.png, measure.log.
 set -u
 cd "$(dirname "$0")/.."
@@ -26,7 +26,7 @@ PY
 )"
 BUDGET=$(( SAMPLING_S / N )); [ "$BUDGET" -ge 1 ] || BUDGET=1
 echo "== measuring $N available of: $PATHS ($BUDGET s sampling each, $SHARP_S s sharpness per torch path)"
-timeout 420 $PYTHON -m pytest_lstmperf.numerics.measure --device "${DEVICE:-cuda}" --paths "$PATHS" --examples 200 --budget "$BUDGET" \
+timeout 420 $PYTHON tools/tolerance_calibration.py --device "${DEVICE:-cuda}" --paths "$PATHS" --examples 200 --budget "$BUDGET" \
   --sharpness --sharpness-budget "$SHARP_S" --out "$OUT" 2>&1 | grep -v Warning | tee "$OUT/measure.log"
 rc=${PIPESTATUS[0]}
 echo "== wall $(( $(date +%s) - t0 ))s, exit $rc; files:"

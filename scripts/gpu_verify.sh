@@ -12,7 +12,7 @@ source scripts/gpu_env.sh  # .whl/ wheels, PYTHONPATH, PLUGIN
 TORCH_CUDA=$($PYTHON -c "from pytest_lstmperf import paths; print(','.join(p.name for p in paths.for_device('cuda', paths.all_paths()) if p.framework == 'torch'))")
 t0=$(date +%s)
 echo "== 1. tolerance measurement: $TORCH_CUDA,keras-torch-cudnn"
-timeout 150 $PYTHON -m pytest_lstmperf.numerics.measure --device cuda --examples ${EXAMPLES:-25} --paths "$TORCH_CUDA,keras-torch-cudnn" \
+timeout 150 $PYTHON tools/tolerance_calibration.py --device cuda --examples ${EXAMPLES:-25} --paths "$TORCH_CUDA,keras-torch-cudnn" \
   --out "$WORK/measure" --write 2>&1 | grep -v "^FINDING" | tee "$OUT/measure.log"
 grep -c "^FINDING" "$WORK"/measure/*.json >/dev/null 2>&1
 cp pytest_lstmperf/tolerances.json "$OUT/tolerances.json"

@@ -108,7 +108,7 @@ def test_tolerance_grows_with_the_problem_and_names_its_basis() -> None:
 
 
 def test_family_fits_and_the_pool_that_keeps_cudnn_fp32_out() -> None:
-    from pytest_lstmperf.numerics.measure import fit_all
+    from tools.tolerance_calibration import fit_all
 
     rng = np.random.default_rng(0)
 

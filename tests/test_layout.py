@@ -46,8 +46,6 @@ ALLOWED = {
     ("paths.compiled", "speed"): "a compiled run measures its own device time (no dispatch mode, no outer graph "
     "capture around compiled code)",
     ("paths.onnx_runtime", "speed.timing"): "an ONNX Runtime run says what device time it has (the host's, on the CPU)",
-    ("numerics.measure", "testing.faults"): "the sharpness sweep plants the faults the checks must catch",
-    ("workloads.distributed", "testing.faults"): "a rank process plants the fault its test asked for",
 }
 
 
@@ -144,6 +142,19 @@ def test_no_module_imports_a_higher_layer() -> None:
     assert not new, "imports from a lower layer to a higher one: " + "; ".join(f"{a} -> {b}" for a, b in new)
     stale = set(ALLOWED) - set(found)
     assert not stale, f"ALLOWED lists imports that no longer exist (remove them): {sorted(stale)}"
+
+
+def test_no_module_outside_testing_imports_it() -> None:
+    """``testing/`` holds test helpers (planted faults): the installed code imports nothing from it, whatever the
+    layer (a test hands its helper to a subprocess through an environment hook instead)."""
+    found = [
+        f"{module} -> {target}"
+        for path, module, is_package in _modules(PACKAGE)
+        if module.split(".")[0] != "testing"
+        for target in imported_modules(path.read_text(), module, is_package, annotations=True)
+        if target.split(".")[0] == "testing"
+    ]
+    assert not found, f"modules outside testing/ import it: {found}"
 
 
 def test_layer_check_catches_a_planted_upward_import(tmp_path: Path) -> None:

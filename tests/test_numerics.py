@@ -374,7 +374,7 @@ def test_each_numeric_fault_moves_the_numbers_it_should() -> None:
 
 
 def test_sharpness_table_reports_the_smallest_size_caught() -> None:
-    from pytest_lstmperf.numerics.measure import sharpness_table
+    from tools.tolerance_calibration import sharpness_table
 
     def row(fault, delta, fwd, bwd=None):
         return {"path": "p", "spec": "s", "growth": 2.0, "kernel": "cpu-native", "precision": "fp32",

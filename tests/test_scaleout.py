@@ -14,6 +14,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from pytest_lstmperf import device as device_mod  # noqa: E402
+from pytest_lstmperf.testing.rank_faults import WORKER_PLANT_ENV, rank_fault_env  # noqa: E402
 from pytest_lstmperf.workloads import distributed as dist  # noqa: E402
 
 pytest_plugins = ["pytester"]
@@ -176,7 +177,7 @@ def test_torchrun_entry_point(tmp_path: Path) -> None:
            str(dist.free_port()), "-m", "pytest_lstmperf.workloads.distributed", "--strategy", "pipeline",
            "--backend", "gloo", "--layers", "2", "--input-size", "4", "--hidden", "8", "--seq-len", "5",
            "--batch", "4", "--steps", "2", "--micro-batches", "2", "--out", str(out)]  # fmt: skip
-    env = {k: v for k, v in os.environ.items() if k != dist.WORKER_PLANT_ENV}
+    env = {k: v for k, v in os.environ.items() if k not in (dist.RANK_SETUP_ENV, WORKER_PLANT_ENV)}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = dist.RunResult(**torch.load(out, weights_only=False))
@@ -185,6 +186,22 @@ def test_torchrun_entry_point(tmp_path: Path) -> None:
         dist.updates(result.weights, cfg), dist.updates(dist.single_process(cfg).weights, cfg)
     )
     assert result.world == 2 and err < 1e-4
+
+
+def test_rank_setup_hook_is_called_and_its_undo_returned(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ranks' setup hook is named by the environment: the launcher imports no test helper itself."""
+    monkeypatch.delenv(dist.RANK_SETUP_ENV, raising=False)
+    assert dist._setup_from_env() is None
+    for name, value in rank_fault_env("perturb:1e-3").items():
+        monkeypatch.setenv(name, value)
+    forward = torch.nn.LSTM.forward
+    undo = dist._setup_from_env()
+    assert callable(undo) and torch.nn.LSTM.forward is not forward  # planted
+    undo()
+    assert torch.nn.LSTM.forward is forward
+    monkeypatch.setenv(dist.RANK_SETUP_ENV, "no_function_named")
+    with pytest.raises(ValueError, match=r"expected package\.module:function"):
+        dist._setup_from_env()
 
 
 def test_entry_point_outside_torchrun_is_refused(tmp_path: Path) -> None:
@@ -197,7 +214,8 @@ def test_entry_point_outside_torchrun_is_refused(tmp_path: Path) -> None:
 # ------------------------------------------------------------------------------------------- the suite
 def _suite(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
     pytester.makepyfile(test_scaling=(ROOT / "suites" / "test_scaling.py").read_text())
-    for name in ("PYTEST_ADDOPTS", "PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", dist.WORKER_PLANT_ENV):
+    for name in ("PYTEST_ADDOPTS", "PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", dist.RANK_SETUP_ENV,
+                 WORKER_PLANT_ENV):  # fmt: skip
         monkeypatch.delenv(name, raising=False)
 
 
@@ -205,7 +223,8 @@ def test_suite_equivalence_fails_when_workers_compute_wrong(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _suite(pytester, monkeypatch)
-    monkeypatch.setenv(dist.WORKER_PLANT_ENV, "perturb:1e-3")
+    for name, value in rank_fault_env("perturb:1e-3").items():
+        monkeypatch.setenv(name, value)
     result = pytester.runpytest_subprocess("--device=cpu", "-p", "no:cacheprovider", "-k", "match_single", timeout=600)
     assert result.ret == pytest.ExitCode.TESTS_FAILED, result.stdout.str()
     result.stdout.fnmatch_lines(["*ddp on 2 ranks (gloo): weight updates differ from the single-process run by*"])

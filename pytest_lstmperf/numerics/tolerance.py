@@ -10,7 +10,7 @@ The bound for a tensor of a problem, run by kernel family ``k`` in precision ``p
 sequence length and of the reduction length (input + state size), normalised to 1 for the smallest problem.
 The measured error grows sub-linearly in it (exponents 0.1-0.6), so the exponent ``b`` is fitted per group.
 
-``a`` and ``b`` are fitted from raw samples (``python -m pytest_lstmperf.numerics.measure --fit``, see
+``a`` and ``b`` are fitted from raw samples (``python tools/tolerance_calibration.py --fit`` in the repository, see
 :func:`fit_group`): ``b`` is the least-squares slope of ``log(err/u)`` on ``log growth``; ``a`` is
 :data:`MARGIN` times the :data:`QUANTILE` quantile of the residual ratio ``err / (u growth^b)``; the
 largest sample's ratio to the bound and the bootstrap spread of the quantile are stored with it. A kernel
@@ -104,8 +104,9 @@ def fitted(precision: str, pass_: str, family: str | None = None) -> tuple[str, 
     entry = data.get("by_precision", {}).get(precision, {}).get(pass_)
     if entry is None:
         raise LookupError(
-            f"no measured tolerance for {precision} {pass_}: run `python -m pytest_lstmperf.numerics.measure` on a "
-            f"device that has a {precision} path, then `--fit`, and commit the updated tolerances.json"
+            f"no measured tolerance for {precision} {pass_}: run the repository's `python "
+            f"tools/tolerance_calibration.py` on a device that has a {precision} path, then `--fit`, and commit "
+            "the updated tolerances.json"
         )
     return "*", entry
 

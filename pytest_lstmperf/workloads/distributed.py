@@ -13,9 +13,10 @@ of the trained weights, the real (non-padding) time steps processed, and timings
 is the reference both strategies must agree with (same data order; DDP averages the gradients of equal
 shards, which is the full batch's mean gradient; the pipeline computes exactly the full model).
 
-A fault for the checks' tests: ``PYTEST_LSTMPERF_WORKER_PLANT`` (e.g. ``perturb:1e-3``) is planted in the
-worker processes only (``pytest_lstmperf.testing.faults``), so the distributed result disagrees with the
-single-process one.
+A hook for the checks' tests: ``PYTEST_LSTMPERF_RANK_SETUP=module:function`` is called in every rank process
+before it joins the process group, and what it returns (a callable, or None) after the rank is done. The tests
+plant a fault there, in the rank processes only, so the distributed result disagrees with the single-process
+one (``pytest_lstmperf.testing.rank_faults``); this module imports none of the test helpers itself.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
+import importlib
 import os
 import signal
 import socket
@@ -39,7 +41,8 @@ import numpy as np
 
 STRATEGIES = ("ddp", "pipeline")
 BALANCES = ("equal", "measured")
-WORKER_PLANT_ENV = "PYTEST_LSTMPERF_WORKER_PLANT"
+#: ``module:function`` each rank calls before joining the group; it returns an undo callable or None
+RANK_SETUP_ENV = "PYTEST_LSTMPERF_RANK_SETUP"
 # a rank that fails raises this in the worker processes only (tests of the launcher's failure report)
 WORKER_RAISE_ENV = "PYTEST_LSTMPERF_WORKER_RAISE"
 
@@ -163,13 +166,16 @@ def _weights(layers: list[Any], offset: int = 0) -> dict[str, np.ndarray]:
     }
 
 
-def _plant_from_env() -> Callable[[], None] | None:
-    raw = os.environ.get(WORKER_PLANT_ENV)
-    if not raw:
+def _setup_from_env() -> Callable[[], None] | None:
+    """Call the rank setup that :data:`RANK_SETUP_ENV` names (``package.module:function``); its undo, or None."""
+    target = os.environ.get(RANK_SETUP_ENV)
+    if not target:
         return None
-    from ..testing.faults import parse_faults, plant
-
-    return plant(parse_faults(raw))
+    module_name, _, function = target.partition(":")
+    if not module_name or not function:
+        raise ValueError(f"{RANK_SETUP_ENV}={target!r}: expected package.module:function")
+    undo = getattr(importlib.import_module(module_name), function)()
+    return undo if callable(undo) else None
 
 
 def _sync(device: Any) -> None:
@@ -435,7 +441,7 @@ def _entry(rank: int, world: int, strategy: str, cfg: TrainConfig, backend: str,
     import torch
     import torch.distributed as dist
 
-    undo = _plant_from_env()
+    undo = _setup_from_env()
     dist.init_process_group(backend, init_method=init, rank=rank, world_size=world)
     if os.environ.get(WORKER_RAISE_ENV) == str(rank):
         raise RuntimeError(f"planted failure in rank {rank} ({WORKER_RAISE_ENV}={rank})")
