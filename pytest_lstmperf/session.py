@@ -158,7 +158,7 @@ class LstmPerfSession:
             lines.append(f"lstmperf: path {name} unavailable: {reason}")
         if self.awaiting_worker:
             waiting = [p for p in self.selected if p.name in self.awaiting_worker]
-            backends = sorted({str(p.options["keras"].backend) for p in waiting})  # type: ignore[attr-defined]
+            backends = sorted({str(p.options["keras"].backend) for p in waiting})
             lines.append(
                 f"lstmperf: Keras workers ({', '.join(backends)}) starting beside the first tests: their paths' tests "
                 "run last in each file, and a path whose worker cannot start is skipped with the reason"

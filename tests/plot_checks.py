@@ -66,7 +66,7 @@ def figure_problems(fig: Any) -> list[str]:
             for line in ax.get_lines():
                 xs, ys = line.get_xdata(), line.get_ydata()
                 points = line.get_transform().transform(list(zip(xs, ys, strict=True))) if len(xs) else []
-                if len(points) == 2 and points[0][1] == points[1][1] and box.y0 < points[0][1] < box.y1:
-                    if min(points[0][0], points[1][0]) < box.x1 and max(points[0][0], points[1][0]) > box.x0:
-                        problems.append(f"annotation {text.get_text()!r} is struck through by a line")
+                level = len(points) == 2 and points[0][1] == points[1][1] and box.y0 < points[0][1] < box.y1
+                if level and min(points[0][0], points[1][0]) < box.x1 and max(points[0][0], points[1][0]) > box.x0:
+                    problems.append(f"annotation {text.get_text()!r} is struck through by a line")
     return problems

@@ -3,9 +3,9 @@ imports no framework.
 
 Layers, lowest first (a module may import from its own layer and the layers below it, never above):
 ``device``/``options``/``ci_summary`` -> ``model`` -> ``observation`` -> ``paths`` -> ``numerics`` -> ``speed``
--> ``workloads`` -> ``session`` -> ``hooks`` -> ``testing`` -> ``plugin``/``cli``. Imports only needed for type annotations
-(under ``if TYPE_CHECKING:``) are not dependencies and are not checked. The few upward imports that remain are
-listed in ``ALLOWED`` with the reason; a new one fails, and so does an entry that is no longer needed.
+-> ``workloads`` -> ``session`` -> ``hooks`` -> ``testing`` -> ``plugin``/``cli``. Imports only needed for type
+annotations (under ``if TYPE_CHECKING:``) are not dependencies and are not checked. The few upward imports that
+remain are listed in ``ALLOWED`` with the reason; a new one fails, and so does an entry that is no longer needed.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import pytest
@@ -118,7 +118,7 @@ def selected_device(config: pytest.Config | None) -> str:
     return "cuda" if torch is not None and torch.cuda.is_available() else "cpu"
 
 
-def _expected(args: tuple, kwargs: dict, where: str, device: str = "cpu") -> tuple[str, str | None]:
+def _expected(args: tuple, kwargs: Mapping[str, Any], where: str, device: str = "cpu") -> tuple[str, str | None]:
     """The claimed family for ``device`` (the positional one, or ``cpu=``/``cuda=``) and precision."""
     unknown = set(kwargs) - {"precision", *DEVICES}
     if unknown:
@@ -149,7 +149,7 @@ def _expected(args: tuple, kwargs: dict, where: str, device: str = "cpu") -> tup
 @contextlib.contextmanager
 def _benchmark_unobserved(item: pytest.Item, seen: Observation) -> Iterator[None]:
     """Pause the observer in pytest-benchmark's timed (and calibration, warm-up) rounds."""
-    bench = getattr(item, "funcargs", {}).get("benchmark")
+    bench: Any = getattr(item, "funcargs", {}).get("benchmark")  # pytest-benchmark's fixture, or None
     make_runner = getattr(bench, "_make_runner", None)
     if make_runner is None:
         yield

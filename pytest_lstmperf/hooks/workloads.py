@@ -148,12 +148,12 @@ def sections(rows: list[dict[str, Any]]) -> dict[str, tuple[list[str], list[list
         for workload, modes in sorted(groups.items()):
             padded = modes.get("padded", {}).get("seconds")
             for mode in ("padded", "packed", "bucketed"):
-                r = modes.get(mode)
-                if not r:
+                entry = modes.get(mode)
+                if not entry:
                     continue
-                speedup = f"{padded / r['seconds']:.2f}x" if padded and r.get("seconds") else "-"
-                table.append([workload, mode, f"{r['work_ratio']:.2f}", f"{100 * r['wasted']:.0f}%",
-                              _ms(r.get("seconds")), speedup, str(r.get("buckets", "-"))])  # fmt: skip
+                speedup = f"{padded / entry['seconds']:.2f}x" if padded and entry.get("seconds") else "-"
+                table.append([workload, mode, f"{entry['work_ratio']:.2f}", f"{100 * entry['wasted']:.0f}%",
+                              _ms(entry.get("seconds")), speedup, str(entry.get("buckets", "-"))])  # fmt: skip
         header = ["workload", "mode", "work/ideal", "wasted", "epoch ms", "vs padded", "buckets"]
         out["bucketing"] = (header, table)
     if by_kind["crossover"]:

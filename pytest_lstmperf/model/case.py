@@ -64,8 +64,8 @@ def round_to_dtype(array: np.ndarray, dtype: str) -> np.ndarray:
     if dtype == "bfloat16":
         # round-to-nearest-even on the top 16 bits of the float32 pattern
         bits = array.astype(np.float32).view(np.uint32).astype(np.uint64)
-        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16 << 16
-        return bits.astype(np.uint32).view(np.float32).astype(np.float64)
+        rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16 << 16
+        return rounded.astype(np.uint32).view(np.float32).astype(np.float64)
     raise ValueError(f"unknown dtype {dtype!r}")
 
 

@@ -18,7 +18,8 @@ from .spec import reject_unknown_fields
 if TYPE_CHECKING:
     from .spec import LayerSpec
 
-BACKENDS = ("tensorflow", "torch", "jax")
+Backend = Literal["tensorflow", "torch", "jax"]
+BACKENDS: tuple[Backend, ...] = ("tensorflow", "torch", "jax")
 MASK_STYLES = ("auto", "none", "right", "left", "holes")
 #: Keras dtype policies a path may set; the mixed ones keep float32 variables and compute in 16 bits
 DTYPE_POLICIES = ("float32", "mixed_float16", "mixed_bfloat16")
@@ -41,7 +42,7 @@ class KerasOptionsError(ValueError):
 class KerasOptions:
     """The Keras-only options of an LSTM/GRU layer, and how the path calls it."""
 
-    backend: Literal["tensorflow", "torch", "jax"] = "tensorflow"
+    backend: Backend = "tensorflow"
     use_cudnn: Literal["auto"] | bool = "auto"
     implementation: int = 2
     activation: str = "tanh"

@@ -41,11 +41,15 @@ class Profile:
     def hypothesis_settings(self) -> settings:
         from hypothesis import HealthCheck, settings
 
+        database = None
+        if not self.derandomize:
+            current = settings.default  # the loaded profile's settings (None only while hypothesis imports)
+            database = None if current is None else current.database
         return settings(
             max_examples=self.max_examples,
             derandomize=self.derandomize,
             deadline=None,
-            database=None if self.derandomize else settings.default.database,
+            database=database,
             suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large],
             print_blob=True,
         )

@@ -571,7 +571,7 @@ def _same_data(a: Case, b: Case) -> bool:
         return True
     if a.weights.keys() != b.weights.keys():
         return False
-    pairs = [(a.weights[k], b.weights[k]) for k in a.weights]
+    pairs: list[tuple[np.ndarray | None, np.ndarray | None]] = [(a.weights[k], b.weights[k]) for k in a.weights]
     pairs += [(a.x, b.x), (a.h0, b.h0), (a.c0, b.c0), (a.grad_output, b.grad_output)]
     pairs += [(a.grad_h_n, b.grad_h_n), (a.grad_c_n, b.grad_c_n)]
     return all(

@@ -2,18 +2,24 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, TypeGuard
+
 from hypothesis import strategies as st
 
 from .profiles import PROFILES, Profile, ShapeBounds  # noqa: F401 - re-exported (they lived here)
 from .spec import LayerSpec
+
+if TYPE_CHECKING:
+    from ..paths import ExecutionPath
+    from .spec import Cell, Lengths
 
 
 @st.composite
 def specs(
     draw: st.DrawFn,
     bounds: ShapeBounds,
-    cells: tuple[str, ...] = ("lstm", "gru"),
-    length_modes: tuple[str, ...] = ("none", "none", "padded", "packed"),
+    cells: tuple[Cell, ...] = ("lstm", "gru"),
+    length_modes: tuple[Lengths, ...] = ("none", "none", "padded", "packed"),
     training: tuple[bool, ...] = (True, True, True, False),
     reset_after: tuple[bool, ...] = (True,),
 ) -> LayerSpec:
@@ -26,13 +32,13 @@ def specs(
     seq_len = draw(st.integers(1, bounds.max_seq))
     batch = draw(st.integers(1, bounds.max_batch))
     mode = draw(st.sampled_from(length_modes))
-    lengths = None
+    lengths: tuple[int, ...] | None = None
     if mode != "none":
-        lengths = list(draw(st.lists(st.integers(1, seq_len), min_size=batch, max_size=batch)))
-        lengths[draw(st.integers(0, batch - 1))] = seq_len
-        lengths = tuple(lengths)
+        drawn = list(draw(st.lists(st.integers(1, seq_len), min_size=batch, max_size=batch)))
+        drawn[draw(st.integers(0, batch - 1))] = seq_len
+        lengths = tuple(drawn)
     spec = LayerSpec(
-        cell=cell,  # type: ignore[arg-type]
+        cell=cell,
         input_size=draw(st.integers(1, bounds.max_input)),
         hidden_size=hidden,
         num_layers=draw(st.integers(1, bounds.max_layers)),
@@ -42,7 +48,7 @@ def specs(
         batch_first=draw(st.booleans()),
         batch=batch,
         seq_len=seq_len,
-        length_mode=mode,  # type: ignore[arg-type]
+        length_mode=mode,
         lengths=lengths,
         training=draw(st.sampled_from(training)),
         initial_state=draw(st.booleans()),
@@ -63,27 +69,31 @@ def specs(
     return spec
 
 
-def specs_for_path(path: object, bounds: ShapeBounds) -> st.SearchStrategy[LayerSpec]:
+def _is_spec(spec: LayerSpec | None) -> TypeGuard[LayerSpec]:
+    return spec is not None
+
+
+def specs_for_path(path: ExecutionPath, bounds: ShapeBounds) -> st.SearchStrategy[LayerSpec]:
     """Specs that ``path`` supports: drawn with its input form in mind, then filtered by ``supports``."""
     options = getattr(path, "options", {})
     packed_only = options.get("packed") or (
-        path.supports(LayerSpec()) is not None  # type: ignore[attr-defined]
-        and path.supports(LayerSpec(length_mode="packed", lengths=(5, 3, 2, 1))) is None  # type: ignore[attr-defined]
+        path.supports(LayerSpec()) is not None
+        and path.supports(LayerSpec(length_mode="packed", lengths=(5, 3, 2, 1))) is None
     )
-    modes: tuple[str, ...] = ("packed",) if packed_only else ("none", "none", "padded")
-    cells = tuple(options.get("cells", ("lstm", "gru")))  # type: ignore[arg-type]
+    modes: tuple[Lengths, ...] = ("packed",) if packed_only else ("none", "none", "padded")
+    cells = tuple(options.get("cells", ("lstm", "gru")))
     reset = (True, False) if options.get("reset_before_ok") else (True,)
     # an inference-only path (ONNX Runtime) gets inference specs, rather than three in four refused
     training = (False,) if options.get("inference_only") else (True, True, True, False)
     base = specs(bounds, cells=cells, length_modes=modes, training=training, reset_after=reset)
-    supported = base.filter(lambda spec: path.supports(spec) is None)  # type: ignore[attr-defined]
-    return supported.map(lambda spec: checkable_spec(path, spec)).filter(lambda spec: spec is not None)
+    supported = base.filter(lambda spec: path.supports(spec) is None)
+    return supported.map(lambda spec: checkable_spec(path, spec)).filter(_is_spec)
 
 
-def _bound_ok(path: object, spec: LayerSpec, pass_: str) -> bool:
+def _bound_ok(path: ExecutionPath, spec: LayerSpec, pass_: str) -> bool:
     from ..numerics.tolerance import ToleranceTooLoose, tolerance
 
-    family, precision = path.expected(spec)  # type: ignore[attr-defined]
+    family, precision = path.expected(spec)
     try:
         tolerance(precision, pass_, spec, family)
     except ToleranceTooLoose:
@@ -93,13 +103,13 @@ def _bound_ok(path: object, spec: LayerSpec, pass_: str) -> bool:
     return True
 
 
-def checkable(path: object, spec: LayerSpec) -> bool:
+def checkable(path: ExecutionPath, spec: LayerSpec) -> bool:
     """Whether the bounds of the path's claimed kernel and precision stay below the tolerance model's cap
     (``tolerance.MAX_REL``) for every pass of ``spec``: beyond it a zero tensor would nearly pass."""
     return all(_bound_ok(path, spec, p) for p in (("forward", "backward") if spec.training else ("forward",)))
 
 
-def checkable_spec(path: object, spec: LayerSpec) -> LayerSpec | None:
+def checkable_spec(path: ExecutionPath, spec: LayerSpec) -> LayerSpec | None:
     """``spec``, or its inference-only form where only the backward bound would reach the cap (bf16
     gradients of large layers), or None where the forward one would: such specs are not generated, and a
     check handed one anyway fails as inconclusive."""
@@ -111,14 +121,14 @@ def checkable_spec(path: object, spec: LayerSpec) -> LayerSpec | None:
 
 
 # ------------------------------------------------------------------------------------------ public strategies
-def layer_specs(profile: str = "ci", cells: tuple[str, ...] = ("lstm", "gru")) -> st.SearchStrategy[LayerSpec]:
+def layer_specs(profile: str = "ci", cells: tuple[Cell, ...] = ("lstm", "gru")) -> st.SearchStrategy[LayerSpec]:
     """LayerSpecs within a profile's bounds (``ci``, ``gpu``, ``nightly``), for a user's parametrised tests."""
     if profile not in PROFILES:
         raise ValueError(f"unknown profile {profile!r} (valid: {', '.join(PROFILES)})")
     return specs(PROFILES[profile].bounds, cells=cells)
 
 
-def lstm_configs(profile: str = "ci", cells: tuple[str, ...] = ("lstm", "gru")) -> st.SearchStrategy[dict]:
+def lstm_configs(profile: str = "ci", cells: tuple[Cell, ...] = ("lstm", "gru")) -> st.SearchStrategy[dict]:
     """Keyword arguments of ``torch.nn.LSTM``/``GRU`` (plus ``cell``, ``batch``, ``seq_len``) within a profile."""
 
     def to_kwargs(spec: LayerSpec) -> dict:

@@ -26,7 +26,7 @@ import pytest
 
 from ..model.case import make_case
 from ..model.reference import run_reference
-from ..model.spec import LayerSpec
+from ..model.spec import Cell, LayerSpec
 from ..observation.claims import (
     Finding,
     KnownFinding,
@@ -49,7 +49,8 @@ FATAL = frozenset({"nan", "kernel", "precision", "missing", "oom", "inconclusive
 SHRINK_RUNS = 20
 
 
-class PathCheckFailed(pytest.fail.Exception):  # type: ignore[name-defined,misc]
+# pytest.fail.Exception is an attribute set on a function: the type checker sees no class there
+class PathCheckFailed(pytest.fail.Exception):  # type: ignore[name-defined]
     """A path did not do what it claims; carries the finding."""
 
     def __init__(self, finding: Finding, fatal: bool = False) -> None:
@@ -323,7 +324,7 @@ def record_finding(node: pytest.Item, failure: PathCheckFailed) -> None:
     node.user_properties.append(("lstmperf_finding", json.dumps(asdict(failure.finding))))
 
 
-def representative_spec(path: Any, cell: str = "lstm") -> LayerSpec | None:
+def representative_spec(path: Any, cell: Cell = "lstm") -> LayerSpec | None:
     """A fixed, modest spec the path supports, for the kernel-claim tests (None if the cell does not apply)."""
     base = LayerSpec(
         cell=cell,
@@ -331,7 +332,7 @@ def representative_spec(path: Any, cell: str = "lstm") -> LayerSpec | None:
         hidden_size=64,
         num_layers=2,
         batch=4,
-        seq_len=10,  # type: ignore[arg-type]
+        seq_len=10,
         initial_state=True,
     )
     packed = base.replace(length_mode="packed", lengths=(10, 7, 3, 1))

@@ -85,8 +85,9 @@ def canonical(spec: LayerSpec, seed: int = 0) -> dict[str, float]:
 
     def perturbed(rng: np.random.Generator) -> dict[str, np.ndarray]:
         weights = {name: perturb(w, rng) for name, w in case.weights.items()}
-        states = {k: (None if v is None else perturb(v, rng)) for k, v in (("h0", case.h0), ("c0", case.c0))}
-        moved = replace(case, weights=weights, x=perturb(case.x, rng), **states)
+        h0 = None if case.h0 is None else perturb(case.h0, rng)
+        c0 = None if case.c0 is None else perturb(case.c0, rng)
+        moved = replace(case, weights=weights, x=perturb(case.x, rng), h0=h0, c0=c0)
         return _quantities(run_reference(moved))
 
     changes = relative_changes(ref, perturbed)

@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from ..model.spec import LayerSpec
+from ..model.spec import Cell, LayerSpec
 from .checks import Mismatch, bound_precision, check_trace, format_failure, relative_error
 from .tolerance import tolerance
 
@@ -102,7 +102,7 @@ def layer_spec(module: Any, seq_len: int = 1, batch: int = 1) -> LayerSpec:
     """The LayerSpec of one torch recurrent module (a cell is a one-layer, one-step layer)."""
     import torch
 
-    cell = "gru" if isinstance(module, (torch.nn.GRU, torch.nn.GRUCell)) else "lstm"
+    cell: Cell = "gru" if isinstance(module, (torch.nn.GRU, torch.nn.GRUCell)) else "lstm"
     return LayerSpec(
         cell=cell,
         input_size=module.input_size,
@@ -143,7 +143,12 @@ def _map_tensors(value: Any, fn: Any) -> Any:
 
 def _tensors(value: Any) -> list[Any]:
     found: list[Any] = []
-    _map_tensors(value, lambda t: found.append(t) or t)
+
+    def keep(t: Any) -> Any:
+        found.append(t)
+        return t
+
+    _map_tensors(value, keep)
     return found
 
 
@@ -190,7 +195,7 @@ def _run(model: Any, inputs: tuple, device: str, dtype: Any, path: Any = None) -
         seeds = [torch.randn(t.shape, generator=generator, dtype=torch.float64) for t in outs]
         loss = sum((t.to(torch.float64) * s.to(t.device)).sum() for t, s in zip(outs, seeds, strict=True))
         loss.backward()
-    for handle in shapes.pop("_handles"):  # type: ignore[attr-defined]
+    for handle in shapes.pop("_handles"):
         handle.remove()
     grads = {name: p.grad for name, p in copy_.named_parameters() if p.grad is not None}
     grads.update({f"input {i}": leaf.grad for i, leaf in enumerate(leaves) if leaf.grad is not None})
@@ -198,7 +203,7 @@ def _run(model: Any, inputs: tuple, device: str, dtype: Any, path: Any = None) -
         outputs=[t.detach().double().cpu().numpy() for t in outs],
         grads={k: v.detach().double().cpu().numpy() for k, v in grads.items()},
         traces=recorder.traces(),
-        layer_shapes=shapes,  # type: ignore[arg-type]
+        layer_shapes=shapes,
     )
 
 
@@ -339,7 +344,9 @@ def _check_numbers(
     from .tolerance import MAX_REL, ToleranceTooLoose
 
     found: list[Mismatch] = []
-    pairs = [("forward", f"output {i}", v, r) for i, (v, r) in enumerate(zip(run.outputs, ref.outputs, strict=True))]
+    pairs: list[tuple[str, str, np.ndarray | None, np.ndarray]] = [
+        ("forward", f"output {i}", v, r) for i, (v, r) in enumerate(zip(run.outputs, ref.outputs, strict=True))
+    ]
     pairs += [("backward", f"grad {k}", run.grads.get(k), r) for k, r in ref.grads.items()]
     for pass_, quantity, value, reference in pairs:
         if value is None:

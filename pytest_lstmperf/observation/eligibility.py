@@ -250,7 +250,7 @@ def _keras_called_shapes(model: Any, example_inputs: Any) -> dict[int, tuple[int
     with observe() as seen:
         count = len(seen.layers)
 
-        def noting(cls: type) -> Any:
+        def noting(cls: Any) -> Any:  # a Keras layer class
             spied = cls.inner_loop  # observe()'s spy, which describes the call into seen.layers
 
             def inner_loop(self, *args: Any, **kwargs: Any) -> Any:
@@ -468,11 +468,11 @@ def measure_cell_loop(spec: LayerSpec, device: Any, repeats: int = 7) -> tuple[s
     cell = (torch.nn.LSTMCell if lstm else torch.nn.GRUCell)(spec.input_size, spec.hidden_size, bias=spec.bias)
     layer = (torch.nn.LSTM if lstm else torch.nn.GRU)(spec.input_size, spec.hidden_size, bias=spec.bias)
     with torch.no_grad():
-        layer.weight_ih_l0.copy_(cell.weight_ih)
-        layer.weight_hh_l0.copy_(cell.weight_hh)
+        layer.get_parameter("weight_ih_l0").copy_(cell.weight_ih)
+        layer.get_parameter("weight_hh_l0").copy_(cell.weight_hh)
         if spec.bias:
-            layer.bias_ih_l0.copy_(cell.bias_ih)
-            layer.bias_hh_l0.copy_(cell.bias_hh)
+            layer.get_parameter("bias_ih_l0").copy_(cell.bias_ih)
+            layer.get_parameter("bias_hh_l0").copy_(cell.bias_hh)
     x = torch.randn(spec.seq_len, spec.batch, spec.input_size, dtype=torch.float64)
 
     def loop_of(cell: Any, x: Any) -> Any:

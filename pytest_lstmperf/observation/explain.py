@@ -49,8 +49,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..model.keras_options import KerasOptions, mask_style
-from ..model.spec import LayerSpec
+from ..model.keras_options import Backend, KerasOptions, mask_style
+from ..model.spec import Cell, LayerSpec
 
 #: the library versions the rules below were read from (installed source, keras/src/..., torch RNN.cpp docs)
 RULES_READ_FROM = {"keras": "3.15.1", "tensorflow": "2.21.0", "torch": "2.13.0", "jax": "0.10.2", "onnxscript": "0.7.2"}
@@ -557,7 +557,8 @@ def explain(
             raise ExplainError(f"Keras options {options.short()} given for framework 'torch'")
         opts = KerasOptions()
     else:
-        backend = {"keras-tensorflow": "tensorflow", "keras-jax": "jax"}.get(framework, "torch")
+        keras_backends: dict[str, Backend] = {"keras-tensorflow": "tensorflow", "keras-jax": "jax"}
+        backend = keras_backends.get(framework, "torch")
         opts = (options or KerasOptions(backend=backend)).replace(backend=backend)
         if spec.proj_size:
             raise ExplainError(f"proj_size={spec.proj_size}: Keras's LSTM has no projection (PyTorch-only feature)")
@@ -785,7 +786,7 @@ def torch_rules_check() -> RulesCheck:
     key = f"{version} cuda={cuda}"
     if key in _RULES_CHECKS:
         return _RULES_CHECKS[key]
-    probes = [("lstm", "cpu", True), ("gru", "cpu", True)]
+    probes: list[tuple[Cell, str, bool]] = [("lstm", "cpu", True), ("gru", "cpu", True)]
     if cuda:
         probes += [("lstm", "cuda", True), ("gru", "cuda", True), ("lstm", "cuda", False)]
     results = []

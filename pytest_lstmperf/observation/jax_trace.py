@@ -142,7 +142,8 @@ def cudnn_allows_tf32() -> bool:
     """Whether ``jax.experimental.rnn.lstm`` builds its cuDNN call with TF32 math allowed (JAX's default)."""
     import jax
 
-    setting = jax.config.jax_default_matmul_precision
+    # jax.config's flags are attributes it sets at run time (config.read() refuses this context-manager flag)
+    setting = jax.config.jax_default_matmul_precision  # type: ignore[attr-defined]
     return str(setting or "").lower() not in ("highest", "float32", "tensorfloat32_off")
 
 

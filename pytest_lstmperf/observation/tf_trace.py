@@ -137,7 +137,7 @@ def tf_trace(phase: str = "forward", tf32: bool = False) -> Iterator[list[Kernel
 
     lock = threading.Lock()
     ops: list[str] = []
-    dtypes: list[str] = []
+    dtypes: list[tuple[str, str]] = []  # (op, element type) of the recurrent and matmul ops
 
     def callback(op_type, inputs, attrs, outputs, op_name=None, graph=None):
         op = op_type.decode() if isinstance(op_type, bytes) else str(op_type)
@@ -150,7 +150,7 @@ def tf_trace(phase: str = "forward", tf32: bool = False) -> Iterator[list[Kernel
         with lock:
             ops.append(op)
             if dtype:
-                dtypes.append((op, dtype))  # type: ignore[arg-type]
+                dtypes.append((op, dtype))
 
     out: list[KernelTrace] = []
     op_callbacks.add_op_callback(callback)
@@ -159,5 +159,5 @@ def tf_trace(phase: str = "forward", tf32: bool = False) -> Iterator[list[Kernel
     finally:
         op_callbacks.remove_op_callback(callback)
     pairs = list(dtypes)
-    rec = [d for o, d in pairs if o in CUDNN_OPS] or [d for o, d in pairs if o in MATMUL_OPS]  # type: ignore[misc]
+    rec = [d for o, d in pairs if o in CUDNN_OPS] or [d for o, d in pairs if o in MATMUL_OPS]
     out.append(_make_trace(phase, ops, rec, tf32, "eager ops and graphs built in the block"))

@@ -14,13 +14,14 @@ import contextlib
 import importlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 
 if TYPE_CHECKING:
     import numpy as np
 
     from ..device import DeviceInfo
     from ..model.case import Case
+    from ..model.keras_options import KerasOptions
     from ..model.spec import LayerSpec
     from ..observation.torch_trace import KernelTrace
 
@@ -79,6 +80,33 @@ class PreparedRun(Protocol):
         """Wait for the device to finish queued work."""
 
 
+class PathOptions(TypedDict, total=False):
+    """The keys an :class:`ExecutionPath`'s ``options`` may hold (each optional), and who reads them."""
+
+    # torch paths (torch_paths.py, compiled.py)
+    cudnn: bool  # False: torch.backends.cudnn.enabled off
+    mkldnn: bool  # False: torch.backends.mkldnn.enabled off
+    tf32: bool  # torch.backends.cudnn.allow_tf32
+    autocast: str  # torch dtype name of a torch.autocast around the calls
+    packed: bool  # run a PackedSequence
+    onednn_only: bool  # the path runs only where oneDNN takes the layer (LSTM, no projections)
+    cells: tuple[str, ...]  # the cells the path's generated specs draw from
+    min_capability: tuple[int, int]  # CUDA compute capability the path needs
+    min_cudnn: int  # cuDNN version the path needs (torch.backends.cudnn.version())
+    mode: str  # torch.compile mode
+    allow_rnn: bool  # torch._dynamo.config.allow_rnn
+    # ONNX Runtime paths
+    provider_options: dict[str, str]  # the execution provider's options
+    # Keras paths
+    keras: KerasOptions
+    kernel_only: str  # why the path runs no equivalence check (its kernel alone is checked)
+    off_cudnn: bool  # the path takes the specs the explainer keeps off cuDNN
+    # any path
+    inference_only: bool  # no backward pass on this path
+    reset_before_ok: bool  # the path runs GRUs with reset_after=False
+    known_findings: dict[tuple[str, str], str]  # {(check, observed): why}, see observation/claims.py
+
+
 def _resolve(ref: str) -> Callable:
     module, _, name = ref.partition(":")
     return getattr(importlib.import_module(module, __name__), name)
@@ -103,7 +131,7 @@ class ExecutionPath:
     prepare_ref: str
     available_ref: str
     supports_ref: str
-    options: dict[str, object] = field(default_factory=dict, hash=False, compare=False)
+    options: PathOptions = field(default_factory=lambda: PathOptions(), hash=False, compare=False)
     pair_with: tuple[str, ...] = ()
     in_gate: bool = True  # its benchmarks are in the speed gate's quick set
     #: why the path is left out of the default selection (slow to compile per shape); '' = selected by default.
@@ -150,9 +178,9 @@ def register_from(
     ``expect=``, if any) are the functions of those names in ``module`` (the registering module's ``__name__``).
     ``fields`` are the other :class:`ExecutionPath` fields (``options``, ``pair_with``, ``in_gate``)."""
     expect = fields.pop("expect", "")
-    refs = {f"{role}_ref": f"{module}:{role}" for role in ("prepare", "available", "supports")}
     path = ExecutionPath(
-        name, framework, device, kernel, precision, description, **refs,
+        name, framework, device, kernel, precision, description,
+        prepare_ref=f"{module}:prepare", available_ref=f"{module}:available", supports_ref=f"{module}:supports",
         expect_ref=f"{module}:{expect}" if expect else "", **fields,
     )  # fmt: skip
     return register(path)

@@ -9,7 +9,7 @@ This module imports no framework at import time.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from . import ExecutionPath, PathResult, register_from
@@ -347,7 +347,7 @@ def prepare(path: ExecutionPath, case: Case, device: DeviceInfo) -> TorchRun:
 
 
 @contextlib.contextmanager
-def path_switches(torch: Any, opts: dict) -> Iterator[None]:
+def path_switches(torch: Any, opts: Mapping[str, object]) -> Iterator[None]:
     """The backend switches a path is defined by (only those; the rest stay as the user has them), restored
     afterwards. Also used for a user's own model (``numerics.verify_model``)."""
     saved = (torch.backends.cudnn.enabled, torch.backends.cudnn.allow_tf32, torch.backends.mkldnn.enabled)
@@ -363,7 +363,7 @@ def path_switches(torch: Any, opts: dict) -> Iterator[None]:
         torch.backends.cudnn.enabled, torch.backends.cudnn.allow_tf32, torch.backends.mkldnn.enabled = saved
 
 
-def path_autocast(torch: Any, opts: dict, device_type: str) -> contextlib.AbstractContextManager:
+def path_autocast(torch: Any, opts: Mapping[str, object], device_type: str) -> contextlib.AbstractContextManager:
     """The path's autocast (``options["autocast"]``: a torch dtype name), or no context."""
     name = opts.get("autocast")
     if not name:

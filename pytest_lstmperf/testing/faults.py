@@ -145,7 +145,8 @@ def _patch_forward(
     hooks they left on layers stand aside."""
     import torch
 
-    saved = {cls: cls.__dict__["forward"] for cls in (torch.nn.LSTM, torch.nn.GRU)}
+    # Any: the type checker refuses assignments to methods, which is what this does
+    saved: dict[Any, Any] = {cls: cls.__dict__["forward"] for cls in (torch.nn.LSTM, torch.nn.GRU)}
     for cls, original in saved.items():
         cls.forward = wrap(original)
 
@@ -185,7 +186,7 @@ def _plant_perturb(eps: float) -> Callable[[], None]:
 def _plant_wrong_precision() -> Callable[[], None]:
     import torch
 
-    cls = torch.amp.autocast_mode.autocast
+    cls: Any = torch.amp.autocast_mode.autocast  # Any: its methods are reassigned below
     saved = (cls.__dict__["__enter__"], cls.__dict__["__exit__"])
 
     def enter(self: Any) -> Any:
@@ -350,7 +351,12 @@ def _plant_kernel_slowdown(factor: float) -> Callable[[], None]:
             backward = 0.0
             if grad:
                 tensors: list[Any] = []
-                _map_outputs(out, lambda t: tensors.append(t) or t)
+
+                def keep(t: Any) -> Any:
+                    tensors.append(t)
+                    return t
+
+                _map_outputs(out, keep)
                 loss = sum(t.float().sum() for t in tensors if t.requires_grad)
                 params = [p for p in module.parameters() if p.requires_grad]
                 with profile(activities=[ProfilerActivity.CUDA]) as prof:

@@ -18,11 +18,17 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias, cast
 
 import numpy as np
 
 from ..speed.report import find_crossover
+
+if TYPE_CHECKING:
+    from ..model.spec import Cell
+
+#: sequence lengths: a list, or an integer array as :func:`draw_lengths` returns
+Lengths: TypeAlias = "Sequence[int] | np.ndarray"
 
 LENGTH_DISTRIBUTIONS = ("uniform", "long-tailed")
 MODES = ("padded", "packed", "bucketed")
@@ -48,7 +54,7 @@ def draw_lengths(count: int, max_len: int, distribution: str = "uniform", seed: 
 
 
 # ------------------------------------------------------------------------------------------ batching
-def padded_batches(lengths: Sequence[int], batch: int) -> list[np.ndarray]:
+def padded_batches(lengths: Lengths, batch: int) -> list[np.ndarray]:
     """Batches in arrival order (index chunks of ``batch``), each to be padded to its longest sequence."""
     if batch < 1:
         raise ValueError(f"batch must be >= 1, got {batch}")
@@ -56,7 +62,7 @@ def padded_batches(lengths: Sequence[int], batch: int) -> list[np.ndarray]:
     return [order[i : i + batch] for i in range(0, len(order), batch)]
 
 
-def auto_buckets(lengths: Sequence[int], max_buckets: int = 8) -> list[int]:
+def auto_buckets(lengths: Lengths, max_buckets: int = 8) -> list[int]:
     """Bucket upper bounds (ascending, the last is ``max(lengths)``) minimising the padded work when every
     sequence is padded to the longest of its bucket; at most ``max_buckets`` buckets."""
     if max_buckets < 1:
@@ -88,13 +94,13 @@ def auto_buckets(lengths: Sequence[int], max_buckets: int = 8) -> list[int]:
     return sorted(bounds)
 
 
-def bucketed_batches(lengths: Sequence[int], bounds: Sequence[int], batch: int, seed: int = 0) -> list[np.ndarray]:
+def bucketed_batches(lengths: Lengths, bounds: Sequence[int], batch: int, seed: int = 0) -> list[np.ndarray]:
     """Batches of ``batch`` drawn within each bucket (shuffled inside the bucket, seeded), buckets in turn."""
     if batch < 1:
         raise ValueError(f"batch must be >= 1, got {batch}")
-    lengths = np.asarray(lengths)
-    which = np.searchsorted(np.asarray(bounds), lengths, side="left")
-    if len(lengths) and (which >= len(bounds)).any():
+    values = np.asarray(lengths)
+    which = np.searchsorted(np.asarray(bounds), values, side="left")
+    if len(values) and (which >= len(bounds)).any():
         raise ValueError(f"a length exceeds the last bucket bound {bounds[-1] if bounds else None}")
     rng = np.random.default_rng([seed, 0xB0C2])
     batches = []
@@ -123,11 +129,11 @@ class Work:
         return 1.0 - self.ideal / self.padded if self.padded else 0.0
 
 
-def work(lengths: Sequence[int], batches: Sequence[np.ndarray]) -> Work:
+def work(lengths: Lengths, batches: Sequence[np.ndarray]) -> Work:
     """Steps computed when each batch is padded to its longest sequence."""
-    lengths = np.asarray(lengths)
-    padded = sum(int(lengths[b].max()) * len(b) for b in batches if len(b))
-    return Work(int(lengths.sum()), padded)
+    values = np.asarray(lengths)
+    padded = sum(int(values[b].max()) * len(b) for b in batches if len(b))
+    return Work(int(values.sum()), padded)
 
 
 # ------------------------------------------------------------------------------------------ crossover
@@ -193,7 +199,7 @@ class VarLenWorkload:
     padding reaches a reverse direction's first steps, so a bidirectional layer's padded outputs differ.
     """
 
-    cell: str
+    cell: Cell
     input_size: int
     hidden_size: int
     lengths: np.ndarray
@@ -395,7 +401,7 @@ def crossovers(points: Sequence[SweepPoint], cpu_path: str, gpu_paths: Sequence[
     out = {}
     for name in gpu_paths:
         gpu = {p.batch: p.seconds for p in points if p.path == name and p.seconds}
-        out[name] = find_crossover(cpu, gpu)  # type: ignore[arg-type]
+        out[name] = find_crossover(cpu, gpu)
     return out
 
 
@@ -508,7 +514,7 @@ def measure_overhead(cell: str, input_size: int, hidden: int, layers: int, batch
     module = cls(input_size, hidden, layers, batch_first=True).to(dev)
     x = torch.randn(batch, seq, input_size, device=dev)
     h0 = torch.zeros(layers, batch, hidden, device=dev)
-    weights = module._flat_weights
+    weights = cast("list[torch.Tensor]", module._flat_weights)  # None only for absent biases; this layer has them
     sync = _sync(torch, dev)
 
     def call_module() -> None:

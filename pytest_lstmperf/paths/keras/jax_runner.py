@@ -189,8 +189,9 @@ def cudnn_attempts(configs: list[tuple[dict, dict]]) -> list[dict[str, Any]]:
     from ...model.spec import LayerSpec
     from .runners import LocalKerasRun
 
-    backend_rnn = importlib.import_module("keras.src.backend.jax.rnn")
-    jax_rnn = importlib.import_module("jax.experimental.rnn")
+    # patched below: the attributes of these modules are not known to the type checker
+    backend_rnn: Any = importlib.import_module("keras.src.backend.jax.rnn")
+    jax_rnn: Any = importlib.import_module("jax.experimental.rnn")
     originals = (backend_rnn._is_gpu_available, jax_rnn.lstm)
     calls: list[int] = []
 

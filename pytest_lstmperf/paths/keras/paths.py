@@ -30,6 +30,7 @@ from .. import ExecutionPath, PathResult, register_from
 if TYPE_CHECKING:
     from ...device import DeviceInfo
     from ...model.case import Case
+    from ...model.keras_options import Backend
     from ...model.spec import LayerSpec
     from ...observation.torch_trace import KernelTrace
 
@@ -76,7 +77,7 @@ _GATE = {
 }
 
 
-def _entry(name: str, backend: str, device: str, kernel: str, precision: str, description: str, **kw: Any) -> None:
+def _entry(name: str, backend: Backend, device: str, kernel: str, precision: str, description: str, **kw: Any) -> None:
     from ...model.keras_options import KerasOptions
 
     extra = {k: kw.pop(k) for k in ("kernel_only", "min_capability", "off_cudnn") if k in kw}
@@ -94,7 +95,8 @@ _RELU = "activation='relu' changes the layer's math; no float64 reference implem
 _LAST = "return_sequences=False returns the last step only; h_n is checked by the full-sequence paths"
 
 # ------------------------------------------------------------------ TensorFlow backend, CPU (runs in CI)
-_TF, _TO = "tensorflow", "torch"
+_TF: Backend = "tensorflow"
+_TO: Backend = "torch"
 _entry("keras-tf-cpu", _TF, "cpu", "tf-generic", "fp32", "Keras on TensorFlow, defaults (use_cudnn='auto')")
 _entry("keras-tf-cpu-generic", _TF, "cpu", "tf-generic", "fp32", "use_cudnn=False, implementation=2", use_cudnn=False)
 _entry(
@@ -275,7 +277,7 @@ _entry("keras-torch-cuda-relu", _TO, "cuda", "cuda-generic", "fp32", "activation
 
 
 # ------------------------------------------------------------------ JAX backend (its own worker process)
-_JX = "jax"
+_JX: Backend = "jax"
 _SLOW_XLA = "XLA compiles the recurrent loop for every shape: 5-17 s per test on an H100"
 _entry("keras-jax-cpu", _JX, "cpu", "jax-generic", "fp32",
        "Keras on JAX, defaults: XLA loop (LSTM: Keras's cell loop; GRU: the backend's fused scan)")  # fmt: skip
@@ -340,14 +342,14 @@ def prestart_workers(paths: list[ExecutionPath]) -> list[ExecutionPath]:
     from .pool import prestart
 
     waiting = [p for p in paths if p.device == "cuda" and "keras" in p.options]
-    waiting = [p for p in waiting if _missing(str(p.options["keras"].backend)) is None]  # type: ignore[attr-defined]
+    waiting = [p for p in waiting if _missing(str(p.options["keras"].backend)) is None]
     prestart(_backends(waiting))
     return waiting
 
 
 def _backends(paths: list[ExecutionPath]) -> list[str]:
     """The Keras backends of ``paths``, once each, those whose Keras is installed."""
-    backends: list[str] = [str(p.options["keras"].backend) for p in paths if "keras" in p.options]  # type: ignore[attr-defined]
+    backends: list[str] = [str(p.options["keras"].backend) for p in paths if "keras" in p.options]
     return [b for b in dict.fromkeys(backends) if _missing(b) is None]
 
 

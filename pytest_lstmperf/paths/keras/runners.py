@@ -200,7 +200,12 @@ class LocalKerasRun:
 class BackendRunner:
     """The calls of one Keras backend on a :class:`LocalKerasRun`'s stack and inputs."""
 
-    def run(self) -> dict[str, Any]: ...
+    def __init__(self, owner: LocalKerasRun) -> None:
+        self.owner = owner
+
+    def run(self) -> dict[str, Any]:
+        raise NotImplementedError
+
     def forward(self) -> None: ...
     def train_step(self) -> None: ...
     def trace_forward(self) -> Any: ...

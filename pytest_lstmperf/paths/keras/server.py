@@ -113,7 +113,7 @@ class Server:
 
         from ...observation.tf_trace import function_trace
 
-        tf_rnn = importlib.import_module("keras.src.backend.tensorflow.rnn")
+        tf_rnn: Any = importlib.import_module("keras.src.backend.tensorflow.rnn")  # patched below
         original = tf_rnn._is_gpu_available
         tf_rnn._is_gpu_available = lambda: True
         try:
