@@ -9,6 +9,7 @@ with slowdowns planted at 3x, so verdicts do not depend on how busy the machine 
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Sequence
 import json
 import types
 from pathlib import Path
@@ -682,3 +683,40 @@ def test_a_keras_on_jax_device_time_that_fails_costs_the_benchmark_nothing_and_s
     monkeypatch.setattr(timing, "pipelined_device_time", broken)
     none = JaxRunner.device_time(stub, "train_step", 6)
     assert none.method == "none" and none.samples == () and "queued timing failed too" in none.note
+
+
+def test_device_samples_alternate_with_the_anchors_so_shared_interference_cancels() -> None:
+    """Planted: the GPU is 2x slower for a while during a device measurement (another process's work), for
+    whatever runs on it then. Taken alternately (:func:`timing.paired_with`), the benchmark's and the anchor's
+    samples of that while are slow together and every ratio stays 2.0; taken one block after the other (as the
+    anchor's device samples were before), the benchmark's block alone carries it and its figure moves 1.41x (an
+    H100 clean run failed at 1.105x so)."""
+    from pytest_lstmperf.speed import policy
+
+    clock = {"tick": 0}
+
+    def on_gpu(seconds: float) -> float:  # the 7th to 12th device samples taken are slow, whoever takes them
+        clock["tick"] += 1
+        return seconds * (2.0 if 7 <= clock["tick"] <= 12 else 1.0)
+
+    def busy(block) -> float:  # type: ignore[no-untyped-def]
+        block()
+        return on_gpu(1e-3)
+
+    def figure(bench: Sequence[float], anchors: Sequence[float]) -> float:
+        return policy.Figure.of([b / a for b, a in zip(bench, anchors, strict=True)]).value
+
+    def measure() -> timing.DeviceTime:
+        dev = timing.cupti_device_time(
+            lambda: 0.0, lambda r: None, samples=12, calls=1, busy=busy, clock=iter([k * 1e-4 for k in range(10**4)]).__next__
+        )
+        assert dev is not None and len(dev.samples) == 12
+        return dev
+
+    with timing.paired_with(lambda: on_gpu(5e-4)) as beside:
+        dev = measure()
+    assert len(beside) >= 12 and figure(dev.samples, beside[-12:]) == pytest.approx(2.0)
+    clock["tick"] = 0
+    dev = measure()
+    after = [on_gpu(5e-4) for _ in range(12)]
+    assert figure(dev.samples, after) == pytest.approx(2.0 * 2**0.5)  # half its samples slow: the median between

@@ -279,7 +279,10 @@ class BenchRunner:
             self.benchmark.pedantic(timed)  # --benchmark-disable: run once, as a test
             return None
         with self.lock.exclusive() if self.lock is not None else contextlib.nullcontext():
-            phases["waited"] = time.perf_counter() - started  # under pytest-xdist: for the other workers' tests
+            from ..paths.keras.pool import wait_started
+
+            wait_started()  # the run's own Keras workers: no start-up beside a timing
+            phases["waited"] = time.perf_counter() - started  # for other workers' tests, the Keras workers' start
             started = time.perf_counter()
             estimate = timing.estimate_call(timed, plan.warmup, clock)
             anchor = self._anchor()
@@ -309,7 +312,7 @@ class BenchRunner:
                 "per_call_s": statistics.median(anchors) if anchors else None,
             }
             phases["rounds"], started = time.perf_counter() - started, time.perf_counter()
-            self._device_time(extra, dev_time(plan.device_samples), data, anchor)
+            self._device_time(extra, dev_time, plan.device_samples, data, anchor)
             phases["device_time"], started = time.perf_counter() - started, time.perf_counter()
             self._counters(extra, counters)
             phases["counters"] = time.perf_counter() - started
@@ -330,11 +333,23 @@ class BenchRunner:
         return int((entry.get("extra_info", {}).get("anchor") or {}).get("repeat") or 0) or None
 
     @staticmethod
-    def _device_time(extra: dict[str, Any], dev: Any, data: list[float], anchor: Any) -> None:
+    def _device_time(extra: dict[str, Any], dev_time: Any, samples: int, data: list[float], anchor: Any) -> None:
+        """The benchmark's device samples, each followed by one of the anchor's where they are taken in this process
+        (:func:`.timing.paired_with`), else the anchor's taken after them (a Keras worker's device time)."""
         from . import timing
 
-        if dev.samples and anchor.kind == "torch-cuda":  # the anchor's device time, taken the same way beside it
-            extra["anchor"]["device_samples"] = list(anchor.device_time(len(dev.samples)).samples)
+        if anchor.kind != "torch-cuda":
+            dev = dev_time(samples)
+        else:
+            with timing.paired_with(anchor.device_sample) as beside:
+                dev = dev_time(samples)
+            n = len(dev.samples)
+            if n and len(beside) >= n:
+                extra["anchor"]["device_samples"] = beside[-n:]
+                extra["anchor"]["device_pairing"] = "alternating"
+            elif n:
+                extra["anchor"]["device_samples"] = list(anchor.device_time(n).samples)
+                extra["anchor"]["device_pairing"] = "after"
         median = sorted(data)[len(data) // 2] if data else None
         extra.update(
             time_per_call_s=median,

@@ -26,6 +26,7 @@ torch is imported only inside the functions that need it.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import math
 import shutil
 import statistics
@@ -33,7 +34,7 @@ import subprocess
 import threading
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -98,6 +99,35 @@ def estimate_call(call: Callable[[], object], warmup: int, clock: Callable[[], f
 ANCHOR_MAX_S = 0.005
 
 
+#: while :func:`paired_with` is active: what runs after each device sample (the anchor's own device sample)
+_AFTER_SAMPLE: contextvars.ContextVar[Callable[[], None] | None] = contextvars.ContextVar("after_sample", default=None)
+
+
+@contextlib.contextmanager
+def paired_with(sample_anchor: Callable[[], float]) -> Iterator[list[float]]:
+    """Device samples taken in this process inside the block are each followed by one of ``sample_anchor()``,
+    collected into the list yielded: the benchmark's and the anchor's device samples alternate, so that what the
+    GPU does meanwhile (another process's work, a clock change) reaches both sides of a pair. The last
+    ``len(samples)`` of them pair with a :class:`DeviceTime`'s samples (a start-up transient's samples are dropped
+    from the front). A device time taken in another process (a Keras worker) sees no hook: nothing is collected."""
+    taken: list[float] = []
+    token = _AFTER_SAMPLE.set(lambda: taken.append(sample_anchor()))
+    try:
+        yield taken
+    finally:
+        _AFTER_SAMPLE.reset(token)
+
+
+def _after_sample() -> None:
+    hook = _AFTER_SAMPLE.get()
+    if hook is not None:
+        token = _AFTER_SAMPLE.set(None)  # the anchor's sample is not followed by another
+        try:
+            hook()
+        finally:
+            _AFTER_SAMPLE.reset(token)
+
+
 class Anchor:
     """A fixed workload on the benchmark's device, timed beside every benchmark call (:mod:`.policy`, sentence 1).
 
@@ -132,6 +162,7 @@ class Anchor:
             self.kind = f"torch-{dev.type}"
             self._x, self._w, self._u = ((torch.randn(*s, generator=gen) / 8).to(dev) for s in ((16, 64), (64, 64), (64, 64)))
             self._cuda = dev.type == "cuda"
+            self._graph: Any = None
             if self._cuda:
                 self._a = (torch.randn(2048, 2048, generator=gen) / 45).to(dev)
         self.once()  # the first call pays one-off costs
@@ -177,13 +208,41 @@ class Anchor:
         return (clock() - start) / repeat
 
     def device_call(self) -> None:
-        """The device part (a GPU only), unsynchronised: what :func:`device_time` captures and replays."""
+        """The device part (a GPU only), unsynchronised: what :meth:`device_sample` captures and replays."""
         torch = self._torch
         with torch.no_grad():
             torch.tanh(self._a @ self._a)
 
+    def device_sample(self, replays: int = 5) -> float:
+        """Device seconds of the device part, from ``replays`` back-to-back replays of its CUDA graph between two
+        CUDA events, as :func:`device_time` times a benchmark; the graph is captured once per run."""
+        torch = self._torch
+        if self._graph is None:
+            dev = torch.device(self.torch_device)
+            side = torch.cuda.Stream(dev)
+            side.wait_stream(torch.cuda.current_stream(dev))
+            with torch.cuda.stream(side):
+                for _ in range(3):
+                    self.device_call()
+            torch.cuda.current_stream(dev).wait_stream(side)
+            torch.cuda.synchronize(dev)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                self.device_call()
+            graph.replay()
+            torch.cuda.synchronize(dev)
+            self._graph = graph
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(replays):
+            self._graph.replay()
+        end.record()
+        end.synchronize()
+        return float(start.elapsed_time(end)) / 1000.0 / replays
+
     def device_time(self, samples: int) -> DeviceTime:
-        return device_time(self.device_call, self.torch_device, samples)
+        """``samples`` device samples one after another (where they could not alternate with the benchmark's)."""
+        return DeviceTime("cuda-graph", tuple(self.device_sample() for _ in range(samples)))
 
 
 def paired_rounds(
@@ -283,6 +342,7 @@ def cupti_device_time(
 
     def sample() -> float:
         seconds = measure(block)
+        _after_sample()
         return (seconds or 0.0) / batch
 
     first = [sample() for _ in range(samples)]
@@ -477,7 +537,9 @@ def _graph_replay_times(
                 replay()
             end.record()
             end.synchronize()
-            return start.elapsed_time(end) / 1000.0 / replays
+            value = start.elapsed_time(end) / 1000.0 / replays
+            _after_sample()
+            return value
 
         return settled([sample() for _ in range(samples)], samples, sample)
     finally:

@@ -228,6 +228,18 @@ def start_workers(backends: list[str]) -> None:
             continue
 
 
+def wait_started() -> None:
+    """Wait until every worker :func:`prestart` started is ready or has failed: a benchmark's timing does not run
+    beside a worker's start-up (its imports and its GPU runtime's start)."""
+    with _POOL_LOCK:
+        starting = list(_STARTING)
+    for backend in starting:
+        try:
+            get_worker(backend)
+        except KerasUnavailable:
+            continue
+
+
 def get_worker(backend: str) -> WorkerClient:
     """The session's worker for ``backend``, started on first use (and restarted if it died)."""
     with _POOL_LOCK:
