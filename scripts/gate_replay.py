@@ -11,7 +11,8 @@ planted in ``torch.nn.LSTM``/``GRU`` of the test process); an alarm there is a d
 false alarm.
 
 The variants: the rule as it is; without the anchor (every anchor sample set to one: raw times compared);
-without the resolution (the limit is the threshold alone); without the host counts. (Runs recorded while the gate
+without the resolution (the limit is the threshold alone); without the host counts; without pooling the spread
+(each benchmark's recording runs alone say how far runs lie apart). (Runs recorded while the gate
 took a second look at a figure past its limit carry it as ``extra_info.second_look``; the rule no longer reads
 it: the first look decides.)
 """
@@ -59,6 +60,7 @@ VARIANTS: dict[str, tuple[Callable[[Record], Record], float | None]] = {
     "without the anchor": (_no_anchor, None),
     "without the resolution": (lambda r: r, 0.0),
     "without the host counts": (_no_counters, None),
+    "without pooling the spread": (lambda r: r, None),
 }
 
 
@@ -74,15 +76,17 @@ def targeted(scenario: str, extra: dict[str, Any]) -> bool:
 def _baseline_for(variant: str, entries: dict[str, Any]) -> dict[str, Any]:
     """The baseline's references as the variant sees them: without the anchor, figures rebuilt from raw samples
     where the entry has only its latest run's samples (one run)."""
-    if variant != "without the anchor":
+    if variant == "without pooling the spread":
         return {name: reference_of(e) for name, e in entries.items()}
+    if variant != "without the anchor":
+        return policy.pooled({name: reference_of(e) for name, e in entries.items()})
     refs = {}
     for name, entry in entries.items():
         record = {"fullname": name, "data": entry["stats"]["data"], "extra_info": entry.get("extra_info") or {}}
         measured = policy.Measurement.from_record(_no_anchor(record))
         ref = reference_of(entry)
         refs[name] = policy.Reference(name, (policy.run_figures(measured),), ref.kernel, ref.versions)
-    return refs
+    return policy.pooled(refs)
 
 
 def replay(baseline: Path, runs: list[tuple[str, Path]]) -> dict[str, dict[str, list[int]]]:

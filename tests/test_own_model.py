@@ -180,7 +180,7 @@ def test_bound_is_that_of_what_ran_tf32_claim_kept() -> None:
     """The suites' rule for the bound of a pass: what its traces observed (bf16 claimed, fp16 ran: the fp16
     bound); fp32 kernels where TF32 is allowed keep the TF32 bound (on the H100 the cuDNN default path, traced
     fp32 per layer and held to the fp32 bound, failed falsely: 5.7e-5 against 1.1e-6); mixed layers take the
-    loosest bound; nothing traced keeps the claim's."""
+    loosest bound; nothing traced keeps the claim's; other layers than the recurrent ones add the claim's."""
     from types import SimpleNamespace
 
     from pytest_lstmperf.numerics.tolerance import tolerance
@@ -197,6 +197,9 @@ def test_bound_is_that_of_what_ran_tf32_claim_kept() -> None:
 
     assert bound(("cudnn", "tf32"), ("cudnn", "fp32")) == ("cudnn", "tf32")
     assert bound(("cudnn", "bf16"), ("cudnn", "fp16"))[1] == "fp16"
+    # a model with other layers (a Linear under bf16 autocast): they run in the claimed bf16, whose bound joins
+    other = _pass_bound(run(("cudnn", "fp16")), "forward", ("cudnn", "bf16"), spec, other_layers=True)
+    assert other.precision == "bf16" and other.rel > _pass_bound(run(("cudnn", "fp16")), "forward", ("cudnn", "bf16"), spec).rel
     assert bound(("onednn", "fp32")) == bound(("onednn", "fp32"), ("onednn", "fp32"))
     mixed = _pass_bound(run(("onednn", "fp32"), ("cpu-native", "fp16")), "forward", ("onednn", "fp32"), spec)
     assert mixed.rel == max(tolerance("fp32", "forward", spec, "onednn").rel,

@@ -379,3 +379,24 @@ def test_the_anchor_keeps_its_baseline_repetitions_unless_they_outlast_its_cap(m
     assert anchor.repeat_for(0.2, baseline=16) == 16  # 8 ms: kept
     assert anchor.repeat_for(0.2, baseline=256) == anchor.repeat_for(0.005) == 16  # 128 ms: fitted to the cap
     assert anchor.repeat_for(1e-3) == 2 and anchor.repeat_for(1e-3, baseline=4) == 4
+
+
+def test_how_far_recording_runs_lie_apart_is_pooled_over_the_baseline() -> None:
+    """Sentence 2: the recording runs' spread is the machine's, pooled over the baseline's benchmarks. Planted:
+    a benchmark whose three recording runs happen to agree within 0.5% on a machine where runs lie 6% apart
+    (its neighbours' runs). Alone, its limit is the threshold and a clean run 1.12x off fails; pooled, it
+    resolves about 1.27x and passes, while a 1.5x slowdown still fails."""
+    from pytest_lstmperf.speed.policy import Figure, pooled
+
+    def ref(name: str, *values: float) -> Reference:
+        return Reference(name, tuple(RunFigures(Figure(v, 0.005, 30), None) for v in values))
+
+    lucky = ref("lucky", 1.0, 1.005, 0.995)
+    neighbours = {f"n{k}": ref(f"n{k}", 1.0, 1.06, 0.94) for k in range(6)}
+    alone = check("per-call", [1.12] * 30, lucky, 1.05)
+    together = pooled({"lucky": lucky, **neighbours})["lucky"]
+    assert alone.verdict == "regressed" and alone.limit == 1.05
+    ok = check("per-call", [1.12] * 30, together, 1.05)
+    assert ok.verdict == "unchanged" and 1.2 < ok.resolves < 1.35
+    assert check("per-call", [1.5] * 30, together, 1.05).verdict == "regressed"
+    assert together.spread["per-call"] == pytest.approx(math.sqrt((6 * 0.06**2 + 0.005**2) / 7), rel=0.05)

@@ -615,7 +615,7 @@ class BaselineStore:
         threshold: float | None,
         report: SaveReport,
     ) -> None:
-        from .policy import OUTLIER_FACTOR, THRESHOLD, Measurement, check, metrics_of, run_figures
+        from .policy import OUTLIER_FACTOR, THRESHOLD, Measurement, check, metrics_of, pooled, run_figures
 
         if existing is None:
             raise BaselineError(
@@ -623,6 +623,7 @@ class BaselineStore:
                 f"exist; record it first with --lstmperf-save-baseline"
             )
         report.added_run = True
+        references = pooled({name: reference_of(entry) for name, entry in report.entries.items()})
         for record in records:
             entry = report.entries.get(record["fullname"])
             if entry is None:
@@ -633,7 +634,7 @@ class BaselineStore:
                 report.refused.append(f"{record['fullname']}: recorded with other versions; record it anew")
                 continue
             measured = Measurement.from_record(record)
-            reference = reference_of(entry)
+            reference = references[record["fullname"]]
             limit = measured.threshold or threshold or THRESHOLD
             checks = [check(m, measured.first.samples(m), reference, limit) for m in metrics_of(reference, measured.first)]
             broken = [c.text() for c in checks if c.ratio and not 1 / OUTLIER_FACTOR <= c.ratio <= OUTLIER_FACTOR]

@@ -42,10 +42,10 @@ def run_gate(
     not-run, or path-lost where their path is ``unavailable`` now (path name -> why); the upgrade, where the
     entries' versions differ from ``versions``."""
     from .baseline import reference_of
-    from .policy import Decision, GateResult, Measurement, decide, upgrade_of
+    from .policy import Decision, GateResult, Measurement, decide, pooled, upgrade_of
 
     entries = baseline.entries
-    references = {name: reference_of(entry) for name, entry in entries.items()}
+    references = pooled({name: reference_of(entry) for name, entry in entries.items()})
     decisions = [
         decide(Measurement.from_record(record), references.get(record["fullname"]), threshold) for record in records
     ]

@@ -9,8 +9,8 @@ The rule, in five sentences (docs/speed-gate.md states the same):
    machine shares cancels instead of being measured.
 2. A figure is slower when it exceeds the baseline's figure by more than its limit: the threshold (1.05 unless
    ``--lstmperf-threshold`` or the ``lstmperf_threshold`` marker says otherwise), or the smallest slowdown the
-   benchmark resolves on this machine (4 standard errors of the two figures and of the recording runs' spread)
-   where that is larger; a resolution above the threshold is printed (with ``-v``, every one).
+   benchmark resolves on this machine (4 standard errors of the two figures and of how far recording runs lie
+   apart, pooled over the baseline's benchmarks) where that is larger; a resolution above the threshold is printed (with ``-v``, every one).
 3. A benchmark fails when its figure is slower, when it ran another kernel or precision than its baseline, or when
    its exact host counts per call (ATen ops, GPU kernels, synchronisations: the host's work, on a GPU too)
    changed; a figure that cannot be compared is inconclusive, which fails unless accepted.
@@ -188,17 +188,39 @@ class Reference:
     runs: tuple[RunFigures, ...]
     kernel: str = ""
     versions: Mapping[str, str] = field(default_factory=dict)
+    #: how far recording runs lie apart on this machine, per metric, pooled over the baseline (:func:`pooled`)
+    spread: Mapping[str, float] = field(default_factory=dict)
+
+    def own_spread(self, metric: str) -> float | None:
+        """The standard deviation (log scale) of this benchmark's recording runs' figures; None under two runs."""
+        logs = [math.log(f.value) for f in (run.get(metric) for run in self.runs) if f is not None]
+        return statistics.stdev(logs) if len(logs) > 1 else None
 
     def figure(self, metric: str) -> tuple[float, float] | None:
-        """(value, sigma): the median of the runs' figures, and the noise of that reference on the log scale
-        (the runs' own standard errors, and how far the runs lie apart, where there are several)."""
+        """(value, sigma): the median of the runs' figures, and the noise of that reference on the log scale: the
+        runs' own standard errors, and how far recording runs lie apart (the baseline's pooled spread, else this
+        benchmark's own)."""
         figures = [f for f in (run.get(metric) for run in self.runs) if f is not None]
         if not figures:
             return None
         logs = [math.log(f.value) for f in figures]
         within = math.sqrt(sum(f.se**2 for f in figures) / len(figures) ** 2)
-        between = statistics.stdev(logs) if len(logs) > 1 else 0.0
+        between = self.spread.get(metric, self.own_spread(metric) or 0.0)
         return math.exp(statistics.median(logs)), math.hypot(within, between)
+
+
+def pooled(references: Mapping[str, Reference]) -> dict[str, Reference]:
+    """The references with the spread of their recording runs pooled over all of them, per metric: the root mean
+    square of every benchmark's own spread (those recorded at least twice). A benchmark's own three runs give its
+    spread two degrees of freedom, and 4 such standard errors let 2 of 70 clean benchmark-runs on the 2-core CPU
+    through as slower (1.195x against a limit of 1.170); how far runs lie apart is the machine's, measured on
+    every benchmark of the baseline at once."""
+    spread: dict[str, float] = {}
+    for metric in METRICS:
+        own = [s for s in (ref.own_spread(metric) for ref in references.values()) if s is not None]
+        if own:
+            spread[metric] = math.sqrt(statistics.fmean(s * s for s in own))
+    return {name: replace(ref, spread=spread) for name, ref in references.items()}
 
 
 # --------------------------------------------------------------------------------------------- decision
