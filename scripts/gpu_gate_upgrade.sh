@@ -20,7 +20,7 @@ OLD=$(mktemp -d)
 BASEDIR=$(mktemp -d)/baselines
 COMMON=($PLUGIN "--device=$DEVICE" "--lstmperf-baselines=$BASEDIR" "--lstmperf-paths=$PATHS" -p no:cacheprovider
   suites/test_benchmarks.py)
-keras_version() { "$PYTHON" -c "import keras; print(keras.__version__)" 2>/dev/null | tail -1; }
+keras_version() { KERAS_BACKEND=torch "$PYTHON" -c "import keras; print(keras.__version__)" 2>/dev/null | tail -1; }
 echo "record with keras $(PYTHONPATH=$OLD:$PYTHONPATH keras_version)"
 PYTHONPATH=$OLD:$PYTHONPATH "$PYTHON" -m pytest "${COMMON[@]}" --lstmperf-save-baseline -q >"$OUT/record.log" 2>&1
 echo "record: exit $?"
