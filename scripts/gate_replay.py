@@ -109,7 +109,9 @@ def replay(baseline: Path, runs: list[tuple[str, Path]]) -> dict[str, dict[str, 
                     if name not in references:
                         continue
                     record = {**record, "data": record.get("stats", {}).get("data") or record.get("data") or []}
-                    decision = policy.decide(policy.Measurement.from_record(transform(record)), references[name], threshold)
+                    decision = policy.decide(
+                        policy.Measurement.from_record(transform(record)), references[name], threshold
+                    )
                     hit = targeted(scenario, record.get("extra_info") or {})
                     row[0 if hit else 2] += decision.failed
                     row[1 if hit else 3] += 1
@@ -128,7 +130,9 @@ def markdown(table: dict[str, dict[str, list[int]]]) -> str:
         for kind in kinds:
             hit, targets, alarms, others = rows[kind]
             cells.append(
-                f"{alarms}/{others} false alarms" if kind == "clean" else f"{hit}/{targets} caught, {alarms}/{others} false"
+                f"{alarms}/{others} false alarms"
+                if kind == "clean"
+                else f"{hit}/{targets} caught, {alarms}/{others} false"
             )
         lines.append(f"| {variant} | " + " | ".join(cells) + " |")
     return "\n".join(lines)

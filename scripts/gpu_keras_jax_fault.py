@@ -24,12 +24,12 @@ def main() -> None:
     sys.modules.setdefault("tensorflow", None)  # type: ignore[arg-type]
     import jax
     import jax.numpy as jnp
+    from pytest_lstmperf.speed.regression import Thresholds, pooled_spread
 
     from pytest_lstmperf import paths as registry
     from pytest_lstmperf.model.case import make_case
     from pytest_lstmperf.paths.keras.runners import LocalKerasRun, case_arrays
     from pytest_lstmperf.speed import gate, timing
-    from pytest_lstmperf.speed.regression import Thresholds, pooled_spread
     from pytest_lstmperf.speed.runner import run_spec
     from pytest_lstmperf.speed.shapes import set_shapes
 

@@ -149,9 +149,7 @@ def test_word_language_model_speed_test_fails_with_a_slowed_forward(pytester: py
     (pytester.path / "conftest.py").write_text(SLOWED_FORWARD)
     result = _run(pytester, "-k", "speed", "--benchmark-compare")
     assert result.ret == pytest.ExitCode.TESTS_FAILED, result.stdout.str()
-    result.stdout.fnmatch_lines(
-        ["*test_forward_speed*", "*host: host-work-changed (aten_ops *", "*SPEED GATE FAILED*"]
-    )
+    result.stdout.fnmatch_lines(["*test_forward_speed*", "*host: host-work-changed (aten_ops *", "*SPEED GATE FAILED*"])
 
 
 @pytest.mark.skipif(importlib.util.find_spec("keras") is None, reason="keras is not installed")

@@ -9,9 +9,9 @@ with slowdowns planted at 3x, so verdicts do not depend on how busy the machine 
 from __future__ import annotations
 
 import importlib.util
-from collections.abc import Sequence
 import json
 import types
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -708,7 +708,12 @@ def test_device_samples_alternate_with_the_anchors_so_shared_interference_cancel
 
     def measure() -> timing.DeviceTime:
         dev = timing.cupti_device_time(
-            lambda: 0.0, lambda r: None, samples=12, calls=1, busy=busy, clock=iter([k * 1e-4 for k in range(10**4)]).__next__
+            lambda: 0.0,
+            lambda r: None,
+            samples=12,
+            calls=1,
+            busy=busy,
+            clock=iter([k * 1e-4 for k in range(10**4)]).__next__,
         )
         assert dev is not None and len(dev.samples) == 12
         return dev

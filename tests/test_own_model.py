@@ -199,7 +199,10 @@ def test_bound_is_that_of_what_ran_tf32_claim_kept() -> None:
     assert bound(("cudnn", "bf16"), ("cudnn", "fp16"))[1] == "fp16"
     # a model with other layers (a Linear under bf16 autocast): they run in the claimed bf16, whose bound joins
     other = _pass_bound(run(("cudnn", "fp16")), "forward", ("cudnn", "bf16"), spec, other_layers=True)
-    assert other.precision == "bf16" and other.rel > _pass_bound(run(("cudnn", "fp16")), "forward", ("cudnn", "bf16"), spec).rel
+    assert (
+        other.precision == "bf16"
+        and other.rel > _pass_bound(run(("cudnn", "fp16")), "forward", ("cudnn", "bf16"), spec).rel
+    )
     assert bound(("onednn", "fp32")) == bound(("onednn", "fp32"), ("onednn", "fp32"))
     mixed = _pass_bound(run(("onednn", "fp32"), ("cpu-native", "fp16")), "forward", ("onednn", "fp32"), spec)
     assert mixed.rel == max(tolerance("fp32", "forward", spec, "onednn").rel,

@@ -4,8 +4,8 @@ its verdict set as the session's exit status.
 
 Hooks and fixture wiring only; the work lives in :mod:`..speed`: :mod:`..speed.runner` (one benchmark's
 measurement), :mod:`..speed.timing` (clocks and the anchor), :mod:`..speed.baseline` (the store),
-:mod:`..speed.policy` (the rule) and :mod:`..speed.gate` (the run's state and decisions), :mod:`..speed.shapes` (what is measured), :mod:`..speed.report` (the
-page); the terminal section is :mod:`.terminal`.
+:mod:`..speed.policy` (the rule), :mod:`..speed.gate` (the run's state and decisions), :mod:`..speed.shapes`
+(what is measured), :mod:`..speed.report` (the page); the terminal section is :mod:`.terminal`.
 
 * ``--benchmark-compare`` with no argument is pointed at this hardware's baseline file before
   pytest-benchmark loads it, so its comparison table and ``--benchmark-compare-fail`` work as usual; the
@@ -22,7 +22,7 @@ import datetime
 import json
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 
@@ -197,7 +197,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     if _is_worker(config) and any(_is_benchmark(item) for item in session.items):
         from ..speed.machine_lock import MachineLock
 
-        config.stash[MACHINE_LOCK_KEY] = MachineLock(str(config.workerinput["testrunuid"]))
+        config.stash[MACHINE_LOCK_KEY] = MachineLock(str(config.workerinput["testrunuid"]))  # type: ignore[attr-defined]  # set by pytest-xdist on its workers
     state = config.stash.get(STATE_KEY, None)
     if state is None or state.deferred_compare is None:
         return
@@ -334,8 +334,9 @@ def _marked_options(item: pytest.Item) -> tuple[str, float | None]:
     label = kwargs.pop("label", marker.args[0] if marker is not None and marker.args else "call")
     flops = kwargs.pop("flops", None)
     problem = ""
-    if kwargs or (marker is not None and len(marker.args) > 1):
-        problem = f"unknown arguments {sorted(kwargs) or list(marker.args[1:])} (valid: label, flops=)"
+    extra_args = list(marker.args[1:]) if marker is not None else []
+    if kwargs or extra_args:
+        problem = f"unknown arguments {sorted(kwargs) or extra_args} (valid: label, flops=)"
     elif not isinstance(label, str) or not label:
         problem = f"label={label!r}: a non-empty string"
     elif flops is not None and (not isinstance(flops, (int, float)) or flops <= 0):
@@ -370,7 +371,8 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> Any:
         )
     label, flops = _marked_options(pyfuncitem)
     plain = funcargs["benchmark"]
-    funcargs["benchmark"] = MarkedBenchmark(plain, funcargs[BENCH_FIXTURE], label, flops)
+    runner = cast(BenchRunner, funcargs[BENCH_FIXTURE])
+    funcargs["benchmark"] = MarkedBenchmark(plain, runner, label, flops)
     try:
         return (yield)
     finally:
@@ -655,7 +657,8 @@ def _gate_outcome(config: pytest.Config, state: GateState) -> bool:
         accepted = _setting(config, "lstmperf_accept_inconclusive").value
         failed = failed or not accepted
         if stats is not None and (gate.inconclusive or not gate.compared):
-            stats.setdefault(STAT_INCONCLUSIVE, []).extend(gate.inconclusive or [gate])
+            inconclusive: list[Any] = list(gate.inconclusive) or [gate]
+            stats.setdefault(STAT_INCONCLUSIVE, []).extend(inconclusive)
     state.outcome = outcome_lines(config, state, failed)
     return failed
 

@@ -34,7 +34,9 @@ def print_speed_section(tr: Any, config: pytest.Config, state: GateState, device
     if state.save_report is not None:
         tr.write_line(state.save_report.describe(), green=True)
         for flag in state.save_report.outliers:
-            tr.write_line(f"RECORDING RUN OUTSIDE the runs before it (added; the resolution widens): {flag}", yellow=True)
+            tr.write_line(
+                f"RECORDING RUN OUTSIDE the runs before it (added; the resolution widens): {flag}", yellow=True
+            )
         for flag in state.save_report.refused:
             tr.write_line(f"RECORDING RUN REFUSED for {flag}", yellow=True, bold=True)
     if state.report_path is not None:

@@ -202,7 +202,10 @@ def _run(model: Any, inputs: tuple, device: str, dtype: Any, path: Any = None) -
     grads = {name: p.grad for name, p in copy_.named_parameters() if p.grad is not None}
     grads.update({f"input {i}": leaf.grad for i, leaf in enumerate(leaves) if leaf.grad is not None})
     recurrent = {
-        id(p) for m in copy_.modules() if isinstance(m, (torch.nn.RNNBase, torch.nn.RNNCellBase)) for p in m.parameters()
+        id(p)
+        for m in copy_.modules()
+        if isinstance(m, (torch.nn.RNNBase, torch.nn.RNNCellBase))
+        for p in m.parameters()
     }
     return _Run(
         outputs=[t.detach().double().cpu().numpy() for t in outs],
@@ -309,9 +312,7 @@ def _check_kernels(path: Any, run: _Run, known: list[str], claim: tuple[str, str
     return found
 
 
-def _pass_bound(
-    run: _Run, pass_: str, claimed: tuple[str, str], spec: LayerSpec, other_layers: bool = False
-) -> Any:
+def _pass_bound(run: _Run, pass_: str, claimed: tuple[str, str], spec: LayerSpec, other_layers: bool = False) -> Any:
     """The bound of ``pass_`` by the suites' rule: that of the kernel family and precision its traces observed
     (:func:`pytest_lstmperf.checks.bound_precision`: fp16 where bf16 was claimed is held to fp16; fp32 kernels
     where TF32 is allowed keep the TF32 bound); the claim's where nothing was traced. Where the layers ran

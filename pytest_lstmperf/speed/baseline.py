@@ -43,7 +43,6 @@ BROKEN_SUFFIX = ".broken"
 LOCK_TIMEOUT_S = 120.0
 
 
-
 class BaselineError(Exception):
     """A baseline that cannot be used or written; the message says why and what to do."""
 
@@ -193,7 +192,8 @@ def load(path: Path, record_hint: str = "") -> Baseline:
     except IsADirectoryError:
         raise BaselineError(f"baseline {path} is a folder, not a file.{_hint(record_hint)}") from None
     except (OSError, UnicodeDecodeError) as exc:
-        raise BaselineError(f"baseline {path} cannot be read: {exc.strerror or exc}") from None
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+        raise BaselineError(f"baseline {path} cannot be read: {why}") from None
     restore = (
         f"{_git_restore(path)} Record it again, replacing it (the broken file is kept as {path.name}{BROKEN_SUFFIX})"
     )
@@ -389,9 +389,13 @@ class SaveReport:
         if self.added_run:
             parts = [f"a recording run added to {len(self.updated)} benchmark(s)"]
             if self.outliers:
-                parts.append(f"{len(self.outliers)} of them outside the limits of the runs before (their resolution widens)")
+                parts.append(
+                    f"{len(self.outliers)} of them outside the limits of the runs before (their resolution widens)"
+                )
             if self.refused:
-                parts.append(f"refused for {len(self.refused)} (a figure more than twice the others', or other versions)")
+                parts.append(
+                    f"refused for {len(self.refused)} (a figure more than twice the others', or other versions)"
+                )
             if self.kept:
                 parts.append(f"{len(self.kept)} not in the baseline (record them with --lstmperf-save-baseline)")
         if not self.created and not self.updated:
@@ -510,8 +514,9 @@ class BaselineStore:
         gains this run's figures as one more recording run: a run outside the entry's limit (the gate's own
         :func:`~.policy.check` at ``threshold``) is added and named (clean runs lie that far apart here, and the
         entry's resolution takes it in), a run more than :data:`~.policy.OUTLIER_FACTOR` from the entry's figure
-        (a run that broke) or of other software versions is refused and named. Entries not measured in this run stay. A file-system error is a :class:`BaselineError` naming
-        the path and the cause; the previous file is then untouched.
+        (a run that broke) or of other software versions is refused and named. Entries not measured in this run
+        stay. A file-system error is a :class:`BaselineError` naming the path and the cause; the previous file is
+        then untouched.
         """
         path = self.path_for(fields)
         try:
@@ -636,7 +641,9 @@ class BaselineStore:
             measured = Measurement.from_record(record)
             reference = references[record["fullname"]]
             limit = measured.threshold or threshold or THRESHOLD
-            checks = [check(m, measured.first.samples(m), reference, limit) for m in metrics_of(reference, measured.first)]
+            checks = [
+                check(m, measured.first.samples(m), reference, limit) for m in metrics_of(reference, measured.first)
+            ]
             broken = [c.text() for c in checks if c.ratio and not 1 / OUTLIER_FACTOR <= c.ratio <= OUTLIER_FACTOR]
             if broken:  # a run more than twice as slow or fast as the others broke: refused, said
                 report.refused.append(f"{record['fullname']}: {'; '.join(broken)}")
@@ -657,5 +664,3 @@ def _old_format(path: Path) -> int | None:
     except (OSError, ValueError, KeyError, TypeError):
         return None
     return version if isinstance(version, int) and version < FORMAT else None
-
-

@@ -10,7 +10,8 @@ The rule, in five sentences (docs/speed-gate.md states the same):
 2. A figure is slower when it exceeds the baseline's figure by more than its limit: the threshold (1.05 unless
    ``--lstmperf-threshold`` or the ``lstmperf_threshold`` marker says otherwise), or the smallest slowdown the
    benchmark resolves on this machine (4 standard errors of the two figures and of how far recording runs lie
-   apart, pooled over the baseline's benchmarks) where that is larger; a resolution above the threshold is printed (with ``-v``, every one).
+   apart, pooled over the baseline's benchmarks) where that is larger; a resolution above the threshold is
+   printed (with ``-v``, every one).
 3. A benchmark fails when its figure is slower, when it ran another kernel or precision than its baseline, or when
    its exact host counts per call (ATen ops, GPU kernels, synchronisations: the host's work, on a GPU too)
    changed; a figure that cannot be compared is inconclusive, which fails unless accepted.
@@ -55,8 +56,17 @@ ALLOC_TOLERANCE = (0.05, 4096)  # relative, absolute (bytes)
 FAILING = ("regressed", "kernel-changed", "host-work-changed", "path-lost")
 #: verdicts of a benchmark that was compared
 COMPARED = ("regressed", "kernel-changed", "host-work-changed", "improved", "unchanged")
-VERDICTS = ("kernel-changed", "regressed", "host-work-changed", "path-lost", "inconclusive", "improved", "unchanged",
-            "new", "not-run")  # fmt: skip  (also the precedence: the first one found in a benchmark's checks wins)
+VERDICTS = (
+    "kernel-changed",
+    "regressed",
+    "host-work-changed",
+    "path-lost",
+    "inconclusive",
+    "improved",
+    "unchanged",
+    "new",
+    "not-run",
+)  # fmt: skip  (also the precedence: the first one found in a benchmark's checks wins)
 
 
 # --------------------------------------------------------------------------------------------- measured
@@ -100,7 +110,6 @@ class Measurement:
             device_s=extra.get("device_time_s"),
             anchor_s=(extra.get("anchor") or {}).get("per_call_s"),
         )
-
 
 
 def look_of(data: Sequence[float], extra: Mapping[str, Any]) -> Look:
@@ -238,7 +247,9 @@ class Check:
     def text(self) -> str:
         if self.ratio is None:
             return f"{self.metric}: {self.verdict} ({self.note})"
-        return f"{self.metric}: {self.verdict} at {self.ratio:.3f}x (limit {self.limit:.3f}, resolves {self.resolves:.3f})"
+        return (
+            f"{self.metric}: {self.verdict} at {self.ratio:.3f}x (limit {self.limit:.3f}, resolves {self.resolves:.3f})"
+        )
 
 
 def check(metric: str, samples: Sequence[float], reference: Reference, threshold: float) -> Check:
@@ -320,8 +331,7 @@ def decide(measurement: Measurement, reference: Reference | None, threshold: flo
         return replace(base, verdict="kernel-changed", notes=("the kernel differs from the path's claim: not timed",))
     limit = measurement.threshold or threshold
     checks = [
-        check(m, measurement.first.samples(m), reference, limit)
-        for m in metrics_of(reference, measurement.first)
+        check(m, measurement.first.samples(m), reference, limit) for m in metrics_of(reference, measurement.first)
     ]
     notes = [
         f"{m}: not compared: the baseline has this figure, this run has none"
@@ -461,7 +471,7 @@ TABLE_HEADER = ("test", "per call", "ratio", "device ratio", "resolves", "kernel
 def table_rows(decisions: Sequence[Decision]) -> list[tuple[str, ...]]:
     """One row of cells per decision, under :data:`TABLE_HEADER`: test, per call now, each metric's ratio and
     resolution, kernels, verdict (the terminal's table and the report's)."""
-    rows = []
+    rows: list[tuple[str, ...]] = []
     for d in decisions:
         per_call = next((c for c in d.checks if c.metric == "per-call"), None)
         device = next((c for c in d.checks if c.metric == "device"), None)

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..model.spec import LayerSpec
+from ..model.spec import Cell, LayerSpec
 
 SETS = ("gate", "thorough")
 MODES = ("forward", "train")
@@ -51,7 +51,7 @@ ROUNDS = {
 }
 
 
-def _lstm(i: int, h: int, b: int, t: int, layers: int = 1, cell: str = "lstm") -> LayerSpec:
+def _lstm(i: int, h: int, b: int, t: int, layers: int = 1, cell: Cell = "lstm") -> LayerSpec:
     return LayerSpec(
         cell=cell,
         input_size=i,

@@ -28,15 +28,13 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import math
-import shutil
 import statistics
-import subprocess
-import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
+
 
 # -------------------------------------------------------------------------------------------- rounds
 @dataclass(frozen=True)
@@ -145,8 +143,14 @@ class Anchor:
 
     def __init__(self, torch_device: str = "cpu") -> None:
         self.torch_device = torch_device
+        self.kind: str
+        self._x: Any
+        self._w: Any
+        self._u: Any
         try:
-            import torch
+            import torch as _torch_module
+
+            torch: Any = _torch_module
         except ImportError:
             torch = None
         self._torch = torch
@@ -155,12 +159,16 @@ class Anchor:
 
             rng = np.random.default_rng(0)
             self.kind = "numpy"
-            self._x, self._w, self._u = (rng.standard_normal(s).astype("float32") / 8 for s in ((16, 64), (64, 64), (64, 64)))
+            self._x, self._w, self._u = (
+                rng.standard_normal(s).astype("float32") / 8 for s in ((16, 64), (64, 64), (64, 64))
+            )
         else:
             dev = torch.device(torch_device)
             gen = torch.Generator().manual_seed(0)
             self.kind = f"torch-{dev.type}"
-            self._x, self._w, self._u = ((torch.randn(*s, generator=gen) / 8).to(dev) for s in ((16, 64), (64, 64), (64, 64)))
+            self._x, self._w, self._u = (
+                (torch.randn(*s, generator=gen) / 8).to(dev) for s in ((16, 64), (64, 64), (64, 64))
+            )
             self._cuda = dev.type == "cuda"
             self._graph: Any = None
             if self._cuda:
@@ -833,5 +841,3 @@ def _fastest_gemm(torch: Any, device: str, dtype: Any, n: int) -> float:
         sync()
         best = min(best, time.perf_counter() - start)
     return best
-
-

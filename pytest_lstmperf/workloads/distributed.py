@@ -328,9 +328,9 @@ def balanced_bounds(layer_seconds: Sequence[float], stages: int) -> list[tuple[i
     prefix = np.concatenate([[0.0], np.cumsum(times)])
     n = len(times)
     # best[k][j]: (slowest stage, layer-count spread) of the first j layers in k stages; cut[k][j]: last split
-    best = [[(float("inf"), 0)] * (n + 1) for _ in range(stages + 1)]
+    best: list[list[tuple[float, float]]] = [[(float("inf"), 0.0)] * (n + 1) for _ in range(stages + 1)]
     cut = [[0] * (n + 1) for _ in range(stages + 1)]
-    best[0][0] = (0.0, 0)
+    best[0][0] = (0.0, 0.0)
     for k in range(1, stages + 1):
         for j in range(k, n - (stages - k) + 1):
             for i in range(k - 1, j):
@@ -546,7 +546,7 @@ def _watch(procs: list[subprocess.Popen], logs: list[str], what: str, timeout_s:
         time.sleep(0.1)
     stopped = _stop(procs)
     if failed:
-        lines = [f"{what} failed: rank {rank} {_how_it_ended(codes[rank])}" for rank in failed]
+        lines = [f"{what} failed: rank {rank} {_how_it_ended(codes[rank] or 0)}" for rank in failed]
         if stopped:
             lines[0] += f" (stopped rank{'s' if len(stopped) > 1 else ''} {', '.join(map(str, stopped))})"
         for rank in failed:
