@@ -3,7 +3,7 @@
     source scripts/gpu_env.sh && $PYTHON scripts/gpu_keras_jax_fault.py
 
 For each `keras-jax-cudnn` entry of the committed baseline of this GPU: the CUPTI device time of its executable
-(``timing.cupti_device_time``, as the Keras-on-JAX worker takes it), then of the executable followed by extra XLA
+(``meters.cupti_device_time``, as the Keras-on-JAX worker takes it), then of the executable followed by extra XLA
 matmuls worth 10% and 25% of its GPU time, each put through the gate's device decision against the entry. The
 speed suite's planted faults patch torch's layers and never reach the Keras worker: this plants on the JAX side.
 Needs JAX with its CUDA plugin, torch (its profiler records the GPU's activities) and Keras 3.
@@ -26,10 +26,11 @@ def main() -> None:
     import jax.numpy as jnp
     from pytest_lstmperf.speed.regression import Thresholds, pooled_spread
 
+    from pytest_lstmperf import meters
     from pytest_lstmperf import paths as registry
     from pytest_lstmperf.model.case import make_case
     from pytest_lstmperf.paths.keras.runners import LocalKerasRun, case_arrays
-    from pytest_lstmperf.speed import gate, timing
+    from pytest_lstmperf.speed import gate
     from pytest_lstmperf.speed.runner import run_spec
     from pytest_lstmperf.speed.shapes import set_shapes
 
@@ -43,7 +44,7 @@ def main() -> None:
     square = jax.device_put(jnp.ones((1024, 1024), jnp.float32), jax.devices("gpu")[0])
     matmul = jax.jit(lambda x: (x @ x) * 1e-3)
     wait(matmul(square))
-    matmul_s = timing.cupti_device_time(lambda: matmul(square), wait, 12).median
+    matmul_s = meters.cupti_device_time(lambda: matmul(square), wait, 12).median
     print(f"extra matmul: {matmul_s * 1e6:.1f} us of GPU time each")
     for shape in set_shapes("gate", "cuda"):
         for mode in shape.modes:
@@ -59,7 +60,7 @@ def main() -> None:
             def call(executable: Any = executable, args: Any = args) -> Any:
                 return executable(*args)
 
-            clean = timing.cupti_device_time(call, wait, 12)
+            clean = meters.cupti_device_time(call, wait, 12)
             base_s = clean.median
             per_call = gate.per_call_threshold(entry, 1.10, knobs)[0]
             limit = gate.device_limit(entry["extra_info"], 1.10, per_call=per_call)[0]
@@ -73,7 +74,7 @@ def main() -> None:
                 def planted(call: Any = call, extra: int = extra) -> Any:
                     return call(), [matmul(square) for _ in range(extra)]
 
-                got = timing.cupti_device_time(planted, wait, 12) if extra else clean
+                got = meters.cupti_device_time(planted, wait, 12) if extra else clean
                 decision = gate._device_decision(
                     name, entry["extra_info"], list(got.samples), Thresholds(), {}, per_call=per_call
                 )

@@ -358,7 +358,7 @@ def test_precision_speed_and_error(lstmperf: Any, precision_case: tuple, request
         fp32_s = [seconds]
     device_s = None
     if lstmperf.device.kind == "cuda":  # per-call time is mostly host time at these sizes: the device cost too
-        from pytest_lstmperf.speed.timing import device_time
+        from pytest_lstmperf.meters import device_time
 
         measured = device_time(run.forward, lstmperf.device.torch_device)
         device_s = measured.median if measured.method == "cuda-graph" else None

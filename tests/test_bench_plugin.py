@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 from forked_pytest import runpytest_forked
 
+from pytest_lstmperf import meters
 from pytest_lstmperf.hooks import terminal
 from pytest_lstmperf.observation import claims
 from pytest_lstmperf.speed import shapes, timing
@@ -463,17 +464,17 @@ def test_round_plan_bounds() -> None:
     assert plan.rounds_for(0.0) == 15
     # a long call (the Keras generic loop) gets fewer rounds once they would pass 2 s: never under half
     assert plan.rounds_for(0.1) == 15 and plan.rounds_for(0.2) == 10 and plan.rounds_for(0.3) == 8
-    assert timing.long_call_samples(0.3, 30) == 15  # the re-measurement still doubles them
+    assert meters.long_call_samples(0.3, 30) == 15  # the re-measurement still doubles them
 
 
 def test_cpu_device_time_degrades_with_a_reason() -> None:
-    dev = timing.device_time(lambda: None, "cpu")
+    dev = meters.device_time(lambda: None, "cpu")
     assert dev.method == "host" and dev.median is None and "CPU" in dev.note
     assert timing.host_overhead(2e-3, 5e-4) == pytest.approx(0.75)
 
 
 def _fake_cuda_torch(launches: bool):
-    """Just enough of ``torch.cuda`` for ``timing._graph_replay_times``: 2 ms per replay; a capture that
+    """Just enough of ``torch.cuda`` for ``meters._graph_replay_times``: 2 ms per replay; a capture that
     launched nothing warns the way torch's ``CUDAGraph.capture_end`` does."""
     import contextlib
     import types
@@ -518,7 +519,7 @@ def test_graph_capture_warms_a_long_call_once_and_a_short_call_three_times(monke
     """The capture recipe's side-stream warm-up: three calls, or one when that call took at least
     ``WARM_AFTER_ONE_S`` (it ran in the timed rounds already); then one captured call."""
     now = [0.0]
-    monkeypatch.setattr(timing.time, "perf_counter", lambda: now[0])
+    monkeypatch.setattr(meters.time, "perf_counter", lambda: now[0])
     for seconds, expected in ((0.2, 1 + 1), (0.001, 3 + 1)):
         count = [0]
 
@@ -526,25 +527,25 @@ def test_graph_capture_warms_a_long_call_once_and_a_short_call_three_times(monke
             count[0] += 1
             now[0] += seconds
 
-        timing._graph_replay_times(_fake_cuda_torch(launches=True), "cuda:0", call, 3, 5)
+        meters._graph_replay_times(_fake_cuda_torch(launches=True), "cuda:0", call, 3, 5)
         assert count[0] == expected, (seconds, count[0])
 
 
 def test_device_time_refuses_an_empty_cuda_graph(monkeypatch: pytest.MonkeyPatch) -> None:
     """A call whose kernels run elsewhere (another process) captures an empty graph: no device time from it."""
-    fine, dropped = timing._graph_replay_times(_fake_cuda_torch(launches=True), "cuda:0", lambda: None, 3, 5)
+    fine, dropped = meters._graph_replay_times(_fake_cuda_torch(launches=True), "cuda:0", lambda: None, 3, 5)
     assert fine == pytest.approx([2e-3] * 3) and dropped == []
     with pytest.raises(RuntimeError, match="captured CUDA graph is empty"):
-        timing._graph_replay_times(_fake_cuda_torch(launches=False), "cuda:0", lambda: None, 3, 5)
+        meters._graph_replay_times(_fake_cuda_torch(launches=False), "cuda:0", lambda: None, 3, 5)
     # device_time then falls back to events around each call, and says why
     monkeypatch.setattr(
-        timing,
+        meters,
         "_graph_replay_times",
         lambda *a: (_ for _ in ()).throw(RuntimeError("the captured CUDA graph is empty")),
     )
-    monkeypatch.setattr(timing, "_event_times", lambda torch, dev, call, samples, calls=1, warm=False: [3e-3] * samples)
-    monkeypatch.setattr(timing, "_one_call_s", lambda torch, dev, call: 3e-3)
-    dev = timing.device_time(lambda: None, "cuda:0", samples=4)
+    monkeypatch.setattr(meters, "_event_times", lambda torch, dev, call, samples, calls=1, warm=False: [3e-3] * samples)
+    monkeypatch.setattr(meters, "_one_call_s", lambda torch, dev, call: 3e-3)
+    dev = meters.device_time(lambda: None, "cuda:0", samples=4)
     assert dev.method == "cuda-events" and dev.samples == (3e-3,) * 4
     assert "CUDA graph capture failed (RuntimeError: the captured CUDA graph is empty)" in dev.note
     assert "around 5 back-to-back call(s) per sample" in dev.note
@@ -562,16 +563,16 @@ def test_a_failed_capture_names_its_first_error_and_what_to_do(monkeypatch: pyte
         finally:
             raise RuntimeError("CUDA error: operation failed due to a previous error during capture")
 
-    monkeypatch.setattr(timing, "_event_times", lambda torch, dev, call, samples, calls=1, warm=False: [3e-3] * samples)
-    monkeypatch.setattr(timing, "_one_call_s", lambda torch, dev, call: 3e-3)
-    monkeypatch.setattr(timing, "_graph_replay_times", chained)
-    note = timing.device_time(lambda: None, "cuda:0", samples=4).note
+    monkeypatch.setattr(meters, "_event_times", lambda torch, dev, call, samples, calls=1, warm=False: [3e-3] * samples)
+    monkeypatch.setattr(meters, "_one_call_s", lambda torch, dev, call: 3e-3)
+    monkeypatch.setattr(meters, "_graph_replay_times", chained)
+    note = meters.device_time(lambda: None, "cuda:0", samples=4).note
     assert "capture failed (RuntimeError: CUDA error: operation failed due to a previous error during capture; " in note
     assert "first: RuntimeError: CUDA error: operation would make the legacy stream depend on a capturing" in note
     assert "made on the legacy default stream: make and run what it calls on a stream of its own" in note
     # an error with no first one behind it is named alone
-    monkeypatch.setattr(timing, "_graph_replay_times", lambda *a: (_ for _ in ()).throw(RuntimeError("boom")))
-    note = timing.device_time(lambda: None, "cuda:0", samples=4).note
+    monkeypatch.setattr(meters, "_graph_replay_times", lambda *a: (_ for _ in ()).throw(RuntimeError("boom")))
+    note = meters.device_time(lambda: None, "cuda:0", samples=4).note
     assert "CUDA graph capture failed (RuntimeError: boom);" in note and "first:" not in note
     # an error raised "from None" while another was handled: that other one is not its cause
     try:
@@ -580,12 +581,12 @@ def test_a_failed_capture_names_its_first_error_and_what_to_do(monkeypatch: pyte
         except KeyError:
             raise RuntimeError("CUDA error: operation not permitted when stream is capturing") from None
     except RuntimeError as exc:
-        assert timing.capture_failure(exc) == (
+        assert meters.capture_failure(exc) == (
             "RuntimeError: CUDA error: operation not permitted when stream is capturing"
         )
     # the legacy-stream error itself on top: the hint too
     legacy = RuntimeError("CUDA error: operation would make the legacy stream depend on a capturing blocking stream")
-    assert "made on the legacy default stream" in timing.capture_failure(legacy)
+    assert "made on the legacy default stream" in meters.capture_failure(legacy)
 
 
 #: device samples (us) of one clean H100 run's torch-cudnn-default LSTM inference (I512-H512-L1-B4-T25), its
@@ -604,7 +605,7 @@ def test_a_start_up_transient_of_the_device_samples_is_left_out_and_a_steady_slo
 
     def take(samples: list[float], needed: int) -> tuple[list[float], list[float]]:
         stream = iter(samples[needed:])
-        return timing.settled(samples[:needed], needed, lambda: next(stream))
+        return meters.settled(samples[:needed], needed, lambda: next(stream))
 
     kept, dropped = take(TRANSIENT_AGAIN, 12)
     assert dropped == TRANSIENT_AGAIN[:9] and len(kept) == 12
@@ -615,22 +616,22 @@ def test_a_start_up_transient_of_the_device_samples_is_left_out_and_a_steady_slo
     steady = [1.0, 1.01, 0.99, 1.0, 1.02, 0.98] * 2
     slowed = [1.2 * x for x in steady]
     for samples in (steady, slowed, [0.9] * 3 + steady[3:], [*steady[:8], 3.0, *steady[9:]]):
-        kept, dropped = timing.settled(samples, 12, lambda: pytest.fail("nothing to replace"))
+        kept, dropped = meters.settled(samples, 12, lambda: pytest.fail("nothing to replace"))
         assert kept == samples and dropped == [], samples
-    assert statistics.median(timing.settled(slowed, 12, lambda: 0.0)[0]) == pytest.approx(1.2)
-    assert timing.transient_prefix([5.0, 1.0, 1.0, 1.0, 1.0]) == 0  # too few to tell
+    assert statistics.median(meters.settled(slowed, 12, lambda: 0.0)[0]) == pytest.approx(1.2)
+    assert meters.transient_prefix([5.0, 1.0, 1.0, 1.0, 1.0]) == 0  # too few to tell
 
 
 def test_device_time_names_the_samples_it_left_out(monkeypatch) -> None:
     kept, dropped = [257e-6] * 12, [768e-6, 463e-6]
-    monkeypatch.setattr(timing, "_graph_replay_times", lambda *args: (kept, dropped))
-    dev = timing.device_time(lambda: None, "cuda:0", samples=12)
+    monkeypatch.setattr(meters, "_graph_replay_times", lambda *args: (kept, dropped))
+    dev = meters.device_time(lambda: None, "cuda:0", samples=12)
     assert dev.method == "cuda-graph" and dev.samples == tuple(kept)
     assert dev.note == "2 leading sample(s) of a start-up transient left out (768 us first, 257 us steady): " + (
         "more taken in their place"
     )
-    monkeypatch.setattr(timing, "_graph_replay_times", lambda *args: (kept, []))
-    assert timing.device_time(lambda: None, "cuda:0", samples=12).note == ""
+    monkeypatch.setattr(meters, "_graph_replay_times", lambda *args: (kept, []))
+    assert meters.device_time(lambda: None, "cuda:0", samples=12).note == ""
 
 
 def test_a_left_out_transient_is_named_in_the_run_notes() -> None:
@@ -726,7 +727,7 @@ def test_keras_device_time_is_measured_in_its_worker() -> None:
         measured = run.device_time("forward", 3)
     finally:
         run.close()
-    assert isinstance(measured, timing.DeviceTime)
+    assert isinstance(measured, meters.DeviceTime)
     assert measured.method == "host" and "CPU" in measured.note
     # TensorFlow's kernels run on its own CUDA streams: no torch graph or event can time them
     tf_gpu = LocalKerasRun.__new__(LocalKerasRun)

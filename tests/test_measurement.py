@@ -18,6 +18,7 @@ import pytest
 from forked_pytest import runpytest_forked
 from test_bench_plugin import BASE_ARGS, SPIN_MODULE, SUITE
 
+from pytest_lstmperf import meters
 from pytest_lstmperf.speed import timing
 
 torch = pytest.importorskip("torch")
@@ -146,18 +147,18 @@ def test_host_counters_are_exact_and_see_the_host_work_fault() -> None:
 
     for call in _tiny_lstm():
         call()  # warm-up: .grad exists from here on
-        clean = [timing.host_counters(call, "cpu") for _ in range(3)]
+        clean = [meters.host_counters(call, "cpu") for _ in range(3)]
         assert clean[0] == clean[1] == clean[2]
         assert clean[0]["aten_ops"] > 0 and clean[0]["alloc_bytes"] > 0
         assert clean[0]["kernels"] == 0 and clean[0]["syncs"] == 0  # the CPU launches no GPU work
         with planted("host-work:1"):
-            one = timing.host_counters(call, "cpu")
+            one = meters.host_counters(call, "cpu")
         with planted("host-work:7"):
-            seven = timing.host_counters(call, "cpu")
+            seven = meters.host_counters(call, "cpu")
         assert one["aten_ops"] > clean[0]["aten_ops"]
         assert seven["aten_ops"] - one["aten_ops"] == 6
         assert one["alloc_bytes"] - clean[0]["alloc_bytes"] >= 256 * 4
-        assert timing.host_counters(call, "cpu") == clean[0]  # the fault undone, the counts are back
+        assert meters.host_counters(call, "cpu") == clean[0]  # the fault undone, the counts are back
 
 
 def test_the_op_count_alone_counts_what_the_full_count_counts() -> None:
@@ -166,15 +167,15 @@ def test_the_op_count_alone_counts_what_the_full_count_counts() -> None:
     from pytest_lstmperf.testing.faults import planted
 
     def ops(call, fresh_bytes: bool) -> int:
-        counter = timing._OpCounter()
-        with timing._counting_mode(counter, fresh_bytes=fresh_bytes):
+        counter = meters._OpCounter()
+        with meters._counting_mode(counter, fresh_bytes=fresh_bytes):
             call()
         return counter.ops
 
     for call in _tiny_lstm():
         call()
         clean = ops(call, False)
-        assert clean == ops(call, True) == timing.host_counters(call, "cpu")["aten_ops"] > 0
+        assert clean == ops(call, True) == meters.host_counters(call, "cpu")["aten_ops"] > 0
         with planted("host-work:3"):
             faulted = ops(call, False)
             assert faulted == ops(call, True)
@@ -216,7 +217,7 @@ def test_event_device_time_averages_back_to_back_calls() -> None:
         count[0] += 1
         batch[0] = 5
 
-    out = timing._event_times(fake, "cuda:0", call, samples=4, calls=5)
+    out = meters._event_times(fake, "cuda:0", call, samples=4, calls=5)
     assert out == pytest.approx([2e-3] * 4)
     assert count[0] == 1 + 4 * 5
 
@@ -239,7 +240,7 @@ def test_warm_up_of_a_long_call_is_one_call_and_short_calls_keep_theirs() -> Non
         return count[0], estimate
 
     assert calls_of(0.2, 3) == (2, pytest.approx(0.2))
-    assert calls_of(timing.WARM_AFTER_ONE_S, 3)[0] == 2
+    assert calls_of(meters.WARM_AFTER_ONE_S, 3)[0] == 2
     assert calls_of(0.001, 3) == (6, pytest.approx(0.001))
     assert calls_of(0.001, 5)[0] == 8
     fake, batch = _fake_events_torch(2.0, [])
@@ -249,9 +250,9 @@ def test_warm_up_of_a_long_call_is_one_call_and_short_calls_keep_theirs() -> Non
         count[0] += 1
         batch[0] = 1
 
-    timing._event_times(fake, "cuda:0", call, samples=3, calls=1, warm=True)
+    meters._event_times(fake, "cuda:0", call, samples=3, calls=1, warm=True)
     assert count[0] == 3
-    timing._event_times(fake, "cuda:0", call, samples=3, calls=1)
+    meters._event_times(fake, "cuda:0", call, samples=3, calls=1)
     assert count[0] == 3 + 1 + 3
 
 
@@ -434,7 +435,7 @@ def test_a_user_call_that_runs_no_pytorch_op_gets_no_device_time_on_a_gpu(monkey
     from pytest_lstmperf.speed import runner
 
     timed = []
-    monkeypatch.setattr(timing, "device_time", lambda fn, device, samples: timed.append(device) or "timed")
+    monkeypatch.setattr(meters, "device_time", lambda fn, device, samples: timed.append(device) or "timed")
     none = runner._user_device_time(lambda: None, "cuda:0", [])(12)
     assert none.method == "none" and none.samples == () and "dispatched no PyTorch op" in none.note and not timed
     assert runner._user_device_time(lambda: None, "cuda:0", ["aten::mm"])(12) == "timed" and timed == ["cuda:0"]
@@ -543,9 +544,9 @@ def test_trust_table_counts_detections_and_false_alarms(tmp_path: Path, capsys: 
 
 
 def test_event_timed_samples_batch_short_calls_and_time_long_ones_alone() -> None:
-    assert timing.events_batch(0.34, 5) == 1  # a Keras training step: 12 samples, not 60 calls
-    assert timing.events_batch(0.015, 5) == 2
-    assert timing.events_batch(0.003, 5) == 5 and timing.events_batch(0.0, 5) == 5
+    assert meters.events_batch(0.34, 5) == 1  # a Keras training step: 12 samples, not 60 calls
+    assert meters.events_batch(0.015, 5) == 2
+    assert meters.events_batch(0.003, 5) == 5 and meters.events_batch(0.0, 5) == 5
 
 
 def test_the_keras_on_torch_worker_runs_cuda_work_on_a_stream_of_its_own(monkeypatch) -> None:
@@ -615,22 +616,22 @@ def test_pipelined_device_time_is_the_devices_where_the_host_queues_faster_and_s
     figure is within one launch spread over the batch of 2 ms, a 1.25x slower device shows as 1.25x), and the
     host's launch rate where it does not, said so by the share kept beside it."""
     device = _QueuedDevice(host_s=1e-4, device_s=2e-3)
-    timed = timing.pipelined_device_time(device.call, device.wait, samples=12, clock=device.clock)
+    timed = meters.pipelined_device_time(device.call, device.wait, samples=12, clock=device.clock)
     assert timed.method == "pipelined" and len(timed.samples) == 12
     assert timed.median == pytest.approx(2e-3 + 1e-4 / 5)  # 5 calls per sample: one launch not overlapped
-    assert timed.dispatch_share < timing.PIPELINED_DEVICE_BOUND and "the device's" in timed.note
+    assert timed.dispatch_share < meters.PIPELINED_DEVICE_BOUND and "the device's" in timed.note
     slower = _QueuedDevice(host_s=1e-4, device_s=2.5e-3)
-    ratio = timing.pipelined_device_time(slower.call, slower.wait, samples=12, clock=slower.clock).median / timed.median
+    ratio = meters.pipelined_device_time(slower.call, slower.wait, samples=12, clock=slower.clock).median / timed.median
     assert ratio == pytest.approx(1.25, abs=0.01)
     # the host is the bottleneck: the figure is its launch rate, and the share says so
     host = _QueuedDevice(host_s=1e-3, device_s=2e-4)
-    bound = timing.pipelined_device_time(host.call, host.wait, samples=12, clock=host.clock)
+    bound = meters.pipelined_device_time(host.call, host.wait, samples=12, clock=host.clock)
     assert bound.median == pytest.approx(1e-3 + 2e-4 / 5)
-    assert bound.dispatch_share >= timing.PIPELINED_DEVICE_BOUND and "host-bound" in bound.note
+    assert bound.dispatch_share >= meters.PIPELINED_DEVICE_BOUND and "host-bound" in bound.note
     # a long call is timed alone, with fewer samples (as event timing)
     long = _QueuedDevice(host_s=1e-4, device_s=0.3)
-    alone = timing.pipelined_device_time(long.call, long.wait, samples=12, clock=long.clock)
-    assert "1 call(s) queued" in alone.note and len(alone.samples) == timing.long_call_samples(0.3001, 12)
+    alone = meters.pipelined_device_time(long.call, long.wait, samples=12, clock=long.clock)
+    assert "1 call(s) queued" in alone.note and len(alone.samples) == meters.long_call_samples(0.3001, 12)
 
 
 def test_cupti_device_time_sums_the_gpu_work_per_call_and_gives_way_where_nothing_records_it() -> None:
@@ -641,22 +642,22 @@ def test_cupti_device_time_sums_the_gpu_work_per_call_and_gives_way_where_nothin
     (one per sample) is not divided by the batch it did not run, and where nothing was recorded the caller
     falls back."""
     device = _QueuedDevice(host_s=1e-3, device_s=4e-4)  # host-bound: queued timing would give 1 ms
-    timed = timing.cupti_device_time(device.call, device.wait, samples=12, clock=device.clock, busy=device.recorded)
+    timed = meters.cupti_device_time(device.call, device.wait, samples=12, clock=device.clock, busy=device.recorded)
     assert timed is not None and timed.method == "cupti" and timed.median == pytest.approx(4e-4)
     assert "CUPTI" in timed.note and "5 call(s) per sample" in timed.note and len(timed.samples) == 12
     slower = _QueuedDevice(host_s=1e-3, device_s=5e-4)
-    again = timing.cupti_device_time(slower.call, slower.wait, 12, clock=slower.clock, busy=slower.recorded)
+    again = meters.cupti_device_time(slower.call, slower.wait, 12, clock=slower.clock, busy=slower.recorded)
     assert again.median / timed.median == pytest.approx(1.25)
     long = _QueuedDevice(host_s=1e-3, device_s=0.03)  # 30 ms: one call per sample
-    alone = timing.cupti_device_time(long.call, long.wait, 12, clock=long.clock, busy=long.recorded)
+    alone = meters.cupti_device_time(long.call, long.wait, 12, clock=long.clock, busy=long.recorded)
     assert "1 call(s) per sample" in alone.note and alone.median == pytest.approx(0.03)
     # nothing recorded (no torch, no CUDA profiling, or another process's kernels): None, the caller falls back
-    assert timing.cupti_device_time(device.call, device.wait, 12, clock=device.clock, busy=lambda b: None) is None
-    assert timing.cupti_device_time(device.call, device.wait, 12, clock=device.clock, busy=lambda b: 0.0) is None
+    assert meters.cupti_device_time(device.call, device.wait, 12, clock=device.clock, busy=lambda b: None) is None
+    assert meters.cupti_device_time(device.call, device.wait, 12, clock=device.clock, busy=lambda b: 0.0) is None
     torch = pytest.importorskip("torch")
     if not torch.cuda.is_available():  # the default recorder on a machine without a GPU records nothing
         ran: list[int] = []
-        busy_s = timing._cupti_busy(lambda: ran.append(1))
+        busy_s = meters._cupti_busy(lambda: ran.append(1))
         assert busy_s is None or (busy_s == 0.0 and ran == [1])
 
 
@@ -676,18 +677,18 @@ def test_a_keras_on_jax_device_time_that_fails_costs_the_benchmark_nothing_and_s
     def broken(*args, **kwargs):
         raise AttributeError("'KinetoEvent' object has no attribute 'duration_ns'")
 
-    monkeypatch.setattr(timing, "cupti_device_time", broken)
+    monkeypatch.setattr(meters, "cupti_device_time", broken)
     queued = JaxRunner.device_time(stub, "forward", 6)
     assert queued.method == "pipelined" and len(queued.samples) == 6
     assert queued.note.startswith("CUPTI device time failed (AttributeError:") and queued.dispatch_share is not None
-    monkeypatch.setattr(timing, "pipelined_device_time", broken)
+    monkeypatch.setattr(meters, "pipelined_device_time", broken)
     none = JaxRunner.device_time(stub, "train_step", 6)
     assert none.method == "none" and none.samples == () and "queued timing failed too" in none.note
 
 
 def test_device_samples_alternate_with_the_anchors_so_shared_interference_cancels() -> None:
     """Planted: the GPU is 2x slower for a while during a device measurement (another process's work), for
-    whatever runs on it then. Taken alternately (:func:`timing.paired_with`), the benchmark's and the anchor's
+    whatever runs on it then. Taken alternately (:func:`meters.paired_with`), the benchmark's and the anchor's
     samples of that while are slow together and every ratio stays 2.0; taken one block after the other (as the
     anchor's device samples were before), the benchmark's block alone carries it and its figure moves 1.41x (an
     H100 clean run failed at 1.105x so)."""
@@ -706,8 +707,8 @@ def test_device_samples_alternate_with_the_anchors_so_shared_interference_cancel
     def figure(bench: Sequence[float], anchors: Sequence[float]) -> float:
         return policy.Figure.of([b / a for b, a in zip(bench, anchors, strict=True)]).value
 
-    def measure() -> timing.DeviceTime:
-        dev = timing.cupti_device_time(
+    def measure() -> meters.DeviceTime:
+        dev = meters.cupti_device_time(
             lambda: 0.0,
             lambda r: None,
             samples=12,
@@ -718,7 +719,7 @@ def test_device_samples_alternate_with_the_anchors_so_shared_interference_cancel
         assert dev is not None and len(dev.samples) == 12
         return dev
 
-    with timing.paired_with(lambda: on_gpu(5e-4)) as beside:
+    with meters.paired_with(lambda: on_gpu(5e-4)) as beside:
         dev = measure()
     assert len(beside) >= 12 and figure(dev.samples, beside[-12:]) == pytest.approx(2.0)
     clock["tick"] = 0

@@ -8,6 +8,7 @@ import random
 
 import pytest
 
+from pytest_lstmperf import meters
 from pytest_lstmperf.speed import policy
 from pytest_lstmperf.speed.policy import Measurement, Reference, RunFigures, check, decide
 
@@ -280,7 +281,7 @@ def test_the_table_the_summary_and_what_is_not_a_pass() -> None:
     assert lines[0].split() == ["test", "per", "call", "ratio", "device", "ratio", "resolves", "kernel", "then",
                                 "kernel", "now", "verdict"]  # fmt: skip
     assert lines[2].startswith("suites/x::a") and lines[2].endswith("regressed")
-    assert f"  {policy.format_seconds(slow.per_call_s)}  " in lines[2] and slow.per_call_s > 1e-3
+    assert f"  {meters.format_seconds(slow.per_call_s)}  " in lines[2] and slow.per_call_s > 1e-3
     assert f"  {slow.ratio('per-call'):.3f}  " in lines[2] and lines[2].split()[-3:] == [
         "cudnn/fp32",
         "cudnn/fp32",
@@ -351,7 +352,7 @@ def test_the_report_plots_the_ratio_each_benchmark_was_decided_on(tmp_path) -> N
     assert _plot_baseline(tmp_path, records, [], None) is None
     ((name, per_call, ratio, *_, verdict),) = policy.table_rows([decision])
     assert (name, verdict, ratio) == ("x::test_a", "regressed", f"{decision.ratio('per-call'):.3f}")
-    assert per_call == policy.format_seconds(decision.per_call_s)
+    assert per_call == meters.format_seconds(decision.per_call_s)
 
 
 def test_event_timed_device_time_is_no_device_figure() -> None:

@@ -21,7 +21,8 @@ import re
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+
+from ..meters import cuda_profile, profiled_events
 
 
 @dataclass(frozen=True)
@@ -234,32 +235,6 @@ def torch_trace(device: str, phase: str, profile_kernels: bool | None = None) ->
     )
 
 
-def profiled_events(profiler: object) -> list[tuple[str, bool]]:
-    """``(name, on_gpu)`` of every event a finished ``torch.profiler.profile`` recorded, read from the raw
-    results: building torch's ``FunctionEvent`` list (``profiler.events()``) costs seconds for a call with
-    tens of thousands of ops (a Keras loop over 100 steps), reading the raw events a few milliseconds.
-    Names are demangled as ``events()`` demangles them."""
-    import torch
-
-    try:
-        raw = profiler.profiler.kineto_results.events()  # type: ignore[attr-defined]
-    except AttributeError:  # another profiler implementation: the slow, documented way
-        return [(e.name, "CUDA" in str(getattr(e, "device_type", ""))) for e in profiler.events()]  # type: ignore[attr-defined]
-    from torch.autograd import DeviceType
-
-    cuda = DeviceType.CUDA  # compared, not printed: str() of the enum took 3x the time of the rest per event
-    names: dict[str, str] = {}
-    out = []
-    for event in raw:
-        if getattr(event, "is_hidden_event", lambda: False)():  # as events() skips them
-            continue
-        name = event.name()
-        if name not in names:
-            names[name] = torch._C._demangle(name) if len(name) > 1 else name
-        out.append((names[name], event.device_type() == cuda))
-    return out
-
-
 # ------------------------------------------------------------------------------------ per layer call
 #: torch module classes whose calls are recurrent layers (``nn.LSTM``/``nn.GRU``/``nn.RNN`` and their cells)
 _RECURRENT_MODULES = ("RNNBase", "RNNCellBase")
@@ -445,21 +420,6 @@ def kernel_family(kernels: Sequence[str]) -> str | None:
     if not seen:
         return None
     return seen.pop() if len(seen) == 1 else "mixed"
-
-
-def cuda_profile(block: Callable[[], object]) -> Any | None:
-    """``block`` run under ``torch.profiler`` recording CUDA activity alone: CUPTI records every GPU activity of
-    the process, whichever runtime launched it (XLA's too). The finished profiler, or None, ``block`` not run,
-    where torch has no CUDA profiling."""
-    try:
-        from torch.profiler import ProfilerActivity, profile, supported_activities
-    except ImportError:
-        return None
-    if ProfilerActivity.CUDA not in supported_activities():
-        return None
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        block()
-    return prof
 
 
 def gpu_kernel_names(block: Callable[[], object]) -> list[str] | None:

@@ -207,15 +207,15 @@ class CompiledRun(TorchRun):
 
     # ---- timing: compiled code must not run under a dispatch mode or inside an outer graph capture
     def device_time(self, mode: str, samples: int) -> Any:
-        from ..speed import timing
+        from .. import meters
 
         call = self.forward if mode == "forward" else self.train_step
         if self.mode != "reduce-overhead":
-            return timing.device_time(call, self.device.torch_device, samples)
+            return meters.device_time(call, self.device.torch_device, samples)
         torch = self.torch
         note = "mode='reduce-overhead' replays its own CUDA graphs: device time from CUDA events around calls"
-        return timing.DeviceTime(
-            "cuda-events", tuple(timing._event_times(torch, torch.device(self.device.torch_device), call, samples, 5)),
+        return meters.DeviceTime(
+            "cuda-events", tuple(meters._event_times(torch, torch.device(self.device.torch_device), call, samples, 5)),
             note,
         )  # fmt: skip
 

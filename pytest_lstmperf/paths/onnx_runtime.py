@@ -209,7 +209,7 @@ class OnnxRun:
         """``InferenceSession.run`` returns host arrays: the call has finished when it returns."""
 
     def device_time(self, mode: str, samples: int) -> Any:
-        from ..speed.timing import DeviceTime
+        from ..meters import DeviceTime
 
         if self.path.device == "cpu":
             return DeviceTime("host", (), "on the CPU the host runs the kernels: device time is the time per call")

@@ -32,6 +32,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from ..meters import format_seconds
+
 # ----------------------------------------------------------------------------------------------- constants
 #: the default threshold, the smallest slowdown worth failing: a figure more than 5% above its baseline's is slower
 #: where the benchmark resolves it (a device time resolves 2-5% between runs on an H100; a time per call rarely does)
@@ -454,15 +456,6 @@ class GateResult:
     def summary(self) -> str:
         parts = [f"{self.count(v)} {v}" for v in VERDICTS if self.count(v)]
         return ", ".join(parts) or "nothing compared"
-
-
-def format_seconds(value: float | None) -> str:
-    if value is None:
-        return "-"
-    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6), ("ns", 1e-9)):
-        if value >= scale:
-            return f"{value / scale:.3g} {unit}"
-    return f"{value:.3g} s"
 
 
 TABLE_HEADER = ("test", "per call", "ratio", "device ratio", "resolves", "kernel then", "kernel now", "verdict")

@@ -32,7 +32,7 @@ SWEEPS = (
 
 
 def _fmt(value: float | None) -> str:
-    from .policy import format_seconds
+    from ..meters import format_seconds
 
     return format_seconds(value)
 

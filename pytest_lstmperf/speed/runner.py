@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from .. import options
+from .. import meters, options
 from ..observation.claims import Finding, kernel_mismatch, known_kernel_finding
 from .shapes import bench_set
 
@@ -137,7 +137,6 @@ class BenchRunner:
         the benchmark synchronises after each timed call. ``flops`` (per call), when given, adds achieved
         FLOP/s; none is made up otherwise. Returns what one call of ``fn`` returned."""
         from ..observation.torch_trace import torch_trace
-        from . import timing
 
         device = self.session.device
         _skip_shared_gpu(device)
@@ -169,7 +168,7 @@ class BenchRunner:
             observed,
             timed,
             _user_device_time(fn, device.torch_device, trace.ops),
-            lambda: timing.host_counters(fn, device.torch_device),
+            lambda: meters.host_counters(fn, device.torch_device),
         )
         return result
 
@@ -203,12 +202,10 @@ class BenchRunner:
         """``__call__`` for a ``fn`` that returns JAX arrays (a JAX function, a Keras model on JAX): each timed
         call waits for its results (``jax.block_until_ready``: JAX dispatches asynchronously, so a
         synchronisation of torch's would not wait for it); on a GPU the device time is the GPU work that CUPTI
-        records (:func:`.timing.xla_device_time`) and the kernel is read from the GPU kernels of one call
+        records (:func:`..meters.xla_device_time`) and the kernel is read from the GPU kernels of one call
         (``cudnn`` where cuDNN's RNN kernels ran, ``jax-generic`` where only XLA's own did); no host counters
         (they count PyTorch's ATen ops, and JAX dispatches none)."""
         import jax
-
-        from . import timing
 
         device = self.session.device
         wait = jax.block_until_ready
@@ -230,10 +227,10 @@ class BenchRunner:
         def timed() -> None:
             wait(fn())
 
-        def dev_time(samples: int) -> timing.DeviceTime:
+        def dev_time(samples: int) -> meters.DeviceTime:
             if device.torch_device.startswith("cuda"):
-                return timing.xla_device_time(fn, wait, samples)
-            return timing.device_time(fn, device.torch_device, samples)  # the CPU: the time per call
+                return meters.xla_device_time(fn, wait, samples)
+            return meters.device_time(fn, device.torch_device, samples)  # the CPU: the time per call
 
         def counters() -> dict[str, Any]:
             return {"note": "not counted: the call runs JAX work (host counters count PyTorch's ATen ops)"}
@@ -292,7 +289,7 @@ class BenchRunner:
             )
             if self.benchmark.enabled:
                 anchors: list[float] = []
-                warm = 0 if (estimate or 0.0) >= timing.WARM_AFTER_ONE_S else 1  # a long call is warm already
+                warm = 0 if (estimate or 0.0) >= meters.WARM_AFTER_ONE_S else 1  # a long call is warm already
 
                 def setup() -> None:
                     anchors.append(anchor.time(repeat, clock))  # untimed by pytest-benchmark, timed here
@@ -335,13 +332,13 @@ class BenchRunner:
     @staticmethod
     def _device_time(extra: dict[str, Any], dev_time: Any, samples: int, data: list[float], anchor: Any) -> None:
         """The benchmark's device samples, each followed by one of the anchor's where they are taken in this process
-        (:func:`.timing.paired_with`), else the anchor's taken after them (a Keras worker's device time)."""
+        (:func:`..meters.paired_with`), else the anchor's taken after them (a Keras worker's device time)."""
         from . import timing
 
         if anchor.kind != "torch-cuda":
             dev = dev_time(samples)
         else:
-            with timing.paired_with(anchor.device_sample) as beside:
+            with meters.paired_with(anchor.device_sample) as beside:
                 dev = dev_time(samples)
             n = len(dev.samples)
             if n and len(beside) >= n:
@@ -478,17 +475,16 @@ def _skip_shared_gpu(device: DeviceInfo) -> None:
 def _meters(run: Any, call: Any, mode: str, device: DeviceInfo) -> tuple[Any, Any]:
     """``(dev_time(samples), counters())`` of a prepared run: a run whose kernels launch in another process
     (Keras's worker) measures its device time and counts its host work there."""
-    from . import timing
 
     own_time, own_counts = getattr(run, "device_time", None), getattr(run, "host_counters", None)
 
-    def dev_time(samples: int) -> timing.DeviceTime:
+    def dev_time(samples: int) -> meters.DeviceTime:
         if own_time is not None:
             return own_time(mode, samples)
-        return timing.device_time(call, device.torch_device, samples)
+        return meters.device_time(call, device.torch_device, samples)
 
     def counters() -> dict[str, Any]:
-        return own_counts(mode) if own_counts is not None else timing.host_counters(call, device.torch_device)
+        return own_counts(mode) if own_counts is not None else meters.host_counters(call, device.torch_device)
 
     return dev_time, counters
 
@@ -498,7 +494,6 @@ def _user_device_time(fn: Any, torch_device: str, ops: Any) -> Any:
     work of torch's streams only: where one traced call dispatched no ATen op (TensorFlow work, or JAX work whose
     results ``fn`` did not return), a replay would time an empty graph, so there is no device time, and the
     note says why (the run lists the benchmark as without a device comparison)."""
-    from . import timing
 
     if torch_device.startswith("cuda") and not ops:
         note = (
@@ -506,8 +501,8 @@ def _user_device_time(fn: Any, torch_device: str, ops: Any) -> Any:
             "none of its work (a JAX function must return its JAX arrays to be timed as JAX work; TensorFlow work "
             "has no device time here); the time per call decides"
         )
-        return lambda samples: timing.DeviceTime("none", (), note)
-    return lambda samples: timing.device_time(fn, torch_device, samples)
+        return lambda samples: meters.DeviceTime("none", (), note)
+    return lambda samples: meters.device_time(fn, torch_device, samples)
 
 
 def _holds_jax_arrays(result: Any) -> bool:

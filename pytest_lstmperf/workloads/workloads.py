@@ -506,8 +506,8 @@ def measure_overhead(cell: str, input_size: int, hidden: int, layers: int, batch
     module's flat weights) and, on CUDA, a CUDA-graph replay of the same call (the device-only cost)."""
     import torch
 
+    from ..meters import device_time
     from ..observation.torch_trace import torch_trace
-    from ..speed import timing
 
     dev = torch.device(device)
     cls = torch.nn.LSTM if cell == "lstm" else torch.nn.GRU
@@ -531,7 +531,7 @@ def measure_overhead(cell: str, input_size: int, hidden: int, layers: int, batch
     module_s, op_s = paired_median_times([call_module, call_op], sync, repeats)
     graph_s = None
     if dev.type == "cuda":
-        measured = timing.device_time(call_module, device)
+        measured = device_time(call_module, device)
         graph_s = measured.median if measured.method == "cuda-graph" else None
     with torch_trace(device, "forward") as trace:
         call_module()

@@ -52,7 +52,7 @@ def preload_device_timing() -> None:
     runs its other tests, rather than inside the first Keras-on-JAX benchmark's measurement: torch's profiler
     (about 3 s of imports on the H100) and CUPTI's first start (one empty profiling session: 1-2 s there).
     Without torch or its CUDA profiling nothing is done (the device time then says why it fell back)."""
-    from ...observation.torch_trace import cuda_profile
+    from ...meters import cuda_profile
 
     try:
         cuda_profile(lambda: None)
@@ -162,11 +162,11 @@ class JaxRunner(BackendRunner):
     def device_time(self, kind: str, samples: int) -> Any:
         """Device seconds per call of the forward executable or the training step's. XLA runs them on JAX's own
         CUDA streams, which torch's CUDA graphs and events do not see; CUPTI records their kernels all the same
-        (:func:`pytest_lstmperf.speed.timing.cupti_device_time`, through torch's profiler where torch is
+        (:func:`pytest_lstmperf.meters.cupti_device_time`, through torch's profiler where torch is
         installed). Without it, calls queued back to back are timed until the last result is ready
-        (:func:`pytest_lstmperf.speed.timing.pipelined_device_time`): on the H100 a Keras-on-JAX cuDNN call
+        (:func:`pytest_lstmperf.meters.pipelined_device_time`): on the H100 a Keras-on-JAX cuDNN call
         waits on a copy to the host inside it, so that figure is host-bound there and the gate says so."""
-        from ...speed.timing import xla_device_time
+        from ...meters import xla_device_time
 
         executable = self._executable("forward" if kind == "forward" else "backward")
         return xla_device_time(lambda: executable(*self.args), self.jax.block_until_ready, samples)

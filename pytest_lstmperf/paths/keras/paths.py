@@ -509,7 +509,7 @@ class KerasRun:
         return self._call("time", kind, repeats, warmup)
 
     def device_time(self, kind: str, samples: int) -> Any:
-        """:class:`pytest_lstmperf.speed.timing.DeviceTime` of ``forward`` or ``train_step``, measured in the worker,
+        """:class:`pytest_lstmperf.meters.DeviceTime` of ``forward`` or ``train_step``, measured in the worker,
         whose process launches the kernels (a CUDA graph captured here would be empty)."""
         return self._call("device_time", kind, samples)
 

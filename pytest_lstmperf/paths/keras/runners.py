@@ -166,8 +166,8 @@ class LocalKerasRun:
         return samples
 
     def device_time(self, kind: str, samples: int) -> Any:
-        """Device seconds per call of ``forward`` or ``train_step`` (``speed.timing.device_time``)."""
-        from ...speed.timing import DeviceTime, device_time
+        """Device seconds per call of ``forward`` or ``train_step`` (``meters.device_time``)."""
+        from ...meters import DeviceTime, device_time
 
         if self.options.backend == "jax" and self.device == "cuda":
             return self._impl.device_time(kind, samples)  # type: ignore[attr-defined]
@@ -182,7 +182,7 @@ class LocalKerasRun:
         return device_time(call, "cuda:0" if self.device == "cuda" else "cpu", samples)
 
     def host_counters(self, kind: str) -> dict[str, Any]:
-        """Host counters of one ``forward`` or ``train_step`` (:func:`pytest_lstmperf.speed.timing.host_counters`),
+        """Host counters of one ``forward`` or ``train_step`` (:func:`pytest_lstmperf.meters.host_counters`),
         counted in this process, which dispatches the ops; TensorFlow's ops are no ATen ops: a note only."""
         if self.options.backend != "torch":
             return {
@@ -191,7 +191,7 @@ class LocalKerasRun:
                 "do not see: "
                 "no host counters (the time per call decides)"
             }
-        from ...speed.timing import host_counters
+        from ...meters import host_counters
 
         call = self.forward if kind == "forward" else self.train_step
         return host_counters(call, "cuda:0" if self.device == "cuda" else "cpu")
