@@ -2,7 +2,8 @@
 it (the benchmark's, or a Keras worker's).
 
 * **Device time** (:func:`device_time`): a CUDA graph of one call is captured and replayed; CUDA events around
-  the replays time the kernels without the host (the graph launches them back to back). When capture fails (an
+  the replays, queued behind a spin of the GPU so that the host's launches leave no gap between them
+  (:class:`ReplayTimer`), time the kernels without the host. When capture fails (an
   op that synchronises, a CPU fallback inside the call) the call itself is timed with CUDA events around
   several back-to-back calls (their mean is one sample), a note says so: that figure also holds the gaps where
   the GPU waited for launches, so it is an upper bound. Work another runtime launches in this process (XLA:
@@ -104,8 +105,7 @@ def device_time(call: Callable[[], object], device: str, samples: int = 15, repl
 
     dev = torch.device(device)
     try:
-        kept, dropped = _graph_replay_times(torch, dev, call, samples, replays)
-        return DeviceTime("cuda-graph", tuple(kept), transient_note(kept, dropped))
+        return DeviceTime("cuda-graph", tuple(_graph_replay_times(torch, dev, call, samples, replays)))
     except Exception as exc:
         with contextlib.suppress(Exception):
             torch.cuda.synchronize(dev)
@@ -300,48 +300,133 @@ def capture_failure(exc: BaseException) -> str:
     return reason + "".join(f" ({hint})" for key, hint in CAPTURE_HINTS.items() if key in cause)
 
 
-def _graph_replay_times(
-    torch: Any, dev: Any, call: Callable[[], object], samples: int, replays: int
-) -> tuple[list[float], list[float]]:
-    # capture recipe from the CUDA graphs notes: warm up on a side stream, then capture one call
+def capture_graph(torch: Any, dev: Any, call: Callable[[], object], warmups: int = 3) -> Any:
+    """A CUDA graph of one call of ``call``, by the recipe of the CUDA graphs notes: warm-up calls on a side
+    stream (one for a call of :data:`WARM_AFTER_ONE_S` or more: it ran in the timed rounds already), then one call
+    captured. A capture that fails leaves the device's default random generator as it found it: torch marks the
+    generator as capturing when a capture begins and clears the mark only when the capture ends well, so after a
+    failed capture of a call that draws random numbers (dropout in training) every later random op of the
+    process raised "Offset increment outside graph capture encountered unexpectedly" (on the H100 a failed
+    capture in one test failed the next test's dropout)."""
     side = torch.cuda.Stream(dev)
     side.wait_stream(torch.cuda.current_stream(dev))
     with torch.cuda.stream(side):
-        for _ in range(3):
+        for _ in range(warmups):
             started = time.perf_counter()
             call()
             torch.cuda.synchronize(dev)
             if time.perf_counter() - started >= WARM_AFTER_ONE_S:
-                break  # a long call (already run in the timed rounds) is warm on the side stream after one
+                break
     torch.cuda.current_stream(dev).wait_stream(side)
     torch.cuda.synchronize(dev)
+    generator = _default_generator(torch, dev)
+    saved = generator.get_state() if generator is not None else None
     graph = torch.cuda.CUDAGraph()
     try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            with torch.cuda.graph(graph):
-                call()
+        with torch.cuda.graph(graph):
+            call()
+    except BaseException:
+        if generator is not None:
+            release_generator(torch, dev, generator, saved)
+        raise
+    return graph
+
+
+def _default_generator(torch: Any, dev: Any) -> Any:
+    try:
+        index = dev.index if dev.index is not None else torch.cuda.current_device()
+        return torch.cuda.default_generators[index]
+    except Exception:
+        return None
+
+
+def release_generator(torch: Any, dev: Any, generator: Any, state: Any) -> None:
+    """Give ``generator`` a fresh state holding ``state`` (its seed and offset before a capture), not marked as
+    capturing: what a capture that failed should have left."""
+    with contextlib.suppress(Exception):
+        torch.cuda.synchronize(dev)
+    fresh = torch.Generator(device=dev)
+    fresh.set_state(state)
+    generator.graphsafe_set_state(fresh)
+
+
+#: how long the GPU spins before a device sample's replays at first: the host queues the replays meanwhile, so
+#: that the GPU runs them back to back whatever the host does (doubled, up to :data:`MAX_HOLD_S`, where the host
+#: was not done queueing when the spin ended)
+HOLD_S = 0.0005
+MAX_HOLD_S = 0.05
+_SPIN_RATE: dict[str, float] = {}  # GPU spin cycles per second, per device
+
+
+class ReplayTimer:
+    """Device seconds per replay of a captured CUDA graph: ``replays`` back-to-back replays between two CUDA
+    events, queued behind a spin of the GPU (``torch.cuda._sleep``) long enough for the host to queue them all
+    before the first starts. Without it the events also timed the gaps where the GPU waited for the host to
+    launch the next replay: on the H100 a 190 us graph of small kernels read 17% slow for a whole measurement
+    while the anchor's 350 us matmul, whose replays the host queues while the previous one runs, read 3% slow
+    (a busy host, not a slower GPU). A sample whose spin ended before the host had queued its replays is taken
+    again with a longer spin; one still late at :data:`MAX_HOLD_S` is kept."""
+
+    def __init__(self, torch: Any, dev: Any, replay: Callable[[], object], replays: int) -> None:
+        self.torch, self.dev, self.replay, self.replays = torch, dev, replay, replays
+        self.hold_s = HOLD_S
+        self.rate = _spin_rate(torch, dev)
+
+    def __call__(self) -> float:
+        torch = self.torch
+        while True:
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            if self.rate:
+                torch.cuda._sleep(int(self.hold_s * self.rate))
+            start.record()
+            for _ in range(self.replays):
+                self.replay()
+            end.record()
+            late = bool(self.rate) and start.query()  # the GPU had reached the first replay already
+            end.synchronize()
+            if not late or self.hold_s >= MAX_HOLD_S:
+                return float(start.elapsed_time(end)) / 1000.0 / self.replays
+            self.hold_s = min(2 * self.hold_s, MAX_HOLD_S)
+
+
+def _spin_rate(torch: Any, dev: Any) -> float:
+    """Cycles per second of ``torch.cuda._sleep`` on ``dev`` (measured once per process); 0 where it is missing."""
+    key = str(dev)
+    if key not in _SPIN_RATE:
+        rate = 0.0
+        with contextlib.suppress(Exception):
+            cycles = 1_000_000
+            torch.cuda._sleep(cycles)  # the first launch loads the kernel
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            torch.cuda._sleep(cycles)
+            end.record()
+            end.synchronize()
+            rate = cycles / (start.elapsed_time(end) / 1000.0)
+        _SPIN_RATE[key] = rate
+    return _SPIN_RATE[key]
+
+
+def _graph_replay_times(torch: Any, dev: Any, call: Callable[[], object], samples: int, replays: int) -> list[float]:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        graph = capture_graph(torch, dev, call)
+    try:
         if any("graph is empty" in str(w.message).lower() for w in caught):
             # the call launched nothing on this process's capture stream (its kernels ran elsewhere, e.g.
             # in another process): replaying the empty graph would time nothing
             raise RuntimeError("the captured CUDA graph is empty: the call launched no kernels on this stream")
         graph.replay()
         torch.cuda.synchronize(dev)
-        replay = graph.replay
+        timer = ReplayTimer(torch, dev, graph.replay, replays)
 
         def sample() -> float:
-            start = torch.cuda.Event(enable_timing=True)
-            end = torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(replays):
-                replay()
-            end.record()
-            end.synchronize()
-            value = start.elapsed_time(end) / 1000.0 / replays
+            value = timer()
             _after_sample()
             return value
 
-        return settled([sample() for _ in range(samples)], samples, sample)
+        return [sample() for _ in range(samples)]
     finally:
         del graph
 
@@ -371,9 +456,11 @@ def settled(
 ) -> tuple[list[float], list[float]]:
     """``(kept, dropped)``: the last ``needed`` samples once a start-up transient's leading samples are dropped
     (:func:`transient_prefix`), further samples taken from ``more()`` in their place (at most ``max_extra``,
-    default ``needed``; fewer are kept where the transient outlasts them). An H100 clean run once failed on
-    graph replays that started at 2-3x their steady time and decayed over a second, in the first measurement
-    and again at the start of its re-measurement; a steady slowdown has no such prefix and is kept whole."""
+    default ``needed``; fewer are kept where the transient outlasts them); a steady slowdown has no such prefix
+    and is kept whole. For the meters that time calls as the host queues them (CUPTI, pipelined calls); graph
+    replays are queued behind a spin instead (:class:`ReplayTimer`): there, samples that started at 2-3x their
+    steady level on the H100 were the host's launch gaps, and dropping them once traded clean samples for slow
+    ones."""
     out = list(samples)
     limit = needed if max_extra is None else max_extra
     extra = 0

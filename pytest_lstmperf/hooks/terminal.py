@@ -135,7 +135,7 @@ def timing_notes(records: list[dict[str, Any]]) -> list[str]:
     settled = sum(1 for r in records if "start-up transient" in str(r["extra_info"].get("device_time_note", "")))
     if settled:
         notes.append(
-            f"device time: {settled} benchmark(s) started with a transient (graph replays more than 5% above their "
+            f"device time: {settled} benchmark(s) started with a transient (device samples more than 5% above their "
             "steady level); those leading samples were left out and more taken, see extra_info.device_time_note"
         )
     if any(r["extra_info"].get("timed_by") for r in records):

@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .. import meters
 from ..meters import WARM_AFTER_ONE_S, DeviceTime, long_call_samples
 
 
@@ -114,6 +115,7 @@ class Anchor:
             )
             self._cuda = dev.type == "cuda"
             self._graph: Any = None
+            self._timer: Any = None
             if self._cuda:
                 self._a = (torch.randn(2048, 2048, generator=gen) / 45).to(dev)
         self.once()  # the first call pays one-off costs
@@ -165,31 +167,18 @@ class Anchor:
             torch.tanh(self._a @ self._a)
 
     def device_sample(self, replays: int = 5) -> float:
-        """Device seconds of the device part, from ``replays`` back-to-back replays of its CUDA graph between two
-        CUDA events, as :func:`..meters.device_time` times a benchmark; the graph is captured once per run."""
-        torch = self._torch
-        if self._graph is None:
+        """Device seconds of the device part, from ``replays`` back-to-back replays of its CUDA graph, timed as
+        :func:`..meters.device_time` times a benchmark's (:class:`..meters.ReplayTimer`); the graph is captured
+        once per run."""
+        if self._timer is None or self._timer.replays != replays:
+            torch = self._torch
             dev = torch.device(self.torch_device)
-            side = torch.cuda.Stream(dev)
-            side.wait_stream(torch.cuda.current_stream(dev))
-            with torch.cuda.stream(side):
-                for _ in range(3):
-                    self.device_call()
-            torch.cuda.current_stream(dev).wait_stream(side)
-            torch.cuda.synchronize(dev)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                self.device_call()
-            graph.replay()
-            torch.cuda.synchronize(dev)
-            self._graph = graph
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(replays):
-            self._graph.replay()
-        end.record()
-        end.synchronize()
-        return float(start.elapsed_time(end)) / 1000.0 / replays
+            if self._graph is None:
+                self._graph = meters.capture_graph(torch, dev, self.device_call)
+                self._graph.replay()
+                torch.cuda.synchronize(dev)
+            self._timer = meters.ReplayTimer(torch, dev, self._graph.replay, replays)
+        return self._timer()
 
     def device_time(self, samples: int) -> DeviceTime:
         """``samples`` device samples one after another (where they could not alternate with the benchmark's)."""
