@@ -152,6 +152,23 @@ def test_an_upgrade_is_compared_and_named() -> None:
     assert policy.upgrade_of([base], {"torch": "2.12.0", "keras": "3.15.1"}) is None
 
 
+def test_an_upgrade_counts_every_check_that_moved_whatever_verdict_won() -> None:
+    """Keras 3.14.0 -> 3.15.1 on the H100: the cuDNN path ran 3-4x faster on the device and did a hundredth of
+    the host work; the verdict is host-work-changed (it fails), and the headline counts it as faster too, not as
+    "0 faster"."""
+    counts = {"aten_ops": 2640, "kernels": 2621}
+    base = reference(record(seed=1, device=True, counters=counts))
+    base = Reference(base.name, base.runs, base.kernel, {"keras": "3.14.0"})
+    now = record(seed=2, device=True, call_s=0.25e-3, counters={"aten_ops": 32, "kernels": 414})
+    decisions = [decide(Measurement.from_record(now), base)]
+    assert decisions[0].verdict == "host-work-changed"
+    upgrade = policy.upgrade_of([base], {"keras": "3.15.1"})
+    assert upgrade is not None
+    assert upgrade.headline(decisions) == (
+        "upgrade: keras 3.14.0 -> 3.15.1: 0 slower, 1 faster, 0 kernel changed, 1 host work changed"
+    )
+
+
 def test_too_few_samples_or_no_timings_are_inconclusive_never_a_pass() -> None:
     base = reference(record(seed=1))
     few = decide(Measurement.from_record(record(seed=2, n=3)), base)

@@ -391,10 +391,19 @@ class Upgrade:
     changed: Mapping[str, tuple[str, str]]
 
     def headline(self, decisions: Sequence[Decision]) -> str:
+        """What moved, counted per check whatever verdict won: a benchmark that ran 4x faster and did less host
+        work counts as faster and as host work changed (Keras 3.14.0 -> 3.15.1 on the H100)."""
         moved = ", ".join(f"{k} {a} -> {b}" for k, (a, b) in sorted(self.changed.items()))
-        counts = {v: sum(1 for d in decisions if d.verdict == v) for v in ("regressed", "improved", "kernel-changed")}
-        parts = [f"{counts['regressed']} slower", f"{counts['improved']} faster"]
-        parts.append(f"{counts['kernel-changed']} kernel changed")
+
+        def count(metrics: tuple[str, ...], verdict: str) -> int:
+            return sum(1 for d in decisions if any(c.metric in metrics and c.verdict == verdict for c in d.checks))
+
+        parts = [f"{count(METRICS, 'regressed')} slower", f"{count(METRICS, 'improved')} faster"]
+        kernel = sum(1 for d in decisions if d.verdict == "kernel-changed")
+        parts.append(f"{kernel} kernel changed")
+        host = count(("host",), "host-work-changed")
+        if host:
+            parts.append(f"{host} host work changed")
         return f"upgrade: {moved}: {', '.join(parts)}"
 
 
