@@ -100,7 +100,7 @@ import json, os
 os.environ["KERAS_BACKEND"] = "jax"
 import numpy as np, keras
 import pytest_lstmperf
-from pytest_lstmperf.numerics import verify_model as vm
+from pytest_lstmperf.numerics import verify_keras as vk, verify_model as vm
 from pytest_lstmperf.observation import calls
 
 keras.utils.set_random_seed(0)
@@ -117,22 +117,22 @@ def summary(outcomes):
             "traces": [t.describe() for t in o.traces], "mismatches": [m.message for m in o.mismatches]}
 
 measured = []
-sensitivity = vm._keras_sensitivity
-vm._keras_sensitivity = lambda *args: measured.append(sensitivity(*args)) or measured[-1]
+sensitivity = vk._keras_sensitivity
+vk._keras_sensitivity = lambda *args: measured.append(sensitivity(*args)) or measured[-1]
 out["clean"] = summary(vm.verify_model(model, x, device="cpu", raise_on_failure=False))
 # the faults below are in the path's run: the model's measured sensitivity is reused, not measured again
-vm._keras_sensitivity = lambda *args: measured[0]
+vk._keras_sensitivity = lambda *args: measured[0]
 
 import jax
-original = vm._keras_jax_run
+original = vk._keras_jax_run
 def perturbed(m, data):
     run = original(m, data)
     if not jax.config.jax_enable_x64:  # the path's run, not the float64 reference
         run.outputs = [o * (1 + 2.6e-6) for o in run.outputs]
     return run
-vm._keras_jax_run = perturbed
+vk._keras_jax_run = perturbed
 out["perturbed"] = summary(vm.verify_model(model, x, device="cpu", raise_on_failure=False))
-vm._keras_jax_run = original
+vk._keras_jax_run = original
 
 def unobservable(seen, layer, *args):
     if layer.name.startswith("gru"):
@@ -253,7 +253,7 @@ os.environ["JAX_PLATFORMS"] = "cpu"
 import numpy as np, keras, jax, jax.numpy as jnp
 from keras.src import backend
 from pytest_lstmperf.observation import calls
-from pytest_lstmperf.numerics import verify_model as vm
+from pytest_lstmperf.numerics import verify_keras as vk
 
 """
     + SCAN_LSTM
@@ -269,10 +269,10 @@ backend.lstm = fast
 keras.utils.set_random_seed(0)
 model = keras.Sequential([keras.Input((5, 3)), keras.layers.LSTM(4)])
 x = np.random.default_rng(0).standard_normal((2, 5, 3)).astype("float32")
-loop = vm._keras_variant(model, use_cudnn=False)
-as_built, looped = vm._keras_jax_run(model, x), vm._keras_jax_run(loop, x)
+loop = vk._keras_variant(model, use_cudnn=False)
+as_built, looped = vk._keras_jax_run(model, x), vk._keras_jax_run(loop, x)
 out = {"ratio": float(np.max(np.abs(as_built.outputs[0])) / np.max(np.abs(looped.outputs[0]))),
-       "steps": len(vm._JAX_STEPS), "traces": len(calls._JAX_TRACES),
+       "steps": len(vk._JAX_STEPS), "traces": len(calls._JAX_TRACES),
        "switches": [calls.unserialized_switches(model), calls.unserialized_switches(loop)]}
 print("RESULT " + json.dumps(out))
 """

@@ -10,7 +10,8 @@ torch = pytest.importorskip("torch")
 
 from pytest_lstmperf import ModelCheckFailed, verify_model  # noqa: E402
 from pytest_lstmperf.numerics.tolerance import growth  # noqa: E402
-from pytest_lstmperf.numerics.verify_model import envelope_spec, layer_spec  # noqa: E402
+from pytest_lstmperf.numerics.verify_model import envelope_spec  # noqa: E402
+from pytest_lstmperf.numerics.verify_torch import layer_spec  # noqa: E402
 
 
 class Tagger(torch.nn.Module):
@@ -249,7 +250,7 @@ def test_known_precision_finding_holds_numbers_to_what_ran(x, monkeypatch):
     a precision failure, and every tensor is held to the fp16 bound (tighter than bf16's)."""
     import dataclasses
 
-    from pytest_lstmperf.numerics import verify_model as own_model
+    from pytest_lstmperf.numerics import verify_torch as own_model
     from pytest_lstmperf.observation import claims as known_findings
 
     name = "torch-cpu-native-autocast-bf16"

@@ -72,7 +72,7 @@ def test_a_bound_widened_past_0_1_is_listed_with_its_error_and_the_unwidened_bou
     import numpy as np
 
     from pytest_lstmperf.model.spec import LayerSpec
-    from pytest_lstmperf.numerics.verify_model import PathOutcome, _check_numbers, _finish, _Run
+    from pytest_lstmperf.numerics.verify_model import ModelRun, PathOutcome, _check_numbers, _finish
 
     class Widened:
         def factor(self, quantity, pass_):
@@ -81,8 +81,8 @@ def test_a_bound_widened_past_0_1_is_listed_with_its_error_and_the_unwidened_bou
         def explain(self, quantity, pass_):
             return "planted conditioning"
 
-    ref = _Run([np.ones(4)], {"w": np.ones(4)}, [], {})
-    run = _Run([np.ones(4)], {"w": np.ones(4) * (1 + 1e-3)}, [], {})
+    ref = ModelRun([np.ones(4)], {"w": np.ones(4)}, [], {})
+    run = ModelRun([np.ones(4)], {"w": np.ones(4) * (1 + 1e-3)}, [], {})
     spec = LayerSpec(cell="lstm", input_size=4, hidden_size=4, seq_len=3, batch=2)
     outcome = PathOutcome("torch-cpu-native")
     assert _check_numbers(run, ref, ("cpu-native", "fp32"), spec, outcome, Widened()) == []
@@ -119,16 +119,16 @@ def test_a_forward_that_fixes_its_device_is_told_how_to_make_it_movable() -> Non
 
 def test_the_reference_runs_on_the_paths_device(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every float64 run (the reference and the conditioning's twins) on the device the paths run on."""
-    from pytest_lstmperf.numerics import verify_model as vm
+    from pytest_lstmperf.numerics import verify_torch as vt
 
     devices = []
-    real = vm._run
+    real = vt._run
 
     def spy(model, inputs, device, dtype, path=None):
         devices.append((str(device), dtype))
         return real(model, inputs, device, dtype, path)
 
-    monkeypatch.setattr(vm, "_run", spy)
+    monkeypatch.setattr(vt, "_run", spy)
     verify_model(torch.nn.LSTM(3, 4), torch.randn(5, 2, 3), device="cpu", paths=["torch-cpu-onednn"])
     assert {d for d, dtype in devices if dtype == torch.float64} == {"cpu"}
     assert len([1 for _, dtype in devices if dtype == torch.float64]) == 3  # reference + two perturbed twins

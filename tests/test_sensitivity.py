@@ -5,6 +5,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from pytest_lstmperf.numerics import verify_model as vm  # noqa: E402
+from pytest_lstmperf.numerics import verify_torch as vt  # noqa: E402
 from pytest_lstmperf.numerics.sensitivity import Sensitivity  # noqa: E402
 
 
@@ -24,9 +25,9 @@ class Offset(torch.nn.Module):
 
 
 def _sensitivity(model, x):
-    ref = vm._run(model, (x,), "cpu", torch.float64)
+    ref = vt._run(model, (x,), "cpu", torch.float64)
     spec = vm.envelope_spec(list(ref.layer_shapes.values()))
-    return vm._sensitivity(model, (x,), ref, spec)
+    return vt._sensitivity(model, (x,), ref, spec)
 
 
 def test_a_well_conditioned_model_keeps_the_canonical_bounds():
@@ -48,8 +49,8 @@ def test_widened_bound_still_fails_a_planted_fault():
     torch.manual_seed(0)
     model = torch.nn.LSTM(8, 16, batch_first=True)
     x, h0 = torch.randn(3, 10, 8), (0.5 * torch.randn(1, 3, 16), 0.5 * torch.randn(1, 3, 16))
-    ref = vm._run(model, (x, h0), "cpu", torch.float64)
-    wrong = vm._run(model, (x, (torch.zeros(1, 3, 16), torch.zeros(1, 3, 16))), "cpu", torch.float32)
+    ref = vt._run(model, (x, h0), "cpu", torch.float64)
+    wrong = vt._run(model, (x, (torch.zeros(1, 3, 16), torch.zeros(1, 3, 16))), "cpu", torch.float32)
     spec = vm.envelope_spec(list(ref.layer_shapes.values()))
     wide = Sensitivity({q: 1e6 for q in ("output 0",)}, {"forward": 1.0, "backward": 1.0})
     found = vm._check_numbers(wrong, ref, ("onednn", "fp32"), spec, vm.PathOutcome("cpu"), _sensitivity(model, x))
@@ -66,7 +67,7 @@ sys.modules.setdefault("tensorflow", None)  # keras.utils.set_random_seed would 
 import re
 import numpy as np
 import keras
-from pytest_lstmperf.numerics.verify_model import verify_keras_model
+from pytest_lstmperf.numerics.verify_keras import verify_keras_model
 
 def build(offset):
     keras.utils.set_random_seed(0)

@@ -42,8 +42,8 @@ from pytest_lstmperf.model.case import make_case  # noqa: E402
 from pytest_lstmperf.model.reference import run_reference  # noqa: E402
 from pytest_lstmperf.model.spec import LayerSpec  # noqa: E402
 from pytest_lstmperf.model.strategies import PROFILES, specs_for_path  # noqa: E402
-from pytest_lstmperf.numerics.checks import bound_precision, check_trace, relative_error  # noqa: E402
-from pytest_lstmperf.numerics.tolerance import DATA_FILE, UNIT_ROUNDOFF, growth  # noqa: E402
+from pytest_lstmperf.numerics.checks import check_trace, relative_error  # noqa: E402
+from pytest_lstmperf.numerics.tolerance import DATA_FILE, UNIT_ROUNDOFF, bound_precision, growth  # noqa: E402
 
 #: the committed raw samples the constants are fitted from (one file per device)
 SAMPLES_DIR = ROOT / "docs" / "data"

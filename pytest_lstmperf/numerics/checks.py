@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from ..model.spec import LayerSpec
-from ..observation.claims import satisfies
+from ..observation.claims import KnownFinding, differences, explain_trace
 from .tolerance import Tolerance, ToleranceTooLoose, pairwise_tolerance, tolerance
 
 
@@ -35,24 +36,17 @@ def relative_error(value: np.ndarray, reference: np.ndarray) -> float:
     return diff / norm if norm > 0 else diff
 
 
-def bound_precision(claimed: str, observed: str) -> str:
-    """The precision whose bound a pass is held to: the one it was observed to run in (autocast that ran
-    fp16 where bf16 was claimed is held to fp16); an observation that satisfies the claim (fp32 kernels
-    where TF32 is allowed) or that the trace could not tell (``unknown``) keeps the claimed precision."""
-    if satisfies(claimed, observed) or observed not in ("fp32", "tf32", "fp16", "bf16", "fp64"):
-        return claimed
-    return observed
-
-
 def check_trace(expected: tuple[str, str], trace: object | None, pass_: str) -> list[Mismatch]:
-    """The observed kernel family and precision of one pass against the path's claim for the spec."""
+    """The observed kernel family and precision of one pass against the path's claim for the spec (what departs
+    from it: :func:`pytest_lstmperf.observation.claims.differences`)."""
     if trace is None:
         return [Mismatch("kernel", pass_, f"no {pass_} trace was recorded")]
     found: list[Mismatch] = []
     expected_family, expected_precision = expected
     kernels = ", ".join(k[:90] for k in trace.kernels[:8]) or "-"  # type: ignore[attr-defined]
     ops = ", ".join(trace.ops[:12]) or "-"  # type: ignore[attr-defined]
-    if trace.family != expected_family:  # type: ignore[attr-defined]
+    departs = dict(differences(expected, (trace.family, trace.precision)))  # type: ignore[attr-defined]
+    if "kernel" in departs:
         found.append(
             Mismatch(
                 "kernel",
@@ -61,7 +55,7 @@ def check_trace(expected: tuple[str, str], trace: object | None, pass_: str) -> 
                 f"(ops seen: {ops}; GPU kernels seen: {kernels})",
             )
         )
-    if not satisfies(expected_precision, trace.precision):  # type: ignore[attr-defined]
+    if "precision" in departs:
         found.append(
             Mismatch(
                 "precision",
@@ -72,6 +66,19 @@ def check_trace(expected: tuple[str, str], trace: object | None, pass_: str) -> 
             )
         )
     return found
+
+
+def judge_trace(
+    path: Any, expected: tuple[str, str], trace: Any, pass_: str
+) -> tuple[list[Mismatch], list[KnownFinding]]:
+    """One pass's trace against the claim ``expected``, with the known findings applied: the one decision the
+    suites (:mod:`.equivalence`) and ``verify_model`` make. ``([], findings)`` where known findings of ``path``
+    explain every difference (:func:`pytest_lstmperf.observation.claims.explain_trace`); ``(mismatches, [])``
+    otherwise (:func:`check_trace`; ``([], [])`` where the trace meets the claim, and a missing trace is a
+    mismatch, never explained)."""
+    found = check_trace(expected, trace, pass_)
+    explained = explain_trace(path, expected, trace) if found and trace is not None else None
+    return ([], explained) if explained else (found, [])
 
 
 def _quantities(result: object, spec: LayerSpec) -> Iterable[tuple[str, str, np.ndarray | None]]:

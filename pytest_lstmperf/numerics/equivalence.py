@@ -27,17 +27,9 @@ import pytest
 from ..model.case import make_case
 from ..model.reference import run_reference
 from ..model.spec import Cell, LayerSpec
-from ..observation.claims import (
-    Finding,
-    KnownFinding,
-    current_versions,
-    explain_trace,
-    findings_for,
-    known_error,
-    lookup,
-)
-from .checks import Mismatch, bound_precision, check_against, check_finite, check_trace, format_failure
-from .tolerance import Tolerance, pairwise_tolerance, tolerance
+from ..observation.claims import Finding, KnownFinding, current_versions, findings_for, known_error, lookup
+from .checks import Mismatch, check_against, check_finite, format_failure, judge_trace
+from .tolerance import Tolerance, bound_of_what_ran, pairwise_tolerance
 
 if TYPE_CHECKING:
     from ..session import LstmPerfSession
@@ -131,34 +123,31 @@ def _fail(path_name: str, spec: LayerSpec, seed: int, mismatches: list[Mismatch]
 
 
 def _trace_checks(path: Any, spec: LayerSpec, result: Any, node: pytest.Item | None) -> list[Mismatch]:
-    """Kernel and precision of each pass against the claim; a difference a known finding documents is
-    recorded as confirmed (expected), any other is a mismatch."""
+    """Kernel and precision of each pass against the claim (:func:`pytest_lstmperf.numerics.checks.judge_trace`);
+    a difference known findings document is recorded as confirmed (expected), any other is a mismatch."""
     expected = path.expected(spec)
     traces = [("forward", result.forward_trace)] + ([("backward", result.backward_trace)] if spec.training else [])
     mismatches: list[Mismatch] = []
     for pass_, trace in traces:
-        found = check_trace(expected, trace, pass_)
         if trace is not None:
             _note(
                 node, "lstmperf_observed", f"{'fwd' if pass_ == 'forward' else 'bwd'} {trace.family}/{trace.precision}"
             )
-        known = explain_trace(path, expected, trace) if found and trace is not None else None
-        if known:
-            for finding in known:
-                _tally(node).confirmed.setdefault(finding, []).append(spec.short())
-            continue
+        found, known = judge_trace(path, expected, trace, pass_)
+        for finding in known:
+            _tally(node).confirmed.setdefault(finding, []).append(spec.short())
         mismatches += found
     return mismatches
 
 
 def observed_tolerance(path: Any, spec: LayerSpec, result: Any) -> Callable[[str], Tolerance]:
-    """pass -> the bound of the kernel family and precision that pass was observed to run."""
+    """pass -> the bound of the kernel family and precision that pass was observed to run
+    (:func:`pytest_lstmperf.numerics.tolerance.bound_of_what_ran`; the claim's where the pass has no trace)."""
     expected = path.expected(spec)
 
     def bound(pass_: str) -> Tolerance:
         trace = result.forward_trace if pass_ == "forward" else result.backward_trace
-        family, precision = expected if trace is None else (trace.family, bound_precision(expected[1], trace.precision))
-        return tolerance(precision, pass_, spec, family)
+        return bound_of_what_ran(expected, [] if trace is None else [(trace.family, trace.precision)], pass_, spec)
 
     return bound
 

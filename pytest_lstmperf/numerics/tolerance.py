@@ -23,13 +23,16 @@ largest normalised error), labelled ``legacy``.
 A bound that reaches :data:`MAX_REL` (0.1 relative error) is refused (:class:`ToleranceTooLoose`): a zero or
 garbage tensor errs by ~1, and a check that would pass it is no check. Such specs are not generated for the
 path (:mod:`pytest_lstmperf.model.strategies`), and a check handed one fails as inconclusive.
+
+A pass is held to the bound of what it ran (:func:`bound_of_what_ran`): the kernel family and precision its
+traces observed, not what the path claims; the suites (:mod:`.equivalence`) and ``verify_model`` both ask it.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -37,6 +40,7 @@ from pathlib import Path
 import numpy as np
 
 from ..model.spec import LayerSpec
+from ..observation.claims import satisfies
 
 UNIT_ROUNDOFF = {"fp64": 2.0**-53, "fp32": 2.0**-24, "tf32": 2.0**-11, "fp16": 2.0**-11, "bf16": 2.0**-8}
 #: the quantile of the residual ratio a constant is set from, and the margin over it
@@ -138,6 +142,27 @@ def tolerance_at(precision: str, pass_: str, g: float, family: str | None = None
     if fit < floor:
         basis += f"; raised to the floor of {MIN_UNITS[precision]:g} u (the fit gives {fit:.2e} here)"
     return Tolerance(precision, pass_, max(fit, floor), a, basis, b, owner)
+
+
+def bound_precision(claimed: str, observed: str) -> str:
+    """The precision whose bound a pass is held to: the one it was observed to run in (autocast that ran
+    fp16 where bf16 was claimed is held to fp16); an observation that satisfies the claim (fp32 kernels
+    where TF32 is allowed) or that the trace could not tell (``unknown``) keeps the claimed precision."""
+    if satisfies(claimed, observed) or observed not in ("fp32", "tf32", "fp16", "bf16", "fp64"):
+        return claimed
+    return observed
+
+
+def bound_of_what_ran(
+    claimed: tuple[str, str], ran: Iterable[tuple[str, str]], pass_: str, spec: LayerSpec
+) -> Tolerance:
+    """The bound of what ran: the tolerance of ``pass_`` for each (kernel family, precision) it was observed to
+    run (``ran``), at the precision it is held to (:func:`bound_precision` against the ``claimed`` precision);
+    the loosest of them where they differ (a model errs no less than its least precise layer); the claim's
+    (family, precision) where nothing was observed. Raises :class:`ToleranceTooLoose` as :func:`tolerance` does."""
+    held = {(family, bound_precision(claimed[1], precision)) for family, precision in ran}
+    bounds = [tolerance(precision, pass_, spec, family) for family, precision in sorted(held or {claimed})]
+    return max(bounds, key=lambda b: b.rel)
 
 
 def pairwise_tolerance(precision: str, pass_: str, spec: LayerSpec, family: str | None = None) -> Tolerance:

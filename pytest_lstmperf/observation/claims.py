@@ -1,12 +1,14 @@
 """What satisfies a claim, and the known findings: documented upstream behaviours that make a path run
 something other than it claims.
 
-The one rule for whether an observed kernel and precision satisfy a claim (:func:`satisfies`,
-:func:`same_kernel`, with the claim checks built on them), the one table of known findings, and the one
-lookup. A known finding changes only what a path is *expected* to run (its kernel family or precision); it
-never switches off the path's numbers: the equivalence suite checks every path for NaN/Inf and against the
-bound of the precision it actually ran in, whatever is documented
-here (see :mod:`pytest_lstmperf.numerics.equivalence`).
+The one rule for whether an observed kernel and precision satisfy a claim (:func:`differences`, with the
+precision rule :func:`satisfies`; :func:`same_kernel` and every claim check are built on it), the one table of
+known findings, and the one lookup of the findings that explain a trace (:func:`explain_trace`; the suites and
+``verify_model`` judge a trace with it through :func:`pytest_lstmperf.numerics.checks.judge_trace`, the
+benchmarks through :func:`known_kernel_finding`). A known finding changes only what a path is *expected* to
+run (its kernel family or precision); it never switches off the path's numbers: the equivalence suite checks
+every path for NaN/Inf and against the bound of the precision it actually ran in, whatever is documented here
+(see :mod:`pytest_lstmperf.numerics.equivalence`).
 
 Each finding carries the versions it was seen with. On those versions it *applies*; on others it is
 *re-confirmed* (the mismatch is still a finding, reported as "re-confirmed on torch X (first seen on Y)"),
@@ -187,16 +189,10 @@ def explain_trace(
     """The known findings that explain every difference between ``expected`` (family, precision) and the
     observed ``trace``: [] when there is none, None when one is not explained. ``same_precision(a, b)`` says
     whether observed precision ``b`` meets claimed ``a`` (default :func:`satisfies`)."""
-    same_precision = same_precision or satisfies
-    family, precision = expected
-    explained: list[KnownFinding] = []
-    if trace.family != family:
-        explained.append(lookup(path, "kernel", trace.family))  # type: ignore[arg-type]
-    if not same_precision(precision, trace.precision):
-        explained.append(lookup(path, "precision", trace.precision))  # type: ignore[arg-type]
-    if any(f is None for f in explained):
-        return None
-    return explained
+    observed = (trace.family, trace.precision)
+    found = [lookup(path, check, seen) for check, seen in differences(expected, observed, same_precision)]
+    explained = [f for f in found if f is not None]
+    return explained if len(explained) == len(found) else None
 
 
 #: a claimed precision is met by these observed ones: "tf32" means TF32 math is *allowed*; where the library
@@ -209,15 +205,33 @@ def satisfies(claimed: str, observed: str) -> bool:
     return observed in SATISFIES.get(claimed, (claimed,))
 
 
+def either_satisfies(a: str, b: str) -> bool:
+    """Two observed precisions agree: either satisfies the other (fp32 and tf32 count as one: TF32 is inferred
+    from GEMM kernel names, which an RNN kernel may or may not show)."""
+    return satisfies(a, b) or satisfies(b, a)
+
+
+def differences(
+    claim: tuple[str, str], observed: tuple[str, str], same_precision: Callable[[str, str], bool] | None = None
+) -> list[tuple[str, str]]:
+    """Where an observation (family, precision) departs from a claim (family, precision): ``("kernel", observed
+    family)`` where the family differs, ``("precision", observed precision)`` where ``same_precision(claimed,
+    observed)`` (default :func:`satisfies`) says the precision does not meet the claim; [] where the observation
+    meets the claim. The one claim check: the suites' kernel and precision checks
+    (:func:`pytest_lstmperf.numerics.checks.check_trace`), the known findings (:func:`explain_trace`) and the
+    benchmarks' (:func:`same_kernel`) all decide by it."""
+    same_precision = same_precision or satisfies
+    (family, precision), (seen_family, seen_precision) = claim, observed
+    found = [("kernel", seen_family)] if seen_family != family else []
+    return found + ([("precision", seen_precision)] if not same_precision(precision, seen_precision) else [])
+
+
 def same_kernel(then: str, now: str) -> bool:
     """Two ``family/precision`` observations agree: same family, and either precision satisfies the other
-    (fp32 and tf32 count as one: TF32 is inferred from GEMM kernel names, which an RNN kernel may or may not
-    show)."""
+    (:func:`either_satisfies`)."""
     family_then, _, precision_then = then.partition("/")
     family_now, _, precision_now = now.partition("/")
-    return family_then == family_now and (
-        satisfies(precision_then, precision_now) or satisfies(precision_now, precision_then)
-    )
+    return not differences((family_then, precision_then), (family_now, precision_now), either_satisfies)
 
 
 def kernel_mismatch(path: ExecutionPath, trace: Any) -> str:
@@ -241,12 +255,7 @@ def known_kernel_finding(path: ExecutionPath, trace: Any) -> str | None:
     """The documented upstream behaviour that explains a kernel mismatch, else None: every differing part
     must be explained by a known finding (the one table the equivalence suites read too); on versions other
     than it was seen with, the text says it was re-confirmed."""
-    found = explain_trace(
-        path,
-        (path.kernel, path.precision),
-        trace,
-        lambda claimed, seen: same_kernel(f"{path.kernel}/{claimed}", f"{path.kernel}/{seen}"),
-    )
+    found = explain_trace(path, (path.kernel, path.precision), trace, either_satisfies)
     if not found:
         return None
     versions = current_versions(path.framework)
