@@ -25,7 +25,7 @@ _EXPORTS = {
     "NotComparedWarning": "numerics.verify_model",
     "PathOutcome": "numerics.verify_model",
     "model_paths": "numerics.verify_model",
-    "report": "observation.eligibility",
+    "report": "paths.config_runs",
     "falls_back": "observation.eligibility",
     "observe": "observation.calls",
     "verdict_problem": "hooks.kernel_marker",
@@ -36,7 +36,7 @@ _EXPORTS = {
     "layer_specs": "model.strategies",
     "lstm_configs": "model.strategies",
     "devices": "model.strategies",
-    "path_names": "model.strategies",
+    "path_names": "paths",
 }
 
 __all__ = ["__version__", *_EXPORTS]

@@ -88,7 +88,7 @@ def _device(value: str, run: bool) -> Any:
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
-    from .observation.eligibility import build_report
+    from .paths.config_runs import build_report
 
     framework, spec, options = parse_layer(args.cell, args.layer, args.framework)
     device = _device(args.device, args.run)
@@ -138,7 +138,8 @@ def add_report_command(subparsers: Any) -> None:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from .observation.eligibility import build_report, falls_back, load_configs, render_table
+    from .observation.eligibility import falls_back, load_configs, render_table
+    from .paths.config_runs import build_report
 
     if args.batch < 1 or args.seq_len < 1:
         raise CommandError(f"--batch {args.batch} / --seq-len {args.seq_len}: both must be >= 1")

@@ -101,25 +101,12 @@ def _parse_device(raw: str) -> str:
     return kind if index is None else f"{kind}:{index}"
 
 
-def _parse_paths(raw: str) -> tuple[str, ...] | None:
-    """Comma-separated path names, ``default`` (None: every path but the extended ones) or ``all``;
-    validated against the registry."""
-    from . import paths as registry
-
+def _parse_paths(raw: str) -> str | None:
+    """Comma-separated path names, ``default`` (None) or ``all``, as given: the registry of paths, a higher
+    layer, reads and checks them (``resolve(config, "lstmperf_paths", then=paths.selection)``, which
+    :func:`pytest_lstmperf.session.resolve_paths` does)."""
     value = raw.strip()
-    known = registry.all_paths()
-    if value in ("", "default"):
-        return None
-    if value == "all":
-        return tuple(sorted(known))
-    names = tuple(dict.fromkeys(n.strip() for n in value.split(",") if n.strip()))
-    unknown = [n for n in names if n not in known]
-    if unknown:
-        raise ValueError(
-            f"unknown path{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))} "
-            f"(valid: default, all, {', '.join(sorted(known))})"
-        )
-    return names
+    return None if value in ("", "default") else value
 
 
 SETTINGS: dict[str, Setting] = {}
@@ -361,9 +348,17 @@ def is_added(config: pytest.Config, name: str) -> bool:
     return True
 
 
-def resolve(config: pytest.Config, name: str) -> Resolved:
-    """The value of one setting and where it came from; raises pytest.UsageError on a bad value."""
+def resolve(config: pytest.Config, name: str, then: Callable[[Any], Any] | None = None) -> Resolved:
+    """The value of one setting and where it came from; raises pytest.UsageError on a bad value.
+
+    ``then`` takes the parsed value to the setting's final one and raises ``ValueError`` on a bad one, reported
+    as a bad value of the setting: a check that needs a higher layer (the registry of paths) than this module."""
     setting = SETTINGS[name]
+
+    def parse(raw: str) -> Any:
+        value = setting.parse(raw)
+        return value if then is None else then(value)
+
     candidates: list[tuple[str, str | None]] = [
         (setting.option, config.getoption(setting.name, default=None)),
         *([(setting.alias, config.getoption(setting.alias_dest, default=None))] if setting.alias else []),
@@ -373,9 +368,9 @@ def resolve(config: pytest.Config, name: str) -> Resolved:
     for source, raw in candidates:
         if raw is not None and raw != "":
             try:
-                return Resolved(setting.parse(str(raw)), str(raw), source)
+                return Resolved(parse(str(raw)), str(raw), source)
             except ValueError as exc:
                 raise pytest.UsageError(f"{source}={raw}: {exc}") from None
     if setting.default is None:
         return Resolved(None, None, "default")
-    return Resolved(setting.parse(setting.default), None, "default")
+    return Resolved(parse(setting.default), None, "default")

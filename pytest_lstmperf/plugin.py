@@ -13,7 +13,15 @@ import os
 import pytest
 
 from . import options
-from .session import SESSION_KEY, TALLY_KEY, LstmPerfSession, RunTally, ensure_session
+from .session import (
+    SESSION_KEY,
+    TALLY_KEY,
+    LstmPerfSession,
+    RunTally,
+    ensure_session,
+    requested_device,
+    resolve_setting,
+)
 
 pytest_plugins = [
     name
@@ -33,8 +41,7 @@ PAIR_FIXTURE = "lstmperf_pair"
 @pytest.hookimpl(optionalhook=True, tryfirst=True)  # before pytest-xdist's own (one worker per CPU)
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
     """``-n auto`` on a GPU run: one worker per usable GPU (each worker is pinned to its own, see device.py)."""
-    setting = options.resolve(config, "lstmperf_device")
-    if not str(setting.value).startswith(("cuda", "auto")):
+    if not requested_device(config).startswith(("cuda", "auto")):
         return None
     try:
         import torch
@@ -65,9 +72,9 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers",
         "lstmperf_paths(*names): run this test only on the named execution paths (others are deselected)",
     )
-    # validate every explicitly given setting now (syntax only; no framework import)
+    # validate every explicitly given setting now (syntax, and path names against the registry; no framework import)
     for name in CORE_SETTINGS:
-        options.resolve(config, name)
+        resolve_setting(config, name)
     tally = RunTally()
     config.stash[TALLY_KEY] = tally
     config.pluginmanager.register(tally, "lstmperf-tally")
@@ -98,14 +105,14 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
     config = metafunc.config
     if PATH_FIXTURE in metafunc.fixturenames:
-        names = options.resolve(config, "lstmperf_paths").value or registry.default_names()
+        names = resolve_setting(config, "lstmperf_paths").value or registry.default_names()
         marker = metafunc.definition.get_closest_marker("lstmperf_paths")
         if marker is not None:
             names = [n for n in names if n in marker.args]
         if not names:
             reason = (
                 f"none of this test's {len(marker.args)} paths ({_short_list(marker.args)}) is in the selection "
-                f"{options.resolve(config, 'lstmperf_paths').where()}"
+                f"{resolve_setting(config, 'lstmperf_paths').where()}"
                 if marker is not None
                 else "no execution path selected"
             )
@@ -113,7 +120,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
             return
         metafunc.parametrize(PATH_FIXTURE, names, indirect=True, ids=names)
     if PAIR_FIXTURE in metafunc.fixturenames:
-        names = options.resolve(config, "lstmperf_paths").value or registry.default_names()
+        names = resolve_setting(config, "lstmperf_paths").value or registry.default_names()
         pairs = [(a, b) for a in names for b in registry.get(a).pair_with if b in names]
         if not pairs:
             reason = "no two selected paths claim the same arithmetic (see ExecutionPath.pair_with)"

@@ -6,7 +6,9 @@ only read and record through it.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -190,14 +192,9 @@ class LstmPerfSession:
     @classmethod
     def from_config(cls, config: pytest.Config) -> LstmPerfSession:
         from . import paths as registry
-        from .device import DeviceError, resolve_device
 
-        settings = {name: options.resolve(config, name) for name in options.SETTINGS if options.is_added(config, name)}
-        dev = settings["lstmperf_device"]
-        try:
-            device = resolve_device(dev.value, dev.source)
-        except DeviceError as exc:
-            raise pytest.UsageError(str(exc)) from None
+        settings = {name: resolve_setting(config, name) for name in options.SETTINGS if options.is_added(config, name)}
+        device = run_device(config)
         names = settings["lstmperf_paths"].value
         selected = registry.for_device(device.kind, names)
         if names is not None and not selected:
@@ -220,6 +217,56 @@ class LstmPerfSession:
 
 
 SESSION_KEY = pytest.StashKey[LstmPerfSession]()
+DEVICE_KEY = pytest.StashKey["DeviceInfo"]()
+
+
+def resolve_setting(config: pytest.Config, name: str) -> options.Resolved:
+    """One setting, as :func:`options.resolve` gives it, and ``lstmperf_paths`` checked against the registry of
+    paths (which lies above the options): the names it selects (None: the default selection; ``all``: every
+    registered path); an unknown name is a usage error, as any bad value is."""
+    if name == "lstmperf_paths":
+        from . import paths as registry
+
+        return options.resolve(config, name, then=registry.selection)
+    return options.resolve(config, name)
+
+
+# ------------------------------------------------------------------------------------------ the device
+def requested_device(config: pytest.Config) -> str:
+    """The run's device setting as given (``auto``, ``cpu``, ``cuda``, ``cuda:N``), nothing resolved; a malformed
+    one is a usage error."""
+    return str(options.resolve(config, "lstmperf_device").value)
+
+
+def run_device(config: pytest.Config) -> DeviceInfo:
+    """The run's device: the session's, or (before the session exists) resolved from the setting once and kept;
+    a GPU that was asked for and is not usable is a usage error."""
+    from .device import DeviceError, resolve_device
+
+    if SESSION_KEY in config.stash:
+        return config.stash[SESSION_KEY].device
+    if DEVICE_KEY not in config.stash:
+        dev = options.resolve(config, "lstmperf_device")
+        try:
+            config.stash[DEVICE_KEY] = resolve_device(dev.value, dev.source)
+        except DeviceError as exc:
+            raise pytest.UsageError(str(exc)) from None
+    return config.stash[DEVICE_KEY]
+
+
+def device_kind(config: pytest.Config | None) -> str:
+    """``cpu`` or ``cuda``: the kind the run's device setting names, resolving nothing and importing no framework
+    (``auto``: a GPU when torch, already imported, sees one; no setting: ``auto``)."""
+    value = "auto"
+    if config is not None:
+        with contextlib.suppress(ValueError, KeyError):
+            value = requested_device(config)
+    if value.startswith("cuda"):
+        return "cuda"
+    if value == "cpu":
+        return "cpu"
+    torch = sys.modules.get("torch")
+    return "cuda" if torch is not None and torch.cuda.is_available() else "cpu"
 
 
 class PropertyCollector:

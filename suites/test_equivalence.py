@@ -10,7 +10,6 @@ import pytest
 from hypothesis.errors import Unsatisfiable
 
 from pytest_lstmperf.model.spec import LayerSpec
-from pytest_lstmperf.model.strategies import specs_for_path
 from pytest_lstmperf.numerics.equivalence import (
     ExampleCount,
     PathCheckFailed,
@@ -21,6 +20,7 @@ from pytest_lstmperf.numerics.equivalence import (
     verify_pair,
     verify_path,
 )
+from pytest_lstmperf.numerics.path_specs import specs_for_path
 
 
 def test_matches_reference(lstmperf_path, lstmperf, request):

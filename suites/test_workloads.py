@@ -38,9 +38,9 @@ from pytest_lstmperf.device import resolve_device  # noqa: E402
 from pytest_lstmperf.model.case import make_case  # noqa: E402
 from pytest_lstmperf.model.reference import run_reference  # noqa: E402
 from pytest_lstmperf.model.spec import LayerSpec  # noqa: E402
-from pytest_lstmperf.model.strategies import checkable_spec  # noqa: E402
 from pytest_lstmperf.numerics.checks import check_against, check_trace  # noqa: E402
 from pytest_lstmperf.numerics.equivalence import verify_path  # noqa: E402
+from pytest_lstmperf.numerics.path_specs import checkable_spec  # noqa: E402
 from pytest_lstmperf.numerics.tolerance import tolerance  # noqa: E402
 from pytest_lstmperf.workloads import workloads  # noqa: E402
 

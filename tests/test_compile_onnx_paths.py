@@ -317,8 +317,9 @@ def test_inference_only_path_gets_inference_specs() -> None:
     from hypothesis import given, settings
 
     from pytest_lstmperf import paths
-    from pytest_lstmperf.model.strategies import PROFILES, specs_for_path
+    from pytest_lstmperf.model.strategies import PROFILES
     from pytest_lstmperf.numerics.equivalence import representative_spec
+    from pytest_lstmperf.numerics.path_specs import specs_for_path
 
     path = paths.get("onnxruntime-cpu")
     assert representative_spec(path) == representative_spec(paths.get("torch-cpu-native")).replace(training=False)
@@ -348,7 +349,7 @@ def test_explain_run_observes_the_kernel_of_each_new_framework() -> None:
     """``lstmperf explain --run``: each framework's layer runs on its own runner (not Keras's), and the observed
     kernel matches the prediction."""
     from pytest_lstmperf.device import DeviceInfo
-    from pytest_lstmperf.observation.eligibility import build_report
+    from pytest_lstmperf.paths.config_runs import build_report
 
     spec = LayerSpec(training=False)
     rows = build_report([("onnxruntime", spec, None), ("torch-compile", spec, None)], DeviceInfo("cpu"), run=True)

@@ -4,8 +4,9 @@ imports no framework.
 Layers, lowest first (a module may import from its own layer and the layers below it, never above):
 ``device``/``options``/``ci_summary``/``meters`` -> ``model`` -> ``observation`` -> ``paths`` -> ``numerics``
 -> ``speed`` -> ``workloads`` -> ``session`` -> ``hooks`` -> ``testing`` -> ``plugin``/``cli``. Imports only needed
-for type annotations (under ``if TYPE_CHECKING:``) are not dependencies and are not checked. The few upward imports that
-remain are listed in ``ALLOWED`` with the reason; a new one fails, and so does an entry that is no longer needed.
+for type annotations (under ``if TYPE_CHECKING:``) are not dependencies and are not checked. No upward import remains:
+one would have to be listed in ``ALLOWED`` with the reason, a new one fails, and so does an entry that is no longer
+needed.
 """
 
 from __future__ import annotations
@@ -33,13 +34,8 @@ LAYERS = (
     ("plugin", "cli", "__init__"),
 )
 
-#: (importing module, imported module) -> why the lower layer reaches up (all are imports inside a function)
-ALLOWED = {
-    ("options", "paths"): "--lstmperf-paths is validated against the registry when it is parsed",
-    ("model.strategies", "paths"): "path_names() draws from the registered paths",
-    ("model.strategies", "numerics.tolerance"): "specs are drawn only where the tolerance model can judge them",
-    ("observation.eligibility", "paths"): "the report runs a model's layers on the registered paths",
-}
+#: (importing module, imported module) -> why the lower layer reaches up; none does
+ALLOWED: dict[tuple[str, str], str] = {}
 
 
 def layer_of(module: str) -> int:

@@ -232,8 +232,9 @@ def test_jax_go_backwards_finding_keeps_stacks_out_and_single_layers_in() -> Non
 def _count_examples(path, session, fault: tuple[str, float]):
     from hypothesis import HealthCheck, settings
 
-    from pytest_lstmperf.model.strategies import PROFILES, specs_for_path
+    from pytest_lstmperf.model.strategies import PROFILES
     from pytest_lstmperf.numerics.equivalence import ExampleCount, PathCheckFailed, run_examples, verify_path
+    from pytest_lstmperf.numerics.path_specs import specs_for_path
     from pytest_lstmperf.testing.faults import numeric_fault
 
     count = ExampleCount()
@@ -318,8 +319,8 @@ def test_fitted_bound_catches_a_fault_the_linear_bound_missed() -> None:
 def test_a_bound_that_would_pass_a_zero_tensor_is_refused() -> None:
     """cpu-native bf16 gradients err up to ~5% at the measured tail: on a large layer their bound would reach
     0.1 and is refused; the spec is generated in inference mode, and a check handed it anyway is inconclusive."""
-    from pytest_lstmperf.model.strategies import checkable, checkable_spec
     from pytest_lstmperf.numerics.checks import check_against
+    from pytest_lstmperf.numerics.path_specs import checkable, checkable_spec
     from pytest_lstmperf.numerics.tolerance import MAX_REL, ToleranceTooLoose, tolerance
 
     big = LayerSpec(input_size=256, hidden_size=256, num_layers=4, bidirectional=True, seq_len=64, training=True)

@@ -300,8 +300,9 @@ def test_extended_paths_leave_the_default_selection_and_run_when_asked(monkeypat
     assert {"torch-compile-inductor-graphs", "keras-jax-cuda-generic"} <= extended
     assert not extended & set(registry.default_names())
     assert options._parse_paths("default") is None and options._parse_paths("") is None
-    assert set(options._parse_paths("all")) == set(registry.all_paths())
-    assert options._parse_paths("keras-jax-cuda-generic") == ("keras-jax-cuda-generic",)
+    assert registry.selection(options._parse_paths("default")) is None
+    assert set(registry.selection("all")) == set(registry.all_paths())
+    assert registry.selection("keras-jax-cuda-generic") == ("keras-jax-cuda-generic",)
     assert not extended & {p.name for p in registry.for_device("cuda")}
 
     slow = dataclasses.replace(registry.get("torch-cpu-native"), name="slow-cpu-path", extended="compiles slowly")

@@ -196,4 +196,4 @@ def test_report_stays_the_function_after_every_submodule_is_imported() -> None:
     for module in pkgutil.iter_modules(pytest_lstmperf.__path__):
         assert module.name not in pytest_lstmperf.__all__, f"submodule {module.name!r} shadows a public name"
     importlib.import_module("pytest_lstmperf.speed.report")
-    assert callable(pytest_lstmperf.report) and pytest_lstmperf.report.__module__.endswith("observation.eligibility")
+    assert callable(pytest_lstmperf.report) and pytest_lstmperf.report.__module__.endswith("paths.config_runs")

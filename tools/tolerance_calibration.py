@@ -41,8 +41,9 @@ from pytest_lstmperf.device import DeviceInfo, resolve_device  # noqa: E402
 from pytest_lstmperf.model.case import make_case  # noqa: E402
 from pytest_lstmperf.model.reference import run_reference  # noqa: E402
 from pytest_lstmperf.model.spec import LayerSpec  # noqa: E402
-from pytest_lstmperf.model.strategies import PROFILES, specs_for_path  # noqa: E402
+from pytest_lstmperf.model.strategies import PROFILES  # noqa: E402
 from pytest_lstmperf.numerics.checks import check_trace, relative_error  # noqa: E402
+from pytest_lstmperf.numerics.path_specs import specs_for_path  # noqa: E402
 from pytest_lstmperf.numerics.tolerance import DATA_FILE, UNIT_ROUNDOFF, bound_precision, growth  # noqa: E402
 
 #: the committed raw samples the constants are fitted from (one file per device)
@@ -398,7 +399,7 @@ every weight. A tensor of a pass run by kernel family `k` in precision `p` passe
   zero tensor errs by 1, a random one by more. Specs whose forward bound would reach it are not generated for
   the path, and where only the backward bound would (bf16 gradients: the measured tail of cpu-native bf16
   backward errs up to 12 u = 5%, so with the margin its bound passes 0.1 from growth ~2.6 on), the spec is
-  generated in inference mode (`strategies.checkable_spec`): the forward pass is still checked, the backward
+  generated in inference mode (`path_specs.checkable_spec`): the forward pass is still checked, the backward
   pass only where its bound can tell a right gradient from a zero one. A check handed a spec whose bound
   reaches the cap anyway fails as *inconclusive* rather than passing.
 - **Versus the previous model** (`C = 4 x the largest normalised error`, linear in growth): the per-family

@@ -22,7 +22,6 @@ dispatch mode would slow every op); the benchmark's last, untimed call is observ
 from __future__ import annotations
 
 import contextlib
-import sys
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -103,19 +102,11 @@ def _explanations(seen: Observation) -> list[str]:
 
 
 def selected_device(config: pytest.Config | None) -> str:
-    """``cpu`` or ``cuda``: the run's ``--device`` (``auto``: a GPU when torch sees one)."""
-    value = "auto"
-    if config is not None:
-        from .. import options
+    """``cpu`` or ``cuda``: the run's ``--device`` (``auto``: a GPU when torch sees one), by the session's rule
+    (:func:`pytest_lstmperf.session.device_kind`)."""
+    from ..session import device_kind
 
-        with contextlib.suppress(ValueError, KeyError):
-            value = str(options.resolve(config, "lstmperf_device").value)
-    if value.startswith("cuda"):
-        return "cuda"
-    if value == "cpu":
-        return "cpu"
-    torch = sys.modules.get("torch")
-    return "cuda" if torch is not None and torch.cuda.is_available() else "cpu"
+    return device_kind(config)
 
 
 def _expected(args: tuple, kwargs: Mapping[str, Any], where: str, device: str = "cpu") -> tuple[str, str | None]:
@@ -227,11 +218,6 @@ def lstmperf_kernel(pytestconfig: pytest.Config) -> KernelExpectation:
 def lstmperf_device(pytestconfig: pytest.Config) -> str:
     """The torch device string the run selected with ``--device`` (``cpu``, ``cuda``, ``cuda:1``); a GPU
     that was asked for and is not usable is a usage error."""
-    from .. import options
-    from ..device import DeviceError, resolve_device
+    from ..session import run_device
 
-    setting = options.resolve(pytestconfig, "lstmperf_device")
-    try:
-        return resolve_device(setting.value, setting.source).torch_device
-    except DeviceError as exc:
-        raise pytest.UsageError(str(exc)) from None
+    return run_device(pytestconfig).torch_device

@@ -11,12 +11,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
+from .precision import DTYPES
+
 Cell = Literal["lstm", "gru"]
 DType = Literal["float32", "float64", "float16", "bfloat16"]
 Lengths = Literal["none", "padded", "packed"]
 
 CELLS: tuple[str, ...] = ("lstm", "gru")
-DTYPES: tuple[str, ...] = ("float32", "float64", "float16", "bfloat16")
 LENGTH_MODES: tuple[str, ...] = ("none", "padded", "packed")
 
 #: gates per cell, in PyTorch/cuDNN order: LSTM [i, f, g, o], GRU [r, z, n]

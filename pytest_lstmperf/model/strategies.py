@@ -1,8 +1,13 @@
-"""Hypothesis strategies for layer specs, bounded by the profiles of :mod:`.profiles`."""
+"""Hypothesis strategies for layer specs, bounded by the profiles of :mod:`.profiles`.
+
+The strategies that need the layers above this one live there: the specs drawn for one execution path, within
+the tolerance model's reach, in :mod:`pytest_lstmperf.numerics.path_specs`; the names of the registered paths,
+:func:`pytest_lstmperf.paths.path_names`.
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, TypeGuard
+from typing import TYPE_CHECKING
 
 from hypothesis import strategies as st
 
@@ -10,7 +15,6 @@ from .profiles import PROFILES, Profile, ShapeBounds  # noqa: F401 - re-exported
 from .spec import LayerSpec
 
 if TYPE_CHECKING:
-    from ..paths import ExecutionPath
     from .spec import Cell, Lengths
 
 
@@ -69,57 +73,6 @@ def specs(
     return spec
 
 
-def _is_spec(spec: LayerSpec | None) -> TypeGuard[LayerSpec]:
-    return spec is not None
-
-
-def specs_for_path(path: ExecutionPath, bounds: ShapeBounds) -> st.SearchStrategy[LayerSpec]:
-    """Specs that ``path`` supports: drawn with its input form in mind, then filtered by ``supports``."""
-    options = getattr(path, "options", {})
-    packed_only = options.get("packed") or (
-        path.supports(LayerSpec()) is not None
-        and path.supports(LayerSpec(length_mode="packed", lengths=(5, 3, 2, 1))) is None
-    )
-    modes: tuple[Lengths, ...] = ("packed",) if packed_only else ("none", "none", "padded")
-    cells = tuple(options.get("cells", ("lstm", "gru")))
-    reset = (True, False) if options.get("reset_before_ok") else (True,)
-    # an inference-only path (ONNX Runtime) gets inference specs, rather than three in four refused
-    training = (False,) if options.get("inference_only") else (True, True, True, False)
-    base = specs(bounds, cells=cells, length_modes=modes, training=training, reset_after=reset)
-    supported = base.filter(lambda spec: path.supports(spec) is None)
-    return supported.map(lambda spec: checkable_spec(path, spec)).filter(_is_spec)
-
-
-def _bound_ok(path: ExecutionPath, spec: LayerSpec, pass_: str) -> bool:
-    from ..numerics.tolerance import ToleranceTooLoose, tolerance
-
-    family, precision = path.expected(spec)
-    try:
-        tolerance(precision, pass_, spec, family)
-    except ToleranceTooLoose:
-        return False
-    except LookupError:
-        return True  # no measured bound: the check itself says so
-    return True
-
-
-def checkable(path: ExecutionPath, spec: LayerSpec) -> bool:
-    """Whether the bounds of the path's claimed kernel and precision stay below the tolerance model's cap
-    (``tolerance.MAX_REL``) for every pass of ``spec``: beyond it a zero tensor would nearly pass."""
-    return all(_bound_ok(path, spec, p) for p in (("forward", "backward") if spec.training else ("forward",)))
-
-
-def checkable_spec(path: ExecutionPath, spec: LayerSpec) -> LayerSpec | None:
-    """``spec``, or its inference-only form where only the backward bound would reach the cap (bf16
-    gradients of large layers), or None where the forward one would: such specs are not generated, and a
-    check handed one anyway fails as inconclusive."""
-    if not _bound_ok(path, spec, "forward"):
-        return None
-    if spec.training and not _bound_ok(path, spec, "backward"):
-        return spec.replace(training=False)
-    return spec
-
-
 # ------------------------------------------------------------------------------------------ public strategies
 def layer_specs(profile: str = "ci", cells: tuple[Cell, ...] = ("lstm", "gru")) -> st.SearchStrategy[LayerSpec]:
     """LayerSpecs within a profile's bounds (``ci``, ``gpu``, ``nightly``), for a user's parametrised tests."""
@@ -151,19 +104,3 @@ def devices(include_unusable: bool = False) -> st.SearchStrategy[str]:
             if torch.cuda.is_available():
                 found.append("cuda")
     return st.sampled_from(found)
-
-
-def path_names(device: str = "cpu", framework: str | None = "torch") -> st.SearchStrategy[str]:
-    """Names of the registered execution paths of ``device`` (and ``framework``: torch, keras, torch-compile,
-    onnxruntime; None: all)."""
-    from .. import paths as registry
-
-    names = [
-        p.name
-        for p in registry.for_device(device.split(":")[0])
-        # "keras" takes both Keras backends (keras-tensorflow, keras-torch); "torch" is eager torch only
-        if framework is None or p.framework == framework or (framework == "keras" and p.framework.startswith("keras-"))
-    ]
-    if not names:
-        raise ValueError(f"no registered path for device {device!r} and framework {framework!r}")
-    return st.sampled_from(sorted(names))

@@ -22,7 +22,7 @@ largest normalised error), labelled ``legacy``.
 
 A bound that reaches :data:`MAX_REL` (0.1 relative error) is refused (:class:`ToleranceTooLoose`): a zero or
 garbage tensor errs by ~1, and a check that would pass it is no check. Such specs are not generated for the
-path (:mod:`pytest_lstmperf.model.strategies`), and a check handed one fails as inconclusive.
+path (:mod:`pytest_lstmperf.numerics.path_specs`), and a check handed one fails as inconclusive.
 
 A pass is held to the bound of what it ran (:func:`bound_of_what_ran`): the kernel family and precision its
 traces observed, not what the path claims; the suites (:mod:`.equivalence`) and ``verify_model`` both ask it.

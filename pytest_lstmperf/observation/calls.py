@@ -131,13 +131,13 @@ def _torch_layer(module: Any, args: tuple) -> tuple[str, Any, Any]:
     and initial state of that call (a cell: one step, framework ``torch-cell``)."""
     import torch
 
-    from ..model.spec import LayerSpec
+    from ..model.spec import DTYPES, LayerSpec
 
     data = args[0]
     packed = isinstance(data, torch.nn.utils.rnn.PackedSequence)
     tensor = data.data if packed else data
     dtype = str(tensor.dtype).replace("torch.", "")
-    dtype = dtype if dtype in ("float32", "float64", "float16", "bfloat16") else "float32"
+    dtype = dtype if dtype in DTYPES else "float32"
     given_state = len(args) > 1 and args[1] is not None
     lstm = isinstance(module, (torch.nn.LSTM, torch.nn.LSTMCell))
     common = {

@@ -14,6 +14,7 @@ import dataclasses
 import importlib
 import json
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -69,6 +70,8 @@ class ReportRow:
 
 
 Config = tuple[str, LayerSpec, KerasOptions | None]
+#: ``(framework, spec, options, device) -> PreparedRun``: what runs a config (``paths.config_runs.run_config``)
+Prepare = Callable[[str, LayerSpec, KerasOptions | None, Any], Any]
 
 
 class ModelConfigs(list):
@@ -328,21 +331,6 @@ def falls_back(row: ReportRow) -> bool:
     return verdict.framework in ("torch", CELL_FRAMEWORK) and verdict.spec.cell == "lstm" and verdict.kernel != "onednn"
 
 
-def report(model: Any, example_inputs: Any = None, *, device: str = "cpu", run: bool = False) -> list[ReportRow]:
-    """The eligibility rows of a model's LSTM/GRU layers, in-process (torch or Keras on any backend)."""
-    configs = configs_from_model(model, example_inputs=example_inputs)
-    if not configs:
-        raise ValueError(
-            f"{type(model).__name__}: no built LSTM/GRU layer found (looked for torch nn.LSTM/nn.GRU/nn.LSTMCell/"
-            "nn.GRUCell modules and Keras LSTM/GRU layers, Bidirectional-wrapped ones included)"
-        )
-    if run:
-        from ..device import resolve_device
-
-        return build_report(configs, resolve_device(device, "device"), run=True)
-    return build_report(configs, device, run=False)
-
-
 def _has(name: str) -> bool:
     return importlib.util.find_spec(name) is not None
 
@@ -416,24 +404,6 @@ def _reference_slowdown(verdict: Verdict) -> tuple[str, str]:
             return f"~{hit[0]:g}x", hit[1]
     hit = REFERENCE_SLOWDOWNS.get((verdict.framework, "cuda", "*"))
     return (f"~{hit[0]:g}x", hit[1]) if hit else ("?", "no figure recorded")
-
-
-#: the module whose ``prepare`` runs a framework's layer (Keras frameworks: ``keras.paths``)
-_RUNNERS = {"torch": "torch_paths", "torch-compile": "compiled", "onnxruntime": "onnx_runtime"}
-
-
-def run_config(framework: str, spec: LayerSpec, options: KerasOptions | None, device: Any) -> Any:
-    """A PreparedRun for one config on ``device`` (a DeviceInfo)."""
-    from ..model.case import make_case
-    from ..paths import ExecutionPath
-
-    path = ExecutionPath(
-        name="report", framework=framework, device=device.kind, kernel="none", precision="fp32",
-        description="eligibility report run",
-        prepare_ref=f"pytest_lstmperf.paths.{_RUNNERS.get(framework, 'keras.paths')}:prepare",
-        available_ref="", supports_ref="", options={} if options is None else {"keras": options},
-    )  # fmt: skip
-    return path.prepare(make_case(spec), device)
 
 
 def _median_train_time(run: Any, repeats: int = 5) -> float:
@@ -515,7 +485,15 @@ def measure_cell_loop(spec: LayerSpec, device: Any, repeats: int = 7) -> tuple[s
     return f"{traces[0].family}/{traces[0].precision}", cell_time / layer_time, (cell_time, layer_time)
 
 
-def build_report(configs: list[Config], device: Any = "cpu", run: bool = False) -> list[ReportRow]:
+def build_report(
+    configs: list[Config], device: Any = "cpu", run: bool = False, prepare: Prepare | None = None
+) -> list[ReportRow]:
+    """One row per config: the explainer's verdict and a reference slowdown; with ``run``, also what ran and the
+    slowdown measured on ``device`` (a DeviceInfo). ``run`` needs ``prepare(framework, spec, options, device)``,
+    which readies a config's run: :func:`pytest_lstmperf.paths.config_runs.run_config`, in the layer of the paths
+    (:func:`pytest_lstmperf.paths.config_runs.build_report` passes it)."""
+    if run and prepare is None:
+        raise ValueError("build_report(run=True) needs prepare=: what runs a config (paths.config_runs.run_config)")
     rows = []
     names = getattr(configs, "names", None) or [""] * len(configs)
     for index, (name, (framework, spec, options)) in enumerate(zip(names, configs, strict=True)):
@@ -541,14 +519,14 @@ def build_report(configs: list[Config], device: Any = "cpu", run: bool = False) 
             verdict = dataclasses.replace(verdict, notes=(*verdict.notes, configs.notes[index]))  # type: ignore[attr-defined]
         row = _named(ReportRow(config=verdict.config(), verdict=verdict), name)
         row.slowdown, row.slowdown_source = _reference_slowdown(verdict)
-        if run:
+        if run and prepare is not None:
             try:
-                prepared = run_config(framework, spec, options, device)
+                prepared = prepare(framework, spec, options, device)
                 result = prepared.run()
                 trace = result.forward_trace
                 row.observed = f"{trace.family}/{trace.precision}"
                 if verdict.reasons and getattr(device, "kind", "cpu") == "cuda":
-                    fixed = run_config(framework, *fix_all(spec, options, verdict), device)
+                    fixed = prepare(framework, *fix_all(spec, options, verdict), device)
                     factor = _median_train_time(prepared) / _median_train_time(fixed)
                     row.slowdown = f"{factor:.1f}x"
                     row.slowdown_source = f"measured here ({device.describe()}), training call vs the eligible variant"

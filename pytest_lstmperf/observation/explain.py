@@ -50,6 +50,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..model.keras_options import Backend, KerasOptions, mask_style
+from ..model.precision import DTYPE_PRECISION
 from ..model.spec import Cell, LayerSpec
 
 #: the library versions the rules below were read from (installed source, keras/src/..., torch RNN.cpp docs)
@@ -529,9 +530,6 @@ def context_for(device: Any, **overrides: Any) -> Context:
     return Context(**values)
 
 
-_PRECISION = {"float32": "fp32", "float64": "fp64", "float16": "fp16", "bfloat16": "bf16"}
-
-
 def explain(
     spec: LayerSpec,
     framework: str = "keras-tensorflow",
@@ -701,7 +699,7 @@ _POLICY_PRECISION = {"mixed_float16": "fp16", "mixed_bfloat16": "bf16"}
 
 
 def _precision(framework: str, spec: LayerSpec, kernel: str, ctx: Context, policy: str = "float32") -> str:
-    base = _POLICY_PRECISION.get(policy) or _PRECISION.get(spec.dtype, spec.dtype)
+    base = _POLICY_PRECISION.get(policy) or DTYPE_PRECISION.get(spec.dtype, spec.dtype)
     if base != "fp32" or not ctx.tf32_capable:
         return base
     if framework in ("keras-tensorflow", "keras-jax"):

@@ -26,6 +26,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from ..model.precision import narrowest
 from .torch_trace import KernelTrace
 
 CUDNN_FORWARD_TARGETS = ("cudnn_rnn_ffi", "hipdnn_rnn_ffi")
@@ -34,6 +35,7 @@ CUDNN_BACKWARD_TARGETS = ("cudnn_rnn_bwd_ffi", "hipdnn_rnn_bwd_ffi")
 CELL_OPS = frozenset({"tanh", "logistic", "exponential", "maximum"})
 MATMUL_OPS = frozenset({"dot", "convolution"})
 LOOP_OPS = frozenset({"while"})
+#: HLO element types -> precision
 _HLO_DTYPES = {"f32": "fp32", "f64": "fp64", "f16": "fp16", "bf16": "bf16"}
 _OP = re.compile(r"\s(while|dot|convolution|tanh|logistic|exponential|maximum|custom-call)\(")
 _TARGET = re.compile(r'custom_call_target="([^"]+)"')
@@ -83,12 +85,11 @@ def _precision(pairs: list[tuple[str, str, bool]], family: str, tf32_capable: bo
         rec = [(d, not cudnn_tf32) for op, d, _ in pairs if op in CUDNN_FORWARD_TARGETS + CUDNN_BACKWARD_TARGETS]
     else:
         rec = [(d, highest) for op, d, highest in pairs if op in MATMUL_OPS]
-    dtypes = [d for d, _ in rec if d]
-    for candidate in ("fp16", "bf16", "fp32", "fp64"):
-        if candidate in dtypes:
-            loose = any(d == "fp32" and not highest for d, highest in rec)
-            return "tf32" if candidate == "fp32" and tf32_capable and loose else candidate
-    return "unknown"
+    found = narrowest(d for d, _ in rec if d)
+    if found is None:
+        return "unknown"
+    loose = any(d == "fp32" and not highest for d, highest in rec)
+    return "tf32" if found == "fp32" and tf32_capable and loose else found
 
 
 def hlo_trace(

@@ -20,12 +20,14 @@ import json
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from ..model.precision import narrowest
 from .torch_trace import KernelTrace
 
 RECURRENT_OPS = frozenset({"LSTM", "GRU", "RNN"})
 PRODUCT_OPS = frozenset({"MatMul", "Gemm", "FusedMatMul", "MatMulInteger", "Einsum"})
 LOOP_OPS = frozenset({"Loop", "Scan"})
 _PROVIDER_FAMILY = {"CPUExecutionProvider": "ort-rnn", "CUDAExecutionProvider": "ort-cuda-rnn"}
+#: ONNX Runtime profile element types -> precision
 _ORT_DTYPES = {"float": "fp32", "double": "fp64", "float16": "fp16", "bfloat16": "bf16"}
 
 
@@ -63,8 +65,7 @@ def trace_from_profile(profile: Iterable[dict], phase: str = "forward", provider
     family = classify_ort_nodes(nodes)
     key = RECURRENT_OPS if any(op in RECURRENT_OPS for op, _ in nodes) else PRODUCT_OPS
     dtypes = [d for e in events if e["args"]["op_name"] in key for d in _element_types(e["args"])[:1]]
-    counted = [d for d in dtypes if d in ("fp64", "fp32", "fp16", "bf16")]
-    precision = next((p for p in ("fp16", "bf16", "fp32", "fp64") if p in counted), "unknown")
+    precision = narrowest(dtypes) or "unknown"
     detail = "ONNX Runtime profile (node, provider); the library routine inside a provider's kernel is not observable"
     if provider_note:
         detail += f"; {provider_note}"

@@ -23,6 +23,7 @@ import threading
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from ..model.precision import DTYPE_PRECISION, narrowest
 from .torch_trace import KernelTrace
 
 CUDNN_FORWARD_OPS = frozenset({"CudnnRNN", "CudnnRNNV2", "CudnnRNNV3"})
@@ -36,7 +37,8 @@ CELL_OPS = frozenset(
      "Minimum", "Maximum", "ClipByValue"}
 )  # fmt: skip
 LOOP_OPS = frozenset({"While", "StatelessWhile"})
-_TF_DTYPES = {"float32": "fp32", "float64": "fp64", "float16": "fp16", "half": "fp16", "bfloat16": "bf16"}
+#: TensorFlow dtype names -> precision (TensorFlow calls float16 also ``half``)
+_TF_DTYPES = {**DTYPE_PRECISION, "half": "fp16"}
 
 
 def classify_tf_ops(ops: Iterable[str]) -> str:
@@ -54,11 +56,10 @@ def classify_tf_ops(ops: Iterable[str]) -> str:
 
 
 def _precision(dtypes: Iterable[str], tf32: bool) -> str:
-    seen = [_TF_DTYPES.get(d, d) for d in dtypes]
-    for candidate in ("fp16", "bf16", "fp32", "fp64"):
-        if candidate in seen:
-            return "tf32" if candidate == "fp32" and tf32 else candidate
-    return "unknown"
+    found = narrowest(_TF_DTYPES.get(d, d) for d in dtypes)
+    if found is None:
+        return "unknown"
+    return "tf32" if found == "fp32" and tf32 else found
 
 
 def _make_trace(phase: str, ops: list[str], dtypes: list[str], tf32: bool, detail: str = "") -> KernelTrace:

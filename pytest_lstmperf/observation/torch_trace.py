@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from ..meters import cuda_profile, profiled_events
+from ..model.precision import DTYPE_PRECISION, narrowest
 
 
 @dataclass(frozen=True)
@@ -78,12 +79,8 @@ _MATMUL_OPS = {"mm", "addmm", "matmul", "linear", "bmm", "baddbmm"}
 # the recurrent op whose input dtype is the path's precision
 _RECURRENT_OPS = _CUDNN_OPS | _ONEDNN_OPS | _GENERIC_CELL_OPS | {"lstm", "gru", "lstm_cell", "gru_cell"}
 
-_DTYPE_NAMES = {
-    "torch.float32": "fp32",
-    "torch.float64": "fp64",
-    "torch.float16": "fp16",
-    "torch.bfloat16": "bf16",
-}
+#: torch's dtypes (``str(torch.float16)``) -> precision
+_DTYPE_NAMES = {f"torch.{dtype}": precision for dtype, precision in DTYPE_PRECISION.items()}
 
 
 def short_op(name: str) -> str:
@@ -125,14 +122,10 @@ _KERNEL_ELEMENT = [
 
 def precision_from(dtypes: Sequence[str], kernels: Sequence[str]) -> str:
     """Precision of a pass: the recurrent op's input element type, ``tf32`` when a TF32 kernel ran."""
-    counted = [d for d in dtypes if d in ("fp64", "fp32", "fp16", "bf16")]
-    if not counted:
-        return "unknown"
     # the lowest precision the recurrent op computed in
-    for candidate in ("fp16", "bf16", "fp32", "fp64"):
-        if candidate in counted:
-            base = candidate
-            break
+    base = narrowest(dtypes)
+    if base is None:
+        return "unknown"
     if base == "fp32" and any(_TF32_KERNEL.search(k) for k in kernels):
         return "tf32"
     return base
@@ -431,6 +424,7 @@ def gpu_kernel_names(block: Callable[[], object]) -> list[str] | None:
     return [name for name, on_gpu in profiled_events(prof) if on_gpu and not name.startswith(("Memcpy", "Memset"))]
 
 
+#: the profiler's element type names -> precision
 _PROFILER_DTYPES = {"float": "fp32", "double": "fp64", "c10::Half": "fp16", "c10::BFloat16": "bf16"}
 
 

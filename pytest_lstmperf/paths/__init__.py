@@ -16,8 +16,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 
+from ..model.precision import PRECISIONS
+
 if TYPE_CHECKING:
     import numpy as np
+    from hypothesis.strategies import SearchStrategy
 
     from ..device import DeviceInfo
     from ..model.case import Case
@@ -40,7 +43,6 @@ KERNEL_FAMILIES = (
     "none",  # nothing recurrent ran (a bug in the path or the trace)
     "mixed",  # more than one family in one pass
 )
-PRECISIONS = ("fp64", "fp32", "tf32", "fp16", "bf16")
 
 
 @dataclass
@@ -221,3 +223,38 @@ def for_device(kind: str, names: Iterable[str] | None = None) -> list[ExecutionP
     """The paths of ``kind`` among ``names`` (None: the default selection)."""
     selected = [get(n) for n in (default_names() if names is None else names)]
     return [p for p in selected if p.device == kind]
+
+
+def selection(value: str | None) -> tuple[str, ...] | None:
+    """The paths ``--lstmperf-paths`` selects: comma-separated path names, ``default`` (None: every path but the
+    extended ones) or ``all``; raises ValueError naming the unknown names and the valid ones."""
+    known = all_paths()
+    value = (value or "").strip()
+    if value in ("", "default"):
+        return None
+    if value == "all":
+        return tuple(sorted(known))
+    names = tuple(dict.fromkeys(n.strip() for n in value.split(",") if n.strip()))
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ValueError(
+            f"unknown path{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))} "
+            f"(valid: default, all, {', '.join(sorted(known))})"
+        )
+    return names
+
+
+def path_names(device: str = "cpu", framework: str | None = "torch") -> SearchStrategy[str]:
+    """Names of the registered execution paths of ``device`` (and ``framework``: torch, keras, torch-compile,
+    onnxruntime; None: all), a Hypothesis strategy."""
+    from hypothesis import strategies as st
+
+    names = [
+        p.name
+        for p in for_device(device.split(":")[0])
+        # "keras" takes both Keras backends (keras-tensorflow, keras-torch); "torch" is eager torch only
+        if framework is None or p.framework == framework or (framework == "keras" and p.framework.startswith("keras-"))
+    ]
+    if not names:
+        raise ValueError(f"no registered path for device {device!r} and framework {framework!r}")
+    return st.sampled_from(sorted(names))

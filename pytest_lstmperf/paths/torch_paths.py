@@ -195,9 +195,6 @@ def supports(path: ExecutionPath, spec: LayerSpec) -> str | None:
 
 
 # ---------------------------------------------------------------------------------------------- runner
-_TORCH_DTYPES = {"float32": "float32", "float64": "float64", "float16": "float16", "bfloat16": "bfloat16"}
-
-
 class TorchRun:
     """An nn.LSTM/nn.GRU loaded with a case's canonical weights, and its inputs, on one device."""
 
@@ -210,7 +207,7 @@ class TorchRun:
         self.device = device
         spec = case.spec
         self.spec = spec
-        dtype = getattr(torch, _TORCH_DTYPES[spec.dtype])
+        dtype = getattr(torch, spec.dtype)  # the spec's dtypes are named as torch names them
         self.dtype = dtype
         dev = torch.device(device.torch_device)
         self.dev = dev
