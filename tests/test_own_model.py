@@ -184,8 +184,8 @@ def test_bound_is_that_of_what_ran_tf32_claim_kept() -> None:
     loosest bound; nothing traced keeps the claim's; other layers than the recurrent ones add the claim's."""
     from types import SimpleNamespace
 
+    from pytest_lstmperf.numerics.model_judge import _pass_bound
     from pytest_lstmperf.numerics.tolerance import tolerance
-    from pytest_lstmperf.numerics.verify_model import _pass_bound
 
     spec = layer_spec(torch.nn.LSTM(6, 8, num_layers=2), seq_len=7, batch=3)
 

@@ -72,7 +72,8 @@ def test_a_bound_widened_past_0_1_is_listed_with_its_error_and_the_unwidened_bou
     import numpy as np
 
     from pytest_lstmperf.model.spec import LayerSpec
-    from pytest_lstmperf.numerics.verify_model import ModelRun, PathOutcome, _check_numbers, _finish
+    from pytest_lstmperf.numerics.model_judge import ModelRun, PathOutcome, _check_numbers
+    from pytest_lstmperf.numerics.verify_model import _finish
 
     class Widened:
         def factor(self, quantity, pass_):

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from ..model.spec import LayerSpec
-from .verify_model import SEED, ModelRun, PathOutcome, conclude, envelope_spec
+from .model_judge import SEED, ModelRun, PathOutcome, conclude, envelope_spec
 
 
 def _as_float64(config: Any) -> Any:

@@ -20,7 +20,7 @@ import numpy as np
 
 from ..model.spec import Cell, LayerSpec
 from .checks import Mismatch, format_failure
-from .verify_model import SEED, ModelRun, PathOutcome, conclude, envelope_spec, model_paths
+from .model_judge import SEED, ModelRun, PathOutcome, conclude, envelope_spec, model_paths
 
 
 def recurrent_layers(model: Any) -> list[Any]:
