@@ -1,5 +1,5 @@
-"""Meters: what the device spends on a call, and what a call asks of the host, measured in the process that runs
-it (the benchmark's, or a Keras worker's).
+"""Device-time meters: what the device spends on a call, measured in the process that runs it (the benchmark's, or
+a Keras worker's); what a call asks of the host is :mod:`.host_counters`.
 
 * **Device time** (:func:`device_time`): a CUDA graph of one call is captured and replayed; CUDA events around
   the replays, queued behind a spin of the GPU so that the host's launches leave no gap between them
@@ -8,8 +8,6 @@ it (the benchmark's, or a Keras worker's).
   several back-to-back calls (their mean is one sample), a note says so: that figure also holds the gaps where
   the GPU waited for launches, so it is an upper bound. Work another runtime launches in this process (XLA:
   Keras on JAX) is timed from CUPTI, else from calls queued back to back (:func:`xla_device_time`).
-* **Host counters** (:func:`host_counters`): per call, ATen ops dispatched, GPU kernels launched,
-  host-device synchronisations and bytes allocated, counted in one untimed call: exact, whatever the load.
 * Device samples taken inside :func:`paired_with` alternate with another meter's (the anchor's).
 
 torch is imported only inside the functions that need it.
@@ -26,6 +24,8 @@ import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from .host_counters import cuda_profile
 
 # ------------------------------------------------------------------------------------------ sample counts
 #: timed work per benchmark above which a long call (the Keras generic loop: 100-340 ms per call) gets fewer
@@ -508,151 +508,6 @@ def _event_times(
         end.synchronize()
         out.append(start.elapsed_time(end) / 1000.0 / calls)
     return out
-
-
-# ---------------------------------------------------------------------------------------- host counters
-#: ``torch.profiler`` runtime events that make the host wait for the device
-SYNC_EVENTS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy")
-
-
-def host_counters(call: Callable[[], object], device: str) -> dict[str, Any]:
-    """What one call of ``call`` (which must *not* synchronise) asks of the host, counted in one untimed call.
-
-    ``aten_ops``: ATen ops dispatched below autograd (a ``TorchDispatchMode``, which autograd propagates to
-    its backward threads); ``alloc_bytes``: on CUDA the caching allocator's ``allocated_bytes`` growth
-    during the call (workspaces included), on the CPU the bytes of the fresh storages the ops return (the
-    mode sees each op's outputs; views and in-place results, which allocate nothing, are not counted);
-    ``kernels`` and ``syncs`` (CUDA only; 0 on the CPU, which launches no GPU work): GPU kernels launched and
-    host-device synchronisations (``cudaStreamSynchronize``, ``cudaDeviceSynchronize``,
-    ``cudaEventSynchronize``, ``cudaMemcpy`` runtime calls) seen by ``torch.profiler``. Counts are exact
-    and do not depend on the machine's load; the caller counts after warm-up, never during timed rounds.
-    """
-    import torch
-
-    cuda = device.startswith("cuda")
-    counter = _OpCounter()
-    profiler = None
-    if cuda:
-        from torch.profiler import ProfilerActivity, profile
-
-        torch.cuda.synchronize(device)
-        # CPU and GPU activity, as every baseline was counted: with GPU activity alone the count is faster
-        # (a cuDNN-off LSTM forward on the H100: 0.10 s against 0.18 s) but an optimizer step counts one
-        # kernel fewer (SGD.step: 1 against 2, deterministic), so a clean run would fail the exact kernel
-        # comparison against a baseline counted the other way
-        profiler = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
-        before = torch.cuda.memory_stats(device).get("allocated_bytes.all.allocated", 0)
-    with contextlib.ExitStack() as stack:
-        if profiler is not None:
-            stack.enter_context(profiler)
-        stack.enter_context(_counting_mode(counter, fresh_bytes=not cuda))
-        call()
-        if cuda:
-            torch.cuda.synchronize(device)
-    out = {"aten_ops": counter.ops, "kernels": 0, "syncs": 0, "alloc_bytes": counter.fresh_bytes}
-    if profiler is not None:
-        kernels = syncs = 0
-        for name, on_gpu in profiled_events(profiler):
-            if on_gpu:
-                kernels += not name.startswith(("Memcpy", "Memset"))  # copies and fills are no launches
-            elif name.split("_v")[0] in SYNC_EVENTS:  # runtime names may carry a version suffix
-                syncs += 1
-        after = torch.cuda.memory_stats(device).get("allocated_bytes.all.allocated", 0)
-        # the synchronisation that closes the counted call is ours, not the call's
-        out.update(kernels=kernels, syncs=max(0, syncs - 1), alloc_bytes=int(after - before))
-    return out
-
-
-class _OpCounter:
-    def __init__(self) -> None:
-        self.ops = 0
-        self.fresh_bytes = 0
-
-
-@contextlib.contextmanager
-def _counting_mode(counter: _OpCounter, fresh_bytes: bool = True) -> Any:
-    """Count the ATen ops dispatched under it and, with ``fresh_bytes`` (the CPU, where no allocator counts
-    them), the bytes of the fresh storages they return. Without it (CUDA: the caching allocator counts the
-    bytes) an op is only counted: walking every op's inputs and outputs cost 20 us per op, 0.2 s of the
-    count of a Keras generic training step of 11,000 ops."""
-    import torch
-    from torch.utils._python_dispatch import TorchDispatchMode
-    from torch.utils._pytree import tree_leaves
-
-    class Counted(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-            counter.ops += 1
-            return func(*args, **(kwargs or {}))
-
-    if not fresh_bytes:
-        with Counted():
-            yield
-        return
-
-    class Counting(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-            kwargs = kwargs or {}
-            inputs = {
-                t.untyped_storage().data_ptr()
-                for t in tree_leaves((args, kwargs))
-                if isinstance(t, torch.Tensor) and not t.is_meta
-            }
-            result = func(*args, **kwargs)
-            counter.ops += 1
-            seen: set[int] = set()
-            for t in tree_leaves(result):
-                if isinstance(t, torch.Tensor) and t.device.type == "cpu":
-                    storage = t.untyped_storage()
-                    ptr = storage.data_ptr()
-                    if ptr and ptr not in inputs and ptr not in seen:
-                        seen.add(ptr)
-                        counter.fresh_bytes += storage.nbytes()
-            return result
-
-    with Counting():
-        yield
-
-
-# ------------------------------------------------------------------------------------------- profiler
-def profiled_events(profiler: object) -> list[tuple[str, bool]]:
-    """``(name, on_gpu)`` of every event a finished ``torch.profiler.profile`` recorded, read from the raw
-    results: building torch's ``FunctionEvent`` list (``profiler.events()``) costs seconds for a call with
-    tens of thousands of ops (a Keras loop over 100 steps), reading the raw events a few milliseconds.
-    Names are demangled as ``events()`` demangles them."""
-    import torch
-
-    try:
-        raw = profiler.profiler.kineto_results.events()  # type: ignore[attr-defined]
-    except AttributeError:  # another profiler implementation: the slow, documented way
-        return [(e.name, "CUDA" in str(getattr(e, "device_type", ""))) for e in profiler.events()]  # type: ignore[attr-defined]
-    from torch.autograd import DeviceType
-
-    cuda = DeviceType.CUDA  # compared, not printed: str() of the enum took 3x the time of the rest per event
-    names: dict[str, str] = {}
-    out = []
-    for event in raw:
-        if getattr(event, "is_hidden_event", lambda: False)():  # as events() skips them
-            continue
-        name = event.name()
-        if name not in names:
-            names[name] = torch._C._demangle(name) if len(name) > 1 else name
-        out.append((names[name], event.device_type() == cuda))
-    return out
-
-
-def cuda_profile(block: Callable[[], object]) -> Any | None:
-    """``block`` run under ``torch.profiler`` recording CUDA activity alone: CUPTI records every GPU activity of
-    the process, whichever runtime launched it (XLA's too). The finished profiler, or None, ``block`` not run,
-    where torch has no CUDA profiling."""
-    try:
-        from torch.profiler import ProfilerActivity, profile, supported_activities
-    except ImportError:
-        return None
-    if ProfilerActivity.CUDA not in supported_activities():
-        return None
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        block()
-    return prof
 
 
 # ----------------------------------------------------------------------------------------- formatting

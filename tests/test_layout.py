@@ -21,7 +21,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "pytest_lstmperf"
 
 LAYERS = (
-    ("device", "options", "ci_summary", "meters"),
+    ("device", "options", "ci_summary", "meters", "host_counters"),
     ("model",),
     ("observation",),
     ("paths",),

@@ -18,7 +18,7 @@ import pytest
 from forked_pytest import runpytest_forked
 from test_bench_plugin import BASE_ARGS, SPIN_MODULE, SUITE
 
-from pytest_lstmperf import meters
+from pytest_lstmperf import host_counters, meters
 from pytest_lstmperf.speed import timing
 
 torch = pytest.importorskip("torch")
@@ -147,18 +147,18 @@ def test_host_counters_are_exact_and_see_the_host_work_fault() -> None:
 
     for call in _tiny_lstm():
         call()  # warm-up: .grad exists from here on
-        clean = [meters.host_counters(call, "cpu") for _ in range(3)]
+        clean = [host_counters.host_counters(call, "cpu") for _ in range(3)]
         assert clean[0] == clean[1] == clean[2]
         assert clean[0]["aten_ops"] > 0 and clean[0]["alloc_bytes"] > 0
         assert clean[0]["kernels"] == 0 and clean[0]["syncs"] == 0  # the CPU launches no GPU work
         with planted("host-work:1"):
-            one = meters.host_counters(call, "cpu")
+            one = host_counters.host_counters(call, "cpu")
         with planted("host-work:7"):
-            seven = meters.host_counters(call, "cpu")
+            seven = host_counters.host_counters(call, "cpu")
         assert one["aten_ops"] > clean[0]["aten_ops"]
         assert seven["aten_ops"] - one["aten_ops"] == 6
         assert one["alloc_bytes"] - clean[0]["alloc_bytes"] >= 256 * 4
-        assert meters.host_counters(call, "cpu") == clean[0]  # the fault undone, the counts are back
+        assert host_counters.host_counters(call, "cpu") == clean[0]  # the fault undone, the counts are back
 
 
 def test_the_op_count_alone_counts_what_the_full_count_counts() -> None:
@@ -167,15 +167,15 @@ def test_the_op_count_alone_counts_what_the_full_count_counts() -> None:
     from pytest_lstmperf.testing.faults import planted
 
     def ops(call, fresh_bytes: bool) -> int:
-        counter = meters._OpCounter()
-        with meters._counting_mode(counter, fresh_bytes=fresh_bytes):
+        counter = host_counters._OpCounter()
+        with host_counters._counting_mode(counter, fresh_bytes=fresh_bytes):
             call()
         return counter.ops
 
     for call in _tiny_lstm():
         call()
         clean = ops(call, False)
-        assert clean == ops(call, True) == meters.host_counters(call, "cpu")["aten_ops"] > 0
+        assert clean == ops(call, True) == host_counters.host_counters(call, "cpu")["aten_ops"] > 0
         with planted("host-work:3"):
             faulted = ops(call, False)
             assert faulted == ops(call, True)

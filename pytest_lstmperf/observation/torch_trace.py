@@ -22,7 +22,7 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
-from ..meters import cuda_profile, profiled_events
+from ..host_counters import cuda_profile, profiled_events
 from ..model.precision import DTYPE_PRECISION, narrowest
 
 

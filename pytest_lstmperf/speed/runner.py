@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from .. import meters, options
+from ..host_counters import host_counters
 from ..observation.claims import Finding, kernel_mismatch, known_kernel_finding
 from .shapes import bench_set
 
@@ -168,7 +169,7 @@ class BenchRunner:
             observed,
             timed,
             _user_device_time(fn, device.torch_device, trace.ops),
-            lambda: meters.host_counters(fn, device.torch_device),
+            lambda: host_counters(fn, device.torch_device),
         )
         return result
 
@@ -484,7 +485,7 @@ def _meters(run: Any, call: Any, mode: str, device: DeviceInfo) -> tuple[Any, An
         return meters.device_time(call, device.torch_device, samples)
 
     def counters() -> dict[str, Any]:
-        return own_counts(mode) if own_counts is not None else meters.host_counters(call, device.torch_device)
+        return own_counts(mode) if own_counts is not None else host_counters(call, device.torch_device)
 
     return dev_time, counters
 

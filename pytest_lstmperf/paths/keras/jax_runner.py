@@ -52,7 +52,7 @@ def preload_device_timing() -> None:
     runs its other tests, rather than inside the first Keras-on-JAX benchmark's measurement: torch's profiler
     (about 3 s of imports on the H100) and CUPTI's first start (one empty profiling session: 1-2 s there).
     Without torch or its CUDA profiling nothing is done (the device time then says why it fell back)."""
-    from ...meters import cuda_profile
+    from ...host_counters import cuda_profile
 
     try:
         cuda_profile(lambda: None)

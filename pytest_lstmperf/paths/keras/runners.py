@@ -182,7 +182,7 @@ class LocalKerasRun:
         return device_time(call, "cuda:0" if self.device == "cuda" else "cpu", samples)
 
     def host_counters(self, kind: str) -> dict[str, Any]:
-        """Host counters of one ``forward`` or ``train_step`` (:func:`pytest_lstmperf.meters.host_counters`),
+        """Host counters of one ``forward`` or ``train_step`` (:func:`pytest_lstmperf.host_counters.host_counters`),
         counted in this process, which dispatches the ops; TensorFlow's ops are no ATen ops: a note only."""
         if self.options.backend != "torch":
             return {
@@ -191,7 +191,7 @@ class LocalKerasRun:
                 "do not see: "
                 "no host counters (the time per call decides)"
             }
-        from ...meters import host_counters
+        from ...host_counters import host_counters
 
         call = self.forward if kind == "forward" else self.train_step
         return host_counters(call, "cuda:0" if self.device == "cuda" else "cpu")
