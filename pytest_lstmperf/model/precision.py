@@ -16,6 +16,8 @@ DTYPES: tuple[str, ...] = ("float32", "float64", "float16", "bfloat16")
 PRECISIONS: tuple[str, ...] = ("fp64", "fp32", "tf32", "fp16", "bf16")
 #: the precision each dtype computes in
 DTYPE_PRECISION: dict[str, str] = {"float32": "fp32", "float64": "fp64", "float16": "fp16", "bfloat16": "bf16"}
+#: the 16-bit float precisions (mixed precision keeps float32 beside them)
+HALF_PRECISIONS: tuple[str, ...] = ("fp16", "bf16")
 #: the element precisions a trace can see, the narrowest first (``tf32`` is no element type: a kernel's)
 NARROWEST_FIRST: tuple[str, ...] = ("fp16", "bf16", "fp32", "fp64")
 

@@ -39,6 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..model.precision import PRECISIONS
 from ..model.spec import LayerSpec
 from ..observation.claims import satisfies
 
@@ -148,7 +149,7 @@ def bound_precision(claimed: str, observed: str) -> str:
     """The precision whose bound a pass is held to: the one it was observed to run in (autocast that ran
     fp16 where bf16 was claimed is held to fp16); an observation that satisfies the claim (fp32 kernels
     where TF32 is allowed) or that the trace could not tell (``unknown``) keeps the claimed precision."""
-    if satisfies(claimed, observed) or observed not in ("fp32", "tf32", "fp16", "bf16", "fp64"):
+    if satisfies(claimed, observed) or observed not in PRECISIONS:
         return claimed
     return observed
 

@@ -524,11 +524,11 @@ def _jax_kernels(fn: Any, wait: Any, torch_device: str, result: Any) -> tuple[st
     a lower precision than it returns is not seen so). On the CPU nothing is launched to read: ``unknown``."""
     import jax
 
+    from ..model.precision import DTYPE_PRECISION
     from ..observation.torch_trace import gpu_kernel_names, kernel_family, precision_from
 
-    names = {"float64": "fp64", "float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
     leaves = jax.tree_util.tree_leaves(result)
-    dtypes = sorted({names.get(str(leaf.dtype), str(leaf.dtype)) for leaf in leaves if hasattr(leaf, "dtype")})
+    dtypes = sorted({DTYPE_PRECISION.get(str(x.dtype), str(x.dtype)) for x in leaves if hasattr(x, "dtype")})
     if not torch_device.startswith("cuda"):
         return "unknown", precision_from(dtypes, []), []
     kernels = gpu_kernel_names(lambda: wait(fn()))

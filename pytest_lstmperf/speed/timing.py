@@ -28,6 +28,7 @@ from typing import Any
 
 from .. import meters
 from ..meters import WARM_AFTER_ONE_S, DeviceTime, long_call_samples
+from ..model.precision import DTYPE_PRECISION, HALF_PRECISIONS
 
 
 # -------------------------------------------------------------------------------------------- rounds
@@ -235,7 +236,7 @@ def host_overhead(per_call_s: float | None, device_s: float | None) -> float | N
 
 # ------------------------------------------------------------------------------------------ peak FLOP/s
 _PEAKS: dict[tuple[str, str], float | None] = {}
-_MATMUL_DTYPE = {"fp64": "float64", "fp32": "float32", "tf32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+_MATMUL_DTYPE = {**{p: d for d, p in DTYPE_PRECISION.items()}, "tf32": "float32"}
 #: square GEMM sizes tried per device kind, ascending until one call takes longer than its PEAK_CALL_BUDGET_S
 PEAK_SIZES = {"cpu": (256, 512, 1024, 2048), "cuda": (2048, 4096, 8192)}
 PEAK_REPEATS = 5
@@ -281,7 +282,7 @@ def _measure_peak(device: str, precision: str) -> float | None:
     if precision not in _MATMUL_DTYPE:
         return None
     cuda = device.startswith("cuda")
-    names = [_MATMUL_DTYPE[precision]] + (["float32"] if precision in ("fp16", "bf16") else [])
+    names = [_MATMUL_DTYPE[precision]] + (["float32"] if precision in HALF_PRECISIONS else [])
     saved = torch.backends.cuda.matmul.allow_tf32
     try:
         torch.backends.cuda.matmul.allow_tf32 = precision == "tf32"
