@@ -768,12 +768,12 @@ def test_summary_lines_speedup_over_generic() -> None:
 
 def test_xdist_json_written_into_the_file_older_pytest_benchmark_opened(pytestconfig, tmp_path: Path) -> None:
     """pytest-benchmark before 5.3 hands ``--benchmark-json`` over as an open binary file, not a path."""
-    from pytest_lstmperf.hooks.bench import _write_xdist_json
+    from pytest_lstmperf.hooks.benchmark_json import write_xdist_json
 
     record = {"fullname": "t.py::test_a[x]", "name": "test_a[x]", "data": [0.002, 0.003, 0.0025],
               "extra_info": {"device": "cuda:1"}}  # fmt: skip
     with open(tmp_path / "run.json", "wb") as handle:
-        message = _write_xdist_json(pytestconfig, handle, [record])
+        message = write_xdist_json(pytestconfig, handle, [record])
     assert message.endswith(f"written to {tmp_path / 'run.json'} (devices: cuda:1)")
     (written,) = json.loads((tmp_path / "run.json").read_text())["benchmarks"]
     assert written["fullname"] == "t.py::test_a[x]" and written["stats"]["data"] == [0.002, 0.003, 0.0025]

@@ -140,15 +140,9 @@ def _expected(args: tuple, kwargs: Mapping[str, Any], where: str, device: str = 
 @contextlib.contextmanager
 def _benchmark_unobserved(item: pytest.Item, seen: Observation) -> Iterator[None]:
     """Pause the observer in pytest-benchmark's timed (and calibration, warm-up) rounds."""
-    bench: Any = getattr(item, "funcargs", {}).get("benchmark")  # pytest-benchmark's fixture, or None
-    make_runner = getattr(bench, "_make_runner", None)
-    if make_runner is None:
-        yield
-        return
+    from ..speed.benchmark_adapter import runner_wrapped
 
-    def unobserved_runner(*args: Any, **kwargs: Any) -> Any:
-        runner = make_runner(*args, **kwargs)
-
+    def unobserved(runner: Any) -> Any:
         def run(loops_range: Any, *rest: Any, **kw: Any) -> Any:
             from ..observation.torch_trace import paused
 
@@ -159,11 +153,8 @@ def _benchmark_unobserved(item: pytest.Item, seen: Observation) -> Iterator[None
 
         return run
 
-    bench._make_runner = unobserved_runner
-    try:
+    with runner_wrapped(item, unobserved):
         yield
-    finally:
-        del bench._make_runner
 
 
 @pytest.hookimpl(wrapper=True)

@@ -70,15 +70,12 @@ def bench_entry(
     ``record`` holds ``fullname``, ``name``, ``group``, ``param``, ``params``, ``extra_info``, ``options``,
     ``data`` (seconds per call, one per round) and ``iterations``.
     """
-    from pytest_benchmark.stats import Stats
+    from .benchmark_adapter import statistics
 
     data = [float(x) for x in record["data"]]
     if not data:
         raise ValueError(f"{record.get('fullname')}: no samples")
-    stats = Stats()
-    for value in data:
-        stats.update(value)
-    stats_dict = stats.as_dict()
+    stats_dict = statistics(data)
     stats_dict["data"] = data
     stats_dict["iterations"] = int(record.get("iterations", 1))
     entry = {

@@ -1,0 +1,115 @@
+"""What the speed gate's hooks read from the run's config: the gate's state, the device and its hardware fields,
+the baseline folder and store, whether the run records a baseline, whether this is an lstmperf run, whether
+it runs under pytest-xdist (and this process is a worker), and the worker's machine lock."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from .. import options
+from ..speed.gate import GateState
+from ..speed.provenance import record_command
+from ..speed.runner import BENCH_MARKER
+
+if TYPE_CHECKING:
+    from ..device import DeviceInfo
+    from ..speed.baseline import BaselineStore
+
+
+BENCH_FIXTURE = "lstmperf_benchmark"
+
+STATE_KEY = pytest.StashKey[GateState]()
+MACHINE_LOCK_KEY = pytest.StashKey[Any]()
+
+
+def gate_state(config: pytest.Config) -> GateState:
+    if STATE_KEY not in config.stash:
+        config.stash[STATE_KEY] = GateState()
+    return config.stash[STATE_KEY]
+
+
+def setting(config: pytest.Config, name: str) -> options.Resolved:
+    return options.resolve(config, name)
+
+
+def is_worker(config: pytest.Config) -> bool:
+    return hasattr(config, "workerinput")
+
+
+def xdist_active(config: pytest.Config) -> bool:
+    return is_worker(config) or config.getoption("dist", "no") not in ("no", None)
+
+
+def gate_device(config: pytest.Config) -> DeviceInfo:
+    """The run's device (:func:`..session.run_device`: the session's, or before it exists, at configure time,
+    resolved the same way), kept in the gate's state."""
+    state = gate_state(config)
+    if state.device is None:
+        from ..session import run_device
+
+        state.device = run_device(config)
+    return state.device
+
+
+def hardware_fields(device: DeviceInfo) -> dict[str, str]:
+    return device.hardware()
+
+
+def baselines_dir(config: pytest.Config) -> Path:
+    raw = setting(config, "lstmperf_baselines").value
+    return Path(raw) if raw else Path(config.rootpath) / "baselines"
+
+
+def baseline_store(config: pytest.Config) -> BaselineStore:
+    from ..speed.baseline import BaselineStore
+
+    return BaselineStore(baselines_dir(config), record_hint=record_command(config))
+
+
+def saving(config: pytest.Config) -> str | None:
+    """How this run records the baseline: ``update``, ``save``, ``add-run``, or None."""
+    if setting(config, "lstmperf_update_baseline").value:
+        return "update"
+    if setting(config, "lstmperf_save_baseline").value:
+        return "save"
+    if setting(config, "lstmperf_add_baseline_run").value:
+        return "add-run"
+    return None
+
+
+def saving_flag(config: pytest.Config) -> str:
+    return {"update": "--lstmperf-update-baseline", "save": "--lstmperf-save-baseline"}.get(
+        saving(config) or "", "--lstmperf-add-baseline-run"
+    )
+
+
+def explicit_lstmperf(config: pytest.Config) -> bool:
+    """Whether a pytest-lstmperf setting was given (option, environment or ini): this is an lstmperf run."""
+    for one in options.SETTINGS.values():
+        if not options.is_added(config, one.name):
+            continue
+        given = config.getoption(one.name, default=None)
+        if one.alias:  # ``--device``, where this plugin owns it (its destination is ours alone)
+            given = given or config.getoption(one.alias_dest, default=None)
+        if given or os.environ.get(one.env) or config.getini(one.ini):
+            return True
+    return False
+
+
+def uses_lstmperf(config: pytest.Config) -> bool:
+    """This run measures lstmperf benchmarks (records arrived, or the gate was pointed at a baseline)."""
+    state = config.stash.get(STATE_KEY, None)
+    return state is not None and bool(state.records or state.compare_requested or explicit_lstmperf(config))
+
+
+def is_benchmark(item: pytest.Item) -> bool:
+    return BENCH_FIXTURE in getattr(item, "fixturenames", ()) or item.get_closest_marker(BENCH_MARKER) is not None
+
+
+def machine_lock(config: pytest.Config) -> Any:
+    """This pytest-xdist worker's :class:`~..speed.machine_lock.MachineLock`, where the run times benchmarks."""
+    return config.stash.get(MACHINE_LOCK_KEY, None)

@@ -1,0 +1,187 @@
+"""The speed gate as the session ends (on the controller, or the only process): the baseline recorded, the
+merged ``--benchmark-json`` written under pytest-xdist, the gate run against the baseline, its verdict written
+for CI and into the speed report, and whether the session fails. Before any test runs, :func:`check_writable`
+stops a recording run whose baseline cannot be written."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ..speed.gate import GateState, run_gate
+from ..speed.provenance import benchmark_header, provenance
+from .benchmark_json import write_xdist_json
+from .compare_target import take_over_compare
+from .gate_context import (
+    baseline_store,
+    gate_device,
+    gate_state,
+    hardware_fields,
+    saving,
+    saving_flag,
+    setting,
+    xdist_active,
+)
+from .terminal import outcome_lines
+
+STAT_REGRESSION = "speed-regression"
+STAT_INCONCLUSIVE = "speed-inconclusive"
+
+
+def check_writable(config: pytest.Config) -> None:
+    """A recording run whose baseline cannot be written stops before any test runs (exit 4)."""
+    from ..speed.baseline import BaselineError
+
+    try:
+        baseline_store(config).check_writable(hardware_fields(gate_device(config)))
+    except BaselineError as exc:
+        raise pytest.UsageError(f"{saving_flag(config)}: {exc}") from None
+
+
+def finish(session: pytest.Session) -> None:
+    """Record, write, decide; a failed gate (or an error of its own) turns a passing session's exit status to
+    TESTS_FAILED."""
+    config = session.config
+    state = gate_state(config)
+    if state.deferred_compare is not None and state.records:  # pytest-xdist: the controller collected nothing
+        try:
+            take_over_compare(config)
+        except pytest.UsageError as exc:
+            state.errors.append(str(exc))
+            session.exitstatus = pytest.ExitCode.USAGE_ERROR
+    measured = [r for r in state.records if r.get("data")]
+    if saving(config) is not None:
+        _record_baseline(config, state, session, measured)
+    json_target = config.getoption("benchmark_json", None)
+    if json_target and measured and xdist_active(config):
+        try:
+            state.messages.append(write_xdist_json(config, json_target, measured))
+        except (OSError, TypeError, ValueError) as exc:
+            name = getattr(json_target, "name", json_target)
+            state.errors.append(f"--benchmark-json={name}: could not write the merged results: {exc}")
+    if state.baseline is not None:
+        from ..session import SESSION_KEY
+
+        session_ = config.stash.get(SESSION_KEY, None)
+        unavailable = session_.resolve_unavailable() if session_ is not None else {}
+        threshold = setting(config, "lstmperf_threshold").value
+        state.gate = run_gate(state.baseline, state.records, threshold, gate_device(config).versions(), unavailable)
+        _write_ci_summary(config, state)
+    _write_report(config, state)
+    failed = _gate_outcome(config, state)
+    if failed and session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def _record_baseline(config: pytest.Config, state: GateState, session: pytest.Session, measured: list) -> None:
+    """Record this run's benchmarks, only when the run completed: an interrupted run (Ctrl-C, -x, a failing
+    test) would leave a partial baseline, so it records nothing and says so."""
+    from ..speed.baseline import BaselineError
+
+    status = pytest.ExitCode(session.exitstatus) if isinstance(session.exitstatus, int) else session.exitstatus
+    if status != pytest.ExitCode.OK or session.shouldstop or session.shouldfail:
+        interrupted = status == pytest.ExitCode.INTERRUPTED
+        why = "it was interrupted" if interrupted else f"it did not pass ({status.name})"
+        if session.testsfailed:
+            why += f": {session.testsfailed} test(s) failed"
+        then = "Record again with a run that completes." if interrupted else "Fix the failure and record again."
+        state.errors.append(
+            f"not recording: this run did not complete ({why}); a partial baseline is never written, the "
+            f"baseline folder is unchanged. {then}"
+        )
+        return
+    if not measured:
+        state.messages.append("no benchmark was measured in this run: nothing recorded")
+        return
+    try:
+        device = gate_device(config)
+        state.save_report = baseline_store(config).save(
+            measured,
+            fields=hardware_fields(device),
+            fingerprint=device.fingerprint,
+            versions=device.versions(),
+            threshold=setting(config, "lstmperf_threshold").value,
+            provenance=provenance(config),
+            header=benchmark_header(config),
+            update=saving(config) == "update",
+            add_run=saving(config) == "add-run",
+        )
+        if xdist_active(config):
+            state.messages.append("recorded under pytest-xdist: workers shared the machine while timing")
+    except BaselineError as exc:
+        state.errors.append(str(exc))
+
+
+def _write_ci_summary(config: pytest.Config, state: GateState) -> None:
+    """The verdict as Markdown in ``$GITHUB_STEP_SUMMARY`` (where set) and as JUnit properties of the run."""
+    from .. import ci_summary
+
+    assert state.gate is not None
+    rows = []
+    for d in state.gate.decisions:
+        deciding = d.deciding
+        kernel = d.kernel_now or d.kernel_then
+        if d.kernel_then and d.kernel_now and d.kernel_then != d.kernel_now:
+            kernel = f"{d.kernel_then} -> {d.kernel_now}"
+        notes = [c.text() for c in d.checks if c.verdict != "unchanged"] or list(d.notes)
+        rows.append(
+            ci_summary.SummaryRow(
+                name=d.name,
+                verdict=d.verdict,
+                kernel=kernel,
+                ratio=deciding.ratio if deciding else None,
+                limit=deciding.limit if deciding else None,
+                note="; ".join(notes),
+            )
+        )
+    headline = f"speed gate: {state.gate.summary()}"
+    if state.gate.upgrade is not None:
+        headline += f" ({state.gate.upgrade.headline(state.gate.decisions)})"
+    try:
+        written = ci_summary.write_step_summary(rows, headline)
+    except ci_summary.StepSummaryError as exc:
+        state.errors.append(str(exc))
+        written = None
+    if written is not None:
+        state.messages.append(f"the gate's verdict was written to {written} (GITHUB_STEP_SUMMARY)")
+    ci_summary.add_junit_properties(config, ci_summary.junit_properties(rows, headline))
+
+
+def _write_report(config: pytest.Config, state: GateState) -> None:
+    report_dir = setting(config, "lstmperf_report").value
+    if not (report_dir and state.records):
+        return
+    from ..speed.report import write_report
+
+    try:
+        state.report_path = write_report(
+            Path(report_dir),
+            state.records,
+            state.baseline.data["benchmarks"] if state.baseline else None,
+            gate_device(config).describe(),
+            state.gate,
+        )
+    except Exception as exc:
+        state.errors.append(f"--lstmperf-report={report_dir}: could not write the report: {exc}")
+
+
+def _gate_outcome(config: pytest.Config, state: GateState) -> bool:
+    """Whether the session fails; fills ``state.outcome`` (the last lines) and pytest's final-line counts."""
+    tr = config.pluginmanager.get_plugin("terminalreporter")
+    stats = getattr(tr, "stats", None)
+    gate = state.gate
+    failed = bool(state.errors)
+    if gate is not None and gate.failed:
+        failed = True
+        if stats is not None:
+            stats.setdefault(STAT_REGRESSION, []).extend(gate.failed)
+    if gate is not None and gate.unsettled():
+        accepted = setting(config, "lstmperf_accept_inconclusive").value
+        failed = failed or not accepted
+        if stats is not None and (gate.inconclusive or not gate.compared):
+            inconclusive: list[Any] = list(gate.inconclusive) or [gate]
+            stats.setdefault(STAT_INCONCLUSIVE, []).extend(inconclusive)
+    state.outcome = outcome_lines(config, state, failed)
+    return failed
