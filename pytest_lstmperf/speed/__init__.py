@@ -1,3 +1,5 @@
 """Speed: the benchmark shapes (``shapes``), the clocks and the anchor (``timing``), one benchmark's measurement
 (``runner``), hardware-keyed stored baselines (``baseline``), the gate's rule (``policy``), the run's decisions
-(``gate``) and the speed report (``report``)."""
+(``gate``), the speed report (``report``), the machine lock under pytest-xdist (``machine_lock``), the machine-info
+thread (``machine_info``), provenance (``provenance``), and the one module that reaches into pytest-benchmark
+beyond its public surface (``benchmark_adapter``)."""

@@ -33,6 +33,8 @@ names what it touches:
   another plugin implements that hook (then its machine info is used, not the thread's).
 * :func:`quiet_xdist_warning` ignores pytest-benchmark's "Benchmarks are automatically disabled because xdist"
   warning, which it issues by its message text at unconfigure, where no option or hook turns it off.
+* :func:`load_timer` reads a ``--benchmark-timer`` value with ``pytest_benchmark.utils.load_timer``, so that rounds
+  timed without pytest-benchmark (under pytest-xdist) use its clock; the fixture exposes no public timer.
 * :func:`statistics` computes a benchmark's ``stats`` with ``pytest_benchmark.stats.Stats``, so that the JSON
   written without pytest-benchmark (a baseline, the merged pytest-xdist JSON) holds its statistics.
 """
@@ -144,3 +146,10 @@ def statistics(data: Sequence[float]) -> dict[str, Any]:
     for value in data:
         stats.update(value)
     return stats.as_dict()
+
+
+def load_timer(raw: str) -> Any:
+    """The clock a ``--benchmark-timer`` value names, as pytest-benchmark loads it."""
+    from pytest_benchmark.utils import load_timer as load
+
+    return load(raw).target

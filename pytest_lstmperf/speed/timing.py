@@ -207,12 +207,12 @@ def paired_rounds(
 def benchmark_timer(config: Any) -> Callable[[], float]:
     """The clock pytest-benchmark times with (``--benchmark-timer``, default ``time.perf_counter``), so that
     rounds timed here (under pytest-xdist) use the same one."""
-    from pytest_benchmark.utils import load_timer
+    from .benchmark_adapter import load_timer
 
     raw = config.getoption("benchmark_timer", None)
     if not raw:
         return time.perf_counter
-    return load_timer(str(raw)).target
+    return load_timer(str(raw))
 
 
 def batch_medians(samples: Sequence[float], batches: int = 3) -> list[float]:
