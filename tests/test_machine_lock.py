@@ -125,3 +125,24 @@ def test_every_test_a_benchmark_included_runs_under_the_shared_hold() -> None:
         with contextlib.suppress(StopIteration):
             gen.send(True)
     assert held == ["shared", "shared"]
+
+
+def test_the_controller_removes_the_runs_lock_folder_once_its_workers_are_gone(tmp_path, monkeypatch) -> None:
+    """Each pytest-xdist run made a lock folder in the temporary directory and left it there (one per run, for
+    ever); the controller now removes it at its end, a worker never does (the others may still hold it)."""
+    import tempfile
+    import types
+
+    from pytest_lstmperf.hooks import bench
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    lock = MachineLock("run-1")
+    assert lock.folder == tmp_path / "pytest-lstmperf-run-1" and lock.folder.is_dir()
+    lock.close()
+    worker = types.SimpleNamespace(stash=pytest.Stash(), workerinput={"testrunuid": "run-1", "workerid": "gw0"})
+    bench.pytest_unconfigure(worker)  # a worker ends: the folder stays
+    assert lock.folder.is_dir()
+    controller = types.SimpleNamespace(stash=pytest.Stash())
+    bench.pytest_configure_node(types.SimpleNamespace(config=controller, workerinput={"testrunuid": "run-1"}))
+    bench.pytest_unconfigure(controller)
+    assert not lock.folder.exists()

@@ -52,6 +52,9 @@ from .gate_context import (
 from .gate_finish import check_writable, finish
 from .terminal import print_speed_section
 
+#: pytest-xdist's controller: the run's id (its workers' lock folder)
+LOCK_RUN_KEY = pytest.StashKey[str]()
+
 MACHINE_KEY = pytest.StashKey[MachineInfo]()
 
 
@@ -232,8 +235,19 @@ def _collect_record(config: pytest.Config, value: object) -> None:
         gate_state(config).records.append(value)
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """pytest-xdist's controller, as it starts a worker: the run's id, whose lock folder it removes at the end."""
+    node.config.stash[LOCK_RUN_KEY] = str(node.workerinput["testrunuid"])
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_unconfigure(config: pytest.Config) -> None:
+    run_id = config.stash.get(LOCK_RUN_KEY, None)
+    if run_id is not None:  # the controller, its workers gone
+        from ..speed.machine_lock import MachineLock
+
+        MachineLock.remove(run_id)
     if is_worker(config):
         # pytest-benchmark warns from a pytest-xdist worker as it exits, onto the terminal in the middle of the
         # progress dots; the run's summary says how its figures were timed under pytest-xdist instead

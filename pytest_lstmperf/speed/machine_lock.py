@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,7 +34,7 @@ class MachineLock:
     """The two locks of one pytest-xdist run (``run_id``: xdist's ``testrunuid``)."""
 
     def __init__(self, run_id: str, folder: Path | None = None) -> None:
-        self.folder = (folder or Path(tempfile.gettempdir())) / f"pytest-lstmperf-{run_id}"
+        self.folder = self.folder_of(run_id, folder)
         self.folder.mkdir(parents=True, exist_ok=True)
         self._fds = {name: os.open(self.folder / f"{name}.lock", os.O_RDWR | os.O_CREAT, 0o600)
                      for name in ("intent", "machine")}  # fmt: skip
@@ -78,6 +79,15 @@ class MachineLock:
                 self._lock("machine", fcntl.LOCK_SH if self._shared else fcntl.LOCK_UN)
         finally:
             self._lock("intent", fcntl.LOCK_UN)
+
+    @staticmethod
+    def folder_of(run_id: str, folder: Path | None = None) -> Path:
+        return (folder or Path(tempfile.gettempdir())) / f"pytest-lstmperf-{run_id}"
+
+    @classmethod
+    def remove(cls, run_id: str, folder: Path | None = None) -> None:
+        """Remove the run's lock folder: by pytest-xdist's controller, once every worker has ended."""
+        shutil.rmtree(cls.folder_of(run_id, folder), ignore_errors=True)
 
     def close(self) -> None:
         for fd in self._fds.values():
