@@ -1,10 +1,12 @@
-"""Scale-out: the distributed launcher and strategies on gloo (CPU), torchrun, the suite's checks failing
-when a fault is planted in the workers, and pytest-xdist's one-worker-per-GPU pinning."""
+"""Scale-out: the distributed strategies on gloo (CPU), the launcher (torch's elastic agent: failure reports, the
+deadline, what it leaves behind), torchrun, the suite's checks failing when a fault is planted in the workers, and
+pytest-xdist's one-worker-per-GPU pinning."""
 
 from __future__ import annotations
 
 import itertools
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +18,8 @@ torch = pytest.importorskip("torch")
 from pytest_lstmperf import device as device_mod  # noqa: E402
 from pytest_lstmperf.testing.rank_faults import WORKER_PLANT_ENV, rank_fault_env  # noqa: E402
 from pytest_lstmperf.workloads import distributed as dist  # noqa: E402
+from pytest_lstmperf.workloads import launcher  # noqa: E402
+from pytest_lstmperf.workloads import rank as rank_entry  # noqa: E402
 
 pytest_plugins = ["pytester"]
 ROOT = Path(__file__).resolve().parents[1]
@@ -121,38 +125,93 @@ def test_gloo_two_ranks_match_single_process(strategy: str) -> None:
 def test_a_failing_rank_is_reported_in_a_few_lines_with_its_own_error(monkeypatch: pytest.MonkeyPatch) -> None:
     """Rank 1 raises right after joining the group; rank 0 then waits for it in the first collective: the
     launcher stops rank 0 and says which rank failed, how, and the rank's own last lines, not the launcher's
-    internals."""
-    monkeypatch.setenv(dist.WORKER_RAISE_ENV, "1")
+    internals. The launch leaves this process's signal handlers and environment as they were (the elastic agent
+    installs handlers of its own and writes to the environment)."""
+    monkeypatch.setenv(rank_entry.WORKER_RAISE_ENV, "1")
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)}
+    environment = dict(os.environ)
     cfg = dist.TrainConfig(layers=2, input_size=4, hidden=8, seq_len=5, batch=4, steps=1, micro_batches=2)
-    with pytest.raises(dist.RankFailure) as info:
-        dist.launch("pipeline", 2, cfg, "gloo", timeout_s=300)
+    with pytest.raises(launcher.RankFailure) as info:
+        launcher.launch("pipeline", 2, cfg, "gloo", timeout_s=300)
     lines = str(info.value).splitlines()
     assert lines[0] == "pipeline on 2 ranks (gloo) failed: rank 1 exited with status 1 (stopped rank 0)", lines
-    assert lines[-1] == f"    RuntimeError: planted failure in rank 1 ({dist.WORKER_RAISE_ENV}=1)"
-    assert len(lines) <= 2 + dist.TAIL_LINES and "multiprocessing" not in str(info.value)
+    assert lines[-1] == f"    RuntimeError: planted failure in rank 1 ({rank_entry.WORKER_RAISE_ENV}=1)"
+    assert len(lines) <= 2 + launcher.TAIL_LINES and "multiprocessing" not in str(info.value)
+    assert {sig: signal.getsignal(sig) for sig in handlers} == handlers
+    assert dict(os.environ) == environment
+
+
+# a rank of the launcher's tests that starts in milliseconds: it writes its pid to DIR/pid<RANK>, then does ACTION
+FAKE_RANK = """
+import os, signal, sys, time
+directory, action = sys.argv[1], sys.argv[2]
+rank = os.environ["RANK"]
+with open(os.path.join(directory, "pid.tmp" + rank), "w") as fh:
+    fh.write(str(os.getpid()))
+os.replace(os.path.join(directory, "pid.tmp" + rank), os.path.join(directory, "pid" + rank))
+if action == "abort" and rank == "0":
+    while not os.path.exists(os.path.join(directory, "pid1")):  # rank 1 is running
+        time.sleep(0.01)
+    sys.stderr.write("".join(f"line {i}\\n" for i in range(30)) + "terminate called without an active exception\\n")
+    sys.stderr.flush()
+    os.kill(os.getpid(), signal.SIGABRT)
+print("waiting in recv", flush=True)
+time.sleep(120)
+"""
+
+
+def _gone(directory: Path, rank: int) -> bool:
+    """Whether the fake rank ``rank`` has ended (and been reaped by the agent)."""
+    try:
+        os.kill(int((directory / f"pid{rank}").read_text()), 0)
+    except ProcessLookupError:
+        return True
+    return False
 
 
 def test_failure_report_names_a_signal(tmp_path: Path) -> None:
     """A rank killed by a signal (as an abort in native code kills it) is named by the signal."""
-    log = tmp_path / "rank0.log"
-    log.write_text("".join(f"line {i}\n" for i in range(30)) + "terminate called without an active exception\n")
-    procs = [subprocess.Popen([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGABRT)"]),
-             subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])]  # fmt: skip
-    with pytest.raises(dist.RankFailure) as info:
-        dist._watch(procs, [str(log), str(log)], "ddp on 2 ranks (gloo)", timeout_s=120)
+    command = [sys.executable, "-c", FAKE_RANK, str(tmp_path), "abort"]
+    with pytest.raises(launcher.RankFailure) as info:
+        launcher.run_ranks(command, 2, "ddp on 2 ranks (gloo)", str(tmp_path), timeout_s=120)
     lines = str(info.value).splitlines()
     assert lines[0] == "ddp on 2 ranks (gloo) failed: rank 0 was killed by SIGABRT (stopped rank 1)"
-    assert lines[-1] == "    terminate called without an active exception" and len(lines) == 2 + dist.TAIL_LINES
-    assert procs[1].returncode is not None  # the survivor was stopped, not left running
+    assert lines[-1] == "    terminate called without an active exception" and len(lines) == 2 + launcher.TAIL_LINES
+    assert _gone(tmp_path, 1)  # the survivor was stopped, not left running
 
 
 def test_a_hung_rank_times_out_and_is_stopped(tmp_path: Path) -> None:
-    log = tmp_path / "rank0.log"
-    log.write_text("waiting in recv\n")
-    procs = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])]
-    with pytest.raises(TimeoutError, match=r"did not finish in 1 s \(stopped ranks \[0\]\).*waiting in recv"):
-        dist._watch(procs, [str(log)], "pipeline on 1 rank (gloo)", timeout_s=1)
-    assert procs[0].returncode is not None
+    command = [sys.executable, "-c", FAKE_RANK, str(tmp_path), "hang"]
+    with pytest.raises(TimeoutError, match=r"did not finish in 5 s \(stopped ranks \[0\]\).*waiting in recv"):
+        launcher.run_ranks(command, 1, "pipeline on 1 rank (gloo)", str(tmp_path), timeout_s=5)
+    assert _gone(tmp_path, 0)
+
+
+@pytest.mark.parametrize(("exits", "first"), [
+    ({1: 1, 0: -signal.SIGTERM}, "rank 1 exited with status 1 (stopped rank 0)"),
+    ({0: -signal.SIGABRT, 2: -signal.SIGTERM, 3: -signal.SIGKILL}, "rank 0 was killed by SIGABRT (stopped ranks 2, 3)"),
+    ({2: -signal.SIGKILL}, "rank 2 was killed by SIGKILL"),  # the first rank the agent saw failed, whatever its signal
+])  # fmt: skip
+def test_failure_report_tells_failed_ranks_from_stopped_ones(exits: dict, first: str, tmp_path: Path) -> None:
+    """The agent lists the ranks whose failure it saw first, then those it stopped (SIGTERM, or SIGKILL after the
+    grace period); a later rank that ended otherwise (here rank 1, status 3) failed too and gets its own lines."""
+    report = launcher.failure_report("ddp on 4 ranks (gloo)", exits, launcher.RankLogs(str(tmp_path), "run"))
+    assert report.splitlines()[0] == f"ddp on 4 ranks (gloo) failed: {first}"
+    both = launcher.failure_report("x", {0: 1, 1: 3, 2: -signal.SIGTERM}, launcher.RankLogs(str(tmp_path), "run"))
+    assert [line for line in both.splitlines() if not line.startswith("    ")] == [
+        "x failed: rank 0 exited with status 1 (stopped rank 2)",
+        "x failed: rank 1 exited with status 3",
+        "  rank 0, last lines of its output:",
+        "  rank 1, last lines of its output:",
+    ]
+    assert "(its output could not be read:" in both  # no log: said so, not an error of the report
+
+
+def test_the_launcher_is_reachable_from_the_strategies_module() -> None:
+    assert dist.launch is launcher.launch and dist.RankFailure is launcher.RankFailure
+    assert dist.available_cores is launcher.available_cores
+    with pytest.raises(AttributeError, match="has no attribute 'free_port'"):
+        dist.free_port  # noqa: B018
 
 
 def test_cpu_figures_carry_the_core_note() -> None:
@@ -173,8 +232,8 @@ def test_cpu_figures_carry_the_core_note() -> None:
 
 def test_torchrun_entry_point(tmp_path: Path) -> None:
     out = tmp_path / "result.pt"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
-           str(dist.free_port()), "-m", "pytest_lstmperf.workloads.distributed", "--strategy", "pipeline",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+           "-m", "pytest_lstmperf.workloads.distributed", "--strategy", "pipeline",
            "--backend", "gloo", "--layers", "2", "--input-size", "4", "--hidden", "8", "--seq-len", "5",
            "--batch", "4", "--steps", "2", "--micro-batches", "2", "--out", str(out)]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if k not in (dist.RANK_SETUP_ENV, WORKER_PLANT_ENV)}
@@ -191,22 +250,23 @@ def test_torchrun_entry_point(tmp_path: Path) -> None:
 def test_rank_setup_hook_is_called_and_its_undo_returned(monkeypatch: pytest.MonkeyPatch) -> None:
     """The ranks' setup hook is named by the environment: the launcher imports no test helper itself."""
     monkeypatch.delenv(dist.RANK_SETUP_ENV, raising=False)
-    assert dist._setup_from_env() is None
+    assert rank_entry._setup_from_env() is None
     for name, value in rank_fault_env("perturb:1e-3").items():
         monkeypatch.setenv(name, value)
     forward = torch.nn.LSTM.forward
-    undo = dist._setup_from_env()
+    undo = rank_entry._setup_from_env()
     assert callable(undo) and torch.nn.LSTM.forward is not forward  # planted
     undo()
     assert torch.nn.LSTM.forward is forward
     monkeypatch.setenv(dist.RANK_SETUP_ENV, "no_function_named")
     with pytest.raises(ValueError, match=r"expected package\.module:function"):
-        dist._setup_from_env()
+        rank_entry._setup_from_env()
 
 
-def test_entry_point_outside_torchrun_is_refused(tmp_path: Path) -> None:
+@pytest.mark.parametrize("module", ["pytest_lstmperf.workloads.distributed", "pytest_lstmperf.workloads.rank"])
+def test_entry_point_outside_torchrun_is_refused(module: str, tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
-    proc = subprocess.run([sys.executable, "-m", "pytest_lstmperf.workloads.distributed", "--out", str(tmp_path / "x")],
+    proc = subprocess.run([sys.executable, "-m", module, "--out", str(tmp_path / "x")],
                           capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)  # fmt: skip
     assert proc.returncode == 2 and "run under torchrun" in proc.stderr
 

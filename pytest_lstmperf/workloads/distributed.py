@@ -1,11 +1,9 @@
 """Multi-process training of a stacked LSTM: data parallel (DistributedDataParallel) and model parallel (the
 layers split into pipeline stages, one per rank, micro-batches flowing through them), on NCCL across GPUs or
-on gloo across CPU processes.
+on gloo across CPU processes. This module holds the strategies; a rank process runs them from
+:mod:`.rank` (its entry point), and :mod:`.launcher` starts the ranks under torch's elastic agent::
 
-Started by the plugin (:func:`launch`: one process per rank running this module's entry point, the way
-torchrun runs it, with the rendezvous store hosted by the launcher on a port the system chose) or by
-torchrun, the way users start it::
-
+    result = launch("pipeline", 2, TrainConfig(layers=8), "gloo")      # from pytest_lstmperf.workloads.launcher
     torchrun --nproc-per-node 2 -m pytest_lstmperf.workloads.distributed --strategy ddp --out result.pt
 
 Every run trains the same model from the same initial weights on the same data and returns rank 0's view
@@ -13,38 +11,38 @@ of the trained weights, the real (non-padding) time steps processed, and timings
 is the reference both strategies must agree with (same data order; DDP averages the gradients of equal
 shards, which is the full batch's mean gradient; the pipeline computes exactly the full model).
 
-A hook for the checks' tests: ``PYTEST_LSTMPERF_RANK_SETUP=module:function`` is called in every rank process
-before it joins the process group, and what it returns (a callable, or None) after the rank is done. The tests
-plant a fault there, in the rank processes only, so the distributed result disagrees with the single-process
-one (``pytest_lstmperf.testing.rank_faults``); this module imports none of the test helpers itself.
+A hook for the checks' tests: ``PYTEST_LSTMPERF_RANK_SETUP=module:function`` (:data:`RANK_SETUP_ENV`) is called
+in every rank process before it joins the process group, and what it returns (a callable, or None) after the rank
+is done. The tests plant a fault there, in the rank processes only, so the distributed result disagrees with the
+single-process one (``pytest_lstmperf.testing.rank_faults``); the package imports none of the test helpers itself.
+
+``launch``, ``RankFailure`` and ``available_cores`` are the launcher's; they are reachable here too, for the
+callers that import them from this module.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import gc
-import importlib
-import os
-import signal
-import socket
-import subprocess
 import sys
-import tempfile
 import time
-import traceback
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:  # the forwarded names (``__getattr__`` below), for type checkers
+    from .launcher import RankFailure as RankFailure
+    from .launcher import available_cores as available_cores
+    from .launcher import launch as launch
 
 STRATEGIES = ("ddp", "pipeline")
 BALANCES = ("equal", "measured")
 #: ``module:function`` each rank calls before joining the group; it returns an undo callable or None
 RANK_SETUP_ENV = "PYTEST_LSTMPERF_RANK_SETUP"
-# a rank that fails raises this in the worker processes only (tests of the launcher's failure report)
-WORKER_RAISE_ENV = "PYTEST_LSTMPERF_WORKER_RAISE"
+#: the launcher's names this module forwards (see the module's docstring)
+_LAUNCHER_NAMES = ("launch", "RankFailure", "available_cores")
 
 
 @dataclass(frozen=True)
@@ -164,18 +162,6 @@ def _weights(layers: list[Any], offset: int = 0) -> dict[str, np.ndarray]:
         for i, layer in enumerate(layers)
         for name, p in layer.named_parameters()
     }
-
-
-def _setup_from_env() -> Callable[[], None] | None:
-    """Call the rank setup that :data:`RANK_SETUP_ENV` names (``package.module:function``); its undo, or None."""
-    target = os.environ.get(RANK_SETUP_ENV)
-    if not target:
-        return None
-    module_name, _, function = target.partition(":")
-    if not module_name or not function:
-        raise ValueError(f"{RANK_SETUP_ENV}={target!r}: expected package.module:function")
-    undo = getattr(importlib.import_module(module_name), function)()
-    return undo if callable(undo) else None
 
 
 def _sync(device: Any) -> None:
@@ -434,173 +420,6 @@ def pipeline_worker(rank: int, world: int, cfg: TrainConfig, backend: str) -> Ru
 WORKERS = {"ddp": ddp_worker, "pipeline": pipeline_worker}
 
 
-# --------------------------------------------------------------------------------------------- launching
-def _entry(rank: int, world: int, strategy: str, cfg: TrainConfig, backend: str, init: str, out: str) -> None:
-    """One rank's whole life in the process group: train, merge every rank's weights into rank 0's result file,
-    wait for every rank, destroy the group. Raises on any failure (the caller ends the process)."""
-    import torch
-    import torch.distributed as dist
-
-    undo = _setup_from_env()
-    dist.init_process_group(backend, init_method=init, rank=rank, world_size=world)
-    if os.environ.get(WORKER_RAISE_ENV) == str(rank):
-        raise RuntimeError(f"planted failure in rank {rank} ({WORKER_RAISE_ENV}={rank})")
-    result = WORKERS[strategy](rank, world, cfg, backend)
-    # every rank's weights reach rank 0 (pipeline stages hold different layers; DDP replicas agree)
-    gathered: list[Any] = [None] * world
-    dist.all_gather_object(gathered, result.weights)
-    if rank == 0:
-        merged: dict[str, np.ndarray] = {}
-        for part in gathered:
-            for name, value in part.items():
-                merged.setdefault(name, value)
-        result.weights = merged
-        torch.save(asdict(result), out)
-    dist.barrier()  # every rank done with the group before any destroys it
-    gc.collect()
-    dist.destroy_process_group()
-    if undo is not None:
-        undo()
-
-
-def _end_process(status: int) -> None:
-    """End a rank's process without the interpreter's teardown. By now the result is written, every rank has
-    passed the last barrier and the group is destroyed; what is left is interpreter finalization and C++ static
-    destructors, which run while threads of the native libraries (c10d, gloo, OpenMP) may still be alive. A
-    ``std::thread`` destroyed while joinable there calls std::terminate ("terminate called without an active
-    exception", SIGABRT: the abort CI saw once). Nothing remains to clean up, so skip it: flush what the rank
-    printed and leave."""
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
-    os._exit(status)
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-class RankFailure(RuntimeError):
-    """A rank process failed: the message names the rank, its exit code or signal and its last output lines."""
-
-
-TAIL_LINES = 8
-
-
-def _tail(path: str, lines: int = TAIL_LINES) -> list[str]:
-    try:
-        with open(path, errors="replace") as fh:
-            text = fh.read()
-    except OSError as exc:
-        return [f"(its output could not be read: {exc})"]
-    kept = [line for line in text.splitlines() if line.strip()]
-    return kept[-lines:] or ["(it printed nothing)"]
-
-
-def _how_it_ended(code: int) -> str:
-    if code < 0:
-        with contextlib.suppress(ValueError):
-            return f"was killed by {signal.Signals(-code).name}"
-        return f"was killed by signal {-code}"
-    return f"exited with status {code}"
-
-
-def _rank_command(strategy: str, cfg: TrainConfig, backend: str, out: str) -> list[str]:
-    args = [sys.executable, "-m", "pytest_lstmperf.workloads.distributed", "--strategy", strategy, "--backend", backend,
-            "--out", out]  # fmt: skip
-    for name, value in asdict(cfg).items():
-        args += [f"--{name.replace('_', '-')}", str(value).lower() if isinstance(value, bool) else str(value)]
-    return args
-
-
-def _rank_env(rank: int, world: int, port: int, backend: str) -> dict[str, str]:
-    package_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world),
-           "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-           # the launcher hosts the store, as torchrun's agent does: every rank is a client of it
-           "TORCHELASTIC_USE_AGENT_STORE": "True",
-           "PYTHONPATH": os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p)}  # fmt: skip
-    if backend == "gloo":  # ranks share the host's cores instead of each starting one thread per core
-        env["OMP_NUM_THREADS"] = str(max(1, available_cores() // world))
-    return env
-
-
-def available_cores() -> int:
-    """CPU cores this process may run on (its affinity mask, which containers and taskset narrow)."""
-    with contextlib.suppress(AttributeError, OSError):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
-
-
-def _watch(procs: list[subprocess.Popen], logs: list[str], what: str, timeout_s: float) -> None:
-    """Wait for every rank to exit 0. The first rank to fail (or the deadline) stops the others, and the error
-    says which rank failed, how, and its last output lines."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        codes = [p.poll() for p in procs]
-        failed = [rank for rank, code in enumerate(codes) if code not in (None, 0)]
-        if failed or all(code == 0 for code in codes) or time.monotonic() > deadline:
-            break
-        time.sleep(0.1)
-    stopped = _stop(procs)
-    if failed:
-        lines = [f"{what} failed: rank {rank} {_how_it_ended(codes[rank] or 0)}" for rank in failed]
-        if stopped:
-            lines[0] += f" (stopped rank{'s' if len(stopped) > 1 else ''} {', '.join(map(str, stopped))})"
-        for rank in failed:
-            lines += [f"  rank {rank}, last lines of its output:", *(f"    {x}" for x in _tail(logs[rank]))]
-        raise RankFailure("\n".join(lines))
-    if stopped:
-        raise TimeoutError(f"{what} did not finish in {timeout_s:.0f} s (stopped ranks {stopped}); last lines of "
-                           f"rank 0: {' | '.join(_tail(logs[0], 3))}")  # fmt: skip
-
-
-def _stop(procs: list[subprocess.Popen]) -> list[int]:
-    stopped = [rank for rank, p in enumerate(procs) if p.poll() is None]
-    for rank in stopped:
-        procs[rank].kill()
-    for p in procs:
-        p.wait()
-    return stopped
-
-
-def launch(strategy: str, world: int, cfg: TrainConfig, backend: str = "gloo", timeout_s: float = 600) -> RunResult:
-    """Run ``strategy`` on ``world`` processes (gloo: CPU; nccl: one GPU each) and return rank 0's result.
-    A rank that fails raises :class:`RankFailure` with that rank's own error."""
-    import torch
-    import torch.distributed as tdist
-
-    cfg.check_world(strategy, world)
-    if backend not in ("gloo", "nccl"):
-        raise ValueError(f"unknown backend {backend!r} (valid: gloo, nccl)")
-    if backend == "nccl" and torch.cuda.device_count() < world:
-        raise ValueError(f"nccl with {world} ranks needs {world} GPUs, {torch.cuda.device_count()} usable")
-    from datetime import timedelta
-
-    what = f"{strategy} on {world} rank{'s' if world > 1 else ''} ({backend})"
-    with tempfile.TemporaryDirectory(prefix="lstmperf-dist-") as tmp:
-        out = os.path.join(tmp, "result.pt")
-        # port 0: the system picks a free port while the store listens on it (no window for another process)
-        store = tdist.TCPStore("127.0.0.1", 0, world, is_master=True, wait_for_workers=False,
-                               timeout=timedelta(seconds=timeout_s))  # fmt: skip
-        logs = [os.path.join(tmp, f"rank{rank}.log") for rank in range(world)]
-        procs = []
-        try:
-            for rank in range(world):
-                with open(logs[rank], "w") as log:
-                    procs.append(subprocess.Popen(
-                        _rank_command(strategy, cfg, backend, out), env=_rank_env(rank, world, store.port, backend),
-                        stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT))  # fmt: skip
-            _watch(procs, logs, what, timeout_s)
-        finally:
-            _stop(procs)
-            del store
-        data = torch.load(out, weights_only=False)
-    return RunResult(**data)
-
-
 def initial_weights(cfg: TrainConfig) -> dict[str, np.ndarray]:
     return _weights(build_layers(cfg))
 
@@ -630,41 +449,16 @@ def max_relative_difference(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) 
     return worst, name
 
 
-# --------------------------------------------------------------------------------------------- torchrun
-def main(argv: list[str] | None = None) -> int:
-    """Entry point under torchrun (reads RANK, WORLD_SIZE, MASTER_ADDR/PORT from the environment)."""
-    parser = argparse.ArgumentParser(prog="python -m pytest_lstmperf.workloads.distributed")
-    parser.add_argument("--strategy", choices=STRATEGIES, default="ddp")
-    parser.add_argument("--backend", choices=("gloo", "nccl"), default=None, help="default: nccl with GPUs, else gloo")
-    parser.add_argument("--out", required=True, help="rank 0 writes its result here (torch.save of a dict)")
-    for name, value in asdict(TrainConfig()).items():
-        kind = (lambda s: s.lower() in ("1", "true", "yes")) if isinstance(value, bool) else type(value)
-        parser.add_argument(f"--{name.replace('_', '-')}", type=kind, default=value)
-    args = parser.parse_args(argv)
-    if "RANK" not in os.environ:
-        parser.error("run under torchrun (RANK and WORLD_SIZE unset)")
-    world, rank = int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"])
-    try:
-        cfg = TrainConfig(**{k: getattr(args, k) for k in asdict(TrainConfig())})
-        cfg.check_world(args.strategy, world)
-    except ValueError as exc:
-        parser.error(str(exc))
-    import torch
+def __getattr__(name: str) -> Any:
+    """The launcher's public names, imported on first use (the launcher imports this module)."""
+    if name in _LAUNCHER_NAMES:
+        from . import launcher
 
-    backend = args.backend or ("nccl" if torch.cuda.is_available() else "gloo")
-    try:
-        _entry(rank, world, args.strategy, cfg, backend, "env://", args.out)
-    except BaseException:
-        traceback.print_exc()
-        _end_process(1)
-    if rank == 0:
-        result = RunResult(**torch.load(args.out, weights_only=False))
-        comm = "" if result.comm_share is None else f", communication {100 * result.comm_share:.0f}% of the step time"
-        print(f"{args.strategy} on {world} ranks ({backend}): {result.tokens} time steps in {result.seconds:.3f} s "
-              f"= {result.throughput:.4g} steps/s{comm}; result written to {args.out}", flush=True)  # fmt: skip
-    _end_process(0)
-    return 0
+        return getattr(launcher, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # torchrun -m pytest_lstmperf.workloads.distributed: the rank's entry point
+    from pytest_lstmperf.workloads.rank import main
+
     sys.exit(main())

@@ -1,0 +1,145 @@
+"""What one rank process runs: the entry point that torchrun and the plugin's launcher
+(:mod:`pytest_lstmperf.workloads.launcher`) start once per rank, with ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`` and
+``MASTER_PORT`` set by the torch elastic agent::
+
+    torchrun --nproc-per-node 2 -m pytest_lstmperf.workloads.rank --strategy ddp --out result.pt
+
+(``-m pytest_lstmperf.workloads.distributed`` runs the same entry point.) A rank calls the
+``PYTEST_LSTMPERF_RANK_SETUP`` hook before it joins the process group, trains with its strategy from
+:mod:`.distributed`, merges every rank's weights into rank 0's result file, and leaves with ``os._exit``. A rank
+that fails prints its traceback and writes it to the agent's per-rank error file (``TORCHELASTIC_ERROR_FILE``),
+which torchrun's failure summary shows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import importlib
+import os
+import sys
+import traceback
+from collections.abc import Callable
+from dataclasses import asdict
+from typing import Any
+
+import numpy as np
+
+from .distributed import RANK_SETUP_ENV, STRATEGIES, WORKERS, RunResult, TrainConfig
+
+#: a rank that fails raises this in the worker processes only (tests of the launcher's failure report)
+WORKER_RAISE_ENV = "PYTEST_LSTMPERF_WORKER_RAISE"
+PROG = "python -m pytest_lstmperf.workloads.distributed"
+
+
+def _setup_from_env() -> Callable[[], None] | None:
+    """Call the rank setup that :data:`RANK_SETUP_ENV` names (``package.module:function``); its undo, or None."""
+    target = os.environ.get(RANK_SETUP_ENV)
+    if not target:
+        return None
+    module_name, _, function = target.partition(":")
+    if not module_name or not function:
+        raise ValueError(f"{RANK_SETUP_ENV}={target!r}: expected package.module:function")
+    undo = getattr(importlib.import_module(module_name), function)()
+    return undo if callable(undo) else None
+
+
+def run_rank(rank: int, world: int, strategy: str, cfg: TrainConfig, backend: str, init: str, out: str) -> None:
+    """One rank's whole life in the process group: train, merge every rank's weights into rank 0's result file,
+    wait for every rank, destroy the group. Raises on any failure (the caller ends the process)."""
+    import torch
+    import torch.distributed as dist
+
+    undo = _setup_from_env()
+    dist.init_process_group(backend, init_method=init, rank=rank, world_size=world)
+    if os.environ.get(WORKER_RAISE_ENV) == str(rank):
+        raise RuntimeError(f"planted failure in rank {rank} ({WORKER_RAISE_ENV}={rank})")
+    result = WORKERS[strategy](rank, world, cfg, backend)
+    # every rank's weights reach rank 0 (pipeline stages hold different layers; DDP replicas agree)
+    gathered: list[Any] = [None] * world
+    dist.all_gather_object(gathered, result.weights)
+    if rank == 0:
+        merged: dict[str, np.ndarray] = {}
+        for part in gathered:
+            for name, value in part.items():
+                merged.setdefault(name, value)
+        result.weights = merged
+        torch.save(asdict(result), out)
+    dist.barrier()  # every rank done with the group before any destroys it
+    gc.collect()
+    dist.destroy_process_group()
+    if undo is not None:
+        undo()
+
+
+def _end_process(status: int) -> None:
+    """End a rank's process without the interpreter's teardown. By now the result is written, every rank has
+    passed the last barrier and the group is destroyed; what is left is interpreter finalization and C++ static
+    destructors, which run while threads of the native libraries (c10d, gloo, OpenMP) may still be alive. A
+    ``std::thread`` destroyed while joinable there calls std::terminate ("terminate called without an active
+    exception", SIGABRT: the abort CI saw once). Nothing remains to clean up, so skip it: flush what the rank
+    printed and leave."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(status)
+
+
+def _record_error(exc: BaseException) -> None:
+    """Write ``exc`` to the per-rank error file the elastic agent names (``TORCHELASTIC_ERROR_FILE``; nothing
+    where it is unset), as ``torch.distributed.elastic.multiprocessing.errors.record`` does. Not through ``record``
+    itself: it also enables faulthandler, whose dump of every thread on SIGABRT would push a native library's
+    last words out of the tail of the rank's log that the launcher reports."""
+    with contextlib.suppress(Exception):
+        from torch.distributed.elastic.multiprocessing.errors import get_error_handler
+
+        get_error_handler().record_exception(exc)
+
+
+def rank_arguments(strategy: str, cfg: TrainConfig, backend: str, out: str) -> list[str]:
+    """The command-line arguments of :func:`main` for one run (every rank gets the same)."""
+    args = ["--strategy", strategy, "--backend", backend, "--out", out]
+    for name, value in asdict(cfg).items():
+        args += [f"--{name.replace('_', '-')}", str(value).lower() if isinstance(value, bool) else str(value)]
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of a rank (reads RANK, WORLD_SIZE, MASTER_ADDR/PORT from the environment)."""
+    parser = argparse.ArgumentParser(prog=PROG)
+    parser.add_argument("--strategy", choices=STRATEGIES, default="ddp")
+    parser.add_argument("--backend", choices=("gloo", "nccl"), default=None, help="default: nccl with GPUs, else gloo")
+    parser.add_argument("--out", required=True, help="rank 0 writes its result here (torch.save of a dict)")
+    for name, value in asdict(TrainConfig()).items():
+        kind = (lambda s: s.lower() in ("1", "true", "yes")) if isinstance(value, bool) else type(value)
+        parser.add_argument(f"--{name.replace('_', '-')}", type=kind, default=value)
+    args = parser.parse_args(argv)
+    if "RANK" not in os.environ:
+        parser.error("run under torchrun (RANK and WORLD_SIZE unset)")
+    world, rank = int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"])
+    try:
+        cfg = TrainConfig(**{k: getattr(args, k) for k in asdict(TrainConfig())})
+        cfg.check_world(args.strategy, world)
+    except ValueError as exc:
+        parser.error(str(exc))
+    import torch
+
+    backend = args.backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    try:
+        run_rank(rank, world, args.strategy, cfg, backend, "env://", args.out)
+    except BaseException as exc:
+        traceback.print_exc()
+        _record_error(exc)
+        _end_process(1)
+    if rank == 0:
+        result = RunResult(**torch.load(args.out, weights_only=False))
+        comm = "" if result.comm_share is None else f", communication {100 * result.comm_share:.0f}% of the step time"
+        print(f"{args.strategy} on {world} ranks ({backend}): {result.tokens} time steps in {result.seconds:.3f} s "
+              f"= {result.throughput:.4g} steps/s{comm}; result written to {args.out}", flush=True)  # fmt: skip
+    _end_process(0)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
