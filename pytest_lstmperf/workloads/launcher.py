@@ -14,6 +14,7 @@ agent reports them like any failed rank.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import glob
 import math
 import os
@@ -93,7 +94,7 @@ def run_ranks(
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     run_id = f"lstmperf-{uuid.uuid4().hex[:16]}"
-    config = LaunchConfig(
+    settings: dict[str, Any] = dict(
         min_nodes=1,
         max_nodes=1,
         nproc_per_node=world,
@@ -109,8 +110,12 @@ def run_ranks(
         signals_to_handle=",".join(AGENT_SIGNALS),
         shutdown_timeout=SHUTDOWN_S,
     )
+    # the settings this torch release knows (torch 2.11's LaunchConfig has no shutdown_timeout: the agent's own
+    # default grace period applies there)
+    known = {f.name for f in dataclasses.fields(LaunchConfig)}
+    config = LaunchConfig(**{k: v for k, v in settings.items() if k in known})
     # the agent writes the signals it handles into the environment and installs handlers it does not undo
-    launcher_env = {**(env or {}), "TORCHELASTIC_SIGNALS_TO_HANDLE": config.signals_to_handle}
+    launcher_env = {**(env or {}), "TORCHELASTIC_SIGNALS_TO_HANDLE": ",".join(AGENT_SIGNALS)}
     failure: Any = None  # the agent's ChildFailedError
     error: Exception | None = None  # anything else the agent raised once the deadline had passed
     received: signal.Signals | None = None
