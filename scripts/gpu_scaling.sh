@@ -29,7 +29,7 @@ print(f"   {len(data['benchmarks'])} benchmarks in one JSON, by device: {dict(wh
 PY
 
 echo "== torchrun --nproc-per-node $GPUS (pipeline, 8 layers)"
-timeout 120 torchrun --nproc-per-node "$GPUS" -m pytest_lstmperf.workloads.distributed --strategy pipeline --layers 8 \
+timeout 120 torchrun --nproc-per-node "$GPUS" -m pytest_lstmperf.workloads.rank --strategy pipeline --layers 8 \
   --input-size 256 --hidden 512 --seq-len 100 --batch 64 --steps 8 --timed-passes 3 --out "$(mktemp -d)/torchrun.pt" \
   >"$OUT/torchrun.log" 2>&1
 echo "   exit $?"; grep -E "time steps|Error" "$OUT/torchrun.log" | tail -2

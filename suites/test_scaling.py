@@ -38,6 +38,7 @@ torch = pytest.importorskip("torch")
 from pytest_lstmperf.model.spec import LayerSpec  # noqa: E402
 from pytest_lstmperf.numerics.tolerance import pairwise_tolerance  # noqa: E402
 from pytest_lstmperf.workloads import distributed as dist  # noqa: E402
+from pytest_lstmperf.workloads import launcher  # noqa: E402
 
 # (layers, input, hidden, seq_len, batch, steps) for the equivalence runs
 EQUIV = {"cpu": (4, 16, 32, 12, 8, 3), "cuda": (8, 256, 512, 50, 64, 3)}
@@ -139,7 +140,7 @@ def test_scaling_throughput(
 def _launch(config: pytest.Config, strategy: str, world: int, cfg: dist.TrainConfig, backend: str,
             what: str) -> dist.RunResult:  # fmt: skip
     start = time.monotonic()
-    result = dist.launch(strategy, world, cfg, backend)
+    result = launcher.launch(strategy, world, cfg, backend)
     stages = f", stages {result.stages}" if result.stages and world > 1 else ""
     progress(config, f"{strategy}, {what}, {world} rank{'s' if world > 1 else ''} ({backend}): "
                      f"{result.throughput:.3g} steps/s{stages} [{time.monotonic() - start:.0f} s]")  # fmt: skip
@@ -162,7 +163,7 @@ def core_note(result: dist.RunResult, cores: int | None = None) -> str:
     (and plain training) had to itself."""
     if result.backend != "gloo" or result.world < 2:
         return ""
-    cores = dist.available_cores() if cores is None else cores
+    cores = launcher.available_cores() if cores is None else cores
     return (f"not a scaling figure: {result.world} ranks share {cores} available CPU core{'s' if cores != 1 else ''} "
             f"(os.sched_getaffinity), about {cores / result.world:.3g} per rank, where 1 rank had {cores}")  # fmt: skip
 

@@ -110,7 +110,7 @@ def test_gloo_two_ranks_match_single_process(strategy: str) -> None:
     # the pipeline splits its 3 layers by time rank 0 measures and sends to rank 1
     cfg = dist.TrainConfig(layers=3, input_size=4, hidden=8, seq_len=5, batch=4, steps=2, micro_batches=2,
                            balance="measured")  # fmt: skip
-    result = dist.launch(strategy, 2, cfg, "gloo", timeout_s=300)
+    result = launcher.launch(strategy, 2, cfg, "gloo", timeout_s=300)
     reference = dist.single_process(cfg)
     err, _ = dist.update_difference(result, reference, cfg)
     assert err < 1e-4 and result.tokens == reference.tokens == 2 * 4 * 5
@@ -207,13 +207,6 @@ def test_failure_report_tells_failed_ranks_from_stopped_ones(exits: dict, first:
     assert "(its output could not be read:" in both  # no log: said so, not an error of the report
 
 
-def test_the_launcher_is_reachable_from_the_strategies_module() -> None:
-    assert dist.launch is launcher.launch and dist.RankFailure is launcher.RankFailure
-    assert dist.available_cores is launcher.available_cores
-    with pytest.raises(AttributeError, match="has no attribute 'free_port'"):
-        dist.free_port  # noqa: B018
-
-
 def test_cpu_figures_carry_the_core_note() -> None:
     sys.path.insert(0, str(ROOT / "suites"))
     try:
@@ -233,7 +226,7 @@ def test_cpu_figures_carry_the_core_note() -> None:
 def test_torchrun_entry_point(tmp_path: Path) -> None:
     out = tmp_path / "result.pt"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           "-m", "pytest_lstmperf.workloads.distributed", "--strategy", "pipeline",
+           "-m", "pytest_lstmperf.workloads.rank", "--strategy", "pipeline",
            "--backend", "gloo", "--layers", "2", "--input-size", "4", "--hidden", "8", "--seq-len", "5",
            "--batch", "4", "--steps", "2", "--micro-batches", "2", "--out", str(out)]  # fmt: skip
     env = {k: v for k, v in os.environ.items() if k not in (dist.RANK_SETUP_ENV, WORKER_PLANT_ENV)}
@@ -263,8 +256,9 @@ def test_rank_setup_hook_is_called_and_its_undo_returned(monkeypatch: pytest.Mon
         rank_entry._setup_from_env()
 
 
-@pytest.mark.parametrize("module", ["pytest_lstmperf.workloads.distributed", "pytest_lstmperf.workloads.rank"])
-def test_entry_point_outside_torchrun_is_refused(module: str, tmp_path: Path) -> None:
+def test_entry_point_outside_torchrun_is_refused(
+    tmp_path: Path, module: str = "pytest_lstmperf.workloads.rank"
+) -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
     proc = subprocess.run([sys.executable, "-m", module, "--out", str(tmp_path / "x")],
                           capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)  # fmt: skip

@@ -4,7 +4,7 @@ on gloo across CPU processes. This module holds the strategies; a rank process r
 :mod:`.rank` (its entry point), and :mod:`.launcher` starts the ranks under torch's elastic agent::
 
     result = launch("pipeline", 2, TrainConfig(layers=8), "gloo")      # from pytest_lstmperf.workloads.launcher
-    torchrun --nproc-per-node 2 -m pytest_lstmperf.workloads.distributed --strategy ddp --out result.pt
+    torchrun --nproc-per-node 2 -m pytest_lstmperf.workloads.rank --strategy ddp --out result.pt
 
 Every run trains the same model from the same initial weights on the same data and returns rank 0's view
 of the trained weights, the real (non-padding) time steps processed, and timings. :func:`single_process`
@@ -16,33 +16,24 @@ in every rank process before it joins the process group, and what it returns (a 
 is done. The tests plant a fault there, in the rank processes only, so the distributed result disagrees with the
 single-process one (``pytest_lstmperf.testing.rank_faults``); the package imports none of the test helpers itself.
 
-``launch``, ``RankFailure`` and ``available_cores`` are the launcher's; they are reachable here too, for the
-callers that import them from this module.
+This module imports neither the launcher nor the rank's entry point: they import it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import gc
-import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
-
-if TYPE_CHECKING:  # the forwarded names (``__getattr__`` below), for type checkers
-    from .launcher import RankFailure as RankFailure
-    from .launcher import available_cores as available_cores
-    from .launcher import launch as launch
 
 STRATEGIES = ("ddp", "pipeline")
 BALANCES = ("equal", "measured")
 #: ``module:function`` each rank calls before joining the group; it returns an undo callable or None
 RANK_SETUP_ENV = "PYTEST_LSTMPERF_RANK_SETUP"
-#: the launcher's names this module forwards (see the module's docstring)
-_LAUNCHER_NAMES = ("launch", "RankFailure", "available_cores")
 
 
 @dataclass(frozen=True)
@@ -447,18 +438,3 @@ def max_relative_difference(a: dict[str, np.ndarray], b: dict[str, np.ndarray]) 
         if err > worst:
             worst, name = err, key
     return worst, name
-
-
-def __getattr__(name: str) -> Any:
-    """The launcher's public names, imported on first use (the launcher imports this module)."""
-    if name in _LAUNCHER_NAMES:
-        from . import launcher
-
-        return getattr(launcher, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-if __name__ == "__main__":  # torchrun -m pytest_lstmperf.workloads.distributed: the rank's entry point
-    from pytest_lstmperf.workloads.rank import main
-
-    sys.exit(main())

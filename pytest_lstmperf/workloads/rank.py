@@ -4,7 +4,7 @@
 
     torchrun --nproc-per-node 2 -m pytest_lstmperf.workloads.rank --strategy ddp --out result.pt
 
-(``-m pytest_lstmperf.workloads.distributed`` runs the same entry point.) A rank calls the
+A rank calls the
 ``PYTEST_LSTMPERF_RANK_SETUP`` hook before it joins the process group, trains with its strategy from
 :mod:`.distributed`, merges every rank's weights into rank 0's result file, and leaves with ``os._exit``. A rank
 that fails prints its traceback and writes it to the agent's per-rank error file (``TORCHELASTIC_ERROR_FILE``),
@@ -30,7 +30,7 @@ from .distributed import RANK_SETUP_ENV, STRATEGIES, WORKERS, RunResult, TrainCo
 
 #: a rank that fails raises this in the worker processes only (tests of the launcher's failure report)
 WORKER_RAISE_ENV = "PYTEST_LSTMPERF_WORKER_RAISE"
-PROG = "python -m pytest_lstmperf.workloads.distributed"
+PROG = "python -m pytest_lstmperf.workloads.rank"
 
 
 def _setup_from_env() -> Callable[[], None] | None:
