@@ -1,6 +1,6 @@
 """A pytest plugin for checking the equivalence suite on a device: plant one numeric fault in every
 ``torch.nn.LSTM``/``GRU`` call of the run, named by ``PYTEST_LSTMPERF_NUMERIC=KIND[:DELTA]`` (kinds:
-``pytest_lstmperf.testing.faults.NUMERIC_FAULTS``). Used by ``scripts/gpu_equivalence_faults.sh``::
+``pytest_lstmperf.testing.numeric_faults.NUMERIC_FAULTS``). Used by ``scripts/gpu_equivalence_faults.sh``::
 
     PYTEST_LSTMPERF_NUMERIC=forget-bias:0.5 pytest -p numeric_fault_plugin suites/test_equivalence.py --device=cuda
 """
@@ -17,7 +17,7 @@ def pytest_configure(config: Any) -> None:
     spec = os.environ.get("PYTEST_LSTMPERF_NUMERIC", "")
     if not spec:
         return
-    from pytest_lstmperf.testing.faults import numeric_fault
+    from pytest_lstmperf.testing.numeric_faults import numeric_fault
 
     kind, _, delta = spec.partition(":")
     context = numeric_fault(kind, float(delta or 0.0))

@@ -57,8 +57,8 @@ def planted(*faults: tuple[str, float]):
     """wrong-precision plus the given numeric faults, as one context manager."""
     import contextlib
 
-    from pytest_lstmperf.testing.faults import numeric_fault
     from pytest_lstmperf.testing.faults import planted as plant
+    from pytest_lstmperf.testing.numeric_faults import numeric_fault
 
     stack = contextlib.ExitStack()
     stack.enter_context(plant("wrong-precision"))
@@ -160,7 +160,7 @@ def test_time_reversed_outputs_documented_are_checked_in_that_order_and_xfail(se
     """The 'order' finding (Keras on JAX, go_backwards on cuDNN): every number is still checked, in the
     documented order; the test ends as an xfail naming the finding."""
     from pytest_lstmperf.numerics.equivalence import conclude_known_findings, verify_path
-    from pytest_lstmperf.testing.faults import numeric_fault
+    from pytest_lstmperf.testing.numeric_faults import numeric_fault
 
     path, node = _documented("order", "time-reversed"), FakeNode()
     with numeric_fault("time-reversed"):
@@ -173,7 +173,7 @@ def test_time_reversed_outputs_documented_are_checked_in_that_order_and_xfail(se
 @pytest.mark.parametrize("fault", [("forget-bias", 1e-2), ("states-ignored", 0.0), ("grad-scale", 1e-3)])
 def test_time_reversed_finding_does_not_hide_a_second_fault(session, fault) -> None:
     from pytest_lstmperf.numerics.equivalence import PathCheckFailed, verify_path
-    from pytest_lstmperf.testing.faults import numeric_fault
+    from pytest_lstmperf.testing.numeric_faults import numeric_fault
 
     with numeric_fault("time-reversed"), numeric_fault(*fault), pytest.raises(PathCheckFailed) as info:
         verify_path(_documented("order", "time-reversed"), ONE_LAYER, session, FakeNode())
@@ -182,7 +182,7 @@ def test_time_reversed_finding_does_not_hide_a_second_fault(session, fault) -> N
 
 def test_time_reversed_outputs_undocumented_fail(session) -> None:
     from pytest_lstmperf.numerics.equivalence import PathCheckFailed, verify_path
-    from pytest_lstmperf.testing.faults import numeric_fault
+    from pytest_lstmperf.testing.numeric_faults import numeric_fault
 
     with numeric_fault("time-reversed"), pytest.raises(PathCheckFailed, match="output: relative error"):
         verify_path(registry.get("torch-cpu-native"), ONE_LAYER, session, FakeNode())
@@ -235,7 +235,7 @@ def _count_examples(path, session, fault: tuple[str, float]):
     from pytest_lstmperf.model.strategies import PROFILES
     from pytest_lstmperf.numerics.equivalence import ExampleCount, PathCheckFailed, run_examples, verify_path
     from pytest_lstmperf.numerics.path_specs import specs_for_path
-    from pytest_lstmperf.testing.faults import numeric_fault
+    from pytest_lstmperf.testing.numeric_faults import numeric_fault
 
     count = ExampleCount()
     config = settings(max_examples=30, derandomize=True, deadline=None, database=None,
@@ -344,7 +344,7 @@ def test_each_numeric_fault_moves_the_numbers_it_should() -> None:
     from pytest_lstmperf.device import resolve_device
     from pytest_lstmperf.model.case import make_case
     from pytest_lstmperf.numerics.checks import relative_error
-    from pytest_lstmperf.testing.faults import NUMERIC_FAULTS, numeric_fault
+    from pytest_lstmperf.testing.numeric_faults import NUMERIC_FAULTS, numeric_fault
 
     path, device = registry.get("torch-cpu-native"), resolve_device("cpu")
     case = make_case(SPEC, 1)
@@ -412,7 +412,7 @@ def test_a_documented_training_failure_still_checks_the_forward_pass(session, mo
     pass alone is then run and checked, so a fault in it still fails; the xfail says what was checked."""
     from pytest_lstmperf.numerics.equivalence import PathCheckFailed, conclude_known_findings, verify_path
     from pytest_lstmperf.paths import ExecutionPath
-    from pytest_lstmperf.testing.faults import numeric_fault
+    from pytest_lstmperf.testing.numeric_faults import numeric_fault
 
     path = _documented("raises", "backward failed")
     real = ExecutionPath.prepare
