@@ -12,6 +12,7 @@ import pytest
 
 from pytest_lstmperf.device import device_key, hardware_fields
 from pytest_lstmperf.speed import baseline as bl
+from pytest_lstmperf.speed import baseline_file as bl_file
 
 H100 = {
     "gpu": "NVIDIA H100 80GB HBM3",
@@ -272,7 +273,7 @@ def test_read_only_folder_error_when_the_write_fails(tmp_path: Path, monkeypatch
     def denied(*args: object, **kwargs: object) -> None:
         raise PermissionError(13, "Permission denied", str(tmp_path))
 
-    monkeypatch.setattr(bl.tempfile, "mkstemp", denied)
+    monkeypatch.setattr(bl_file.tempfile, "mkstemp", denied)
     with pytest.raises(bl.BaselineError, match=r"not recording: cannot write .*Permission denied.*baselines=DIR"):
         save(store, [record("b")])
     assert store.path_for(fields()).read_bytes() == before
