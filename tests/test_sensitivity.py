@@ -4,7 +4,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from pytest_lstmperf.numerics import verify_model as vm  # noqa: E402
+from pytest_lstmperf.numerics import model_judge as vm  # noqa: E402
 from pytest_lstmperf.numerics import verify_torch as vt  # noqa: E402
 from pytest_lstmperf.numerics.sensitivity import Sensitivity  # noqa: E402
 
