@@ -21,13 +21,21 @@ from ..speed.provenance import benchmark_header, provenance
 from .gate_context import gate_device, hardware_fields, uses_lstmperf
 
 
-def machine_info_section(config: pytest.Config) -> dict[str, Any] | None:
-    """None for another project's benchmarks (no device resolution, no torch import) or a device in error."""
+def _device(config: pytest.Config) -> Any:
+    """The run's device, or None for another project's benchmarks (no device resolution, no torch import) or a
+    device in error."""
     if not uses_lstmperf(config):
         return None
     try:
-        device = gate_device(config)
+        return gate_device(config)
     except pytest.UsageError:
+        return None
+
+
+def machine_info_section(config: pytest.Config) -> dict[str, Any] | None:
+    """None where :func:`_device` is."""
+    device = _device(config)
+    if device is None:
         return None
     from ..device import hardware_key
 
@@ -35,12 +43,9 @@ def machine_info_section(config: pytest.Config) -> dict[str, Any] | None:
 
 
 def json_section(config: pytest.Config) -> dict[str, Any] | None:
-    """None for another project's benchmarks or a device in error."""
-    if not uses_lstmperf(config):
-        return None
-    try:
-        device = gate_device(config)
-    except pytest.UsageError:
+    """None where :func:`_device` is."""
+    device = _device(config)
+    if device is None:
         return None
     from ..device import hardware_key
     from ..speed.baseline import FORMAT
