@@ -19,11 +19,12 @@ import dataclasses
 import json
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import numpy as np
 import pytest
 
+from ..device import DeviceInfo
 from ..model.case import make_case
 from ..model.reference import run_reference
 from ..model.spec import Cell, LayerSpec
@@ -31,8 +32,15 @@ from ..observation.claims import Finding, KnownFinding, current_versions, findin
 from .checks import Mismatch, check_against, check_finite, format_failure, judge_trace
 from .tolerance import Tolerance, bound_of_what_ran, pairwise_tolerance
 
-if TYPE_CHECKING:
-    from ..session import LstmPerfSession
+
+class RunSettings(Protocol):
+    """What a check reads of the run (the plugin's session): the seed its inputs are drawn with, and the device."""
+
+    @property
+    def seed(self) -> int: ...
+    @property
+    def device(self) -> DeviceInfo: ...
+
 
 #: checks whose failure is decided at once: no shrinking, no further examples (a NaN, a wrong kernel or
 #: precision, a missing tensor, no memory, a bound that cannot check); an out-of-bound error may shrink
@@ -88,7 +96,7 @@ def run_path(path: Any, case: Any, device: Any, node: pytest.Item | None = None)
     return result
 
 
-def _run(path: Any, spec: LayerSpec, session: LstmPerfSession, node: pytest.Item | None = None):
+def _run(path: Any, spec: LayerSpec, session: RunSettings, node: pytest.Item | None = None):
     """(case, result) of ``path`` on ``spec``; where a training step fails as a ``"raises"`` known finding
     documents, the forward pass alone is run and returned (its case an inference case), so that what does run
     is still checked; None as the result only where nothing ran."""
@@ -153,7 +161,7 @@ def observed_tolerance(path: Any, spec: LayerSpec, result: Any) -> Callable[[str
 
 
 def verify_path(
-    path: Any, spec: LayerSpec, session: LstmPerfSession, node: pytest.Item | None = None, *, numbers: bool = True
+    path: Any, spec: LayerSpec, session: RunSettings, node: pytest.Item | None = None, *, numbers: bool = True
 ) -> dict[str, float]:
     """Run ``path`` on ``spec``; check kernel and precision of both passes, finiteness, and (``numbers``)
     every tensor against the float64 reference under the bound of what ran. Returns the relative errors."""
@@ -193,7 +201,7 @@ def _numbers(path: Any, case: Any, result: Any, node: pytest.Item | None) -> tup
 
 
 def verify_pair(
-    pair: tuple[Any, Any], spec: LayerSpec, session: LstmPerfSession, node: pytest.Item | None = None
+    pair: tuple[Any, Any], spec: LayerSpec, session: RunSettings, node: pytest.Item | None = None
 ) -> dict[str, float]:
     """Two paths of one precision against each other (sharper where both claim the same arithmetic): the
     bound is the sum of the bounds of what each was observed to run."""

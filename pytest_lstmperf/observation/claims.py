@@ -24,10 +24,22 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from ..paths import ExecutionPath
+
+class Claimant(Protocol):
+    """What a claim check reads of a path (an :class:`~pytest_lstmperf.paths.ExecutionPath`): its name, the
+    kernel family and precision it claims, and its framework (for the versions a finding is keyed by); its
+    ``options``, where it has them, may document findings of its own."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def kernel(self) -> str: ...
+    @property
+    def precision(self) -> str: ...
+    @property
+    def framework(self) -> str: ...
 
 
 @dataclass
@@ -234,7 +246,7 @@ def same_kernel(then: str, now: str) -> bool:
     return not differences((family_then, precision_then), (family_now, precision_now), either_satisfies)
 
 
-def kernel_mismatch(path: ExecutionPath, trace: Any) -> str:
+def kernel_mismatch(path: Claimant, trace: Any) -> str:
     """The benchmarks' kernel check: a message when the observed kernel family or precision is not what the
     path claims, else ''. It is :func:`same_kernel`, not :func:`satisfies`: fp32 and tf32 count as one precision
     in both directions (TF32 is inferred from GEMM kernel names, which a cuDNN RNN kernel does not always show);
@@ -251,7 +263,7 @@ def kernel_mismatch(path: ExecutionPath, trace: Any) -> str:
     )
 
 
-def known_kernel_finding(path: ExecutionPath, trace: Any) -> str | None:
+def known_kernel_finding(path: Claimant, trace: Any) -> str | None:
     """The documented upstream behaviour that explains a kernel mismatch, else None: every differing part
     must be explained by a known finding (the one table the equivalence suites read too); on versions other
     than it was seen with, the text says it was re-confirmed."""
