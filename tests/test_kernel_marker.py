@@ -180,7 +180,7 @@ def test_marker_on_torch(pytester: pytest.Pytester) -> None:
     result.assert_outcomes(passed=3, failed=6)
     text = result.stdout.str()
     assert "input on the CPU: cuDNN needs a CUDA tensor" in text
-    assert "valid: cudnn, tf-generic" in text
+    assert "valid: cudnn, cuda-generic, onednn" in text
     result.stdout.fnmatch_lines(
         [
             "*_ test_mixed_fails _*",

@@ -27,10 +27,11 @@ from typing import Any
 
 import pytest
 
-from ..observation.calls import Observation, _device_of, observe
+from ..observation.calls import Observation, device_of, observe
+from ..observation.families import CLAIMABLE
+from ..observation.layer_trace import paused
 
 MARKER = "lstmperf_kernel"
-FAMILIES = ("cudnn", "tf-generic", "cuda-generic", "onednn", "cpu-native", "jax-generic")
 DEVICES = ("cpu", "cuda")
 
 
@@ -38,7 +39,7 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers",
         f"{MARKER}(kernel=None, *, precision=None, cpu=None, cuda=None): fail unless every LSTM/GRU call in the "
-        f"test runs this kernel family ({', '.join(FAMILIES)}) [and precision]; cpu=/cuda= name the family per "
+        f"test runs this kernel family ({', '.join(CLAIMABLE)}) [and precision]; cpu=/cuda= name the family per "
         "device (--device picks); the failure lists the explainer's reasons",
     )
 
@@ -88,11 +89,11 @@ def _explanations(seen: Observation) -> list[str]:
     for framework, spec, options_or_device in seen.layers:
         try:
             if framework == CELL_FRAMEWORK:  # a cell call: no cuDNN or oneDNN kernel on any device
-                verdict = cell_verdict(spec, _device_of("torch", options_or_device))
+                verdict = cell_verdict(spec, device_of("torch", options_or_device))
             elif framework == "torch":
-                verdict = explain(spec, "torch", _device_of(framework, options_or_device))
+                verdict = explain(spec, "torch", device_of(framework, options_or_device))
             else:
-                verdict = explain(spec, framework, _device_of(framework, None), options_or_device)
+                verdict = explain(spec, framework, device_of(framework, None), options_or_device)
             line = "explainer: " + verdict.describe()
         except (ExplainError, ValueError) as exc:
             line = f"explainer: cannot judge {spec.short()}: {exc}"
@@ -120,12 +121,12 @@ def _expected(args: tuple, kwargs: Mapping[str, Any], where: str, device: str = 
     if len(args) > 1 or (args and per_device) or not (args or per_device):
         raise pytest.UsageError(
             f"{where}: lstmperf_kernel takes one kernel family, or one per device as cpu=/cuda= "
-            f"(valid families: {', '.join(FAMILIES)}), got {args!r} {per_device or ''}".rstrip()
+            f"(valid families: {', '.join(CLAIMABLE)}), got {args!r} {per_device or ''}".rstrip()
         )
     for family in (*args, *per_device.values()):
-        if family not in FAMILIES:
+        if family not in CLAIMABLE:
             raise pytest.UsageError(
-                f"{where}: lstmperf_kernel: unknown kernel family {family!r} (valid: {', '.join(FAMILIES)})"
+                f"{where}: lstmperf_kernel: unknown kernel family {family!r} (valid: {', '.join(CLAIMABLE)})"
             )
     if args:
         return args[0], kwargs.get("precision")
@@ -144,8 +145,6 @@ def _benchmark_unobserved(item: pytest.Item, seen: Observation) -> Iterator[None
 
     def unobserved(runner: Any) -> Any:
         def run(loops_range: Any, *rest: Any, **kw: Any) -> Any:
-            from ..observation.torch_trace import paused
-
             if seen.recorder is None:
                 return runner(loops_range, *rest, **kw)
             with paused(seen.recorder):

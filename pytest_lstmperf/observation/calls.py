@@ -16,13 +16,15 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from .layer_trace import LayerRecorder, torch_layer_trace
+
 
 @dataclass
 class Observation:
     traces: list[Any] = field(default_factory=list)
     layers: list[tuple[str, Any, Any]] = field(default_factory=list)  # (framework, spec, options)
     problems: list[str] = field(default_factory=list)
-    recorder: Any = None  # trace.LayerRecorder once torch is observed
+    recorder: Any = None  # layer_trace.LayerRecorder once torch is observed
     #: Keras on JAX: also trace each layer's backward pass (what a training step of the layer compiles to)
     jax_backward: bool = False
 
@@ -85,8 +87,6 @@ def observe(jax_backward: bool = False) -> Iterator[Observation]:
 
 def _observe_torch(stack: contextlib.ExitStack, seen: Observation) -> None:
     import torch
-
-    from .torch_trace import LayerRecorder, torch_layer_trace
 
     seen.recorder = LayerRecorder()
     stack.enter_context(torch_layer_trace(seen.recorder))
@@ -464,7 +464,8 @@ def describe_keras_layer(layer: Any, sequences: Any, mask: Any, initial_state: b
     return f"keras-{backend}", spec, options
 
 
-def _device_of(framework: str, extra: Any) -> str:
+def device_of(framework: str, extra: Any) -> str:
+    """The device a framework's layer runs on: ``extra`` is torch's device, else what the backend reports."""
     if framework == "torch":
         return "cuda" if extra == "cuda" else "cpu"
     if framework == "keras-tensorflow":

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 
 from ..model.precision import PRECISIONS
+from ..observation.families import CLAIMABLE
 
 if TYPE_CHECKING:
     import numpy as np
@@ -27,22 +28,6 @@ if TYPE_CHECKING:
     from ..model.keras_options import KerasOptions
     from ..model.spec import LayerSpec
     from ..observation.torch_trace import KernelTrace
-
-#: kernel families a trace can observe
-KERNEL_FAMILIES = (
-    "cudnn",  # torch aten::_cudnn_rnn / TF CudnnRNNV3
-    "cuda-generic",  # torch per-step cuBLAS + fused cell kernels
-    "onednn",  # torch CPU aten::mkldnn_rnn_layer
-    "cpu-native",  # torch CPU per-step linear + pointwise ops
-    "tf-generic",  # TensorFlow While loop of MatMul/Sigmoid/Tanh
-    "jax-generic",  # XLA-compiled loop (lax.scan while loop, or unrolled) of dots + logistic/tanh, no cuDNN call
-    "inductor",  # torch.compile's decomposition of the cell loop: matmuls + generated (triton/C++) kernels
-    "ort-rnn",  # ONNX LSTM/GRU node run by ONNX Runtime's CPU kernel
-    "ort-cuda-rnn",  # ONNX LSTM/GRU node run by ONNX Runtime's CUDA execution provider
-    "ort-decomposed",  # ONNX graph without an LSTM/GRU node (the recurrence as Loop/Scan/MatMul nodes)
-    "none",  # nothing recurrent ran (a bug in the path or the trace)
-    "mixed",  # more than one family in one pass
-)
 
 
 @dataclass
@@ -127,7 +112,7 @@ class ExecutionPath:
     name: str
     framework: str
     device: str  # "cpu" or "cuda"
-    kernel: str  # expected family, one of KERNEL_FAMILIES
+    kernel: str  # expected family, one of observation.families.CLAIMABLE
     precision: str  # expected compute precision, one of PRECISIONS
     description: str
     prepare_ref: str
@@ -165,8 +150,8 @@ REGISTRY: dict[str, ExecutionPath] = {}
 def register(path: ExecutionPath) -> ExecutionPath:
     if path.name in REGISTRY:
         raise ValueError(f"execution path {path.name!r} registered twice")
-    if path.kernel not in KERNEL_FAMILIES:
-        raise ValueError(f"path {path.name!r}: kernel {path.kernel!r} not in {KERNEL_FAMILIES}")
+    if path.kernel not in CLAIMABLE:
+        raise ValueError(f"path {path.name!r}: kernel {path.kernel!r} not in {CLAIMABLE}")
     if path.precision not in PRECISIONS:
         raise ValueError(f"path {path.name!r}: precision {path.precision!r} not in {PRECISIONS}")
     REGISTRY[path.name] = path
