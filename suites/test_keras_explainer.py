@@ -3,7 +3,7 @@
 For every Keras path of the selected device and a few specs (plain, GRU both forms, no bias, bidirectional
 with a mask, stacked with initial states), the explainer's prediction (family and precision) must equal the
 observed forward and backward traces. Kernel-only paths (``activation='relu'``, ``return_sequences=False``)
-are checked here; their numbers are not compared with the reference (see ``paths/keras/paths.py``). A path
+are checked here; their numbers are not compared with the reference (see ``paths/keras/support.py``). A path
 that raises an error a known finding documents is an xfail naming it.
 """
 
@@ -32,7 +32,7 @@ SPECS = [
 
 @pytest.mark.lstmperf_paths(*KERAS_PATHS)
 def test_prediction_equals_observation(lstmperf_path, lstmperf, request) -> None:
-    from pytest_lstmperf.paths.keras.paths import supports_kernel
+    from pytest_lstmperf.paths.keras.support import supports_kernel
 
     path = lstmperf_path
     options = path.options["keras"]

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from pytest_lstmperf.testing import faults
+from pytest_lstmperf.testing import faults, slowdowns
 
 torch = pytest.importorskip("torch")
 
@@ -124,8 +124,8 @@ def test_slowdown_scales_forward_time(one_thread: None, monkeypatch: pytest.Monk
     layer = _Slow(8, 16, batch_first=True)
     x = torch.randn(2, 5, 8)
     waits: list[float] = []
-    real_pause = faults.pause
-    monkeypatch.setattr(faults, "pause", lambda s, *clock: (waits.append(s), real_pause(s, *clock)))
+    real_pause = slowdowns.pause
+    monkeypatch.setattr(slowdowns, "pause", lambda s, *clock: (waits.append(s), real_pause(s, *clock)))
     with faults.planted("slowdown:1.5"):
         start = time.perf_counter()
         with torch.no_grad():
@@ -185,5 +185,5 @@ def test_slowdown_slows_backward_and_keeps_gradients() -> None:
 
 def test_pause_is_accurate_for_short_waits() -> None:
     start = time.perf_counter()
-    faults.pause(0.0003)
+    slowdowns.pause(0.0003)
     assert 0.0003 <= time.perf_counter() - start < 0.005

@@ -215,7 +215,7 @@ def test_a_documented_error_is_an_xfail_naming_it_and_another_error_propagates(s
 
 
 def test_jax_go_backwards_finding_keeps_stacks_out_and_single_layers_in() -> None:
-    from pytest_lstmperf.paths.keras.paths import KNOWN_KERAS_BUGS, known_bug
+    from pytest_lstmperf.paths.keras.support import KNOWN_KERAS_BUGS, known_bug
 
     path = registry.get("keras-jax-cudnn-backwards")
     if not any(key == "jax+cudnn+backwards+stacked" for bugs in KNOWN_KERAS_BUGS.values() for key, _ in bugs):

@@ -55,33 +55,29 @@ time at random: measured in thread CPU time, a single-threaded CPU benchmark and
 steady whatever else the machine runs.
 
 Programmatic use: ``with planted("slowdown:1.25"): ...`` (``planted("slowdown:1.25", clock="thread")``).
+
+The two slowdowns are planted by :mod:`.slowdowns`; the wrapping of ``LSTM``/``GRU.forward`` and the clocks all the
+faults share are :mod:`.patching`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
+from .patching import CLOCKS, check_clock, first_tensor, map_outputs, patch_forward
+from .slowdowns import plant_kernel_slowdown, plant_slowdown
+
 ENV = "PYTEST_LSTMPERF_PLANT"
 CLOCK_ENV = "PYTEST_LSTMPERF_PLANT_CLOCK"
 VALID = (
     "cudnn-off, onednn-off, perturb:EPS, slowdown:F, kernel-slowdown:F, host-work:N, wrong-precision, onnx-weight:EPS"
 )
-#: the clocks the slowdown measures and waits on
-CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "thread": time.thread_time}
-
-
-def check_clock(name: str) -> str:
-    """``name`` if it is a known clock, else ValueError naming the valid ones."""
-    if name not in CLOCKS:
-        raise ValueError(f"unknown clock {name!r} (valid: {', '.join(CLOCKS)})")
-    return name
 
 
 @dataclass(frozen=True)
@@ -138,49 +134,14 @@ def _plant_switch(module_name: str) -> Callable[[], None]:
     return undo
 
 
-def _patch_forward(
-    wrap: Callable[[Callable[..., Any]], Callable[..., Any]], state: dict[str, bool] | None = None
-) -> Callable[[], None]:
-    """Wrap ``LSTM``/``GRU.forward``; the undo restores them and (``state``) marks the wrappers inactive, so
-    hooks they left on layers stand aside."""
-    import torch
-
-    # Any: the type checker refuses assignments to methods, which is what this does
-    saved: dict[Any, Any] = {cls: cls.__dict__["forward"] for cls in (torch.nn.LSTM, torch.nn.GRU)}
-    for cls, original in saved.items():
-        cls.forward = wrap(original)
-
-    def undo() -> None:
-        if state is not None:
-            state["active"] = False
-        for cls, original in saved.items():
-            cls.forward = original
-
-    return undo
-
-
-def _map_outputs(out: Any, fn: Callable[[Any], Any]) -> Any:
-    """Apply ``fn`` to the tensors of an RNN's ``(output, h_n)`` or ``(output, (h_n, c_n))``."""
-    import torch
-    from torch.nn.utils.rnn import PackedSequence
-
-    if isinstance(out, PackedSequence):
-        return out._replace(data=fn(out.data))
-    if isinstance(out, torch.Tensor):
-        return fn(out)
-    if isinstance(out, tuple):
-        return type(out)(_map_outputs(o, fn) for o in out)
-    return out
-
-
 def _plant_perturb(eps: float) -> Callable[[], None]:
     def wrap(original: Callable[..., Any]) -> Callable[..., Any]:
         def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
-            return _map_outputs(original(self, *args, **kwargs), lambda t: t * (1.0 + eps))
+            return map_outputs(original(self, *args, **kwargs), lambda t: t * (1.0 + eps))
 
         return forward
 
-    return _patch_forward(wrap)
+    return patch_forward(wrap)
 
 
 def _plant_wrong_precision() -> Callable[[], None]:
@@ -203,202 +164,6 @@ def _plant_wrong_precision() -> Callable[[], None]:
     return undo
 
 
-def pause(seconds: float, clock: str = "wall") -> None:
-    """Wait ``seconds`` accurately: ``time.sleep`` overshoots sub-millisecond waits by tens of
-    microseconds, so the last millisecond is spun on the clock. On the ``thread`` clock the whole wait is
-    spun (a sleeping thread uses no CPU time)."""
-    if seconds <= 0:
-        return
-    if clock == "thread":
-        now = CLOCKS["thread"]
-        deadline = now() + seconds
-        while now() < deadline:
-            pass
-        return
-    deadline = time.perf_counter() + seconds
-    if seconds > 0.002:
-        time.sleep(seconds - 0.001)
-    while time.perf_counter() < deadline:
-        pass
-
-
-def _first_tensor(args: tuple[Any, ...]) -> Any:
-    import torch
-
-    for arg in args:
-        if isinstance(arg, torch.Tensor):
-            return arg
-        data = getattr(arg, "data", None)  # PackedSequence
-        if isinstance(data, torch.Tensor):
-            return data
-    return None
-
-
-def _plant_slowdown(factor: float, clock: str = "wall") -> Callable[[], None]:
-    import torch
-
-    extra = factor - 1.0
-    now = CLOCKS[check_clock(clock)]
-    state = {"active": True}
-
-    def sync(tensor: Any) -> None:
-        if tensor is not None and tensor.is_cuda:
-            torch.cuda.synchronize(tensor.device)
-
-    def capturing() -> bool:
-        return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
-
-    class _StampBackward(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx: Any, tensor: Any, box: Any) -> Any:
-            ctx.box = box
-            return tensor.view_as(tensor)
-
-        @staticmethod
-        def backward(ctx: Any, grad: Any) -> Any:
-            sync(grad)
-            ctx.box["start"] = now()
-            return grad, None
-
-    def hook_for(module: Any, reference: Any) -> Any:
-        box = module.__dict__.setdefault("_lstmperf_slowdown_box", {})
-        if "handle" not in box:
-            weight = next(iter(module.parameters()))
-
-            def on_grad(grad: Any) -> None:
-                start = box.pop("start", None)
-                if start is None or not state["active"] or capturing():
-                    return
-                sync(grad)
-                pause(extra * (now() - start), clock)
-
-            box["handle"] = weight.register_hook(on_grad)
-        return box
-
-    def wrap(original: Callable[..., Any]) -> Callable[..., Any]:
-        def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
-            if not state["active"] or capturing():
-                return original(self, *args, **kwargs)
-            first = _first_tensor(args)
-            sync(first)
-            start = now()
-            out = original(self, *args, **kwargs)
-            sync(first)
-            pause(extra * (now() - start), clock)
-            if torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters()):
-                box = hook_for(self, first)
-                out = _map_outputs(out, lambda t: _StampBackward.apply(t, box) if t.requires_grad else t)
-            return out
-
-        return forward
-
-    return _patch_forward(wrap, state)
-
-
-def _kernel_seconds(prof: Any) -> float:
-    """Sum of the GPU kernels' (and memory operations') durations a profiler saw, in seconds."""
-    total = 0.0
-    for event in prof.events():
-        if "CUDA" in str(getattr(event, "device_type", "")):
-            total += event.time_range.elapsed_us() * 1e-6
-    return total
-
-
-def _plant_kernel_slowdown(factor: float) -> Callable[[], None]:
-    import torch
-
-    if not torch.cuda.is_available():
-        raise ValueError("kernel-slowdown adds GPU work: it needs a usable CUDA device")
-    extra = factor - 1.0
-    state = {"active": True}
-    rate: dict[int, float] = {}
-    cost: dict[tuple[Any, ...], tuple[float, float]] = {}
-
-    def capturing() -> bool:
-        return torch.cuda.is_current_stream_capturing()
-
-    def profiling() -> bool:
-        return bool(torch.autograd.profiler._is_profiler_enabled)
-
-    def cycles_per_s(device: Any) -> float:
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        if index not in rate:
-            with torch.cuda.device(index):
-                torch.cuda._sleep(1000)
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                torch.cuda._sleep(20_000_000)
-                end.record()
-                end.synchronize()
-                rate[index] = 20_000_000 / (start.elapsed_time(end) * 1e-3)
-        return rate[index]
-
-    def stall(device: Any, seconds: float) -> None:
-        if seconds > 0:
-            with torch.cuda.device(device):
-                torch.cuda._sleep(max(int(seconds * cycles_per_s(device)), 1))
-
-    def measure(module: Any, original: Callable[..., Any], args: Any, kwargs: Any) -> tuple[float, float]:
-        from torch.profiler import ProfilerActivity, profile
-
-        grad = torch.is_grad_enabled() and any(p.requires_grad for p in module.parameters())
-        state["active"] = False  # the throwaway calls below are not slowed
-        try:
-            with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                out = original(module, *args, **kwargs)
-                torch.cuda.synchronize()
-            forward = _kernel_seconds(prof)
-            backward = 0.0
-            if grad:
-                tensors: list[Any] = []
-
-                def keep(t: Any) -> Any:
-                    tensors.append(t)
-                    return t
-
-                _map_outputs(out, keep)
-                loss = sum(t.float().sum() for t in tensors if t.requires_grad)
-                params = [p for p in module.parameters() if p.requires_grad]
-                with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                    torch.autograd.grad(loss, params, allow_unused=True)
-                    torch.cuda.synchronize()
-                backward = _kernel_seconds(prof)
-        finally:
-            state["active"] = True
-        return forward, backward
-
-    def hook_for(module: Any, key: tuple[Any, ...]) -> None:
-        box = module.__dict__.setdefault("_lstmperf_kernel_slowdown_box", {})
-        box["key"] = key
-        if "handle" not in box:
-            weight = next(iter(module.parameters()))
-
-            def on_grad(grad: Any) -> None:
-                if state["active"] and box.get("key") in cost and grad.is_cuda:
-                    stall(grad.device, extra * cost[box["key"]][1])
-
-            box["handle"] = weight.register_hook(on_grad)
-
-    def wrap(original: Callable[..., Any]) -> Callable[..., Any]:
-        def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
-            first = _first_tensor(args)
-            if not state["active"] or first is None or not first.is_cuda:
-                return original(self, *args, **kwargs)
-            key = (id(self), tuple(first.shape), first.dtype, torch.is_grad_enabled(), torch.is_autocast_enabled())
-            if key not in cost and not capturing() and not profiling():
-                cost[key] = measure(self, original, args, kwargs)
-            out = original(self, *args, **kwargs)
-            if key in cost:
-                stall(first.device, extra * cost[key][0])
-                if torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters()):
-                    hook_for(self, key)
-            return out
-
-        return forward
-
-    return _patch_forward(wrap, state)
-
-
 def _plant_host_work(ops: int) -> Callable[[], None]:
     """Each ``LSTM``/``GRU`` call first allocates a 256-float scratch tensor on the input's device and runs
     ``ops`` in-place adds on it: host-side work per call (dispatch, and on a GPU one small kernel launch per
@@ -407,7 +172,7 @@ def _plant_host_work(ops: int) -> Callable[[], None]:
 
     def wrap(original: Callable[..., Any]) -> Callable[..., Any]:
         def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
-            tensor = _first_tensor(args)
+            tensor = first_tensor(args)
             scratch = torch.zeros(256, device=tensor.device if tensor is not None else "cpu")
             for _ in range(ops):
                 scratch.add_(1.0)
@@ -415,7 +180,7 @@ def _plant_host_work(ops: int) -> Callable[[], None]:
 
         return forward
 
-    return _patch_forward(wrap)
+    return patch_forward(wrap)
 
 
 def _plant_onnx_weight(eps: float) -> Callable[[], None]:
@@ -453,9 +218,9 @@ def plant(faults: list[Fault], clock: str = "wall") -> Callable[[], None]:
             elif fault.kind == "wrong-precision":
                 undos.append(_plant_wrong_precision())
             elif fault.kind == "slowdown":
-                undos.append(_plant_slowdown(float(fault.value or 1.0), clock))
+                undos.append(plant_slowdown(float(fault.value or 1.0), clock))
             elif fault.kind == "kernel-slowdown":
-                undos.append(_plant_kernel_slowdown(float(fault.value or 1.0)))
+                undos.append(plant_kernel_slowdown(float(fault.value or 1.0)))
             elif fault.kind == "host-work":
                 undos.append(_plant_host_work(int(fault.value or 1)))
             elif fault.kind == "onnx-weight":

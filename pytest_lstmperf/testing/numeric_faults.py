@@ -12,7 +12,7 @@ import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from .faults import _map_outputs, _patch_forward
+from .patching import map_outputs, patch_forward
 
 #: numeric faults for the sharpness table and the equivalence suites' own tests: name -> what it does.
 #: ``DELTA`` is the fault's size where it has one (the others ignore it).
@@ -75,10 +75,10 @@ def _numeric_wrap(kind: str, delta: float) -> Callable[[Callable[..., Any]], Cal
             if kind == "time-reversed":
                 return (out[0].flip(1 if self.batch_first else 0), *out[1:])
             if kind == "grad-scale":
-                return _map_outputs(out, _ScaleGrad.apply)
+                return map_outputs(out, _ScaleGrad.apply)
             if kind == "output-scale":
-                return _map_outputs(out, lambda t: t * (1.0 + delta))
-            return _map_outputs(out, lambda t: t * float("nan"))
+                return map_outputs(out, lambda t: t * (1.0 + delta))
+            return map_outputs(out, lambda t: t * float("nan"))
 
         return forward
 
@@ -91,7 +91,7 @@ def numeric_fault(kind: str, delta: float = 0.0) -> Iterator[None]:
     block runs. ValueError naming the valid kinds for an unknown one."""
     if kind not in NUMERIC_FAULTS:
         raise ValueError(f"unknown numeric fault {kind!r} (valid: {', '.join(NUMERIC_FAULTS)})")
-    undo = _patch_forward(_numeric_wrap(kind, float(delta)))
+    undo = patch_forward(_numeric_wrap(kind, float(delta)))
     try:
         yield
     finally:

@@ -2,7 +2,9 @@
 
 Each path is one :class:`~pytest_lstmperf.paths.keras.layer.KerasOptions` (``options["keras"]``) on one device.
 The layer runs in the session's Keras worker for its backend (:mod:`pytest_lstmperf.paths.keras.pool`), so this
-module and the test process import neither keras nor tensorflow.
+module and the test process import neither keras nor tensorflow. This module holds the registry entries, the
+workers' start-up and the run; what decides whether a path can run here and on which specs, the known Keras
+bugs included, is :mod:`pytest_lstmperf.paths.keras.support` (each path's ``available`` and ``supports``).
 
 * Paths whose claimed kernel is cuDNN accept only specs the explainer finds eligible; ``supports()`` returns
   the explainer's reasons for the others (a packed spec on the torch backend, ``bias=False``, ...).
@@ -21,47 +23,22 @@ module and the test process import neither keras nor tensorflow.
 
 from __future__ import annotations
 
-import importlib.metadata
-import importlib.util
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
-from .. import ExecutionPath, PathResult, register_from
+from .. import ExecutionPath, PathResult, register
+from . import support
+from .support import missing
 
 if TYPE_CHECKING:
     from ...device import DeviceInfo
     from ...model.case import Case
     from ...model.keras_options import Backend
-    from ...model.spec import LayerSpec
     from ...observation.torch_trace import KernelTrace
+    from .. import PathOptions
 
 _HERE = __name__
-
-#: upstream bugs a path would hit, keyed by keras version: (path option predicate, spec predicate, description)
-KNOWN_KERAS_BUGS: dict[str, list[tuple[str, str]]] = {
-    "3.15.1": [
-        (
-            "unroll+bidirectional+mask",
-            "Keras 3.15.1 bug with unroll=True, a mask and go_backwards (Bidirectional's backward layer): the "
-            "TensorFlow backend zeroes the backward outputs with the un-reversed mask (wrong outputs), the torch "
-            "backend raises AttributeError (torch.flip on a tuple) in keras/src/backend/*/rnn.py rnn()",
-        ),
-        (
-            "jax+mixed+gru-no-bias",
-            "Keras 3.15.1 bug on the JAX backend: GRU(use_bias=False) under a mixed dtype policy raises TypeError "
-            "('scan body function carry input and carry output must have equal types'): the fused scan of "
-            "keras/src/backend/jax/rnn.py gru() makes its missing biases with jnp.zeros in float32, which promotes "
-            "the 16-bit step to float32",
-        ),
-        (
-            "jax+cudnn+backwards+stacked",
-            "Keras 3.15.1 bug on the JAX backend (the known finding 'order' of keras-jax-cudnn-backwards): the cuDNN "
-            "LSTM with go_backwards=True returns its outputs in input order, so a second layer is fed them in the "
-            "other order and runs a different network that no reference computes; the finding is confirmed, with "
-            "every number checked, on single-layer stacks",
-        ),
-    ]
-}
-
+#: where the paths' ``available`` and ``supports`` live
+_SUPPORT = support.__name__
 
 _GATE = {
     "keras-tf-cpu",
@@ -84,11 +61,12 @@ def _entry(name: str, backend: Backend, device: str, kernel: str, precision: str
     # the quick merge gate times each backend's default and its generic fallback; variants run in the thorough set
     in_gate = kw.pop("in_gate", name in _GATE)
     extended = kw.pop("extended", "")
-    options = KerasOptions(backend=backend, **kw)
-    register_from(
-        _HERE, name, f"keras-{backend}", device, kernel, precision, description,
-        options={"keras": options, **extra}, in_gate=in_gate and "kernel_only" not in extra, extended=extended,
-    )  # fmt: skip
+    options = cast("PathOptions", {"keras": KerasOptions(backend=backend, **kw), **extra})
+    register(ExecutionPath(
+        name, f"keras-{backend}", device, kernel, precision, description,
+        prepare_ref=f"{_HERE}:prepare", available_ref=f"{_SUPPORT}:available", supports_ref=f"{_SUPPORT}:supports",
+        options=options, in_gate=in_gate and "kernel_only" not in extra, extended=extended,
+    ))  # fmt: skip
 
 
 _RELU = "activation='relu' changes the layer's math; no float64 reference implements it"
@@ -304,37 +282,7 @@ _entry("keras-jax-cuda-relu", _JX, "cuda", "jax-generic", "tf32", "activation='r
        activation="relu", kernel_only=_RELU, min_capability=(8, 0), extended=_SLOW_XLA)  # fmt: skip
 
 
-# ---------------------------------------------------------------------------------------------- checks
-def _missing(backend: str) -> str | None:
-    if importlib.util.find_spec("keras") is None:
-        return "keras is not installed (pip install 'keras>=3.10')"
-    try:
-        major = int(importlib.metadata.version("keras").split(".")[0])
-    except (importlib.metadata.PackageNotFoundError, ValueError):
-        major = 3
-    if major < 3:
-        return f"keras {importlib.metadata.version('keras')} is Keras 2; these paths need Keras 3"
-    if backend == "tensorflow" and importlib.util.find_spec("tensorflow") is None:
-        return "TensorFlow is not installed (pip install tensorflow-cpu, or tensorflow[and-cuda] for the GPU paths)"
-    if backend == "torch" and importlib.util.find_spec("torch") is None:
-        return "torch is not installed, so Keras's torch backend cannot run"
-    if backend == "jax" and importlib.util.find_spec("jax") is None:
-        return "JAX is not installed (pip install 'pytest-lstmperf[jax]', or 'jax[cuda13]' for the GPU paths)"
-    return None
-
-
-def _gpu_missing(backend: str, info: dict) -> str:
-    if backend == "tensorflow":
-        built = "a CUDA build" if info.get("cuda_build") else "a CPU-only build"
-        return f"TensorFlow {info.get('tensorflow')} ({built}) sees no GPU, so its cuDNN and GPU paths cannot run"
-    if backend == "jax":
-        return (
-            f"JAX {info.get('jax')} has no GPU backend (default backend {info.get('default_backend')!r}; "
-            "pip install 'jax[cuda13]' on an NVIDIA machine)"
-        )
-    return f"torch {info.get('torch')} sees no CUDA device in the Keras worker"
-
-
+# ---------------------------------------------------------------------------------------------- workers
 def prestart_workers(paths: list[ExecutionPath]) -> list[ExecutionPath]:
     """Start the Keras workers that ``paths`` (GPU Keras paths) will ask for, side by side, without waiting
     for them (:func:`.pool.prestart`). Returns the paths whose availability waits for a worker's hello: the
@@ -342,7 +290,7 @@ def prestart_workers(paths: list[ExecutionPath]) -> list[ExecutionPath]:
     from .pool import prestart
 
     waiting = [p for p in paths if p.device == "cuda" and "keras" in p.options]
-    waiting = [p for p in waiting if _missing(str(p.options["keras"].backend)) is None]
+    waiting = [p for p in waiting if missing(str(p.options["keras"].backend)) is None]
     prestart(_backends(waiting))
     return waiting
 
@@ -350,7 +298,7 @@ def prestart_workers(paths: list[ExecutionPath]) -> list[ExecutionPath]:
 def _backends(paths: list[ExecutionPath]) -> list[str]:
     """The Keras backends of ``paths``, once each, those whose Keras is installed."""
     backends: list[str] = [str(p.options["keras"].backend) for p in paths if "keras" in p.options]
-    return [b for b in dict.fromkeys(backends) if _missing(b) is None]
+    return [b for b in dict.fromkeys(backends) if missing(b) is None]
 
 
 def start_workers_for(paths: list[ExecutionPath]) -> None:
@@ -359,109 +307,6 @@ def start_workers_for(paths: list[ExecutionPath]) -> None:
     from .pool import start_workers
 
     start_workers(_backends(paths))
-
-
-def available(path: ExecutionPath, device: DeviceInfo) -> str | None:
-    options = path.options["keras"]
-    reason = _missing(options.backend)
-    if reason:
-        return reason
-    if path.device != "cuda":
-        return None
-    from .pool import get_worker
-    from .transport import KerasUnavailable
-
-    try:
-        info = get_worker(options.backend).handshake()
-    except KerasUnavailable as exc:
-        return str(exc)
-    if not info.get("gpus"):
-        return _gpu_missing(options.backend, info)
-    if path.kernel == "cudnn" and options.backend == "torch" and not info.get("cudnn"):
-        return f"torch {info.get('torch')} has no cuDNN"
-    if path.kernel == "cudnn" and options.backend == "jax" and not info.get("cudnn_rnn"):
-        return f"jaxlib {info.get('jax')} has no cuDNN RNN (jax.experimental.rnn needs the CUDA plugin's gpu_rnn)"
-    need = path.options.get("min_capability")
-    capability = (device.fingerprint or {}).get("capability")
-    if need and capability:
-        major, minor = (int(p) for p in capability.split(".")[:2])
-        if (major, minor) < need:
-            return f"compute capability {capability} has no TF32; this path claims TF32 math"
-    return None
-
-
-def known_bug(path: ExecutionPath, spec: LayerSpec) -> str | None:
-    try:
-        version = importlib.metadata.version("keras")
-    except importlib.metadata.PackageNotFoundError:
-        return None
-    options = path.options["keras"]
-    for key, text in KNOWN_KERAS_BUGS.get(version, []):
-        if key == "unroll+bidirectional+mask" and options.unroll and spec.bidirectional:
-            from .layer import mask_style
-
-            if mask_style(spec, options) != "none":
-                return text
-        if key == "jax+mixed+gru-no-bias" and _runs_fused_jax_gru(options, spec) and not spec.bias:
-            return text
-        if key == "jax+cudnn+backwards+stacked" and _is_jax_cudnn_backwards(path) and spec.num_layers > 1:
-            return text
-    return None
-
-
-def _is_jax_cudnn_backwards(path: ExecutionPath) -> bool:
-    options = path.options["keras"]
-    return options.backend == "jax" and options.go_backwards and path.kernel == "cudnn"
-
-
-def _runs_fused_jax_gru(options: Any, spec: LayerSpec) -> bool:
-    """A GRU that Keras's JAX backend sends to its fused scan, under a mixed dtype policy."""
-    from .layer import mask_style
-
-    return (
-        options.backend == "jax"
-        and options.dtype_policy != "float32"
-        and spec.cell == "gru"
-        and spec.reset_after
-        and not options.unroll
-        and not options.recurrent_dropout
-        and options.use_cudnn is not False
-        and mask_style(spec, options) == "none"
-    )
-
-
-def supports_kernel(path: ExecutionPath, spec: LayerSpec) -> str | None:
-    """Whether the path can run ``spec`` at all (kernel-only paths included)."""
-    from ...observation.explain import explain
-    from .layer import unsupported
-
-    options = path.options["keras"]
-    if spec.dtype != "float32":
-        return (
-            f"Keras paths run float32 specs (got {spec.dtype}); mixed precision is a Keras dtype policy, which the "
-            "keras-jax-*-mixed-* paths set on float32 specs"
-        )
-    reason = unsupported(spec, options)
-    if reason:
-        return reason
-    bug = known_bug(path, spec)
-    if bug:
-        return bug
-    if path.kernel == "cudnn":
-        verdict = explain(spec, path.framework, path.device, options)
-        if verdict.kernel != "cudnn" or verdict.raises:
-            why = "; ".join(r.finding for r in verdict.reasons) or verdict.raises
-            return f"{path.name} claims cuDNN; this spec is not eligible: {why}"
-    if path.options.get("off_cudnn") and explain(spec, path.framework, path.device, options).kernel == "cudnn":
-        return f"{path.name} takes the specs kept off cuDNN; this one is eligible (the cuDNN path checks it)"
-    return None
-
-
-def supports(path: ExecutionPath, spec: LayerSpec) -> str | None:
-    kernel_only = path.options.get("kernel_only")
-    if kernel_only:
-        return f"kernel-only: {kernel_only} (suites/test_keras_explainer.py checks its kernel)"
-    return supports_kernel(path, spec)
 
 
 # ---------------------------------------------------------------------------------------------- runner
