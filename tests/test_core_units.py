@@ -177,3 +177,27 @@ def test_an_import_blocked_with_none_is_not_taken_for_an_imported_framework(monk
         lstm(torch.randn(5, 2, 3))
     assert [t.family for t in seen.all_traces()] in (["onednn"], ["cpu-native"])  # oneDNN where torch has it
     assert seen.traces == [] and seen.problems == []
+
+
+def test_tolerance_page_is_its_prose_then_what_the_data_hold(tmp_path) -> None:
+    """docs/tolerances.md's generated part is what tolerances.json and the sharpness sweeps render (a stale page
+    fails), and rendering keeps the page's own prose: an edit of the prose survives a rewrite."""
+    from pathlib import Path
+
+    from tools.tolerance_calibration import (
+        DATA_FILE,
+        GENERATED_FROM,
+        SAMPLES_DIR,
+        doc_intro,
+        load_sharpness,
+        render_doc,
+    )
+
+    page = Path(__file__).resolve().parents[1] / "docs" / "tolerances.md"
+    data, sharpness = json.loads(DATA_FILE.read_text()), load_sharpness(SAMPLES_DIR)
+    assert render_doc(data, sharpness, doc_intro(page)) == page.read_text()
+    edited = tmp_path / "tolerances.md"
+    edited.write_text(page.read_text().replace("# Tolerance model", "# Tolerance model\n\nA new sentence.", 1))
+    assert "A new sentence." in render_doc(data, sharpness, doc_intro(edited))
+    data["model"]["margin"] = 3.5
+    assert "`a` = 3.5 x" in render_doc(data, sharpness, doc_intro(page)).partition(GENERATED_FROM)[2]

@@ -339,7 +339,7 @@ def fit_and_write(data_dir: Path, doc: Path, data_file: Path = DATA_FILE) -> int
 
     tolerance._data.cache_clear()
     print(f"fitted {data_file.name} from {len(loaded)} sample file(s) in {data_dir}")
-    doc.write_text(render_doc(data, load_sharpness(data_dir)), encoding="utf-8")
+    doc.write_text(render_doc(data, load_sharpness(data_dir), doc_intro(doc)), encoding="utf-8")
     print(f"wrote {doc}")
     return 0
 
@@ -364,115 +364,6 @@ def plot(samples: list[dict], target: Path, title: str) -> None:
     fig.tight_layout()
     fig.savefig(target, dpi=110)
     plt.close(fig)
-
-
-DOC_INTRO = """# Tolerance model
-
-Every path is compared with a float64 numpy reference (`pytest_lstmperf/model/reference.py`, itself checked against
-PyTorch in float64 at 1e-10 and against finite differences). The error of a tensor is its relative L2 norm
-`||a - ref|| / ||ref||`, per tensor: output, h_n, c_n, and the gradient of the input, the initial states and
-every weight. A tensor of a pass run by kernel family `k` in precision `p` passes when
-
-    err <= a[k][p][pass] * u[p] * growth(spec) ** b[k][p][pass]      and      that bound < 0.1
-
-- `u` is the unit roundoff of the precision's significand: fp32 2^-24, tf32 and fp16 2^-11, bf16 2^-8.
-- `growth(spec) = sqrt(L * D * log2(1 + T) * log2(1 + K) / log2(3))` with L layers, D directions, T the
-  sequence length and K the longest reduction (input or output size plus state size); 1 for a one-step,
-  one-unit layer. The error grows sub-linearly in it; the exponent `b` is fitted.
-- `k` and `p` are what the kernel trace *observed*, not what the path claims: a path that ran another kernel or
-  precision than it claims fails its kernel check, and its numbers are still held to the bound of what ran
-  (the bf16 autocast path that runs cuDNN in fp16 is held to the cudnn/fp16 bound). A claimed TF32 pass where
-  the trace shows fp32 kernels keeps the TF32 bound (TF32 is allowed there; the trace cannot always see it).
-- **The fit** (`pytest_lstmperf.numerics.tolerance.fit_group`), per (kernel family, precision, pass) with at least
-  MIN_SAMPLES tensors from MIN_SPECS distinct specs measured, else over every family of the precision (a family
-  measured on a handful of shapes, such as Keras's TensorFlow kernels on the CPU, uses that): `b` is the
-  least-squares slope of `log(err/u)` on `log(growth)` (clamped to [0, 1]; exact results, below 0.001 u, are left
-  out: a one-step gradient or an unused bias says nothing about rounding); `a` is MARGIN times the QUANTILE
-  empirical quantile of the residual ratio `err / (u growth^b)`. Its stability is the 5-95% range of that quantile
-  over 200 bootstrap resamples; the tables below also give the largest sample's ratio to the bound and how many
-  samples exceed the quantile. Why a high quantile and not a robust centre plus spread: the tails are real and
-  heavy. The worst CPU sample, `grad x` of a GRU with one input, 255 units, one step and one sequence (a scalar,
-  the sum of 765 cancelling products), errs 29 u while the median tensor errs ~1 u; a log-normal fitted to the
-  bulk put its 99.9% quantile at 4.4 u, and the bound would have failed a correct run. With fewer than ~1000
-  samples the 99.9% quantile lies between the two largest ones; the bootstrap range says how far it could move.
-- **No bound that passes garbage.** A bound of 0.1 relative error or more is refused (`ToleranceTooLoose`): a
-  zero tensor errs by 1, a random one by more. Specs whose forward bound would reach it are not generated for
-  the path, and where only the backward bound would (bf16 gradients: the measured tail of cpu-native bf16
-  backward errs up to 12 u = 5%, so with the margin its bound passes 0.1 from growth ~2.6 on), the spec is
-  generated in inference mode (`path_specs.checkable_spec`): the forward pass is still checked, the backward
-  pass only where its bound can tell a right gradient from a zero one. A check handed a spec whose bound
-  reaches the cap anyway fails as *inconclusive* rather than passing.
-- **Versus the previous model** (`C = 4 x the largest normalised error`, linear in growth): the per-family
-  fits are tighter where the error does not grow linearly (at growth 10 the fp32 forward bound of the CPU
-  native kernel falls from 8.8 u x 10 = 88 u to 4.4 u x 10^0.56 = 16 u), and cuDNN fp32 no longer borrows the
-  TF32 bound (its own is 1830 u for gradients at any growth, against 77000 u x growth^0.53 for TF32: 42x
-  tighter at growth 1, 140x at growth 10). Where the new samples showed larger errors than the old maximum
-  (cudnn/fp32 gradients: 1660 u against 138 u before) the bound is looser, as the data require.
-- **A floor for fp32** (`tolerance.MIN_UNITS`): no fp32 bound is below 8 u. A one-element, one-step
-  problem is a single scalar through a handful of roundings (products, bias adds, sigmoid and tanh of 1-2 ulp
-  on a GPU), and the fitted curve extrapolated to growth 1 went below what such a scalar can err: in a clean
-  H100 run (2026-11-23) the generic CUDA kernel on `lstm-I1-H1-L1-B1-T1` erred 4.1 u (2.43e-7) against a
-  fitted 3.3 u, a false failure. fp16, bf16 and tf32 paths accumulate in fp32 and round once to their own u,
-  which the fit covers: no floor there. The floor moves no row of the sharpness tables below but the generic
-  CUDA forward one's first column (its smallest bound).
-- Pairs of paths of one precision are compared with the sum of both bounds.
-
-## Known findings and what they change
-
-A known finding (`pytest_lstmperf/observation/claims.py`, the one table the equivalence, kernel and speed suites
-read) documents an upstream behaviour that makes a path run another kernel family or precision than it claims,
-with the versions it was seen with. It changes only what the path is *expected* to run; it never switches off
-its numbers:
-
-- every example's outputs and gradients are checked for NaN/Inf and against the bound of what the trace
-  observed (the bf16 autocast path that runs cuDNN in fp16 is held to cudnn/fp16); a NaN, an out-of-bound
-  error or an undocumented departure is a plain FAILURE;
-- a test whose only departure from the claim is documented, and whose numbers passed on every example, ends
-  as an **xfail** whose reason names the finding and says "numbers checked against the bound of what ran and
-  passed on N example(s)"; it is listed under `lstmperf FINDINGS` as `[known]`. The xfail is decided after
-  the last example, never inside one, so no example is skipped;
-- on versions other than those it was seen with, the finding is still reported, as "re-confirmed on torch X
-  (first seen on torch Y)": it is re-observed, not assumed;
-- a documented finding that a test did not observe is listed as `[known-not-observed]` ("not observed on
-  torch X over N example(s) ...; if it stays so, remove it"), and the test passes.
-
-Two more kinds document paths that cannot compute what they claim at all, and are still checked:
-
-- `"order"` (`keras-jax-cudnn-backwards`, Keras 3.15.1 on JAX): the output sequence comes back in the other time
-  order. When the numbers fail as they are, every number is checked again in the documented order (outputs
-  reversed in time; gradients against a reference whose output gradient is reversed the same way, which is
-  what the path's own loss sees) under the same bound; passing there confirms the finding, failing there is the
-  failure. A planted `time-reversed` fault is confirmed this way, and the same fault plus a forget-gate bias
-  shift of 0.01, dropped initial states or a gradient scaled by 1.001 still fails (`tests/test_numerics.py`).
-  Stacks of more than one layer are a different network under that bug and are not generated for the path
-  (`KNOWN_KERAS_BUGS`, keyed by the Keras version);
-- `"raises"` (`keras-jax-cudnn-mixed-fp16`: `ValueError: Unknown output type float16`;
-  `torch-compile-inductor-graphs`: its training step fails in the compiled backward on torch 2.11): an error
-  whose `Type: message` the finding's regular expression matches is recorded; where it stopped a training
-  step, the forward pass alone is run and checked (kernel, finiteness, every output against the float64
-  reference), so a fault in the forward still fails (`tests/test_numerics.py`, a forget-bias shift of 0.01).
-  The test ends as an xfail that says how many examples were checked and how many of them forward only, or
-  that nothing ran whose numbers could be checked; any other error fails. Examples that do run are checked as
-  usual.
-
-cuDNN's fp32 RNN (TF32 off) is no longer a finding that lets it err up to the TF32 bound: it has its own
-measured cudnn/fp32 constants (below), so a fault far smaller than the TF32 bound still fails it.
-
-## Failing fast
-
-A NaN/Inf, a wrong kernel or precision, a missing tensor, a bound that cannot check (`inconclusive`) or an
-exception from the framework ends a hypothesis run at once, on the example that shows it, unshrunk (the
-failure is raised past hypothesis's shrinker; `tests/test_numerics.py` proves a planted NaN stops after one
-example). An out-of-bound error is shrunk for at most 20 more path runs, then the smallest failing spec found
-is reported.
-
-Reproduce: `python tools/tolerance_calibration.py --device DEVICE --examples N --sharpness --write` samples every
-available path of a device over generated shapes (the `gpu` profile's bounds, data seed 1, so the tested data,
-seed 0, differ), stores the raw samples (one row per tensor: path, spec, growth, error, observed kernel and
-precision, pass, tensor) and the planted-fault sweep in `docs/data/`, refits `pytest_lstmperf/tolerances.json`
-and rewrites this page. `python tools/tolerance_calibration.py --fit` refits and rewrites from the committed files
-alone. `scripts/gpu_measure.sh` does the sampling and the sweep on a GPU in about 6 minutes.
-"""
 
 
 def load_sharpness(data_dir: Path) -> dict[str, dict]:
@@ -576,14 +467,31 @@ def sharpness_table(content: dict) -> list[str]:
     return lines
 
 
-def render_doc(data: dict, sharpness: dict[str, dict] | None = None) -> str:
-    """docs/tolerances.md from tolerances.json and the sharpness sweeps: model, constants, fit, exclusions."""
+GENERATED_FROM = "## Constants in force"
+
+
+def doc_intro(doc: Path) -> str:
+    """The page's own prose: everything above its generated part (from ``GENERATED_FROM`` on), which is the only
+    part this tool rewrites. The prose is written in the page, nowhere else."""
+    text = doc.read_text(encoding="utf-8")
+    intro, found, _ = text.partition("\n" + GENERATED_FROM)
+    if not found:
+        raise SystemExit(f"{doc}: no {GENERATED_FROM!r} heading: the generated part starts there")
+    return intro.rstrip("\n") + "\n"
+
+
+def render_doc(data: dict, sharpness: dict[str, dict] | None, intro: str) -> str:
+    """docs/tolerances.md: its own prose ``intro``, then what tolerances.json and the sharpness sweeps hold (the
+    fit's parameters, the constants, the measured distributions, the sharpness tables, the exclusions)."""
     from pytest_lstmperf.numerics.tolerance import UNIT_ROUNDOFF as U
 
     model = data["model"]
-    intro = DOC_INTRO.replace("MIN_SAMPLES", str(model["min_samples"])).replace("MARGIN", f"{model['margin']:g}")
-    intro = intro.replace("MIN_SPECS", str(model.get("min_specs", "")))
-    lines = [intro.replace("QUANTILE", f"{model['quantile']:g}"), "## Constants in force", ""]
+    lines = [intro, GENERATED_FROM, ""]
+    lines += [
+        f"Fitted with `a` = {model['margin']:g} x the q{model['quantile']:g} residual, per kernel family where it has "
+        f"{model['min_samples']} tensors from {model.get('min_specs', '-')} specs, else per precision.",
+        "",
+    ]
     lines += [
         "| kernel family | precision | pass | a | b | u | tensors | bound at growth 3 / 10 | largest sample / bound "
         "| over quantile | basis |",
