@@ -405,13 +405,13 @@ def test_a_jax_benchmark_waits_for_each_calls_results(monkeypatch) -> None:
     jax = pytest.importorskip("jax", reason="JAX is not installed (pip install 'pytest-lstmperf[jax]')")
     import numpy as np
 
-    from pytest_lstmperf.speed import runner
+    from pytest_lstmperf.speed import runner, user_call
 
     waited = []
     monkeypatch.setattr(jax, "block_until_ready", lambda value: waited.append(value) or value)
     array = np.ones(3, dtype=np.float32)  # stands in for the JAX array a call returns
-    assert not runner._holds_jax_arrays([1.0, "x", array])
-    assert runner._jax_kernels(lambda: array, jax.block_until_ready, "cpu", array) == ("unknown", "fp32", [])
+    assert not user_call.holds_jax_arrays([1.0, "x", array])
+    assert user_call.jax_kernels(lambda: array, jax.block_until_ready, "cpu", array) == ("unknown", "fp32", [])
     timed = []
 
     observed = []
@@ -432,14 +432,14 @@ def test_a_user_call_that_runs_no_pytorch_op_gets_no_device_time_on_a_gpu(monkey
     """On a GPU, a user's ``fn`` whose traced call dispatched no ATen op (TensorFlow work, or JAX work whose
     arrays it did not return) gets no device time, with the reason, instead of the replay time of an empty CUDA
     graph; one that dispatched ops is timed as before."""
-    from pytest_lstmperf.speed import runner
+    from pytest_lstmperf.speed import user_call
 
     timed = []
     monkeypatch.setattr(meters, "device_time", lambda fn, device, samples: timed.append(device) or "timed")
-    none = runner._user_device_time(lambda: None, "cuda:0", [])(12)
+    none = user_call.user_device_time(lambda: None, "cuda:0", [])(12)
     assert none.method == "none" and none.samples == () and "dispatched no PyTorch op" in none.note and not timed
-    assert runner._user_device_time(lambda: None, "cuda:0", ["aten::mm"])(12) == "timed" and timed == ["cuda:0"]
-    assert runner._user_device_time(lambda: None, "cpu", [])(12) == "timed"  # the CPU: the time per call anyway
+    assert user_call.user_device_time(lambda: None, "cuda:0", ["aten::mm"])(12) == "timed" and timed == ["cuda:0"]
+    assert user_call.user_device_time(lambda: None, "cpu", [])(12) == "timed"  # the CPU: the time per call anyway
 
 
 MARKED_TESTS = """

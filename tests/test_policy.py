@@ -9,8 +9,9 @@ import random
 import pytest
 
 from pytest_lstmperf import meters
-from pytest_lstmperf.speed import policy
+from pytest_lstmperf.speed import gate_table, policy
 from pytest_lstmperf.speed.policy import Measurement, Reference, RunFigures, check, decide
+from pytest_lstmperf.speed.report_plots import plot_baseline
 
 
 def record(
@@ -294,7 +295,7 @@ def test_the_table_the_summary_and_what_is_not_a_pass() -> None:
     base = reference(record(name="suites/x::a", seed=1))
     slow = decide(Measurement.from_record(record(name="suites/x::a", seed=2, call_s=1.3e-3)), base)
     same = decide(Measurement.from_record(record(name="suites/x::b", seed=3)), base)
-    lines = policy.format_table([slow, same])
+    lines = gate_table.format_table([slow, same])
     assert lines[0].split() == ["test", "per", "call", "ratio", "device", "ratio", "resolves", "kernel", "then",
                                 "kernel", "now", "verdict"]  # fmt: skip
     assert lines[2].startswith("suites/x::a") and lines[2].endswith("regressed")
@@ -351,8 +352,6 @@ def test_run_gate_decides_every_record_and_names_what_did_not_run() -> None:
 def test_the_report_plots_the_ratio_each_benchmark_was_decided_on(tmp_path) -> None:
     """The report's baseline plot takes each decision's deciding check (a paired ratio), and without the gate's
     decisions the per-call medians; the report's gate table has the terminal's columns."""
-    from pytest_lstmperf.speed.report import _plot_baseline
-
     base = reference(record(name="x::test_a", seed=1))
     decision = decide(Measurement.from_record(record(name="x::test_a", seed=2, call_s=3e-3)), base)
     records = [
@@ -363,11 +362,11 @@ def test_the_report_plots_the_ratio_each_benchmark_was_decided_on(tmp_path) -> N
         {"fullname": "x::test_a", "stats": {"data": [1e-3]}},
         {"fullname": "x::test_b", "stats": {"data": [2e-3]}},
     ]
-    path = _plot_baseline(tmp_path, records, baseline, policy.GateResult([decision, policy.Decision("x::b", "new")]))
+    path = plot_baseline(tmp_path, records, baseline, policy.GateResult([decision, policy.Decision("x::b", "new")]))
     assert path is not None and path.stat().st_size > 1000
-    assert _plot_baseline(tmp_path, records, baseline, None) is not None
-    assert _plot_baseline(tmp_path, records, [], None) is None
-    ((name, per_call, ratio, *_, verdict),) = policy.table_rows([decision])
+    assert plot_baseline(tmp_path, records, baseline, None) is not None
+    assert plot_baseline(tmp_path, records, [], None) is None
+    ((name, per_call, ratio, *_, verdict),) = gate_table.table_rows([decision])
     assert (name, verdict, ratio) == ("x::test_a", "regressed", f"{decision.ratio('per-call'):.3f}")
     assert per_call == meters.format_seconds(decision.per_call_s)
 

@@ -11,7 +11,7 @@ import pytest
 from plot_checks import figure_problems, titles
 
 from pytest_lstmperf.hooks import workloads as hw
-from pytest_lstmperf.speed import report
+from pytest_lstmperf.speed import report, report_plots
 from pytest_lstmperf.workloads import workloads as w
 
 DATA = Path(__file__).resolve().parents[1] / "docs" / "data"
@@ -137,10 +137,10 @@ def test_speed_report_plots_read_cleanly(drawn: list, tmp_path: Path) -> None:
         "time_per_call_s": a * 1e-3 * b**0.7}}
         for p, d, a in (("torch-cpu-onednn", "cpu", 1.0), ("torch-cudnn-default", "cuda:0", 4.0))
         for b in (1, 4, 16, 64, 256)]  # fmt: skip
-    assert report._plot_sweep(tmp_path, records, "batch", "batch", "batch size") is not None
+    assert report_plots.plot_sweep(tmp_path, records, "batch", "batch", "batch size") is not None
     baseline = [{"fullname": r["fullname"], "stats": {"data": [r["extra_info"]["time_per_call_s"] * 0.8]}}
                 for r in records]  # fmt: skip
-    assert report._plot_baseline(tmp_path, records, baseline) is not None
+    assert report_plots.plot_baseline(tmp_path, records, baseline) is not None
     assert len(drawn) == 2
     for fig in drawn:
         assert titles(fig)

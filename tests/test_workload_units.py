@@ -419,7 +419,7 @@ def test_every_plot_reads_cleanly(drawn: list, tmp_path) -> None:
     (sub-decade and multi-decade log axes, long titles): no tick labels overlap, nothing leaves the figure,
     and the precision legend leaves the panel most of the width."""
     from pytest_lstmperf.hooks import workloads as wp
-    from pytest_lstmperf.speed import report as report
+    from pytest_lstmperf.speed import report_plots
 
     rows = _workload_rows()
     for plot in (wp._plot_precision, wp._plot_overhead, wp._plot_bucketing, wp._plot_scaling):
@@ -431,10 +431,10 @@ def test_every_plot_reads_cleanly(drawn: list, tmp_path) -> None:
     records = [_bench_record(f"torch-cpu-native-B{b}", 1e-3 * b) | {"extra_info": {
         "path": "torch-cpu-native", "device": "cpu", "mode": "forward", "sweeps": ["batch"], "spec": {"batch": b},
         "time_per_call_s": 1e-3 * b ** 0.7}} for b in (1, 4, 16, 64)]  # fmt: skip
-    assert report._plot_sweep(tmp_path, records, "batch", "batch", "batch size") is not None
+    assert report_plots.plot_sweep(tmp_path, records, "batch", "batch", "batch size") is not None
     baseline = [{"fullname": r["fullname"], "stats": {"data": [r["extra_info"]["time_per_call_s"] * 0.8]}}
                 for r in records]  # fmt: skip
-    assert report._plot_baseline(tmp_path, records, baseline) is not None
+    assert report_plots.plot_baseline(tmp_path, records, baseline) is not None
     assert len(drawn) == 7
     problems = {i: _layout_problems(fig) for i, fig in enumerate(drawn)}
     assert not any(problems.values()), problems

@@ -15,8 +15,8 @@ goes through :mod:`..speed.benchmark_adapter`.
   gate then decides by :mod:`..speed.policy` and fails the session in ``pytest_sessionfinish``.
 * ``--lstmperf-save-baseline`` records missing entries, ``--lstmperf-update-baseline`` replaces them.
 * ``@pytest.mark.lstmperf`` on a test using pytest-benchmark's own ``benchmark`` fixture: that test's
-  ``benchmark(fn, *args, **kwargs)`` is measured as ``lstmperf_benchmark(fn)`` is (:class:`MarkedBenchmark`);
-  unmarked ``benchmark`` tests are left to pytest-benchmark.
+  ``benchmark(fn, *args, **kwargs)`` is measured as ``lstmperf_benchmark(fn)`` is
+  (:class:`~..speed.marked.MarkedBenchmark`); unmarked ``benchmark`` tests are left to pytest-benchmark.
 """
 
 from __future__ import annotations
@@ -33,7 +33,8 @@ from ..speed.benchmark_adapter import (
     set_compare,
 )
 from ..speed.machine_info import MachineInfo
-from ..speed.runner import BENCH_MARKER, RECORD_KEY, BenchCase, BenchRunner, MarkedBenchmark, run_spec
+from ..speed.marked import MarkedBenchmark
+from ..speed.runner import BENCH_MARKER, RECORD_KEY, BenchCase, BenchRunner, run_spec
 from ..speed.shapes import bench_set
 from .benchmark_json import json_section, machine_info_section
 from .compare_target import point_compare, take_over_compare

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from .. import options
+from ..speed.gate_table import format_table
 from ..speed.provenance import record_command
 
 if TYPE_CHECKING:
@@ -51,8 +52,6 @@ def print_speed_section(tr: Any, config: pytest.Config, state: GateState, device
 
 
 def _print_gate(tr: Any, config: pytest.Config, state: GateState) -> None:
-    from ..speed.policy import format_table
-
     assert state.baseline is not None and state.gate is not None
     gate = state.gate
     verbose = config.getoption("verbose", 0) > 0

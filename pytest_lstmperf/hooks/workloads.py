@@ -18,6 +18,8 @@ from typing import Any
 
 import pytest
 
+from ..speed.report_plots import plain_log_scale
+
 PROPERTY = "lstmperf_workload"
 ROWS_KEY = pytest.StashKey[list[dict[str, Any]]]()
 KINDS = ("bucketing", "crossover", "overhead", "precision", "scaling")
@@ -436,8 +438,6 @@ def _plot_overhead(out: Path, rows: list[dict[str, Any]]) -> Path | None:
     frameworks side by side in each column (every framework of a shape shares its raw cost, so points placed
     by raw cost would sit on one another). More shapes: the ratio against the raw cost, unlabelled points (the
     overhead falls as the device work grows); the table beside the plot names them."""
-    from ..speed.report import plain_log_scale
-
     plt = _pyplot()
 
     rows = [r for r in rows if r.get("raw_s") and r.get("ratio")]
@@ -492,8 +492,6 @@ def _plot_overhead(out: Path, rows: list[dict[str, Any]]) -> Path | None:
 def _plot_precision(out: Path, rows: list[dict[str, Any]]) -> Path | None:
     """Per shape, forward time against error for every precision path (what precision buys and costs); the
     legend below the panels, so that it takes no width from them."""
-    from ..speed.report import plain_log_scale
-
     plt = _pyplot()
     shapes = sorted({r["shape"] for r in rows})
     if not shapes:

@@ -32,8 +32,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..meters import format_seconds
-
 # ----------------------------------------------------------------------------------------------- constants
 #: the default threshold, the smallest slowdown worth failing: a figure more than 5% above its baseline's is slower
 #: where the benchmark resolves it (a device time resolves 2-5% between runs on an H100; a time per call rarely does)
@@ -465,42 +463,6 @@ class GateResult:
     def summary(self) -> str:
         parts = [f"{self.count(v)} {v}" for v in VERDICTS if self.count(v)]
         return ", ".join(parts) or "nothing compared"
-
-
-TABLE_HEADER = ("test", "per call", "ratio", "device ratio", "resolves", "kernel then", "kernel now", "verdict")
-
-
-def table_rows(decisions: Sequence[Decision]) -> list[tuple[str, ...]]:
-    """One row of cells per decision, under :data:`TABLE_HEADER`: test, per call now, each metric's ratio and
-    resolution, kernels, verdict (the terminal's table and the report's)."""
-    rows: list[tuple[str, ...]] = []
-    for d in decisions:
-        per_call = next((c for c in d.checks if c.metric == "per-call"), None)
-        device = next((c for c in d.checks if c.metric == "device"), None)
-        resolves = [c.resolves for c in (per_call, device) if c is not None and c.resolves is not None]
-        rows.append(
-            (
-                d.name,
-                format_seconds(d.per_call_s),
-                "-" if per_call is None or per_call.ratio is None else f"{per_call.ratio:.3f}",
-                "-" if device is None or device.ratio is None else f"{device.ratio:.3f}",
-                "/".join(f"{r:.2f}" for r in resolves) or "-",
-                d.kernel_then or "-",
-                d.kernel_now or "-",
-                d.verdict,
-            )
-        )
-    return rows
-
-
-def format_table(decisions: Sequence[Decision]) -> list[str]:
-    """Rows for the terminal: :func:`table_rows` under :data:`TABLE_HEADER`, in aligned columns."""
-    header = TABLE_HEADER
-    rows = [header, *table_rows(decisions)]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
-    lines = ["  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip() for row in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return lines
 
 
 def _median(values: Sequence[float]) -> float | None:

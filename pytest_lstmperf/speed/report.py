@@ -6,8 +6,8 @@ Written by ``--lstmperf-report=DIR`` at the end of a run, or from saved results:
 
 where each file is pytest-benchmark JSON written by this plugin (``--benchmark-json``, a baseline file).
 Several files can be combined, e.g. a CPU run and a GPU run of the batch sweep, which draws the CPU/GPU
-crossover. Plots: time per call against batch size (crossover marked), sequence length and hidden size,
-one line per path and device; and baseline against now when a baseline was compared.
+crossover. Plots (:mod:`.report_plots`): time per call against batch size (crossover marked), sequence length
+and hidden size, one line per path and device; and baseline against now when a baseline was compared.
 """
 
 from __future__ import annotations
@@ -15,13 +15,14 @@ from __future__ import annotations
 import argparse
 import html
 import json
-import math
 import sys
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from .gate_table import TABLE_HEADER, table_rows
+from .report_plots import PLOT_TITLES, median, plot_baseline, plot_sweep
 from .timing import PEAK_METHOD
 
 SWEEPS = (
@@ -37,11 +38,6 @@ def _fmt(value: float | None) -> str:
     return format_seconds(value)
 
 
-def _median(data: Sequence[float]) -> float | None:
-    values = sorted(x for x in data if x)
-    return values[len(values) // 2] if values else None
-
-
 def records_from_json(data: dict[str, Any]) -> list[dict[str, Any]]:
     """Report records from a pytest-benchmark JSON document written with this plugin active."""
     out = []
@@ -50,173 +46,9 @@ def records_from_json(data: dict[str, Any]) -> list[dict[str, Any]]:
         if "path" not in extra:
             continue
         samples = list(bench.get("stats", {}).get("data") or [])
-        extra.setdefault("time_per_call_s", _median(samples) or bench.get("stats", {}).get("median"))
+        extra.setdefault("time_per_call_s", median(samples) or bench.get("stats", {}).get("median"))
         out.append({"fullname": bench["fullname"], "name": bench["name"], "extra_info": extra, "data": samples})
     return out
-
-
-def _series(
-    records: Iterable[dict[str, Any]], sweep: str, field: str
-) -> dict[tuple[str, str], list[tuple[int, float]]]:
-    """(path, device kind) -> sorted (x, seconds) for forward records of ``sweep``."""
-    series: dict[tuple[str, str], dict[int, float]] = defaultdict(dict)
-    for record in records:
-        extra = record["extra_info"]
-        if sweep not in (extra.get("sweeps") or []) or extra.get("mode") != "forward":
-            continue
-        value = extra.get("time_per_call_s")
-        spec = extra.get("spec") or {}
-        if not value or field not in spec:
-            continue
-        kind = str(extra.get("device", "?")).split(":")[0]
-        series[(extra["path"], kind)][int(spec[field])] = float(value)
-    return {key: sorted(points.items()) for key, points in series.items() if points}
-
-
-def find_crossover(cpu: dict[int, float], gpu: dict[int, float]) -> int | None:
-    """The smallest batch size from which the GPU is faster than the CPU at every larger measured batch.
-
-    ``cpu``/``gpu`` map batch size to seconds per call. None when the GPU never wins for good (or no batch
-    size was measured on both); the smallest measured batch when the GPU wins everywhere.
-    """
-    common = sorted(set(cpu) & set(gpu))
-    for index, batch in enumerate(common):
-        if all(gpu[b] < cpu[b] for b in common[index:]):
-            return batch
-    return None
-
-
-def crossover(series: dict[tuple[str, str], list[tuple[int, float]]]) -> int | None:
-    """The smallest batch from which the fastest GPU path beats the fastest CPU path (None if never/unknown)."""
-    best: dict[str, dict[int, float]] = {"cpu": {}, "cuda": {}}
-    for (_, kind), points in series.items():
-        if kind not in best:
-            continue
-        for x, y in points:
-            best[kind][x] = min(y, best[kind].get(x, float("inf")))
-    return find_crossover(best["cpu"], best["cuda"])
-
-
-def plain_log_scale(ax: Any, which: str, base: int = 10, suffix: str = "") -> None:
-    """A log scale on ``ax``'s ``which`` axis ("x" or "y") whose tick labels are plain numbers (``0.5``,
-    ``20``, ``4x``, never ``5x10^-1``), thinned by the span at draw time so that they cannot crowd: every
-    tick within about a decade, mantissas 1, 2 and 5 up to three decades, powers of ten beyond."""
-    import matplotlib.ticker as ticker
-
-    axis = ax.xaxis if which == "x" else ax.yaxis
-    (ax.set_xscale if which == "x" else ax.set_yscale)("log", base=base)
-    if base != 10:
-        axis.set_major_locator(ticker.LogLocator(base=base, numticks=16))
-        axis.set_minor_locator(ticker.NullLocator())
-
-    def label(value: float, _pos: int | None = None) -> str:
-        if value <= 0:
-            return ""
-        low, high = sorted(axis.get_view_interval())
-        decades = math.log10(high / low) if low > 0 else math.inf
-        mantissa = round(value / 10 ** math.floor(math.log10(value) + 1e-9), 6)
-        keep = base != 10 or decades <= 1.2 or mantissa == 1 or (decades <= 3 and mantissa in (2, 5))
-        number = str(round(value)) if value >= 100 else f"{value:.3g}"
-        return f"{number}{suffix}" if keep else ""
-
-    axis.set_major_formatter(ticker.FuncFormatter(label))
-    axis.set_minor_formatter(ticker.FuncFormatter(label))
-    ax.tick_params(axis=which, which="minor", labelsize=7)
-
-
-def _plot_sweep(out: Path, records: list[dict[str, Any]], sweep: str, field: str, label: str) -> Path | None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    series = _series(records, sweep, field)
-    if not series:
-        return None
-    fig, ax = plt.subplots(figsize=(8, 5))
-    for (path, kind), points in sorted(series.items()):
-        xs, ys = zip(*points, strict=True)
-        ax.plot(
-            xs, [y * 1e3 for y in ys], marker="o", label=f"{path} ({kind})", linestyle="-" if kind == "cuda" else "--"
-        )
-    plain_log_scale(ax, "x", base=2)
-    plain_log_scale(ax, "y")
-    ax.set_xlabel(label)
-    ax.set_ylabel("time per call (ms)")
-    title = f"forward time vs {label}"
-    if sweep == "batch":
-        cross = crossover(series)
-        if cross is not None:
-            ax.axvline(cross, color="grey", linestyle=":")
-            ax.annotate(
-                f"GPU faster from batch {cross}",
-                (cross, ax.get_ylim()[1]),
-                fontsize=8,
-                xytext=(4, -12),
-                textcoords="offset points",
-            )
-            title += f" (CPU/GPU crossover at batch {cross})"
-        elif len({kind for _, kind in series}) < 2:
-            title += " (one device: run CPU and GPU and combine to see the crossover)"
-    ax.set_title(title, fontsize=10)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    target = out / f"time_vs_{sweep}.png"
-    fig.savefig(target, dpi=110)
-    plt.close(fig)
-    return target
-
-
-def _plot_baseline(
-    out: Path, records: list[dict[str, Any]], baseline: list[dict[str, Any]], gate: Any = None
-) -> Path | None:
-    """Now/baseline per benchmark. With the gate's decisions: the paired ratio of the check that decided each
-    one (per call or device time, :attr:`.policy.Decision.deciding`), coloured by verdict; without: per-call
-    medians."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    decided = {
-        d.name: (d.deciding, d.verdict)
-        for d in getattr(gate, "decisions", [])
-        if d.deciding is not None and d.deciding.ratio is not None
-    }
-    then = {b["fullname"]: _median(b.get("stats", {}).get("data") or []) for b in baseline}
-    rows: list[tuple[str, float, str]] = []
-    for r in records:
-        decision = decided.get(r["fullname"])
-        if decision is not None:
-            check, verdict = decision
-            rows.append((r["name"], float(check.ratio), verdict))
-        elif then.get(r["fullname"]) and r["extra_info"].get("time_per_call_s"):
-            ratio = r["extra_info"]["time_per_call_s"] / then[r["fullname"]]
-            rows.append((r["name"], ratio, "regressed" if ratio >= 1.10 else "improved" if ratio <= 1 / 1.10 else ""))
-    if not rows:
-        return None
-    rows.sort()
-    metrics = sorted({decided[r["fullname"]][0].metric for r in records if r["fullname"] in decided})
-    fig, ax = plt.subplots(figsize=(9, max(3.0, 0.28 * len(rows) + 1)))
-    colors = {
-        "regressed": "tab:red",
-        "kernel-changed": "tab:red",
-        "host-work-changed": "tab:red",
-        "improved": "tab:green",
-    }
-    ax.barh(range(len(rows)), [ratio for _, ratio, _ in rows], color=[colors.get(v, "tab:grey") for *_, v in rows])
-    ax.axvline(1.0, color="black", linewidth=0.8)
-    ax.set_yticks(range(len(rows)))
-    ax.set_yticklabels([name.replace("test_", "") for name, _, _ in rows], fontsize=6)
-    what = " and ".join(m.replace("device", "device time").replace("per-call", "time per call") for m in metrics)
-    ax.set_xlabel(f"now / baseline ({what or 'time per call'})")
-    ax.set_title("baseline vs now (red: regressed, green: improved)", fontsize=10)
-    fig.tight_layout()
-    target = out / "baseline_vs_now.png"
-    fig.savefig(target, dpi=110)
-    plt.close(fig)
-    return target
 
 
 #: the fixed reference of the "vs generic" column per device kind: the torch layer on its generic kernel
@@ -366,14 +198,12 @@ def write_report(
     """Write ``index.md``, ``index.html`` and the PNG plots into ``out``; returns the HTML page's path."""
     out.mkdir(parents=True, exist_ok=True)
     records = [r for r in records if r.get("extra_info", {}).get("time_per_call_s")]
-    plots = [p for p in (_plot_sweep(out, records, s, f, label) for s, f, label in SWEEPS) if p is not None]
+    plots = [p for p in (plot_sweep(out, records, s, f, label) for s, f, label in SWEEPS) if p is not None]
     if baseline:
-        compared = _plot_baseline(out, records, baseline, gate)
+        compared = plot_baseline(out, records, baseline, gate)
         if compared is not None:
             plots.append(compared)
     header, rows = _table(records)
-    from .policy import TABLE_HEADER, table_rows
-
     gate_header = list(TABLE_HEADER)
     gate_rows = [list(row) for row in table_rows(gate.decisions)] if gate is not None else []
     title = "LSTM/GRU speed report"
@@ -431,19 +261,6 @@ def write_report(
     return target
 
 
-#: what each plot of the report folder shows, as its heading on the index (other plots: their file name)
-PLOT_TITLES = {
-    "time_vs_batch": "forward time against batch size",
-    "time_vs_seq": "forward time against sequence length",
-    "time_vs_hidden": "forward time against hidden size",
-    "baseline_vs_now": "baseline against now",
-    "bucketing": "workloads: padding vs packing vs bucketing",
-    "crossover-cpu": "workloads: crossover of the CPU paths",
-    "crossover-cuda": "workloads: CPU/GPU crossover",
-    "overhead": "workloads: framework overhead",
-    "precision": "workloads: precision, speed against error",
-    "scaling": "workloads: scale-out training",
-}
 #: the pages other parts of a run write into the report folder, with what they hold; linked from the index
 OTHER_PAGES = {
     "workloads.md": "the seed workloads' tables and notes (padding/packing/bucketing, crossover, overhead, "

@@ -3,8 +3,9 @@
 :class:`BenchRunner` prepares a path, checks the kernel it ran against the path's claim (failing at once on a
 mismatch), times the call with ``benchmark.pedantic`` in rounds paired with the anchor (a synchronising callable,
 bounded rounds), measures device time beside the anchor's, host counters and FLOP/s into ``extra_info``, and
-attaches a record to the test report (so pytest-xdist brings it to the controller). :class:`MarkedBenchmark` is
-pytest-benchmark's ``benchmark`` in a test marked ``@pytest.mark.lstmperf``, measured the same way.
+attaches a record to the test report (so pytest-xdist brings it to the controller). Called with a user's own
+callable it measures that the same way (what is read of the call itself: :mod:`.user_call`);
+:class:`~.marked.MarkedBenchmark` is pytest-benchmark's ``benchmark`` in a test marked ``@pytest.mark.lstmperf``.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from .. import meters, options
 from ..host_counters import host_counters
 from ..observation.claims import Finding, kernel_mismatch, known_kernel_finding
 from .shapes import bench_set
+from .user_call import holds_jax_arrays, jax_kernels, synchronizer, user_device_time
 
 if TYPE_CHECKING:
     from ..device import DeviceInfo
@@ -142,10 +144,10 @@ class BenchRunner:
         device = self.session.device
         _skip_shared_gpu(device)
         thresholds = self._thresholds()
-        sync = _synchronizer(device.torch_device)
+        sync = synchronizer(device.torch_device)
         result = fn()
         sync()
-        if _holds_jax_arrays(result):
+        if holds_jax_arrays(result):
             return self._call_jax(fn, result, label, flops, thresholds)
         with torch_trace(device.torch_device, "forward") as traced:
             fn()
@@ -168,7 +170,7 @@ class BenchRunner:
             thresholds,
             observed,
             timed,
-            _user_device_time(fn, device.torch_device, trace.ops),
+            user_device_time(fn, device.torch_device, trace.ops),
             lambda: host_counters(fn, device.torch_device),
         )
         return result
@@ -211,7 +213,7 @@ class BenchRunner:
         device = self.session.device
         wait = jax.block_until_ready
         wait(result)
-        family, precision, kernels = _jax_kernels(fn, wait, device.torch_device, result)
+        family, precision, kernels = jax_kernels(fn, wait, device.torch_device, result)
         observed: dict[str, Any] = {
             "framework": "jax",
             "kernel": family,
@@ -436,35 +438,6 @@ class BenchRunner:
         return record
 
 
-class MarkedBenchmark:
-    """pytest-benchmark's ``benchmark`` in a test marked ``@pytest.mark.lstmperf``: ``benchmark(fn, *args,
-    **kwargs)`` is measured by :meth:`BenchRunner.__call__` (one record, baseline entry and gate verdict like
-    ``lstmperf_benchmark(fn)``); every other attribute (``extra_info``, ``group``, ...) is pytest-benchmark's."""
-
-    def __init__(self, benchmark: Any, runner: BenchRunner, label: str, flops: float | None) -> None:
-        object.__setattr__(self, "_parts", (benchmark, runner, label, flops))
-
-    def __call__(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
-        from functools import partial
-
-        _, runner, label, flops = self._parts
-        return runner(partial(fn, *args, **kwargs) if args or kwargs else fn, label=label, flops=flops)
-
-    def pedantic(self, *args: Any, **kwargs: Any) -> Any:
-        pytest.fail(
-            f"@pytest.mark.{BENCH_MARKER}: benchmark.pedantic(...) is not measured by pytest-lstmperf, which chooses "
-            "its own rounds (about 0.25 s of timed work) and synchronises after each call; call "
-            "benchmark(fn, *args, **kwargs) instead, or remove the marker to keep pytest-benchmark's pedantic mode",
-            pytrace=False,
-        )
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._parts[0], name)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        setattr(self._parts[0], name, value)
-
-
 def _skip_shared_gpu(device: DeviceInfo) -> None:
     from ..device import shared_gpu
 
@@ -488,61 +461,6 @@ def _meters(run: Any, call: Any, mode: str, device: DeviceInfo) -> tuple[Any, An
         return own_counts(mode) if own_counts is not None else host_counters(call, device.torch_device)
 
     return dev_time, counters
-
-
-def _user_device_time(fn: Any, torch_device: str, ops: Any) -> Any:
-    """``dev_time(samples)`` for a user's ``fn`` that returned no JAX array. A CUDA graph or CUDA events see the
-    work of torch's streams only: where one traced call dispatched no ATen op (TensorFlow work, or JAX work whose
-    results ``fn`` did not return), a replay would time an empty graph, so there is no device time, and the
-    note says why (the run lists the benchmark as without a device comparison)."""
-
-    if torch_device.startswith("cuda") and not ops:
-        note = (
-            "not measured: one traced call dispatched no PyTorch op, so a CUDA graph or CUDA events would time "
-            "none of its work (a JAX function must return its JAX arrays to be timed as JAX work; TensorFlow work "
-            "has no device time here); the time per call decides"
-        )
-        return lambda samples: meters.DeviceTime("none", (), note)
-    return lambda samples: meters.device_time(fn, torch_device, samples)
-
-
-def _holds_jax_arrays(result: Any) -> bool:
-    """Whether ``result`` (a value, or tuples, lists and dicts of them) holds a JAX array; JAX is not imported
-    for it."""
-    import sys
-
-    jax = sys.modules.get("jax")
-    if jax is None:
-        return False
-    return any(isinstance(leaf, jax.Array) for leaf in jax.tree_util.tree_leaves(result))
-
-
-def _jax_kernels(fn: Any, wait: Any, torch_device: str, result: Any) -> tuple[str, str, list[str]]:
-    """``(family, precision, kernel names)`` of one call of the JAX function ``fn``: on a GPU from the kernels
-    CUPTI records (torch's profiler), ``cudnn`` where cuDNN's RNN kernels ran, else ``jax-generic``; the
-    precision from the kernel names and the results' dtypes (those of the outputs: a model that computes in
-    a lower precision than it returns is not seen so). On the CPU nothing is launched to read: ``unknown``."""
-    import jax
-
-    from ..model.precision import DTYPE_PRECISION
-    from ..observation.torch_trace import gpu_kernel_names, kernel_family, precision_from
-
-    leaves = jax.tree_util.tree_leaves(result)
-    dtypes = sorted({DTYPE_PRECISION.get(str(x.dtype), str(x.dtype)) for x in leaves if hasattr(x, "dtype")})
-    if not torch_device.startswith("cuda"):
-        return "unknown", precision_from(dtypes, []), []
-    kernels = gpu_kernel_names(lambda: wait(fn()))
-    if kernels is None:
-        return "unknown", precision_from(dtypes, []), []
-    return kernel_family(kernels) or "jax-generic", precision_from(dtypes, kernels), kernels
-
-
-def _synchronizer(torch_device: str) -> Any:
-    if not torch_device.startswith("cuda"):
-        return lambda: None
-    import torch
-
-    return lambda: torch.cuda.synchronize(torch_device)
 
 
 def _explanation(path: ExecutionPath, spec: Any, device: Any, trace: Any) -> str:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias, cast
 
 import numpy as np
 
-from ..speed.report import find_crossover
+from ..speed.report_plots import find_crossover, plain_log_scale
 
 if TYPE_CHECKING:
     from ..model.spec import Cell
@@ -434,8 +434,6 @@ def plot_sweep(points: Sequence[SweepPoint], out: Any, title: str, marks: dict[s
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    from ..speed.report import plain_log_scale
 
     fig, ax = plt.subplots(figsize=(8, 5))
     drawn: dict[int, int] = {}  # batch -> how many crossover lines are already drawn there
