@@ -38,7 +38,7 @@ def _parse_value(raw: str) -> Any:
 
 def parse_layer(cell: str, items: Sequence[str], framework: str) -> tuple[str, Any, Any]:
     """``lstm units=128 activation=relu`` -> ``(framework, LayerSpec, KerasOptions | None)``."""
-    from .observation.eligibility import config_from_dict
+    from .observation.model_configs import config_from_dict
 
     data: dict[str, Any] = {"framework": framework, "cell": cell.lower()}
     for item in items:
@@ -138,7 +138,8 @@ def add_report_command(subparsers: Any) -> None:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from .observation.eligibility import falls_back, load_configs, render_table
+    from .observation.eligibility import falls_back, render_table
+    from .observation.model_configs import load_configs
     from .paths.config_runs import build_report
 
     if args.batch < 1 or args.seq_len < 1:

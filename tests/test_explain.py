@@ -224,7 +224,8 @@ def test_cli_bad_input_is_one_line(argv: list[str], message: str, capsys: pytest
 def test_report_table_has_sources(tmp_path) -> None:
     import json
 
-    from pytest_lstmperf.observation.eligibility import build_report, load_configs, render_table
+    from pytest_lstmperf.observation.eligibility import build_report, render_table
+    from pytest_lstmperf.observation.model_configs import load_configs
 
     configs = tmp_path / "configs.json"
     configs.write_text(json.dumps([

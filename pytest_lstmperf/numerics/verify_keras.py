@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from ..model.spec import LayerSpec
+from ..observation.model_configs import configs_from_model
 from .model_judge import SEED, ModelRun, PathOutcome, conclude, envelope_spec
 
 
@@ -250,8 +251,6 @@ def verify_keras_model(
     """:func:`verify_model` for a Keras model on the backend Keras runs (one per process): the model as built
     (and, on a GPU, with cuDNN off) against a float64 clone of it with the same weights."""
     import keras
-
-    from ..observation.eligibility import configs_from_model
 
     if keras.backend.backend() not in KERAS_BACKENDS:
         raise ValueError(

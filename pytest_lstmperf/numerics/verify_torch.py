@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from ..model.spec import Cell, LayerSpec
+from ..observation.layer_trace import LayerRecorder, layer_name, torch_layer_trace
 from .checks import Mismatch, format_failure
 from .model_judge import SEED, ModelRun, PathOutcome, conclude, envelope_spec, model_paths
 
@@ -87,8 +88,6 @@ def _run(model: Any, inputs: tuple, device: str, dtype: Any, path: Any = None) -
     """Forward and backward of a copy of ``model`` on ``device`` in ``dtype``, under ``path``'s switches."""
     import torch
 
-    from ..observation.torch_trace import LayerRecorder, torch_layer_trace
-
     copy_ = _without_dropout(copy.deepcopy(model)).to(device=device, dtype=dtype)
     args = _map_tensors(inputs, lambda t: t.detach().to(device=device, dtype=dtype if t.is_floating_point() else None))
     leaves = [t for t in _tensors(args) if t.is_floating_point()]
@@ -139,14 +138,12 @@ def _shape_hooks(model: Any) -> dict[str, Any]:
     """Records each recurrent layer's spec with the batch and length it was called with."""
     import torch
 
-    from ..observation.torch_trace import _layer_name
-
     specs: dict[str, Any] = {"_handles": []}
     for module in model.modules():
         if not isinstance(module, (torch.nn.RNNBase, torch.nn.RNNCellBase)):
             continue
 
-        def hook(mod: Any, args: tuple, _name: str = _layer_name(module)) -> None:
+        def hook(mod: Any, args: tuple, _name: str = layer_name(module)) -> None:
             data = args[0]
             data = getattr(data, "data", data)
             if isinstance(mod, torch.nn.RNNCellBase):

@@ -2,27 +2,24 @@
 
 Input: a list of layer configs (``{"framework": ..., "cell": ..., <LayerSpec fields>, <KerasOptions fields>}``,
 from a JSON file or a Python ``module:attribute``), or a model (``torch.nn.Module`` / Keras model) whose
-LSTM/GRU layers are listed. With ``run=True`` each config is also run (Keras in its backend's worker, PyTorch
-in-process) and its observed kernel shown; the slowdown is then *measured here*: the config's training call
-against the variant with every reason's change applied, on the same device. Without a run, the slowdown comes
-from :data:`REFERENCE_SLOWDOWNS`, each figure with where it was measured.
+LSTM/GRU layers are listed; :mod:`.model_configs` reads them. With ``run=True`` each config is also run (Keras
+in its backend's worker, PyTorch in-process) and its observed kernel shown; the slowdown is then *measured
+here*: the config's training call against the variant with every reason's change applied, on the same device.
+Without a run, the slowdown comes from :data:`REFERENCE_SLOWDOWNS`, each figure with where it was measured.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import importlib
-import json
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from ..model.keras_options import KerasOptions
 from ..model.spec import LayerSpec
-from .explain import Verdict, context_for, explain, fix_all, normalize_framework
-from .tf_import import quiet_tensorflow_import
+from .explain import Verdict, context_for, explain, fix_all
+from .model_configs import CELL_FRAMEWORK, Config
 
 # (framework, device, rule) -> (factor, source); rule "*" is any reason
 _KT = "H100, Keras 3.15 torch backend, LSTM(128) B=32 T=100 training call"
@@ -69,137 +66,8 @@ class ReportRow:
         }
 
 
-Config = tuple[str, LayerSpec, KerasOptions | None]
 #: ``(framework, spec, options, device) -> PreparedRun``: what runs a config (``paths.config_runs.run_config``)
 Prepare = Callable[[str, LayerSpec, KerasOptions | None, Any], Any]
-
-
-class ModelConfigs(list):
-    """The configs of a model's layers, with ``names``: each layer's name in the model (``encoder.gru``,
-    ``bidirectional/forward_lstm``), in the same order; the report's rows carry them."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.names: list[str] = []
-        #: index -> a note on how the model calls that layer (a loop over time steps)
-        self.notes: dict[int, str] = {}
-
-    def add(self, name: str, config: Config) -> None:
-        self.append(config)
-        self.names.append(name)
-
-
-_SPEC_FIELDS = {f.name for f in dataclasses.fields(LayerSpec)}
-_OPTION_FIELDS = {f.name for f in dataclasses.fields(KerasOptions)}
-ALIASES = {"units": "hidden_size", "use_bias": "bias", "input_dim": "input_size"}
-
-
-def config_from_dict(data: dict[str, Any]) -> Config:
-    """``{"framework": "keras-tf", "cell": "lstm", "units": 128, "activation": "relu"}`` -> a config."""
-    values = {ALIASES.get(k, k): v for k, v in data.items()}
-    framework = normalize_framework(values.pop("framework", "keras-tensorflow"))
-    unknown = sorted(set(values) - _SPEC_FIELDS - _OPTION_FIELDS)
-    if unknown:
-        valid = sorted(_SPEC_FIELDS | (_OPTION_FIELDS - {"backend"}) | set(ALIASES))
-        raise ValueError(f"unknown layer keys {unknown} (valid: {', '.join(valid)})")
-    spec_values = {k: v for k, v in values.items() if k in _SPEC_FIELDS}
-    if isinstance(spec_values.get("lengths"), list):
-        spec_values["lengths"] = tuple(spec_values["lengths"])
-    spec = LayerSpec(**spec_values)
-    option_values = {k: v for k, v in values.items() if k in _OPTION_FIELDS}
-    if framework == "torch":
-        if option_values:
-            raise ValueError(f"Keras options {sorted(option_values)} given for framework 'torch'")
-        return framework, spec, None
-    option_values["backend"] = {"keras-tensorflow": "tensorflow", "keras-jax": "jax"}.get(framework, "torch")
-    return framework, spec, KerasOptions(**option_values)
-
-
-def configs_from_model(model: Any, batch: int = 4, seq_len: int = 10, example_inputs: Any = None) -> list[Config]:
-    """The LSTM/GRU layers of a ``torch.nn.Module`` or a Keras model, as configs.
-
-    The batch and sequence length are the model's own where it has them: a Keras layer's built input shape, or
-    (torch) the shapes each layer is called with on ``example_inputs``; ``batch``/``seq_len`` fill in the rest.
-    A Keras model is a Keras model on every backend (on the torch backend it is also a ``torch.nn.Module``)."""
-    configs = ModelConfigs()
-    if hasattr(model, "_flatten_layers"):
-        return _keras_configs(model, batch, seq_len, example_inputs)
-    torch_nn = getattr(importlib.import_module("torch"), "nn", None) if _has("torch") else None
-    if torch_nn is not None and isinstance(model, torch_nn.Module):
-        seen = _torch_call_shapes(model, example_inputs)
-        for name, module in model.named_modules():
-            if isinstance(module, (torch_nn.LSTMCell, torch_nn.GRUCell)):
-                configs.add(name, (CELL_FRAMEWORK, _cell_spec(module, seen.get(id(module), (batch, seq_len))), None))
-            if isinstance(module, (torch_nn.LSTM, torch_nn.GRU)):
-                calls = seen.get(id(module), (batch, seq_len, 1))[2]
-                if calls > 1:
-                    configs.notes[len(configs)] = _loop_note(calls, seen[id(module)][1])
-                configs.add(name or type(module).__name__, (
-                    "torch",
-                    LayerSpec(
-                        cell="lstm" if isinstance(module, torch_nn.LSTM) else "gru",
-                        input_size=module.input_size, hidden_size=module.hidden_size, num_layers=module.num_layers,
-                        bidirectional=module.bidirectional, proj_size=getattr(module, "proj_size", 0),
-                        bias=module.bias, batch=seen.get(id(module), (batch, seq_len, 1))[0],
-                        seq_len=seen.get(id(module), (batch, seq_len, 1))[1],
-                    ),
-                    None,
-                ))  # fmt: skip
-        return configs
-    raise ValueError(f"{type(model).__name__} is neither a torch.nn.Module nor a Keras model")
-
-
-def _torch_call_shapes(model: Any, example_inputs: Any) -> dict[int, tuple[int, int, int]]:
-    """``id(module) -> (batch, seq_len, calls)`` of each nn.LSTM/GRU (a cell: seq_len = calls) called on
-    ``example_inputs`` in one forward (none given: {})."""
-    if example_inputs is None:
-        return {}
-    import torch
-
-    seen: dict[int, tuple[int, int, int]] = {}
-
-    def hook(module: Any, args: tuple) -> None:
-        data = getattr(args[0], "data", args[0])
-        calls = seen.get(id(module), (0, 0, 0))[2] + 1
-        if data.dim() == 3:
-            t, b = (data.shape[1], data.shape[0]) if module.batch_first else (data.shape[0], data.shape[1])
-            seen[id(module)] = (int(b), int(t), calls)
-
-    def cell_hook(module: Any, args: tuple) -> None:
-        steps = seen.get(id(module), (0, 0, 0))[1] + 1
-        seen[id(module)] = (int(args[0].shape[0]) if args[0].dim() == 2 else 1, steps, steps)
-
-    handles = [m.register_forward_pre_hook(hook) for m in model.modules() if isinstance(m, torch.nn.RNNBase)]
-    handles += [m.register_forward_pre_hook(cell_hook) for m in model.modules() if isinstance(m, torch.nn.RNNCellBase)]
-    try:
-        with torch.no_grad():
-            model(*(example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)))
-    finally:
-        for handle in handles:
-            handle.remove()
-    return seen
-
-
-def _loop_note(calls: int, seq_len: int) -> str:
-    return (
-        f"called {calls} times in one forward of the model, {seq_len} time step(s) per call: the kernel runs per "
-        "call, so every call's launches and Python overhead remain; where the model allows (encoders, teacher "
-        "forcing), pass the whole sequence in one call"
-    )
-
-
-#: the framework name of a torch LSTMCell/GRUCell row: a cell has no cuDNN or oneDNN kernel in PyTorch
-CELL_FRAMEWORK = "torch-cell"
-
-
-def _cell_spec(module: Any, batch_steps: tuple[int, ...]) -> LayerSpec:
-    """A cell as a one-layer spec whose length is its number of calls per forward (the steps of its loop)."""
-    import torch
-
-    return LayerSpec(
-        cell="gru" if isinstance(module, torch.nn.GRUCell) else "lstm", input_size=module.input_size,
-        hidden_size=module.hidden_size, bias=bool(module.bias), batch=batch_steps[0], seq_len=batch_steps[1],
-    )  # fmt: skip
 
 
 def cell_verdict(spec: LayerSpec, device: Any) -> Verdict:
@@ -228,98 +96,6 @@ def cell_verdict(spec: LayerSpec, device: Any) -> Verdict:
     )  # fmt: skip
 
 
-def _keras_input_shape(layer: Any) -> tuple[Any, ...] | None:
-    for get in (lambda: layer.input.shape, lambda: next(iter(layer._build_shapes_dict.values()))):
-        try:
-            shape = tuple(get())
-        except Exception:
-            continue
-        if len(shape) == 3:
-            return shape
-    return None
-
-
-def _keras_called_shapes(model: Any, example_inputs: Any) -> dict[int, tuple[int, int, bool]]:
-    """``id(layer) -> (batch, seq_len, initial state given)`` of each Keras LSTM/GRU called on
-    ``example_inputs`` (one inference call of the model, observed); none given: {}."""
-    if example_inputs is None:
-        return {}
-    import keras
-
-    from .calls import observe
-
-    shapes: dict[int, tuple[int, int, bool]] = {}
-    original = {cls: cls.inner_loop for cls in (keras.layers.LSTM, keras.layers.GRU)}
-    with observe() as seen:
-        count = len(seen.layers)
-
-        def noting(cls: Any) -> Any:  # a Keras layer class
-            spied = cls.inner_loop  # observe()'s spy, which describes the call into seen.layers
-
-            def inner_loop(self, *args: Any, **kwargs: Any) -> Any:
-                nonlocal count
-                result = spied(self, *args, **kwargs)
-                for _, spec, _ in seen.layers[count:]:
-                    shapes[id(self)] = (spec.batch, spec.seq_len, spec.initial_state)
-                count = len(seen.layers)
-                return result
-
-            return inner_loop
-
-        for cls in original:
-            cls.inner_loop = noting(cls)
-        try:
-            model(example_inputs, training=False)
-        finally:
-            for cls, spied in original.items():
-                cls.inner_loop = spied  # observe() puts the layers' own back when its block ends
-    return shapes
-
-
-def _keras_configs(model: Any, batch: int, seq_len: int, example_inputs: Any = None) -> list[Config]:
-    import keras
-
-    from .calls import _activation_name
-
-    configs = ModelConfigs()
-    called = _keras_called_shapes(model, example_inputs)
-    for layer in model._flatten_layers(include_self=True, recursive=True):
-        if isinstance(layer, (keras.layers.LSTM, keras.layers.GRU)) and layer.built:
-            cell = layer.cell
-            shape = _keras_input_shape(layer) or (None, None, None)
-            state = False
-            if id(layer) in called:
-                shape, state = (*called[id(layer)][:2], None), called[id(layer)][2]
-            guessed = [
-                f"{what} {value}"
-                for what, value, have in (("batch", batch, shape[0]), ("length", seq_len, shape[1]))
-                if not have
-            ]
-            framework = f"keras-{keras.backend.backend()}"
-            spec = LayerSpec(
-                cell="lstm" if isinstance(layer, keras.layers.LSTM) else "gru",
-                input_size=int(cell.kernel.shape[0]), hidden_size=int(cell.units), bias=bool(cell.use_bias),
-                reset_after=bool(getattr(cell, "reset_after", True)) or isinstance(layer, keras.layers.LSTM),
-                batch=int(shape[0] or batch), seq_len=int(shape[1] or seq_len), initial_state=bool(state),
-            )  # fmt: skip
-            options = KerasOptions(
-                backend=keras.backend.backend(), use_cudnn=layer.use_cudnn,
-                implementation=int(getattr(cell, "implementation", 2)),
-                activation=_activation_name(cell.activation),
-                recurrent_activation=_activation_name(cell.recurrent_activation),
-                recurrent_dropout=float(cell.recurrent_dropout), dropout=float(cell.dropout),
-                unroll=bool(layer.unroll), go_backwards=bool(layer.go_backwards),
-            )  # fmt: skip
-            if guessed:
-                configs.notes[len(configs)] = (
-                    f"the model leaves its {' and '.join(w.split()[0] for w in guessed)} open (None): reported at "
-                    f"{', '.join(guessed)} (--batch/--seq-len, or report(model, example_inputs) for the shapes of "
-                    "a real call); small batches decide CPU vs GPU"
-                )
-            configs.add(layer.name, (framework, spec, options))
-    return configs
-
-
 def falls_back(row: ReportRow) -> bool:
     """Whether the layer leaves the device's fast kernel: on a GPU anything but cuDNN; on the CPU a PyTorch
     LSTM off oneDNN (the CPU has no faster kernel for the other layers)."""
@@ -329,68 +105,6 @@ def falls_back(row: ReportRow) -> bool:
     if verdict.device.startswith("cuda"):
         return verdict.kernel != "cudnn"
     return verdict.framework in ("torch", CELL_FRAMEWORK) and verdict.spec.cell == "lstm" and verdict.kernel != "onednn"
-
-
-def _has(name: str) -> bool:
-    return importlib.util.find_spec(name) is not None
-
-
-def load_configs(source: str, batch: int = 4, seq_len: int = 10) -> list[Config]:
-    """Configs from a JSON file (a list of dicts) or ``package.module:attribute`` (a list, model or callable)."""
-    path = Path(source)
-    if path.suffix == ".json" or path.exists():
-        try:
-            data = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            raise ValueError(f"{source}: cannot read a JSON list of layer configs: {exc}") from None
-        if not isinstance(data, list):
-            raise ValueError(f"{source}: expected a JSON list of layer configs")
-        return [config_from_dict(item) for item in data]
-    module_name, _, attribute = source.partition(":")
-    import os
-    import sys
-
-    if "" not in sys.path and os.getcwd() not in sys.path:  # as `python -m` and pytest do: the current folder
-        sys.path.insert(0, os.getcwd())
-    with quiet_tensorflow_import():  # the module may import Keras on TensorFlow, now or in its factory
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError as exc:
-            raise ValueError(f"{source}: cannot import {module_name!r}: {exc}") from None
-        obj = getattr(module, attribute or "CONFIGS", None)
-        if obj is None:
-            candidates = _model_candidates(module)
-            if not attribute:
-                named = ", ".join(f"{module_name}:{c}" for c in candidates)
-                raise ValueError(
-                    f"{source}: name what to report as {module_name}:ATTRIBUTE (a model, a model class or a "
-                    f"factory, or a list of layer dicts); {module_name} has no CONFIGS list"
-                    + (f"; candidates: {named}" if candidates else "")
-                )
-            raise ValueError(
-                f"{source}: {module_name} has no attribute {attribute!r}"
-                + (f" (candidates: {', '.join(candidates)})" if candidates else "")
-            )
-        is_model = hasattr(obj, "modules") or hasattr(obj, "_flatten_layers")
-        if isinstance(obj, type) or (callable(obj) and not is_model):
-            obj = obj()  # a model class or a factory: the model it builds
-        if isinstance(obj, list):
-            return [item if isinstance(item, tuple) else config_from_dict(item) for item in obj]
-        return configs_from_model(obj, batch=batch, seq_len=seq_len)
-
-
-def _model_candidates(module: Any) -> list[str]:
-    """Names in ``module`` that look like what ``report`` takes: torch modules and their classes, Keras models,
-    and module-level functions defined there (factories)."""
-    out = []
-    for name, value in vars(module).items():
-        if name.startswith("_"):
-            continue
-        defined_here = getattr(value, "__module__", None) == module.__name__
-        is_model = hasattr(value, "modules") or hasattr(value, "_flatten_layers")
-        if (is_model and not isinstance(value, type)) or (defined_here and callable(value)):
-            out.append(name)
-    return out
 
 
 def _reference_slowdown(verdict: Verdict) -> tuple[str, str]:

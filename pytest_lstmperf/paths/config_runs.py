@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ..observation.eligibility import Config, ReportRow, configs_from_model
+from ..observation.eligibility import ReportRow
 from ..observation.eligibility import build_report as _rows
+from ..observation.model_configs import Config, configs_from_model
 from . import ExecutionPath
 
 if TYPE_CHECKING:
