@@ -296,7 +296,7 @@ def _crossover_paths(raw: str | None, kind: str) -> list[str]:
 def cmd_crossover(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from .workloads.workloads import crossover_sweep, crossovers, plot_sweep, sweep_label
+    from .workloads.crossover import crossover_sweep, crossovers, plot_sweep, sweep_label
 
     _, spec, _ = parse_layer(args.cell, args.layer, "torch")
     batches = _batches(args.batches)

@@ -50,24 +50,24 @@ FIGURES: dict[str, tuple[str, str, str, str]] = {
 def draw(name: str, folder: Path = IMG) -> Path:
     """Draw one figure of :data:`FIGURES` into ``folder`` (``docs/img``)."""
     sys.path.insert(0, str(ROOT))
-    from pytest_lstmperf.hooks import workloads as hw
-    from pytest_lstmperf.workloads import workloads as w
+    from pytest_lstmperf.workloads import crossover as cx
+    from pytest_lstmperf.workloads import report as wr
 
     source, kind, device, date = FIGURES[name]
     target = folder / name
     where = f"{device}, measured {date}"
     if kind == "crossover":
-        points = w.read_sweep_csv(DATA / source)
+        points = cx.read_sweep_csv(DATA / source)
         reference = points[0].path
         others = list(dict.fromkeys(p.path for p in points if p.path != reference))
         label = source.removeprefix("h100-crossover-").removesuffix(".csv")
-        w.plot_sweep(points, target, f"{label}, forward, against {reference}\n{where}",
-                     w.crossovers(points, reference, others))  # fmt: skip
+        cx.plot_sweep(points, target, f"{label}, forward, against {reference}\n{where}",
+                      cx.crossovers(points, reference, others))  # fmt: skip
         return target
     rows: list[dict[str, Any]] = json.loads((DATA / source).read_text(encoding="utf-8"))
     rows = [{**r, "hardware": where} for r in rows if r.get("kind") == kind]
-    plotter = {"overhead": hw._plot_overhead, "precision": hw._plot_precision, "scaling": hw._plot_scaling,
-               "bucketing": hw._plot_bucketing}[kind]  # fmt: skip
+    plotter = {"overhead": wr.plot_overhead, "precision": wr.plot_precision, "scaling": wr.plot_scaling,
+               "bucketing": wr.plot_bucketing}[kind]  # fmt: skip
     with tempfile.TemporaryDirectory() as folder:
         drawn = plotter(Path(folder), rows)
         if drawn is None:

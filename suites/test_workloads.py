@@ -42,7 +42,7 @@ from pytest_lstmperf.numerics.checks import check_against, check_trace  # noqa: 
 from pytest_lstmperf.numerics.equivalence import verify_path  # noqa: E402
 from pytest_lstmperf.numerics.path_specs import checkable_spec  # noqa: E402
 from pytest_lstmperf.numerics.tolerance import tolerance  # noqa: E402
-from pytest_lstmperf.workloads import workloads  # noqa: E402
+from pytest_lstmperf.workloads import crossover, overhead, timing, varlen  # noqa: E402
 
 # ------------------------------------------------------------------------------------------- settings
 # (count, max_len, batch, input, hidden) per device kind and set
@@ -111,9 +111,9 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     config = metafunc.config
     kind, set_name = _kind(config), bench_set(config)
     if "distribution" in metafunc.fixturenames:
-        metafunc.parametrize("distribution", workloads.LENGTH_DISTRIBUTIONS)
+        metafunc.parametrize("distribution", varlen.LENGTH_DISTRIBUTIONS)
     if "varlen_mode" in metafunc.fixturenames:
-        metafunc.parametrize("varlen_mode", workloads.MODES)
+        metafunc.parametrize("varlen_mode", varlen.MODES)
     if "overhead_shape" in metafunc.fixturenames:
         cells = ("lstm", "gru") if set_name == "thorough" else ("lstm",)
         shapes = [(c, *s) for c in cells for s in OVERHEAD[(kind, set_name)]]
@@ -128,18 +128,18 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 
 @pytest.fixture(scope="module")
-def varlen_workloads(lstmperf: Any, pytestconfig: pytest.Config) -> dict[str, workloads.VarLenWorkload]:
+def varlen_workloads(lstmperf: Any, pytestconfig: pytest.Config) -> dict[str, varlen.VarLenWorkload]:
     count, max_len, batch, input_size, hidden = VARLEN[(lstmperf.device.kind, bench_set(pytestconfig))]
     out = {}
-    for dist in workloads.LENGTH_DISTRIBUTIONS:
-        lengths = workloads.draw_lengths(count, max_len, dist, lstmperf.seed)
-        out[dist] = workloads.VarLenWorkload(
+    for dist in varlen.LENGTH_DISTRIBUTIONS:
+        lengths = varlen.draw_lengths(count, max_len, dist, lstmperf.seed)
+        out[dist] = varlen.VarLenWorkload(
             "lstm", input_size, hidden, lengths, batch, device=lstmperf.device.torch_device, seed=lstmperf.seed
         )
     return out
 
 
-def _workload_name(wl: workloads.VarLenWorkload, dist: str) -> str:
+def _workload_name(wl: varlen.VarLenWorkload, dist: str) -> str:
     return f"{dist} n={len(wl.lengths)} max={int(wl.lengths.max())} B={wl.batch} H={wl.hidden_size}"
 
 
@@ -158,8 +158,8 @@ def test_padding_packing_bucketing_agree(varlen_workloads: dict, distribution: s
                      seq_len=int(wl.lengths.max()))  # fmt: skip
     bound = tolerance(_device_precision(wl.dev.type), "forward", spec)
     failures = []
-    for mode in workloads.MODES:
-        err = workloads.max_relative_error(wl.results(mode), reference)
+    for mode in varlen.MODES:
+        err = varlen.max_relative_error(wl.results(mode), reference)
         if not err <= bound.rel:
             failures.append(f"{mode}: max relative error {err:.3e} > bound {bound.rel:.3e} ({bound.explain()})")
     assert not failures, f"{_workload_name(wl, distribution)}:\n" + "\n".join(failures)
@@ -187,7 +187,7 @@ def test_padding_packing_bucketing_speed(
         seconds = benchmark.stats.stats.median
     else:  # pytest-benchmark disables itself under pytest-xdist or --benchmark-disable
         benchmark.pedantic(epoch)
-        seconds = workloads.median_time(epoch, wl.synchronize, repeats=5, warmup=0)
+        seconds = timing.median_time(epoch, wl.synchronize, repeats=5, warmup=0)
     add_row(request, "bucketing", workload=_workload_name(wl, distribution), mode=varlen_mode,
             work_ratio=work.ratio, wasted=work.wasted, seconds=seconds,
             buckets=len(wl.bounds) if varlen_mode == "bucketed" else "-")  # fmt: skip
@@ -200,7 +200,7 @@ def test_crossover(lstmperf: Any, pytestconfig: pytest.Config, request: pytest.F
     spec, names = CROSSOVER[kind]
     devices = {"cpu": resolve_device("cpu"), kind: lstmperf.device}
     batches = CROSSOVER_BATCHES[bench_set(pytestconfig)]
-    points = workloads.crossover_sweep(spec, batches, names, devices, repeats=5, seed=lstmperf.seed)
+    points = crossover.crossover_sweep(spec, batches, names, devices, repeats=5, seed=lstmperf.seed)
     problems = []
     for point in points:
         path = registry.get(point.path)
@@ -211,16 +211,16 @@ def test_crossover(lstmperf: Any, pytestconfig: pytest.Config, request: pytest.F
         if not _same_kernel(point.kernel, f"{family}/{precision}"):
             problems.append(f"{point.path} batch {point.batch}: expected {family}/{precision}, observed {point.kernel}")
     fast, slow = (names[1:], names[0])
-    marks = workloads.crossovers(points, slow, fast)
+    marks = crossover.crossovers(points, slow, fast)
     plot = None
     report_dir = pytestconfig.getoption("lstmperf_report", None)
     if report_dir:
         from pathlib import Path
 
         Path(report_dir).mkdir(parents=True, exist_ok=True)
-        title = f"{workloads.sweep_label(spec)}, forward, against {slow}\n{lstmperf.device.describe()}"
-        plot = str(workloads.plot_sweep(points, Path(report_dir) / f"crossover-{kind}.png", title, marks))
-    add_row(request, "crossover", shape=workloads.sweep_label(spec), against=slow, crossover=marks, plot=plot,
+        title = f"{crossover.sweep_label(spec)}, forward, against {slow}\n{lstmperf.device.describe()}"
+        plot = str(crossover.plot_sweep(points, Path(report_dir) / f"crossover-{kind}.png", title, marks))
+    add_row(request, "crossover", shape=crossover.sweep_label(spec), against=slow, crossover=marks, plot=plot,
             points=[p.__dict__ for p in points])  # fmt: skip
     assert not problems, "\n".join(problems)
 
@@ -254,14 +254,14 @@ def test_framework_overhead(lstmperf: Any, overhead_shape: tuple, request: pytes
             raw_s=result.raw_s, ratio=result.ratio, host_s=result.host_s, kernels=result.kernels)  # fmt: skip
 
 
-_RAW_COSTS: dict[tuple, workloads.Overhead] = {}
+_RAW_COSTS: dict[tuple, overhead.Overhead] = {}
 
 
-def _raw_cost(shape: tuple, device: str) -> workloads.Overhead:
+def _raw_cost(shape: tuple, device: str) -> overhead.Overhead:
     """The torch module / ATen op / graph replay costs of one shape, measured once per run."""
     if (shape, device) not in _RAW_COSTS:
         cell, hidden, batch, seq = shape
-        _RAW_COSTS[(shape, device)] = workloads.measure_overhead(cell, hidden, hidden, 1, batch, seq, device)
+        _RAW_COSTS[(shape, device)] = overhead.measure_overhead(cell, hidden, hidden, 1, batch, seq, device)
     return _RAW_COSTS[(shape, device)]
 
 
@@ -324,7 +324,7 @@ def test_compiled_and_onnx_overhead(
     replay on CUDA, the ATen op on the CPU): 15 synchronised forward calls after the path's warm-up (compiling
     and exporting are not timed); the path must run its claimed kernel."""
     path, spec, raw, run, trace = _overhead_run(lstmperf, overhead_shape, exported_overhead_path, training=False)
-    seconds, _ = workloads.paired_median_times([run.forward, run.forward], run.synchronize, repeats=15)
+    seconds, _ = timing.paired_median_times([run.forward, run.forward], run.synchronize, repeats=15)
     _overhead_row(request, lstmperf, overhead_shape, path.name, path, spec, raw, trace, seconds,
                   precision=path.precision, note=trace.detail)  # fmt: skip
 
@@ -351,9 +351,9 @@ def test_precision_speed_and_error(lstmperf: Any, precision_case: tuple, request
     if path.framework == "onnxruntime":
         # ONNX Runtime's thread pool and torch's OpenMP threads slow each other when called in alternation in
         # one process (torch's CPU LSTM 50-500x slower on a 2-core machine): each is timed on its own, in turn
-        seconds, *fp32_s = (workloads.median_time(c, run.synchronize, PRECISION_REPEATS) for c in calls)
+        seconds, *fp32_s = (timing.median_time(c, run.synchronize, PRECISION_REPEATS) for c in calls)
     else:
-        seconds, *fp32_s = workloads.paired_median_times(calls, run.synchronize, repeats=PRECISION_REPEATS)
+        seconds, *fp32_s = timing.paired_median_times(calls, run.synchronize, repeats=PRECISION_REPEATS)
     if name == fp32_path.name:
         fp32_s = [seconds]
     device_s = None

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from plot_checks import figure_problems, titles
 
-from pytest_lstmperf.hooks import workloads as hw
 from pytest_lstmperf.speed import report, report_plots
-from pytest_lstmperf.workloads import workloads as w
+from pytest_lstmperf.workloads import crossover as cx
+from pytest_lstmperf.workloads import report as wr
 
 DATA = Path(__file__).resolve().parents[1] / "docs" / "data"
 CPU = "CPU: AMD EPYC, 2 threads"
@@ -33,14 +33,14 @@ def drawn(monkeypatch: pytest.MonkeyPatch) -> list:
     close("all")
 
 
-def _cpu_sweep() -> tuple[list[w.SweepPoint], dict[str, int | None]]:
+def _cpu_sweep() -> tuple[list[cx.SweepPoint], dict[str, int | None]]:
     """The four CPU paths of ``lstmperf crossover --device=cpu``, two of them winning from batch 1."""
     curves = {"torch-cpu-native": (2.0, 0.9), "torch-cpu-onednn": (1.0, 0.8), "torch-cpu-autocast-bf16": (0.9, 0.8),
               "torch-cpu-native-autocast-bf16": (3.0, 0.9)}  # fmt: skip
-    points = [w.SweepPoint(name, b, a * b**e * 1e-3, "k") for b in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+    points = [cx.SweepPoint(name, b, a * b**e * 1e-3, "k") for b in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
               for name, (a, e) in curves.items()]  # fmt: skip
     names = list(curves)
-    return points, w.crossovers(points, names[0], names[1:])
+    return points, cx.crossovers(points, names[0], names[1:])
 
 
 def _cpu_overhead_rows() -> list[dict]:
@@ -64,7 +64,7 @@ def _committed(kind: str, name: str) -> list[dict]:
 def test_crossover_with_two_paths_winning_from_the_same_batch(drawn: list, tmp_path: Path) -> None:
     points, marks = _cpu_sweep()
     assert marks["torch-cpu-onednn"] == marks["torch-cpu-autocast-bf16"] == 1  # the case that overlapped
-    w.plot_sweep(points, tmp_path / "c.png", "lstm-I32-H64-L1-T20, forward, against torch-cpu-native\ncpu", marks)
+    cx.plot_sweep(points, tmp_path / "c.png", "lstm-I32-H64-L1-T20, forward, against torch-cpu-native\ncpu", marks)
     (fig,) = drawn
     assert figure_problems(fig) == []
     ax = fig.axes[0]
@@ -80,15 +80,15 @@ def test_crossover_with_two_paths_winning_from_the_same_batch(drawn: list, tmp_p
 
 
 def test_crossover_from_a_committed_gpu_sweep(drawn: list, tmp_path: Path) -> None:
-    points = w.read_sweep_csv(DATA / "h100-crossover-lstm-I64-H256-L2-T100.csv")
-    marks = w.crossovers(points, "torch-cpu-onednn", ["torch-cudnn-default", "torch-cuda-generic"])
-    w.plot_sweep(points, tmp_path / "c.png", "lstm-I64-H256-L2-T100\ncuda:0 (" + "NVIDIA H100 80GB HBM3, " * 5, marks)
+    points = cx.read_sweep_csv(DATA / "h100-crossover-lstm-I64-H256-L2-T100.csv")
+    marks = cx.crossovers(points, "torch-cpu-onednn", ["torch-cudnn-default", "torch-cuda-generic"])
+    cx.plot_sweep(points, tmp_path / "c.png", "lstm-I64-H256-L2-T100\ncuda:0 (" + "NVIDIA H100 80GB HBM3, " * 5, marks)
     assert figure_problems(drawn[0]) == []
 
 
 def test_overhead_names_each_shape_once_and_nothing_overlaps(drawn: list, tmp_path: Path) -> None:
     rows = _cpu_overhead_rows()
-    assert hw._plot_overhead(tmp_path, rows) == tmp_path / "overhead.png"
+    assert wr.plot_overhead(tmp_path, rows) == tmp_path / "overhead.png"
     (fig,) = drawn
     assert figure_problems(fig) == []
     assert titles(fig)[0].startswith("framework overhead") and CPU in titles(fig)[0]
@@ -106,8 +106,8 @@ def test_overhead_names_each_shape_once_and_nothing_overlaps(drawn: list, tmp_pa
 
 def test_overhead_with_many_shapes_plots_against_the_raw_cost(drawn: list, tmp_path: Path) -> None:
     rows = _committed("overhead", "h200-overhead-precision.json")
-    assert len({r["shape"] for r in rows}) > hw.NAMED_SHAPES
-    assert hw._plot_overhead(tmp_path, rows) is not None
+    assert len({r["shape"] for r in rows}) > wr.NAMED_SHAPES
+    assert wr.plot_overhead(tmp_path, rows) is not None
     (fig,) = drawn
     assert figure_problems(fig) == []
     assert fig.axes[0].get_xlabel().startswith("raw cost, ms") and len(fig.axes[0].texts) == 0
@@ -115,14 +115,14 @@ def test_overhead_with_many_shapes_plots_against_the_raw_cost(drawn: list, tmp_p
 
 def test_precision_bucketing_and_scaling_have_titles_and_read_cleanly(drawn: list, tmp_path: Path) -> None:
     precision = _committed("precision", "h200-overhead-precision.json")
-    assert hw._plot_precision(tmp_path, precision) is not None
+    assert wr.plot_precision(tmp_path, precision) is not None
     bucketing = [{"kind": "bucketing", "workload": f"{d} n=96 max=50 B=16 H=64", "mode": m, "work_ratio": r,
                   "seconds": s, "hardware": CPU}
                  for d in ("uniform", "long-tailed")
                  for m, r, s in (("padded", 3.6, 0.026), ("packed", 1.0, 0.092), ("bucketed", 1.09, 0.15))]  # fmt: skip
-    assert hw._plot_bucketing(tmp_path, bucketing) is not None
+    assert wr.plot_bucketing(tmp_path, bucketing) is not None
     scaling = json.loads((DATA / "h200x2-scaling.json").read_text(encoding="utf-8"))
-    assert hw._plot_scaling(tmp_path, scaling) is not None
+    assert wr.plot_scaling(tmp_path, scaling) is not None
     assert len(drawn) == 3
     expected = ("precision (forward)", "padding vs packing vs bucketing", "scale-out training")
     for fig, start in zip(drawn, expected, strict=True):
@@ -188,7 +188,7 @@ def _workload_rows() -> list[dict]:
 @pytest.mark.parametrize("order", ["speed first", "workloads first"])
 def test_index_shows_every_plot_and_links_the_workload_page(tmp_path: Path, order: str) -> None:
     writers = [lambda: report.write_report(tmp_path, _speed_records(), device="cpu"),
-               lambda: hw.write_workload_report(tmp_path, _workload_rows())]  # fmt: skip
+               lambda: wr.write_workload_report(tmp_path, _workload_rows())]  # fmt: skip
     for write in writers if order == "speed first" else writers[::-1]:
         write()
     md = (tmp_path / "index.md").read_text(encoding="utf-8")
@@ -203,14 +203,14 @@ def test_index_shows_every_plot_and_links_the_workload_page(tmp_path: Path, orde
 
 
 def test_index_for_a_run_without_benchmarks(tmp_path: Path) -> None:
-    hw.write_workload_report(tmp_path, _workload_rows())
+    wr.write_workload_report(tmp_path, _workload_rows())
     md = (tmp_path / "index.md").read_text(encoding="utf-8")
     assert md.startswith("# ") and "[workloads.md](workloads.md)" in md and "](overhead.png)" in md
     assert 'src="bucketing.png"' in (tmp_path / "index.html").read_text(encoding="utf-8")
 
 
 def test_link_pages_is_idempotent(tmp_path: Path) -> None:
-    hw.write_workload_report(tmp_path, _workload_rows())
+    wr.write_workload_report(tmp_path, _workload_rows())
     first = (tmp_path / "index.md").read_text(encoding="utf-8")
     report.link_pages(tmp_path)
     report.link_pages(tmp_path)

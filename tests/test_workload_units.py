@@ -9,7 +9,11 @@ import numpy as np
 import pytest
 from forked_pytest import runpytest_forked
 
-from pytest_lstmperf.workloads import workloads as w
+from pytest_lstmperf.speed.report_plots import find_crossover
+from pytest_lstmperf.workloads import crossover as cx
+from pytest_lstmperf.workloads import varlen as w
+from pytest_lstmperf.workloads.overhead import measure_overhead
+from pytest_lstmperf.workloads.timing import paired_median_times
 
 pytest_plugins = ["pytester"]
 
@@ -98,14 +102,14 @@ def test_work_ratio_by_hand() -> None:
     ({1: 1.0, 4: 4.0}, {2: 1.0, 8: 1.0}, None),  # no batch measured on both
 ])  # fmt: skip
 def test_find_crossover(cpu: dict, gpu: dict, expected: int | None) -> None:
-    assert w.find_crossover(cpu, gpu) == expected
+    assert find_crossover(cpu, gpu) == expected
 
 
 def test_crossovers_from_points() -> None:
-    points = [w.SweepPoint("cpu", b, b * 1e-3) for b in (1, 2, 4)]
-    points += [w.SweepPoint("gpu", b, 2.5e-3) for b in (1, 2, 4)]
-    points += [w.SweepPoint("gpu2", b, None, note="unavailable") for b in (1, 2, 4)]
-    assert w.crossovers(points, "cpu", ["gpu", "gpu2"]) == {"gpu": 4, "gpu2": None}
+    points = [cx.SweepPoint("cpu", b, b * 1e-3) for b in (1, 2, 4)]
+    points += [cx.SweepPoint("gpu", b, 2.5e-3) for b in (1, 2, 4)]
+    points += [cx.SweepPoint("gpu2", b, None, note="unavailable") for b in (1, 2, 4)]
+    assert cx.crossovers(points, "cpu", ["gpu", "gpu2"]) == {"gpu": 4, "gpu2": None}
 
 
 # ------------------------------------------------------------------------------------------- runners
@@ -133,7 +137,7 @@ def test_varlen_error_sees_a_wrong_result() -> None:
 
 
 def test_overhead_on_cpu() -> None:
-    result = w.measure_overhead("lstm", 8, 16, 1, 2, 5, "cpu", repeats=3)
+    result = measure_overhead("lstm", 8, 16, 1, 2, 5, "cpu", repeats=3)
     assert result.graph_s is None and result.raw_s == result.op_s and result.kernels > 0
     assert result.module_s > 0 and result.ratio == result.module_s / result.op_s
 
@@ -305,7 +309,7 @@ def test_vs_generic_reference_is_fixed_whatever_arrives_first() -> None:
 
 def test_paired_times_alternate_the_calls() -> None:
     order: list[str] = []
-    a, b = w.paired_median_times([lambda: order.append("a"), lambda: order.append("b")], lambda: None, 3, 1)
+    a, b = paired_median_times([lambda: order.append("a"), lambda: order.append("b")], lambda: None, 3, 1)
     assert order == ["a", "b"] * 4 and a >= 0 and b >= 0
 
 
@@ -318,7 +322,7 @@ def _precision_row(path: str, seconds: float, fp32_s: float, workers: int = 1) -
 def test_precision_ratio_is_the_paired_one_and_xdist_is_noted() -> None:
     """vs fp32 divides the fp32 time taken in alternation with the row, not another row's time taken at
     another moment (the 470x of a -n 2 run); rows measured under pytest-xdist carry a note."""
-    from pytest_lstmperf.hooks.workloads import notes, sections
+    from pytest_lstmperf.workloads.report import notes, sections
 
     rows = [_precision_row("torch-cpu-onednn", 0.149, 0.149, workers=2),
             _precision_row("torch-cpu-autocast-bf16", 0.5e-3, 0.6e-3, workers=2)]  # fmt: skip
@@ -331,7 +335,7 @@ def test_precision_ratio_is_the_paired_one_and_xdist_is_noted() -> None:
 
 
 def test_keras_overhead_rows_say_what_their_ratio_holds() -> None:
-    from pytest_lstmperf.hooks.workloads import notes
+    from pytest_lstmperf.workloads.report import notes
 
     base = {"kind": "overhead", "shape": "lstm-H64-B1-T20", "device": "cpu", "module_s": 1e-3, "op_s": 1e-3,
             "raw_s": 1e-3, "ratio": 1.0, "host_s": 0.0, "kernels": 4}  # fmt: skip
@@ -350,10 +354,10 @@ def test_sweep_label_drops_the_swept_batch_and_csv_round_trips(tmp_path) -> None
     from pytest_lstmperf.cli import _write_sweep
     from pytest_lstmperf.model.spec import LayerSpec
 
-    assert w.sweep_label(LayerSpec(input_size=32, hidden_size=64, batch=1, seq_len=20)) == "lstm-I32-H64-L1-T20"
-    points = [w.SweepPoint("a", 1, 1e-3, "onednn/fp32"), w.SweepPoint("b", 1, None, "failed", "OOM")]
+    assert cx.sweep_label(LayerSpec(input_size=32, hidden_size=64, batch=1, seq_len=20)) == "lstm-I32-H64-L1-T20"
+    points = [cx.SweepPoint("a", 1, 1e-3, "onednn/fp32"), cx.SweepPoint("b", 1, None, "failed", "OOM")]
     _write_sweep(tmp_path, points, {})
-    assert w.read_sweep_csv(tmp_path / "crossover.csv") == points
+    assert cx.read_sweep_csv(tmp_path / "crossover.csv") == points
 
 
 # ------------------------------------------------------------------------------------------- plots that read
@@ -418,16 +422,16 @@ def test_every_plot_reads_cleanly(drawn: list, tmp_path) -> None:
     """Each plot of the workload report, the crossover and the speed report, drawn from data like a CPU run's
     (sub-decade and multi-decade log axes, long titles): no tick labels overlap, nothing leaves the figure,
     and the precision legend leaves the panel most of the width."""
-    from pytest_lstmperf.hooks import workloads as wp
     from pytest_lstmperf.speed import report_plots
+    from pytest_lstmperf.workloads import report as wr
 
     rows = _workload_rows()
-    for plot in (wp._plot_precision, wp._plot_overhead, wp._plot_bucketing, wp._plot_scaling):
+    for plot in (wr.plot_precision, wr.plot_overhead, wr.plot_bucketing, wr.plot_scaling):
         assert plot(tmp_path, [r for r in rows if r["kind"] == plot.__name__.split("_")[-1]]) is not None
-    points = [w.SweepPoint(p, b, s * b ** e * 1e-3, "k") for p, s, e in (("native", 16, 0.5), ("onednn", 0.4, 1.0))
+    points = [cx.SweepPoint(p, b, s * b ** e * 1e-3, "k") for p, s, e in (("native", 16, 0.5), ("onednn", 0.4, 1.0))
               for b in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)]  # fmt: skip
     long_title = "lstm-I64-H256-L2-T100, forward, against onednn\ncuda:0 (" + "NVIDIA H100 80GB HBM3, " * 5 + ")"
-    w.plot_sweep(points, tmp_path / "c.png", long_title, w.crossovers(points, "native", ["onednn"]))
+    cx.plot_sweep(points, tmp_path / "c.png", long_title, cx.crossovers(points, "native", ["onednn"]))
     records = [_bench_record(f"torch-cpu-native-B{b}", 1e-3 * b) | {"extra_info": {
         "path": "torch-cpu-native", "device": "cpu", "mode": "forward", "sweeps": ["batch"], "spec": {"batch": b},
         "time_per_call_s": 1e-3 * b ** 0.7}} for b in (1, 4, 16, 64)]  # fmt: skip
@@ -515,7 +519,7 @@ def test_crossover_on_the_cpu_sweeps_the_cpu_paths(tmp_path, capsys: pytest.Capt
     ran = [p for p in data["points"] if p["seconds"]]
     assert {p["path"] for p in ran} >= {"torch-cpu-native", "torch-cpu-onednn"}
     assert all(p["kernel"] == claimed[p["path"]] for p in ran), ran
-    assert (out / "crossover.png").stat().st_size > 0 and len(w.read_sweep_csv(out / "crossover.csv")) == 8
+    assert (out / "crossover.png").stat().st_size > 0 and len(cx.read_sweep_csv(out / "crossover.csv")) == 8
 
 
 # ------------------------------------------------------------------------------------------- progress and headers

@@ -1,6 +1,7 @@
 """Results of the seed-workload suite (``suites/test_workloads.py``): collected from every test (also from
 pytest-xdist workers, through the reports' ``user_properties``), printed as tables at the end of the run and
-written with plots into ``--lstmperf-report=DIR`` (``workloads.md`` and PNGs).
+written with plots into ``--lstmperf-report=DIR`` (``workloads.md`` and PNGs); the tables, notes and plots are
+made by :mod:`pytest_lstmperf.workloads.report`.
 
 A test adds a row with :func:`add_row`; ``kind`` is one of ``bucketing``, ``crossover``, ``overhead``,
 ``precision``.
@@ -9,16 +10,14 @@ A test adds a row with :func:`add_row`; ``kind`` is one of ``bucketing``, ``cros
 from __future__ import annotations
 
 import json
-import math
 import os
-import statistics
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from ..speed.report_plots import plain_log_scale
+from ..workloads.report import TITLES, notes, sections, table, write_workload_report
 
 PROPERTY = "lstmperf_workload"
 ROWS_KEY = pytest.StashKey[list[dict[str, Any]]]()
@@ -120,166 +119,6 @@ class PartProgress:
         reporter.currentfspath = None  # the next progress dot starts a fresh line with its file name
 
 
-def _ms(seconds: float | None) -> str:
-    return "-" if seconds is None else f"{seconds * 1e3:.3f}"
-
-
-def _table(header: list[str], rows: list[list[str]]) -> list[str]:
-    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
-    lines = ["  ".join(str(c).ljust(w) for c, w in zip(header, widths, strict=True)).rstrip()]
-    lines.append("  ".join("-" * w for w in widths))
-    lines += ["  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows]
-    return lines
-
-
-def _ratio(reference: float | None, value: float | None) -> float | None:
-    return reference / value if reference and value else None
-
-
-def sections(rows: list[dict[str, Any]]) -> dict[str, tuple[list[str], list[list[str]]]]:
-    """Per kind, (header, rows) of the summary tables."""
-    by_kind: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for row in rows:
-        by_kind[row["kind"]].append(row)
-    out: dict[str, tuple[list[str], list[list[str]]]] = {}
-    if by_kind["bucketing"]:
-        groups: dict[str, dict[str, dict[str, Any]]] = defaultdict(dict)
-        for r in by_kind["bucketing"]:
-            groups[r["workload"]][r["mode"]] = r
-        table = []
-        for workload, modes in sorted(groups.items()):
-            padded = modes.get("padded", {}).get("seconds")
-            for mode in ("padded", "packed", "bucketed"):
-                entry = modes.get(mode)
-                if not entry:
-                    continue
-                speedup = f"{padded / entry['seconds']:.2f}x" if padded and entry.get("seconds") else "-"
-                table.append([workload, mode, f"{entry['work_ratio']:.2f}", f"{100 * entry['wasted']:.0f}%",
-                              _ms(entry.get("seconds")), speedup, str(entry.get("buckets", "-"))])  # fmt: skip
-        header = ["workload", "mode", "work/ideal", "wasted", "epoch ms", "vs padded", "buckets"]
-        out["bucketing"] = (header, table)
-    if by_kind["crossover"]:
-        table = []
-        for r in by_kind["crossover"]:
-            for name, batch in r["crossover"].items():
-                table.append([r["shape"], name, r["against"], "never" if batch is None else str(batch)])
-        out["crossover"] = (["shape", "path", "against", "wins from batch"], table)
-    if by_kind["overhead"]:
-        table = [
-            [r["shape"], r["device"], r.get("framework", "torch"), r.get("ran", "-"), _ms(r["module_s"]),
-             _ms(r["op_s"]), _ms(r.get("raw_s", r.get("graph_s") or r["op_s"])), f"{r['ratio']:.2f}x",
-             _ms(r["host_s"]), str(r["kernels"])]
-            for r in sorted(by_kind["overhead"], key=lambda r: (r["shape"], r.get("framework", "torch")))
-        ]  # fmt: skip
-        header = ["shape", "device", "framework", "ran", "call ms", "aten op ms", "raw ms", "call/raw",
-                  "above raw ms", "distinct kernels"]  # fmt: skip
-        out["overhead"] = (header, table)
-    if by_kind["precision"]:
-        fp32 = {r["shape"]: r for r in by_kind["precision"] if r["claimed"].endswith("/fp32")}
-        for r in by_kind["precision"]:
-            r["speedup"] = _ratio(r.get("fp32_s"), r.get("seconds"))  # paired: timed in alternation
-            r["device_speedup"] = _ratio(fp32.get(r["shape"], {}).get("device_s"), r.get("device_s"))
-        table = [
-            [r["shape"], r["path"], r["observed"], _ms(r["seconds"]), _ms(r.get("fp32_s")),
-             f"{r['speedup']:.2f}x" if r.get("speedup") else "-", _ms(r.get("device_s")),
-             f"{r['device_speedup']:.2f}x" if r.get("device_speedup") else "-", f"{r['error']:.2e}",
-             f"{r['bound']:.2e}"]
-            for r in sorted(by_kind["precision"], key=lambda r: (r["shape"], r["path"]))
-        ]  # fmt: skip
-        header = ["shape", "path", "ran", "forward ms", "fp32 ms (paired)", "vs fp32", "device ms",
-                  "device vs fp32", "max rel error", "bound"]  # fmt: skip
-        out["precision"] = (header, table)
-    if by_kind["scaling"]:
-        table = [
-            [r["strategy"], r["data"], r["backend"], str(r["world"]), f"{r['throughput']:.4g}", f"{r['speedup']:.2f}x",
-             f"{100 * r['efficiency']:.0f}%", f"{r['vs_plain']:.2f}x" if r.get("vs_plain") else "-",
-             "-" if r.get("comm_share") is None else f"{100 * r['comm_share']:.0f}%", r["model"],
-             r.get("note") or "-"]
-            for r in sorted(by_kind["scaling"], key=lambda r: (r["strategy"], r["data"], r["world"]))
-        ]  # fmt: skip
-        header = ["strategy", "data", "backend", "ranks", "steps/s", "speedup", "efficiency", "vs plain", "comm",
-                  "model", "note"]  # fmt: skip
-        out["scaling"] = (header, table)
-    return out
-
-
-def notes(rows: list[dict[str, Any]]) -> dict[str, list[str]]:
-    """Per kind, what a reader must know to read the figures right (how they were measured, what differs)."""
-    by_kind: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for row in rows:
-        by_kind[row["kind"]].append(row)
-    out: dict[str, list[str]] = defaultdict(list)
-    if by_kind["precision"]:
-        ref = by_kind["precision"][0].get("fp32_path", "the fp32 path")
-        out["precision"].append(
-            f"forward ms: median of 15 forward calls without autograd, each path timed in alternation with {ref} "
-            "on the same inputs (fp32 ms); vs fp32 is the ratio of that pair. Device ms: CUDA-graph replay."
-        )
-        if any(r["path"].startswith("onnxruntime") for r in by_kind["precision"]):
-            out["precision"].append(
-                "onnxruntime-* rows: the path and the fp32 path timed one after the other, not in alternation "
-                "(ONNX Runtime's thread pool and torch's OpenMP threads slow each other when alternated in one "
-                "process); the rows are for inference specs (-eval), ONNX Runtime having no backward pass."
-            )
-    if by_kind["overhead"]:
-        out["overhead"] += _overhead_notes(by_kind["overhead"])
-    for kind, mine in [(kind, mine) for kind, mine in by_kind.items() if mine]:
-        shared = max(mine, key=lambda r: r.get("workers", 1))
-        if shared.get("workers", 1) > 1:
-            out[kind].append(
-                f"measured under pytest-xdist: {shared['workers']} workers on {shared['cores']} cores ran tests "
-                "at the same time, so these times include their contention and differ from a serial run "
-                "(run without -n for figures to compare)."
-            )
-    return dict(out)
-
-
-def _overhead_notes(rows: list[dict[str, Any]]) -> list[str]:
-    lines = ["call ms and aten op ms: median of 15 calls each, the module and the op timed in alternation."]
-    if any(r.get("framework", "torch").startswith("torch-compile") or r.get("framework", "").startswith("onnx")
-           for r in rows):  # fmt: skip
-        lines.append(
-            "torch-compile-* and onnxruntime-* rows: median of 15 synchronised forward calls in the test process, "
-            "after the path's warm-up (compiling and exporting are not timed); ONNX Runtime's call includes its "
-            "copies from and to host arrays. A torch.compile row that ran the eager kernel (Dynamo graph-breaks "
-            "on the layer) measures what compiling adds around it: guard checks, the graph break, no CUDA graph."
-        )
-    if any(r.get("framework", "torch").startswith("keras") for r in rows):
-        lines.append(
-            "Keras rows: the call is timed inside the backend's worker process (15 synchronised calls after 3 "
-            "warm-up calls, no pipe round trip in the figure); the raw cost is the torch layer's, measured in the "
-            "test process."
-        )
-    torch_ran = {r["shape"]: r.get("ran", "") for r in rows if r.get("framework", "torch") == "torch"}
-    differ: dict[tuple[str, str, str], list[str]] = defaultdict(list)
-    for r in rows:
-        raw = torch_ran.get(r["shape"], "")
-        if r.get("framework", "torch") != "torch" and raw and r.get("ran", "").split("/")[0] != raw.split("/")[0]:
-            differ[(r["framework"], r.get("ran", ""), raw)].append(r["shape"])
-    for (framework, ran, raw), shapes in sorted(differ.items()):
-        why = {
-            "keras-torch": " (Keras on the torch backend calls torch's fused kernel only on CUDA; on the CPU it runs "
-            "its own step loop)",
-            "keras-jax": " (Keras on JAX runs an XLA-compiled loop, and cuDNN only for an LSTM on a GPU)",
-        }.get(framework, "")
-        lines.append(
-            f"{framework} ran {ran} ({', '.join(shapes)}) where the raw cost is torch's {raw} op: its call/raw "
-            f"includes the difference of kernels, not only framework overhead{why}."
-        )
-    return lines
-
-
-TITLES = {
-    "bucketing": "padding vs packing vs bucketing (training epoch)",
-    "crossover": "CPU/GPU crossover (forward)",
-    "overhead": "framework overhead against the raw cost: a CUDA-graph replay of the cuDNN call on a GPU, the ATen "
-    "op on the CPU (forward)",
-    "precision": "precision: speed and error side by side (forward)",
-    "scaling": "scale-out training: throughput per number of ranks (speedup over one rank of the same strategy; "
-    "vs plain: over plain single-device training of the same batch)",
-}
-
-
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
     if hasattr(config, "workerinput"):
         return
@@ -288,9 +127,9 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         return
     terminalreporter.section("lstmperf workloads")
     remarks = notes(rows)
-    for kind, (header, table) in sections(rows).items():
+    for kind, (header, cells) in sections(rows).items():
         terminalreporter.write_line(TITLES[kind])
-        for line in _table(header, table):
+        for line in table(header, cells):
             terminalreporter.write_line("  " + line)
         for remark in remarks.get(kind, []):
             terminalreporter.write_line(f"  note: {remark}")
@@ -302,227 +141,3 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
             terminalreporter.write_line(f"workload report written to {path}")
         except OSError as exc:
             terminalreporter.write_line(f"--lstmperf-report={report_dir}: could not write the workload report: {exc}")
-
-
-def write_workload_report(out: Path, rows: list[dict[str, Any]]) -> Path:
-    """``workloads.md`` with the tables, the crossover plots the suite wrote, and a bucketing bar chart."""
-    out.mkdir(parents=True, exist_ok=True)
-    lines = ["# Seed workloads", ""]
-    remarks = notes(rows)
-    for kind, (header, table) in sections(rows).items():
-        lines += [f"## {TITLES[kind]}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-        lines += ["| " + " | ".join(r) + " |" for r in table]
-        lines.append("")
-        lines += [f"* {remark}" for remark in remarks.get(kind, [])] + ([""] if remarks.get(kind) else [])
-        if kind == "bucketing":
-            png = _plot_bucketing(out, [r for r in rows if r["kind"] == "bucketing"])
-            if png:
-                lines += [f"![{TITLES[kind]}]({png.name})", ""]
-        plotter = {"scaling": _plot_scaling, "overhead": _plot_overhead, "precision": _plot_precision}.get(kind)
-        if plotter:
-            png = plotter(out, [r for r in rows if r["kind"] == kind])
-            if png:
-                lines += [f"![{TITLES[kind]}]({png.name})", ""]
-        if kind == "crossover":
-            for r in rows:
-                if r["kind"] == "crossover" and r.get("plot"):
-                    lines += [f"![crossover {r['shape']}]({Path(r['plot']).name})", ""]
-    path = out / "workloads.md"
-    path.write_text("\n".join(lines), encoding="utf-8")
-    (out / "workloads.json").write_text(json.dumps(rows, indent=1), encoding="utf-8")
-    from ..speed.report import link_pages
-
-    link_pages(out)  # the folder's index links this page and shows its plots
-    return path
-
-
-def _pyplot() -> Any:
-    """matplotlib's pyplot on the file-only Agg backend (reports are written on headless CI runners)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def _save(plt: Any, fig: Any, path: Path) -> Path:
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
-
-
-def _plot_bucketing(out: Path, rows: list[dict[str, Any]]) -> Path | None:
-    plt = _pyplot()
-
-    workloads = sorted({r["workload"] for r in rows})
-    if not workloads:
-        return None
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4.6))
-    width = 0.25
-    for i, mode in enumerate(("padded", "packed", "bucketed")):
-        ratios = [
-            next((r["work_ratio"] for r in rows if r["workload"] == w and r["mode"] == mode), 0) for w in workloads
-        ]
-        times = [
-            next((r["seconds"] or 0 for r in rows if r["workload"] == w and r["mode"] == mode), 0) for w in workloads
-        ]
-        xs = [x + (i - 1) * width for x in range(len(workloads))]
-        axes[0].bar(xs, ratios, width, label=mode)
-        axes[1].bar(xs, [t * 1e3 for t in times], width, label=mode)
-    for ax, label in ((axes[0], "computed steps / ideal steps"), (axes[1], "training epoch (ms)")):
-        ax.set_xticks(range(len(workloads)))
-        ax.set_xticklabels(workloads, fontsize=7)
-        ax.set_ylabel(label)
-        ax.legend(fontsize=8)
-    axes[0].set_title("padded work (1 = no padding)", fontsize=9)
-    axes[1].set_title("time of one training epoch", fontsize=9)
-    _titled(fig, "padding vs packing vs bucketing: one training epoch per dataset", rows)
-    fig.tight_layout()
-    return _save(plt, fig, out / "bucketing.png")
-
-
-def _plot_scaling(out: Path, rows: list[dict[str, Any]]) -> Path | None:
-    """Speedup against the number of ranks per strategy and data, with the ideal line; and throughput over
-    plain single-device training of the same batch (above 1: the GPUs paid off)."""
-    plt = _pyplot()
-
-    if not rows:
-        return None
-    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 5.4))
-    worlds = sorted({r["world"] for r in rows})
-    ax.plot(worlds, worlds, linestyle="--", color="grey", label="ideal")
-    ax2.axhline(1.0, linestyle="--", color="grey", label="plain single device")
-    for strategy, data in sorted({(r["strategy"], r["data"]) for r in rows}):
-        mine = sorted((r for r in rows if r["strategy"] == strategy and r["data"] == data), key=lambda r: r["world"])
-        label = f"{strategy}, {data}"
-        line = ax.plot([r["world"] for r in mine], [r["speedup"] for r in mine], marker="o", label=label)
-        plain = [(r["world"], r["vs_plain"]) for r in mine if r.get("vs_plain")]
-        if plain:
-            ax2.plot(*zip(*plain, strict=True), marker="o", color=line[0].get_color(), label=label)
-    ax.set_ylabel("speedup over one rank of the same strategy")
-    ax2.set_ylabel("throughput / plain single-device training")
-    for a in (ax, ax2):
-        a.set_xlabel("ranks (GPUs, or CPU processes with gloo)")
-        a.set_xticks(worlds)
-        a.grid(True, alpha=0.3)
-        a.legend(fontsize=7)
-    ax.set_title("speedup (strong scaling)", fontsize=9)
-    ax2.set_title("against plain single-device training", fontsize=9)
-    backends = ", ".join(sorted({str(r.get("backend")) for r in rows if r.get("backend")}))
-    fig.suptitle("scale-out training: throughput per number of ranks" + (f" ({backends})" if backends else "")
-                 + (f"\n{_device_of(rows)}" if _device_of(rows) else ""), fontsize=10)  # fmt: skip
-    fig.tight_layout()
-    return _save(plt, fig, out / "scaling.png")
-
-
-#: the overhead plot names each shape on its x axis up to this many shapes; beyond, it plots against the raw cost
-NAMED_SHAPES = 8
-
-
-def _device_of(rows: list[dict[str, Any]]) -> str:
-    """The device the rows were measured on, for a plot's title ("" when the rows do not say)."""
-    devices = sorted({str(r.get("hardware") or r["device"]) for r in rows if r.get("hardware") or r.get("device")})
-    return ", ".join(devices)
-
-
-def _titled(fig: Any, title: str, rows: list[dict[str, Any]]) -> None:
-    device = _device_of(rows)
-    fig.suptitle(title + (f"\n{device}" if device else ""), fontsize=10)
-
-
-def _plot_overhead(out: Path, rows: list[dict[str, Any]]) -> Path | None:
-    """Each framework's forward call time over the raw cost (1x = no overhead), log scale.
-
-    Up to :data:`NAMED_SHAPES` shapes: one column per shape, ordered by raw cost and named with it, the
-    frameworks side by side in each column (every framework of a shape shares its raw cost, so points placed
-    by raw cost would sit on one another). More shapes: the ratio against the raw cost, unlabelled points (the
-    overhead falls as the device work grows); the table beside the plot names them."""
-    plt = _pyplot()
-
-    rows = [r for r in rows if r.get("raw_s") and r.get("ratio")]
-    if not rows:
-        return None
-    frameworks = sorted({r.get("framework", "torch") for r in rows}, key=lambda f: (f != "torch", f))
-    colors = {name: f"C{i % 10}" for i, name in enumerate(frameworks)}
-    raw: dict[str, list[float]] = defaultdict(list)
-    for r in rows:
-        raw[r["shape"]].append(r["raw_s"])
-    shapes = sorted(raw, key=lambda shape: (sorted(raw[shape])[len(raw[shape]) // 2], shape))
-    on_gpu = any(r.get("graph_s") for r in rows)
-    raw_name = "CUDA-graph replay of the cuDNN call" if on_gpu else "ATen op"
-    named = len(shapes) <= NAMED_SHAPES
-    fig, ax = plt.subplots(figsize=(max(8.0, 1.25 * len(shapes) + 3.5) if named else 8.0, 5.2))
-    markers = {"lstm": "o", "gru": "s"}
-    if named:
-        width = 0.6 / max(len(frameworks), 1)
-        for i, framework in enumerate(frameworks):
-            mine = [r for r in rows if r.get("framework", "torch") == framework]
-            xs = [shapes.index(r["shape"]) + (i - (len(frameworks) - 1) / 2) * width for r in mine]
-            ax.scatter(xs, [r["ratio"] for r in mine], color=colors[framework], s=36, alpha=0.85, label=framework)
-        ax.set_xticks(range(len(shapes)))
-        ax.set_xticklabels(
-            [f"{shape}\nraw {statistics.median(raw[shape]) * 1e3:.3g} ms" for shape in shapes], fontsize=7
-        )
-        ax.set_xlim(-0.6, len(shapes) - 0.4)
-        ax.set_xlabel(f"shape, by raw cost ({raw_name})")
-    else:
-        for framework in frameworks:
-            mine = [r for r in rows if r.get("framework", "torch") == framework]
-            for cell in sorted({r["shape"].split("-")[0] for r in mine}):
-                pts = [r for r in mine if r["shape"].startswith(cell + "-")]
-                ax.scatter([r["raw_s"] * 1e3 for r in pts], [r["ratio"] for r in pts], color=colors[framework],
-                           marker=markers.get(cell, "o"), s=30, alpha=0.8, label=f"{framework} ({cell})")  # fmt: skip
-        plain_log_scale(ax, "x")
-        ax.margins(x=0.08, y=0.08)
-        ax.set_xlabel(f"raw cost, ms ({raw_name})")
-    ax.axhline(1.0, color="grey", linestyle="--", label="1x: no overhead")
-    plain_log_scale(ax, "y", suffix="x")
-    low, high = ax.get_ylim()
-    ax.set_ylim(min(low, 0.8), high)  # the 1x line is always in view
-    ax.set_ylabel("forward call time / raw cost")
-    ax.grid(True, which="both", alpha=0.25)
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0, title="framework",
-              title_fontsize=8)  # fmt: skip
-    _titled(fig, "framework overhead (forward): call time over the raw cost", rows)
-    fig.tight_layout()
-    return _save(plt, fig, out / "overhead.png")
-
-
-def _plot_precision(out: Path, rows: list[dict[str, Any]]) -> Path | None:
-    """Per shape, forward time against error for every precision path (what precision buys and costs); the
-    legend below the panels, so that it takes no width from them."""
-    plt = _pyplot()
-    shapes = sorted({r["shape"] for r in rows})
-    if not shapes:
-        return None
-    paths = sorted({r["path"] for r in rows})
-    ncol = 1 if len(shapes) == 1 else 2
-    legend_rows = math.ceil(len(paths) / ncol) + 1  # + the legend's title
-    height = 4.7 + 0.22 * legend_rows
-    fig, axes = plt.subplots(1, len(shapes), figsize=(max(6.5, 4.8 * len(shapes)), height), squeeze=False)
-    colors = {name: f"C{i % 10}" for i, name in enumerate(paths)}
-    labelled: set[str] = set()
-    for ax, shape in zip(axes[0], shapes, strict=True):
-        for r in (r for r in rows if r["shape"] == shape):
-            seconds = r.get("device_s") or r.get("seconds")  # the device cost where a GPU measured it
-            if not seconds or not r.get("error"):
-                continue
-            label = f"{r['path']} (ran {r['observed']})"
-            ax.scatter(seconds * 1e3, r["error"], s=50, color=colors[r["path"]], alpha=0.8,
-                       marker="o" if r.get("kernel_ok", True) else "X",
-                       label=None if label in labelled else label)  # fmt: skip
-            labelled.add(label)
-        ax.set_yscale("log")
-        plain_log_scale(ax, "x")
-        ax.margins(x=0.2, y=0.2)
-        on_gpu = any(r.get("device_s") for r in rows if r["shape"] == shape)
-        ax.set_xlabel("forward ms, device time (CUDA-graph replay)" if on_gpu else "forward ms per call")
-        ax.set_ylabel("max relative error vs float64")
-        ax.set_title(shape, fontsize=9)
-        ax.grid(True, which="both", alpha=0.25)
-    fig.legend(loc="lower center", ncol=ncol, fontsize=8, frameon=False,
-               title="path (X: not the claimed kernel/precision)", title_fontsize=8)  # fmt: skip
-    _titled(fig, "precision (forward): time per call against error", rows)
-    fig.tight_layout(rect=(0, (0.25 + 0.2 * legend_rows) / height, 1, 1))
-    return _save(plt, fig, out / "precision.png")

@@ -30,6 +30,8 @@ from typing import Any
 
 import numpy as np
 
+from .varlen import auto_buckets, bucketed_batches, draw_lengths, padded_batches
+
 STRATEGIES = ("ddp", "pipeline")
 BALANCES = ("equal", "measured")
 #: ``module:function`` each rank calls before joining the group; it returns an undo callable or None
@@ -118,8 +120,6 @@ def make_batches(cfg: TrainConfig) -> list[tuple[Any, Any, Any]]:
             y = torch.randn(cfg.batch, cfg.seq_len, cfg.hidden, generator=gen)
             out.append((x, y, torch.full((cfg.batch,), cfg.seq_len)))
         return out
-    from .workloads import auto_buckets, bucketed_batches, draw_lengths, padded_batches
-
     lengths = draw_lengths(cfg.sequences, cfg.seq_len, "long-tailed", cfg.seed)
     groups = (
         bucketed_batches(lengths, auto_buckets(lengths, 8), cfg.batch, cfg.seed)
