@@ -32,10 +32,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from ..options import THRESHOLD
+
 # ----------------------------------------------------------------------------------------------- constants
-#: the default threshold, the smallest slowdown worth failing: a figure more than 5% above its baseline's is slower
-#: where the benchmark resolves it (a device time resolves 2-5% between runs on an H100; a time per call rarely does)
-THRESHOLD = 1.05
 #: a recording run whose figure lies more than this factor from the entry's is refused (a run that broke, not noise)
 OUTLIER_FACTOR = 2.0
 #: standard errors a slowdown must exceed before it can count: the benchmark's resolution is exp(K_SIGMA x sigma)

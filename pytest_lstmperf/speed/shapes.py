@@ -70,7 +70,9 @@ def _packed(spec: LayerSpec) -> LayerSpec:
     return spec.replace(length_mode="packed", lengths=lengths)
 
 
-REFERENCE = _lstm(64, 256, 64, 100, layers=2)  # the shape of REFERENCE.md's H100 table
+REFERENCE = _lstm(
+    64, 256, 64, 100, layers=2
+)  # the shape of the reference H100 figures (eligibility.REFERENCE_SLOWDOWNS)
 
 
 def deepbench_train() -> list[LayerSpec]:
