@@ -3,7 +3,7 @@ a Keras worker's); what a call asks of the host is :mod:`.host_counters`.
 
 * **Device time** (:func:`device_time`): a CUDA graph of one call is captured and replayed; CUDA events around
   the replays, queued behind a spin of the GPU so that the host's launches leave no gap between them
-  (:class:`ReplayTimer`), time the kernels without the host. When capture fails (an
+  (:mod:`.graph_replay`), time the kernels without the host. When capture fails (an
   op that synchronises, a CPU fallback inside the call) the call itself is timed with CUDA events around
   several back-to-back calls (their mean is one sample), a note says so: that figure also holds the gaps where
   the GPU waited for launches, so it is an upper bound. Work another runtime launches in this process (XLA:
@@ -20,11 +20,11 @@ import contextvars
 import math
 import statistics
 import time
-import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .graph_replay import capture_failure, graph_replay_times
 from .host_counters import cuda_profile
 
 # ------------------------------------------------------------------------------------------ sample counts
@@ -105,7 +105,10 @@ def device_time(call: Callable[[], object], device: str, samples: int = 15, repl
 
     dev = torch.device(device)
     try:
-        return DeviceTime("cuda-graph", tuple(_graph_replay_times(torch, dev, call, samples, replays)))
+        times = graph_replay_times(
+            torch, dev, call, samples, replays, warm_after_s=WARM_AFTER_ONE_S, after_sample=_after_sample
+        )
+        return DeviceTime("cuda-graph", tuple(times))
     except Exception as exc:
         with contextlib.suppress(Exception):
             torch.cuda.synchronize(dev)
@@ -262,15 +265,6 @@ def pipelined_device_time(
     return DeviceTime("pipelined", tuple(kept), note, dispatch_share=share)
 
 
-#: what a capture's first error says, and what to do about it
-CAPTURE_HINTS = {
-    "legacy stream": (
-        "the call's autograd nodes were made on the legacy default stream: make and run what it calls on a stream "
-        "of its own (torch.cuda.set_stream(torch.cuda.Stream()) before building it) to capture it"
-    ),
-}
-
-
 def transient_note(kept: Sequence[float], dropped: Sequence[float]) -> str:
     """What :func:`settled` left out of a device measurement, or '' where it left out nothing."""
     if not dropped:
@@ -279,156 +273,6 @@ def transient_note(kept: Sequence[float], dropped: Sequence[float]) -> str:
         f"{len(dropped)} leading sample(s) of a start-up transient left out ({format_seconds(dropped[0])} "
         f"first, {format_seconds(statistics.median(kept))} steady): more taken in their place"
     )
-
-
-def capture_failure(exc: BaseException) -> str:
-    """Why a capture failed: the error's first line and, where the end of the capture replaced the error that
-    broke it ("operation failed due to a previous error during capture"), that first error too (the exception's
-    context), with what to do where its cause is known (:data:`CAPTURE_HINTS`). On the H100 the Keras-on-torch
-    training steps' first error was "operation would make the legacy stream depend on a capturing blocking
-    stream", raised in the backward; the note had shown only the second."""
-
-    def line(error: BaseException) -> str:
-        text = str(error).splitlines()[0] if str(error) else ""
-        return f"{type(error).__name__}: {text}"[:200]
-
-    reason = line(exc)
-    first = exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
-    if first is not None:
-        reason += f"; first: {line(first)}"
-    cause = str(first if first is not None else exc)
-    return reason + "".join(f" ({hint})" for key, hint in CAPTURE_HINTS.items() if key in cause)
-
-
-def capture_graph(torch: Any, dev: Any, call: Callable[[], object], warmups: int = 3) -> Any:
-    """A CUDA graph of one call of ``call``, by the recipe of the CUDA graphs notes: warm-up calls on a side
-    stream (one for a call of :data:`WARM_AFTER_ONE_S` or more: it ran in the timed rounds already), then one call
-    captured. A capture that fails leaves the device's default random generator as it found it: torch marks the
-    generator as capturing when a capture begins and clears the mark only when the capture ends well, so after a
-    failed capture of a call that draws random numbers (dropout in training) every later random op of the
-    process raised "Offset increment outside graph capture encountered unexpectedly" (on the H100 a failed
-    capture in one test failed the next test's dropout)."""
-    side = torch.cuda.Stream(dev)
-    side.wait_stream(torch.cuda.current_stream(dev))
-    with torch.cuda.stream(side):
-        for _ in range(warmups):
-            started = time.perf_counter()
-            call()
-            torch.cuda.synchronize(dev)
-            if time.perf_counter() - started >= WARM_AFTER_ONE_S:
-                break
-    torch.cuda.current_stream(dev).wait_stream(side)
-    torch.cuda.synchronize(dev)
-    generator = _default_generator(torch, dev)
-    saved = generator.get_state() if generator is not None else None
-    graph = torch.cuda.CUDAGraph()
-    try:
-        with torch.cuda.graph(graph):
-            call()
-    except BaseException:
-        if generator is not None:
-            release_generator(torch, dev, generator, saved)
-        raise
-    return graph
-
-
-def _default_generator(torch: Any, dev: Any) -> Any:
-    try:
-        index = dev.index if dev.index is not None else torch.cuda.current_device()
-        return torch.cuda.default_generators[index]
-    except Exception:
-        return None
-
-
-def release_generator(torch: Any, dev: Any, generator: Any, state: Any) -> None:
-    """Give ``generator`` a fresh state holding ``state`` (its seed and offset before a capture), not marked as
-    capturing: what a capture that failed should have left."""
-    with contextlib.suppress(Exception):
-        torch.cuda.synchronize(dev)
-    fresh = torch.Generator(device=dev)
-    fresh.set_state(state)
-    generator.graphsafe_set_state(fresh)
-
-
-#: how long the GPU spins before a device sample's replays at first: the host queues the replays meanwhile, so
-#: that the GPU runs them back to back whatever the host does (doubled, up to :data:`MAX_HOLD_S`, where the host
-#: was not done queueing when the spin ended)
-HOLD_S = 0.0005
-MAX_HOLD_S = 0.05
-_SPIN_RATE: dict[str, float] = {}  # GPU spin cycles per second, per device
-
-
-class ReplayTimer:
-    """Device seconds per replay of a captured CUDA graph: ``replays`` back-to-back replays between two CUDA
-    events, queued behind a spin of the GPU (``torch.cuda._sleep``) long enough for the host to queue them all
-    before the first starts. Without it the events also timed the gaps where the GPU waited for the host to
-    launch the next replay: on the H100 a 190 us graph of small kernels read 17% slow for a whole measurement
-    while the anchor's 350 us matmul, whose replays the host queues while the previous one runs, read 3% slow
-    (a busy host, not a slower GPU). A sample whose spin ended before the host had queued its replays is taken
-    again with a longer spin; one still late at :data:`MAX_HOLD_S` is kept."""
-
-    def __init__(self, torch: Any, dev: Any, replay: Callable[[], object], replays: int) -> None:
-        self.torch, self.dev, self.replay, self.replays = torch, dev, replay, replays
-        self.hold_s = HOLD_S
-        self.rate = _spin_rate(torch, dev)
-
-    def __call__(self) -> float:
-        torch = self.torch
-        while True:
-            start = torch.cuda.Event(enable_timing=True)
-            end = torch.cuda.Event(enable_timing=True)
-            if self.rate:
-                torch.cuda._sleep(int(self.hold_s * self.rate))
-            start.record()
-            for _ in range(self.replays):
-                self.replay()
-            end.record()
-            late = bool(self.rate) and start.query()  # the GPU had reached the first replay already
-            end.synchronize()
-            if not late or self.hold_s >= MAX_HOLD_S:
-                return float(start.elapsed_time(end)) / 1000.0 / self.replays
-            self.hold_s = min(2 * self.hold_s, MAX_HOLD_S)
-
-
-def _spin_rate(torch: Any, dev: Any) -> float:
-    """Cycles per second of ``torch.cuda._sleep`` on ``dev`` (measured once per process); 0 where it is missing."""
-    key = str(dev)
-    if key not in _SPIN_RATE:
-        rate = 0.0
-        with contextlib.suppress(Exception):
-            cycles = 1_000_000
-            torch.cuda._sleep(cycles)  # the first launch loads the kernel
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            torch.cuda._sleep(cycles)
-            end.record()
-            end.synchronize()
-            rate = cycles / (start.elapsed_time(end) / 1000.0)
-        _SPIN_RATE[key] = rate
-    return _SPIN_RATE[key]
-
-
-def _graph_replay_times(torch: Any, dev: Any, call: Callable[[], object], samples: int, replays: int) -> list[float]:
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        graph = capture_graph(torch, dev, call)
-    try:
-        if any("graph is empty" in str(w.message).lower() for w in caught):
-            # the call launched nothing on this process's capture stream (its kernels ran elsewhere, e.g.
-            # in another process): replaying the empty graph would time nothing
-            raise RuntimeError("the captured CUDA graph is empty: the call launched no kernels on this stream")
-        graph.replay()
-        torch.cuda.synchronize(dev)
-        timer = ReplayTimer(torch, dev, graph.replay, replays)
-
-        def sample() -> float:
-            value = timer()
-            _after_sample()
-            return value
-
-        return [sample() for _ in range(samples)]
-    finally:
-        del graph
 
 
 #: a device sample at the start of a measurement more than this above the steady level (the median of the
@@ -458,9 +302,9 @@ def settled(
     (:func:`transient_prefix`), further samples taken from ``more()`` in their place (at most ``max_extra``,
     default ``needed``; fewer are kept where the transient outlasts them); a steady slowdown has no such prefix
     and is kept whole. For the meters that time calls as the host queues them (CUPTI, pipelined calls); graph
-    replays are queued behind a spin instead (:class:`ReplayTimer`): there, samples that started at 2-3x their
-    steady level on the H100 were the host's launch gaps, and dropping them once traded clean samples for slow
-    ones."""
+    replays are queued behind a spin instead (:class:`.graph_replay.ReplayTimer`): there, samples that started at
+    2-3x their steady level on the H100 were the host's launch gaps, and dropping them once traded clean samples
+    for slow ones."""
     out = list(samples)
     limit = needed if max_extra is None else max_extra
     extra = 0

@@ -19,7 +19,7 @@ import threading
 
 import torch
 
-from pytest_lstmperf import meters
+from pytest_lstmperf import graph_replay, meters
 
 dev = torch.device("cuda")
 out: dict[str, object] = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__}
@@ -32,11 +32,11 @@ def capture_then_dropout(release: bool) -> str:
         y = torch.nn.functional.dropout(x, 0.5, True)
         y.sum().item()  # a synchronisation: the capture fails
 
-    saved = meters.release_generator
+    saved = graph_replay.release_generator
     generator = torch.cuda.default_generators[torch.cuda.current_device()]
     state = generator.get_state()
     if not release:
-        meters.release_generator = lambda *args: None  # type: ignore[assignment]
+        graph_replay.release_generator = lambda *args: None  # type: ignore[assignment]
     try:
         timed = meters.device_time(call, "cuda", samples=3)
         try:
@@ -46,7 +46,7 @@ def capture_then_dropout(release: bool) -> str:
             after = f"dropout raised: {str(exc).splitlines()[0]}"
         return f"{timed.method}; {after}"
     finally:
-        meters.release_generator = saved
+        graph_replay.release_generator = saved
         if not release:  # repair what the control broke
             saved(torch, dev, generator, state)
 
@@ -65,8 +65,8 @@ def sixty_kernels() -> None:
 
 def median_us(spin: bool, busy: bool) -> float:
     key = str(dev)
-    rate = meters._spin_rate(torch, dev)
-    meters._SPIN_RATE[key] = rate if spin else 0.0
+    rate = graph_replay._spin_rate(torch, dev)
+    graph_replay._SPIN_RATE[key] = rate if spin else 0.0
     stop = threading.Event()
 
     def hog() -> None:
@@ -83,7 +83,7 @@ def median_us(spin: bool, busy: bool) -> float:
         stop.set()
         if busy:
             thread.join()
-        meters._SPIN_RATE[key] = rate
+        graph_replay._SPIN_RATE[key] = rate
     return statistics.median(timed.samples) * 1e6
 
 

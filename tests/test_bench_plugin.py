@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from forked_pytest import runpytest_forked
 
-from pytest_lstmperf import meters
+from pytest_lstmperf import graph_replay, meters
 from pytest_lstmperf.hooks import terminal
 from pytest_lstmperf.observation import claims
 from pytest_lstmperf.speed import shapes, timing
@@ -475,7 +475,7 @@ def test_cpu_device_time_degrades_with_a_reason() -> None:
 
 
 def _fake_cuda_torch(launches: bool, late: Sequence[bool] = (), fails: bool = False):
-    """Just enough of ``torch.cuda`` for ``meters._graph_replay_times``: 2 ms per replay; a capture that
+    """Just enough of ``torch.cuda`` for ``graph_replay.graph_replay_times``: 2 ms per replay; a capture that
     launched nothing warns the way torch's ``CUDAGraph.capture_end`` does, one that ``fails`` raises inside the
     capture. ``late``: what the start event's ``query()`` answers, sample by sample (True: the GPU had reached
     the first replay before the host had queued the last one); ``spins`` records each ``torch.cuda._sleep``."""
@@ -551,9 +551,14 @@ class _Cuda0:
 _CUDA0 = _Cuda0()
 
 
+def _replay_times(torch, call) -> list[float]:
+    """3 device samples of ``call`` on the fake GPU, 5 replays each, warm-ups as :func:`meters.device_time` has them."""
+    return graph_replay.graph_replay_times(torch, _CUDA0, call, 3, 5, warm_after_s=meters.WARM_AFTER_ONE_S)
+
+
 @pytest.fixture(autouse=True)
 def _fresh_spin_rate(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(meters, "_SPIN_RATE", {})  # each fake GPU measures its own
+    monkeypatch.setattr(graph_replay, "_SPIN_RATE", {})  # each fake GPU measures its own
 
 
 def test_device_samples_queue_their_replays_behind_a_spin_and_a_late_one_is_taken_again() -> None:
@@ -562,19 +567,20 @@ def test_device_samples_queue_their_replays_behind_a_spin_and_a_late_one_is_take
     taken again behind a spin twice as long (kept longer for the samples after it); late at the longest spin,
     the sample is kept. Without the spin, a busy host inflated a 190 us graph's samples 17% on the H100."""
     torch = _fake_cuda_torch(launches=True, late=[True, False, False, True, True, True, True, True, True, True])
-    samples = meters._graph_replay_times(torch, _CUDA0, lambda: None, 3, 5)
+    samples = _replay_times(torch, lambda: None)
     assert samples == pytest.approx([2e-3] * 3)
     rate = 1e6 / 0.010  # the fake's spin: 1e6 cycles in 10 ms
     calibration, spins = torch.spins[:2], torch.spins[2:]
     assert calibration == [1_000_000] * 2
     hold = [round(s / rate, 6) for s in spins]
-    assert hold[:3] == [meters.HOLD_S, 2 * meters.HOLD_S, 2 * meters.HOLD_S]  # late, again; then on time
-    assert hold[3:] == [0.001, 0.002, 0.004, 0.008, 0.016, 0.032, meters.MAX_HOLD_S]  # late at 50 ms: kept
+    hold_s = graph_replay.HOLD_S
+    assert hold[:3] == [hold_s, 2 * hold_s, 2 * hold_s]  # late, again; then on time
+    assert hold[3:] == [0.001, 0.002, 0.004, 0.008, 0.016, 0.032, graph_replay.MAX_HOLD_S]  # late at 50 ms: kept
     # no spin where torch has none: the replays are timed as they come
     plain = _fake_cuda_torch(launches=True, late=[True] * 5)
     del plain.cuda._sleep
-    meters._SPIN_RATE.clear()
-    assert meters._graph_replay_times(plain, _CUDA0, lambda: None, 3, 5) == pytest.approx([2e-3] * 3)
+    graph_replay._SPIN_RATE.clear()
+    assert _replay_times(plain, lambda: None) == pytest.approx([2e-3] * 3)
 
 
 def test_a_failed_capture_leaves_the_random_generator_usable() -> None:
@@ -584,10 +590,10 @@ def test_a_failed_capture_leaves_the_random_generator_usable() -> None:
     state with the seed and offset it had; a capture that succeeds leaves it alone."""
     failing = _fake_cuda_torch(launches=True, fails=True)
     with pytest.raises(RuntimeError, match="not permitted when stream is capturing"):
-        meters.capture_graph(failing, _CUDA0, lambda: None)
+        graph_replay.capture_graph(failing, _CUDA0, lambda: None, warm_after_s=meters.WARM_AFTER_ONE_S)
     assert failing.released == ["seed+offset"]
     fine = _fake_cuda_torch(launches=True)
-    meters.capture_graph(fine, _CUDA0, lambda: None)
+    graph_replay.capture_graph(fine, _CUDA0, lambda: None, warm_after_s=meters.WARM_AFTER_ONE_S)
     assert fine.released == []
 
 
@@ -595,7 +601,7 @@ def test_graph_capture_warms_a_long_call_once_and_a_short_call_three_times(monke
     """The capture recipe's side-stream warm-up: three calls, or one when that call took at least
     ``WARM_AFTER_ONE_S`` (it ran in the timed rounds already); then one captured call."""
     now = [0.0]
-    monkeypatch.setattr(meters.time, "perf_counter", lambda: now[0])
+    monkeypatch.setattr(graph_replay.time, "perf_counter", lambda: now[0])
     for seconds, expected in ((0.2, 1 + 1), (0.001, 3 + 1)):
         count = [0]
 
@@ -603,21 +609,21 @@ def test_graph_capture_warms_a_long_call_once_and_a_short_call_three_times(monke
             count[0] += 1
             now[0] += seconds
 
-        meters._graph_replay_times(_fake_cuda_torch(launches=True), _CUDA0, call, 3, 5)
+        _replay_times(_fake_cuda_torch(launches=True), call)
         assert count[0] == expected, (seconds, count[0])
 
 
 def test_device_time_refuses_an_empty_cuda_graph(monkeypatch: pytest.MonkeyPatch) -> None:
     """A call whose kernels run elsewhere (another process) captures an empty graph: no device time from it."""
-    fine = meters._graph_replay_times(_fake_cuda_torch(launches=True), _CUDA0, lambda: None, 3, 5)
+    fine = _replay_times(_fake_cuda_torch(launches=True), lambda: None)
     assert fine == pytest.approx([2e-3] * 3)
     with pytest.raises(RuntimeError, match="captured CUDA graph is empty"):
-        meters._graph_replay_times(_fake_cuda_torch(launches=False), _CUDA0, lambda: None, 3, 5)
+        _replay_times(_fake_cuda_torch(launches=False), lambda: None)
     # device_time then falls back to events around each call, and says why
     monkeypatch.setattr(
         meters,
-        "_graph_replay_times",
-        lambda *a: (_ for _ in ()).throw(RuntimeError("the captured CUDA graph is empty")),
+        "graph_replay_times",
+        lambda *a, **k: (_ for _ in ()).throw(RuntimeError("the captured CUDA graph is empty")),
     )
     monkeypatch.setattr(meters, "_event_times", lambda torch, dev, call, samples, calls=1, warm=False: [3e-3] * samples)
     monkeypatch.setattr(meters, "_one_call_s", lambda torch, dev, call: 3e-3)
@@ -631,7 +637,7 @@ def test_a_failed_capture_names_its_first_error_and_what_to_do(monkeypatch: pyte
     """The end of a capture replaces the error that broke it; the note names that first error too, with the
     fix for a known cause (a Keras-on-torch training step on the H100: the legacy default stream)."""
 
-    def chained(*args):  # torch.cuda.graph's exit raises while the call's own error propagates
+    def chained(*args, **kwargs):  # torch.cuda.graph's exit raises while the call's own error propagates
         try:
             raise RuntimeError(
                 "CUDA error: operation would make the legacy stream depend on a capturing blocking stream"
@@ -641,13 +647,13 @@ def test_a_failed_capture_names_its_first_error_and_what_to_do(monkeypatch: pyte
 
     monkeypatch.setattr(meters, "_event_times", lambda torch, dev, call, samples, calls=1, warm=False: [3e-3] * samples)
     monkeypatch.setattr(meters, "_one_call_s", lambda torch, dev, call: 3e-3)
-    monkeypatch.setattr(meters, "_graph_replay_times", chained)
+    monkeypatch.setattr(meters, "graph_replay_times", chained)
     note = meters.device_time(lambda: None, "cuda:0", samples=4).note
     assert "capture failed (RuntimeError: CUDA error: operation failed due to a previous error during capture; " in note
     assert "first: RuntimeError: CUDA error: operation would make the legacy stream depend on a capturing" in note
     assert "made on the legacy default stream: make and run what it calls on a stream of its own" in note
     # an error with no first one behind it is named alone
-    monkeypatch.setattr(meters, "_graph_replay_times", lambda *a: (_ for _ in ()).throw(RuntimeError("boom")))
+    monkeypatch.setattr(meters, "graph_replay_times", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("boom")))
     note = meters.device_time(lambda: None, "cuda:0", samples=4).note
     assert "CUDA graph capture failed (RuntimeError: boom);" in note and "first:" not in note
     # an error raised "from None" while another was handled: that other one is not its cause
@@ -657,12 +663,12 @@ def test_a_failed_capture_names_its_first_error_and_what_to_do(monkeypatch: pyte
         except KeyError:
             raise RuntimeError("CUDA error: operation not permitted when stream is capturing") from None
     except RuntimeError as exc:
-        assert meters.capture_failure(exc) == (
+        assert graph_replay.capture_failure(exc) == (
             "RuntimeError: CUDA error: operation not permitted when stream is capturing"
         )
     # the legacy-stream error itself on top: the hint too
     legacy = RuntimeError("CUDA error: operation would make the legacy stream depend on a capturing blocking stream")
-    assert "made on the legacy default stream" in meters.capture_failure(legacy)
+    assert "made on the legacy default stream" in graph_replay.capture_failure(legacy)
 
 
 #: device samples (us) of one clean H100 run's torch-cudnn-default LSTM inference (I512-H512-L1-B4-T25), its
@@ -702,7 +708,7 @@ def test_graph_replays_keep_every_sample(monkeypatch) -> None:
     """Replays queued behind a spin time the GPU alone: no sample is dropped as a start-up transient (the host's
     launch gaps that made such starts are not in them)."""
     samples = [768e-6, 463e-6] + [257e-6] * 10
-    monkeypatch.setattr(meters, "_graph_replay_times", lambda *args: list(samples))
+    monkeypatch.setattr(meters, "graph_replay_times", lambda *args, **kwargs: list(samples))
     dev = meters.device_time(lambda: None, "cuda:0", samples=12)
     assert dev.method == "cuda-graph" and dev.samples == tuple(samples) and dev.note == ""
 

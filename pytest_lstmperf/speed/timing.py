@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .. import meters
+from .. import graph_replay
 from ..meters import WARM_AFTER_ONE_S, DeviceTime, long_call_samples
 from ..model.precision import DTYPE_PRECISION, HALF_PRECISIONS
 
@@ -169,16 +169,16 @@ class Anchor:
 
     def device_sample(self, replays: int = 5) -> float:
         """Device seconds of the device part, from ``replays`` back-to-back replays of its CUDA graph, timed as
-        :func:`..meters.device_time` times a benchmark's (:class:`..meters.ReplayTimer`); the graph is captured
+        :func:`..meters.device_time` times a benchmark's (:class:`..graph_replay.ReplayTimer`); the graph is captured
         once per run."""
         if self._timer is None or self._timer.replays != replays:
             torch = self._torch
             dev = torch.device(self.torch_device)
             if self._graph is None:
-                self._graph = meters.capture_graph(torch, dev, self.device_call)
+                self._graph = graph_replay.capture_graph(torch, dev, self.device_call, warm_after_s=WARM_AFTER_ONE_S)
                 self._graph.replay()
                 torch.cuda.synchronize(dev)
-            self._timer = meters.ReplayTimer(torch, dev, self._graph.replay, replays)
+            self._timer = graph_replay.ReplayTimer(torch, dev, self._graph.replay, replays)
         return self._timer()
 
     def device_time(self, samples: int) -> DeviceTime:
