@@ -26,6 +26,7 @@ from typing import Any, cast
 import pytest
 
 from .. import options
+from ..session import PropertyCollector, ensure_session
 from ..speed.benchmark_adapter import (
     benchmark_replaced,
     machine_info_generated_elsewhere,
@@ -33,9 +34,10 @@ from ..speed.benchmark_adapter import (
     set_compare,
 )
 from ..speed.machine_info import MachineInfo
+from ..speed.machine_lock import MachineLock
 from ..speed.marked import MarkedBenchmark
 from ..speed.runner import BENCH_MARKER, RECORD_KEY, BenchCase, BenchRunner, run_spec
-from ..speed.shapes import bench_set
+from ..speed.shapes import bench_set, set_shapes
 from .benchmark_json import json_section, machine_info_section
 from .compare_target import point_compare, take_over_compare
 from .gate_context import (
@@ -105,8 +107,6 @@ def pytest_configure(config: pytest.Config) -> None:
     if not is_worker(config):
         from functools import partial
 
-        from ..session import PropertyCollector
-
         collector = PropertyCollector(RECORD_KEY, partial(_collect_record, config))
         config.pluginmanager.register(collector, "lstmperf-bench-collector")
 
@@ -136,8 +136,6 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     whose collection holds benchmarks opens the run's machine lock."""
     config = session.config
     if is_worker(config) and any(is_benchmark(item) for item in session.items):
-        from ..speed.machine_lock import MachineLock
-
         config.stash[MACHINE_LOCK_KEY] = MachineLock(str(config.workerinput["testrunuid"]))  # type: ignore[attr-defined]  # set by pytest-xdist on its workers
     state = config.stash.get(STATE_KEY, None)
     if state is None or state.deferred_compare is None:
@@ -153,9 +151,6 @@ def bench_params(config: pytest.Config, mode: str) -> list[Any]:
 
     Paths the device cannot run are kept as skipped parameters, so that the summary says why.
     """
-    from ..session import ensure_session
-    from ..speed.shapes import set_shapes
-
     session = ensure_session(config)
     set_name = bench_set(config)
     shapes = [s for s in set_shapes(set_name, session.device.kind) if mode in s.modes]
@@ -246,8 +241,6 @@ def pytest_configure_node(node: Any) -> None:
 def pytest_unconfigure(config: pytest.Config) -> None:
     run_id = config.stash.get(LOCK_RUN_KEY, None)
     if run_id is not None:  # the controller, its workers gone
-        from ..speed.machine_lock import MachineLock
-
         MachineLock.remove(run_id)
     if is_worker(config):
         # pytest-benchmark warns from a pytest-xdist worker as it exits, onto the terminal in the middle of the

@@ -17,6 +17,8 @@ from typing import Any
 
 import pytest
 
+from ..device import hardware_key
+from ..speed.baseline import FORMAT, _atomic_write, bench_entry
 from ..speed.provenance import benchmark_header, provenance
 from .gate_context import gate_device, hardware_fields, uses_lstmperf
 
@@ -37,7 +39,6 @@ def machine_info_section(config: pytest.Config) -> dict[str, Any] | None:
     device = _device(config)
     if device is None:
         return None
-    from ..device import hardware_key
 
     return {"device_key": hardware_key(hardware_fields(device)), "fingerprint": dict(device.fingerprint)}
 
@@ -47,8 +48,6 @@ def json_section(config: pytest.Config) -> dict[str, Any] | None:
     device = _device(config)
     if device is None:
         return None
-    from ..device import hardware_key
-    from ..speed.baseline import FORMAT
 
     fields = hardware_fields(device)
     return {
@@ -65,8 +64,6 @@ def write_xdist_json(config: pytest.Config, target: Any, records: list[dict[str,
     """pytest-benchmark writes no ``--benchmark-json`` under pytest-xdist (it disables itself there): write
     every worker's records into it, in pytest-benchmark's layout. ``target`` is a path (pytest-benchmark
     5.3 and later: written atomically) or the binary file pytest-benchmark opened (earlier versions)."""
-    from ..speed.baseline import _atomic_write, bench_entry
-
     header = benchmark_header(config)
     data: dict[str, Any] = {
         "machine_info": header["machine_info"],

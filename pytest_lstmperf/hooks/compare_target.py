@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from ..speed.baseline import BaselineError, differences, load
 from ..speed.benchmark_adapter import reload_compare, set_compare, storage_has_run
 from ..speed.provenance import record_command
 from .gate_context import baseline_store, baselines_dir, gate_device, gate_state, hardware_fields, saving
@@ -27,8 +28,6 @@ def take_over_compare(config: pytest.Config) -> None:
 def point_compare(config: pytest.Config, compare: object) -> None:
     """Point ``--benchmark-compare`` (``True``: given with no argument) at the baseline the gate compares with;
     a usage error where there is none, or it is of other hardware."""
-    from ..speed.baseline import BaselineError, differences, load
-
     state = gate_state(config)
     state.compare_requested = True
     recording = saving(config) is not None

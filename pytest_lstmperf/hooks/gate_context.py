@@ -11,13 +11,14 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from .. import options
+from ..session import run_device
+from ..speed.baseline import BaselineStore
 from ..speed.gate import GateState
 from ..speed.provenance import record_command
 from ..speed.runner import BENCH_MARKER
 
 if TYPE_CHECKING:
     from ..device import DeviceInfo
-    from ..speed.baseline import BaselineStore
 
 
 BENCH_FIXTURE = "lstmperf_benchmark"
@@ -49,8 +50,6 @@ def gate_device(config: pytest.Config) -> DeviceInfo:
     resolved the same way), kept in the gate's state."""
     state = gate_state(config)
     if state.device is None:
-        from ..session import run_device
-
         state.device = run_device(config)
     return state.device
 
@@ -65,8 +64,6 @@ def baselines_dir(config: pytest.Config) -> Path:
 
 
 def baseline_store(config: pytest.Config) -> BaselineStore:
-    from ..speed.baseline import BaselineStore
-
     return BaselineStore(baselines_dir(config), record_hint=record_command(config))
 
 

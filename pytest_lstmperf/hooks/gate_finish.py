@@ -10,8 +10,12 @@ from typing import Any
 
 import pytest
 
+from .. import ci_summary
+from ..session import SESSION_KEY
+from ..speed.baseline import BaselineError
 from ..speed.gate import GateState, run_gate
 from ..speed.provenance import benchmark_header, provenance
+from ..speed.report import write_report
 from .benchmark_json import write_xdist_json
 from .compare_target import take_over_compare
 from .gate_context import (
@@ -32,8 +36,6 @@ STAT_INCONCLUSIVE = "speed-inconclusive"
 
 def check_writable(config: pytest.Config) -> None:
     """A recording run whose baseline cannot be written stops before any test runs (exit 4)."""
-    from ..speed.baseline import BaselineError
-
     try:
         baseline_store(config).check_writable(hardware_fields(gate_device(config)))
     except BaselineError as exc:
@@ -62,8 +64,6 @@ def finish(session: pytest.Session) -> None:
             name = getattr(json_target, "name", json_target)
             state.errors.append(f"--benchmark-json={name}: could not write the merged results: {exc}")
     if state.baseline is not None:
-        from ..session import SESSION_KEY
-
         session_ = config.stash.get(SESSION_KEY, None)
         unavailable = session_.resolve_unavailable() if session_ is not None else {}
         threshold = setting(config, "lstmperf_threshold").value
@@ -78,8 +78,6 @@ def finish(session: pytest.Session) -> None:
 def _record_baseline(config: pytest.Config, state: GateState, session: pytest.Session, measured: list) -> None:
     """Record this run's benchmarks, only when the run completed: an interrupted run (Ctrl-C, -x, a failing
     test) would leave a partial baseline, so it records nothing and says so."""
-    from ..speed.baseline import BaselineError
-
     status = pytest.ExitCode(session.exitstatus) if isinstance(session.exitstatus, int) else session.exitstatus
     if status != pytest.ExitCode.OK or session.shouldstop or session.shouldfail:
         interrupted = status == pytest.ExitCode.INTERRUPTED
@@ -116,8 +114,6 @@ def _record_baseline(config: pytest.Config, state: GateState, session: pytest.Se
 
 def _write_ci_summary(config: pytest.Config, state: GateState) -> None:
     """The verdict as Markdown in ``$GITHUB_STEP_SUMMARY`` (where set) and as JUnit properties of the run."""
-    from .. import ci_summary
-
     assert state.gate is not None
     rows = []
     for d in state.gate.decisions:
@@ -153,7 +149,6 @@ def _write_report(config: pytest.Config, state: GateState) -> None:
     report_dir = setting(config, "lstmperf_report").value
     if not (report_dir and state.records):
         return
-    from ..speed.report import write_report
 
     try:
         state.report_path = write_report(

@@ -27,9 +27,13 @@ from typing import Any
 
 import pytest
 
-from ..observation.calls import Observation, device_of, observe
+from ..observation.calls import CELL_FRAMEWORK, Observation, device_of, observe
+from ..observation.eligibility import cell_verdict
+from ..observation.explain import ExplainError, explain
 from ..observation.families import CLAIMABLE
 from ..observation.layer_trace import paused
+from ..session import device_kind, run_device
+from ..speed.benchmark_adapter import runner_wrapped
 
 MARKER = "lstmperf_kernel"
 DEVICES = ("cpu", "cuda")
@@ -47,7 +51,7 @@ def pytest_configure(config: pytest.Config) -> None:
 def verdict_problem(seen: Observation, kernel: str, precision: str | None = None) -> str | None:
     """The failure message, or ``None`` when every recurrent layer call ran ``kernel`` (and ``precision``),
     judged by the suites' rule (:func:`pytest_lstmperf.numerics.checks.check_trace`)."""
-    from ..numerics.checks import check_trace
+    from ..numerics.checks import check_trace  # imports numpy: kept out of pytest's start-up
 
     ran = seen.all_traces()
     if seen.problems:  # a layer that ran but could not be described is never passed in silence
@@ -81,10 +85,6 @@ def verdict_problem(seen: Observation, kernel: str, precision: str | None = None
 
 
 def _explanations(seen: Observation) -> list[str]:
-    from ..observation.calls import CELL_FRAMEWORK
-    from ..observation.eligibility import cell_verdict
-    from ..observation.explain import ExplainError, explain
-
     lines: list[str] = []
     for framework, spec, options_or_device in seen.layers:
         try:
@@ -105,8 +105,6 @@ def _explanations(seen: Observation) -> list[str]:
 def selected_device(config: pytest.Config | None) -> str:
     """``cpu`` or ``cuda``: the run's ``--device`` (``auto``: a GPU when torch sees one), by the session's rule
     (:func:`pytest_lstmperf.session.device_kind`)."""
-    from ..session import device_kind
-
     return device_kind(config)
 
 
@@ -141,7 +139,6 @@ def _expected(args: tuple, kwargs: Mapping[str, Any], where: str, device: str = 
 @contextlib.contextmanager
 def _benchmark_unobserved(item: pytest.Item, seen: Observation) -> Iterator[None]:
     """Pause the observer in pytest-benchmark's timed (and calibration, warm-up) rounds."""
-    from ..speed.benchmark_adapter import runner_wrapped
 
     def unobserved(runner: Any) -> Any:
         def run(loops_range: Any, *rest: Any, **kw: Any) -> Any:
@@ -208,6 +205,4 @@ def lstmperf_kernel(pytestconfig: pytest.Config) -> KernelExpectation:
 def lstmperf_device(pytestconfig: pytest.Config) -> str:
     """The torch device string the run selected with ``--device`` (``cpu``, ``cuda``, ``cuda:1``); a GPU
     that was asked for and is not usable is a usage error."""
-    from ..session import run_device
-
     return run_device(pytestconfig).torch_device

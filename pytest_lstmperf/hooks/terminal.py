@@ -12,6 +12,7 @@ import pytest
 from .. import options
 from ..speed.gate_table import format_table
 from ..speed.provenance import record_command
+from ..speed.report import by_case, generic_reference, peak_notes, timing_cells
 
 if TYPE_CHECKING:
     from ..speed.gate import GateState
@@ -104,8 +105,6 @@ def _check_line(decision: Any) -> str:
 
 def summary_lines(records: list[dict[str, Any]]) -> list[str]:
     """Per mode, shape and path: time per call, device time, host share, speedup over generic, kernel, %peak."""
-    from ..speed.report import by_case, generic_reference, timing_cells
-
     rows = [("mode", "shape", "path", "per call", "device", "host", "vs generic (torch)", "kernel", "%peak")]
     for (mode, shape), group in by_case(records, "mode", "shape"):
         ref = generic_reference(group)
@@ -121,8 +120,6 @@ def summary_lines(records: list[dict[str, Any]]) -> list[str]:
 
 
 def timing_notes(records: list[dict[str, Any]]) -> list[str]:
-    from ..speed.report import peak_notes
-
     notes = peak_notes(records)  # why a %peak cell shows no share
     methods = {r["extra_info"].get("device_time_note") for r in records if r["extra_info"].get("device_time_note")}
     if any(m and m.startswith("CUDA graph capture failed") for m in methods):

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from ..session import SESSION_KEY, PropertyCollector
 from ..workloads.report import TITLES, notes, sections, table, write_workload_report
 
 PROPERTY = "lstmperf_workload"
@@ -36,8 +37,6 @@ def add_row(request: pytest.FixtureRequest, kind: str, **row: Any) -> None:
 
 def _hardware(config: pytest.Config) -> str:
     """The run's device in a few words, for the plots' titles: the GPU's name, or the CPU's and its threads."""
-    from ..session import SESSION_KEY
-
     session = config.stash.get(SESSION_KEY, None)
     if session is None:
         return ""
@@ -48,8 +47,6 @@ def _hardware(config: pytest.Config) -> str:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    from ..session import PropertyCollector
-
     rows: list[dict[str, Any]] = []
     config.stash[ROWS_KEY] = rows
     collector = PropertyCollector(PROPERTY, lambda value: rows.append(json.loads(str(value))))
