@@ -13,6 +13,7 @@ import os
 import pytest
 
 from . import options
+from . import paths as registry
 from .session import (
     SESSION_KEY,
     TALLY_KEY,
@@ -101,8 +102,6 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    from . import paths as registry
-
     config = metafunc.config
     if PATH_FIXTURE in metafunc.fixturenames:
         names = resolve_setting(config, "lstmperf_paths").value or registry.default_names()
@@ -176,8 +175,6 @@ def _workers_last(items: list[pytest.Item], awaiting: set[str]) -> list[pytest.I
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Keep the parametrisations whose paths run on the selected device; deselect (and count) the rest."""
-    from . import paths as registry
-
     uses = [item for item in items if _item_paths(item) or "lstmperf" in getattr(item, "fixturenames", ())]
     if not uses:
         return
@@ -221,8 +218,6 @@ def lstmperf(pytestconfig: pytest.Config) -> LstmPerfSession:
 @pytest.fixture
 def lstmperf_path(request: pytest.FixtureRequest, lstmperf: LstmPerfSession):
     """One execution path (parametrised by the plugin); skips with the reason when it cannot run here."""
-    from . import paths as registry
-
     path = registry.get(request.param)
     request.node.user_properties.append(("lstmperf_path", path.name))
     reason = lstmperf.unavailable_reason(path) or path.available(lstmperf.device)
@@ -234,8 +229,6 @@ def lstmperf_path(request: pytest.FixtureRequest, lstmperf: LstmPerfSession):
 @pytest.fixture
 def lstmperf_pair(request: pytest.FixtureRequest, lstmperf: LstmPerfSession):
     """Two paths of one precision whose results should agree closely (``ExecutionPath.pair_with``)."""
-    from . import paths as registry
-
     pair = tuple(registry.get(n) for n in request.param)
     request.node.user_properties.append(("lstmperf_path", "~".join(request.param)))
     for path in pair:

@@ -17,6 +17,9 @@ from typing import TYPE_CHECKING
 import pytest
 
 from . import options
+from . import paths as registry
+from .device import DeviceError, resolve_device
+from .model.profiles import PROFILES
 from .observation.claims import Finding
 
 if TYPE_CHECKING:
@@ -145,8 +148,6 @@ class LstmPerfSession:
 
     @property
     def hypothesis_profile(self):
-        from .model.profiles import PROFILES
-
         return PROFILES[self.profile]
 
     def header_lines(self) -> list[str]:
@@ -166,15 +167,13 @@ class LstmPerfSession:
                 "run last in each file, and a path whose worker cannot start is skipped with the reason"
             )
         if any("keras" in p.options and p.options["keras"].backend == "jax" for p in self.available_paths):
-            from .paths.keras.pool import xla_cache_description
+            from .paths.keras.pool import xla_cache_description  # numpy, an exit hook: not at pytest's start-up
 
             where = self.settings["lstmperf_xla_cache"].where()
             lines.append(
                 f"lstmperf: XLA compilation cache of the Keras-on-JAX worker: {xla_cache_description()} [{where}]"
             )
         if self.settings["lstmperf_paths"].value is None:
-            from . import paths as registry
-
             extended = [p for p in registry.all_paths().values() if p.extended and p.device == self.device.kind]
             if extended:
                 lines.append(
@@ -191,8 +190,6 @@ class LstmPerfSession:
 
     @classmethod
     def from_config(cls, config: pytest.Config) -> LstmPerfSession:
-        from . import paths as registry
-
         settings = {name: resolve_setting(config, name) for name in options.SETTINGS if options.is_added(config, name)}
         device = run_device(config)
         names = settings["lstmperf_paths"].value
@@ -202,6 +199,8 @@ class LstmPerfSession:
                 f"{settings['lstmperf_paths'].where()}: none of these paths runs on {device.name} (paths for "
                 f"{device.kind}: {', '.join(p.name for p in registry.for_device(device.kind))})"
             )
+        # importing these at the top would register the Keras paths before the built-in ones (and load numpy and
+        # the pool's exit hook at pytest's start-up)
         from .paths.keras.paths import prestart_workers
         from .paths.keras.pool import resolve_xla_cache, set_xla_cache
 
@@ -225,8 +224,6 @@ def resolve_setting(config: pytest.Config, name: str) -> options.Resolved:
     paths (which lies above the options): the names it selects (None: the default selection; ``all``: every
     registered path); an unknown name is a usage error, as any bad value is."""
     if name == "lstmperf_paths":
-        from . import paths as registry
-
         return options.resolve(config, name, then=registry.selection)
     return options.resolve(config, name)
 
@@ -241,8 +238,6 @@ def requested_device(config: pytest.Config) -> str:
 def run_device(config: pytest.Config) -> DeviceInfo:
     """The run's device: the session's, or (before the session exists) resolved from the setting once and kept;
     a GPU that was asked for and is not usable is a usage error."""
-    from .device import DeviceError, resolve_device
-
     if SESSION_KEY in config.stash:
         return config.stash[SESSION_KEY].device
     if DEVICE_KEY not in config.stash:

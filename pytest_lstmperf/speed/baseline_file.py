@@ -36,6 +36,8 @@ from pathlib import Path
 from typing import Any
 
 from ..device import HARDWARE_FIELDS, hardware_key
+from .benchmark_adapter import statistics as benchmark_statistics
+from .policy import Measurement, Reference, RunFigures, run_figures
 
 #: version of the ``lstmperf`` section; bump when its meaning changes
 FORMAT = 2
@@ -70,12 +72,10 @@ def bench_entry(
     ``record`` holds ``fullname``, ``name``, ``group``, ``param``, ``params``, ``extra_info``, ``options``,
     ``data`` (seconds per call, one per round) and ``iterations``.
     """
-    from .benchmark_adapter import statistics
-
     data = [float(x) for x in record["data"]]
     if not data:
         raise ValueError(f"{record.get('fullname')}: no samples")
-    stats_dict = statistics(data)
+    stats_dict = benchmark_statistics(data)
     stats_dict["data"] = data
     stats_dict["iterations"] = int(record.get("iterations", 1))
     entry = {
@@ -91,8 +91,6 @@ def bench_entry(
     if recorded is not None:
         entry["recorded"] = dict(recorded)
     if versions is not None:
-        from .policy import Measurement, run_figures
-
         measured = Measurement.from_record(record)
         entry["lstmperf"] = {
             "versions": dict(versions),
@@ -121,8 +119,6 @@ def history_point(entry: Mapping[str, Any], date: str | None = None) -> dict[str
 
 def reference_of(entry: Mapping[str, Any]) -> Any:
     """The :class:`~.policy.Reference` of a baseline entry."""
-    from .policy import Reference, RunFigures
-
     part = entry.get("lstmperf") or {}
     return Reference(
         name=entry["fullname"],

@@ -7,10 +7,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .baseline import reference_of
+from .policy import Decision, GateResult, Measurement, decide, pooled, upgrade_of
+
 if TYPE_CHECKING:
     from ..device import DeviceInfo
     from .baseline import Baseline, SaveReport
-    from .policy import GateResult
     from .timing import Anchor
 
 
@@ -41,9 +43,6 @@ def run_gate(
     """Every record against the baseline (:func:`.policy.decide`); baseline entries this run did not measure are
     not-run, or path-lost where their path is ``unavailable`` now (path name -> why); the upgrade, where the
     entries' versions differ from ``versions``."""
-    from .baseline import reference_of
-    from .policy import Decision, GateResult, Measurement, decide, pooled, upgrade_of
-
     entries = baseline.entries
     references = pooled({name: reference_of(entry) for name, entry in entries.items()})
     decisions = [

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from .benchmark_adapter import default_machine_info
+
 
 class MachineInfo:
     """pytest-benchmark's own machine info (its default ``pytest_benchmark_generate_machine_info``), computed in
@@ -30,8 +32,6 @@ class MachineInfo:
 
     def _run(self) -> None:
         try:
-            from .benchmark_adapter import default_machine_info
-
             self.info = default_machine_info()
         except Exception:  # pytest-benchmark computes it itself then, with its own errors
             self.failed = True

@@ -21,6 +21,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from ..meters import format_seconds
 from .gate_table import TABLE_HEADER, table_rows
 from .report_plots import PLOT_TITLES, median, plot_baseline, plot_sweep
 from .timing import PEAK_METHOD
@@ -33,8 +34,6 @@ SWEEPS = (
 
 
 def _fmt(value: float | None) -> str:
-    from ..meters import format_seconds
-
     return format_seconds(value)
 
 

@@ -20,9 +20,14 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from .. import meters, options
+from .. import paths as registry
+from ..device import shared_gpu
 from ..host_counters import host_counters
 from ..observation.claims import Finding, kernel_mismatch, known_kernel_finding
-from .shapes import bench_set
+from ..observation.torch_trace import torch_trace
+from . import timing
+from .shapes import ROUNDS, bench_set
+from .timing import Anchor
 from .user_call import holds_jax_arrays, jax_kernels, synchronizer, user_device_time
 
 if TYPE_CHECKING:
@@ -76,9 +81,7 @@ class BenchRunner:
         self.state = state
 
     def measure(self, case: BenchCase) -> dict[str, Any]:
-        from .. import paths as registry
-        from ..model.case import make_case
-        from .shapes import ROUNDS
+        from ..model.case import make_case  # imports numpy: kept out of pytest's start-up
 
         session = self.session
         device = session.device
@@ -139,8 +142,6 @@ class BenchRunner:
         runs PyTorch work (a ``torch.nn.Module``, or Keras on the torch backend) and must not synchronise;
         the benchmark synchronises after each timed call. ``flops`` (per call), when given, adds achieved
         FLOP/s; none is made up otherwise. Returns what one call of ``fn`` returned."""
-        from ..observation.torch_trace import torch_trace
-
         device = self.session.device
         _skip_shared_gpu(device)
         thresholds = self._thresholds()
@@ -188,8 +189,6 @@ class BenchRunner:
         """What a user's benchmark records and measures, whichever framework ran it: ``observed`` (the framework
         and what one call ran), the per-call time of ``timed``, ``dev_time(samples)``, ``counters()``, FLOP/s
         where ``flops`` is given, and the record the gate reads."""
-        from .shapes import ROUNDS
-
         extra = self.benchmark.extra_info
         extra.update(path="user", device=self.session.device.name, mode=label, shape="-", set=bench_set(self.config))
         extra.update(observed)
@@ -266,8 +265,6 @@ class BenchRunner:
         anchor's (``dev_time(samples)``) and the host counters (``counters()``, one untimed call), with the machine
         to itself (under pytest-xdist: :mod:`.machine_lock`). Fills ``extra``; returns the per-call samples, or
         None under ``--benchmark-disable``."""
-        from . import timing
-
         phases = extra.setdefault("phase_s", {})
         started = time.perf_counter()
         clock = timing.benchmark_timer(self.config)
@@ -279,7 +276,7 @@ class BenchRunner:
             self.benchmark.pedantic(timed)  # --benchmark-disable: run once, as a test
             return None
         with self.lock.exclusive() if self.lock is not None else contextlib.nullcontext():
-            from ..paths.keras.pool import wait_started
+            from ..paths.keras.pool import wait_started  # imports numpy, registers an exit hook: not at start-up
 
             wait_started()  # the run's own Keras workers: no start-up beside a timing
             phases["waited"] = time.perf_counter() - started  # for other workers' tests, the Keras workers' start
@@ -321,8 +318,6 @@ class BenchRunner:
 
     def _anchor(self) -> Any:
         """The run's anchor on this device, made once."""
-        from .timing import Anchor
-
         if self.state.anchor is None:
             self.state.anchor = Anchor(self.session.device.torch_device)
         return self.state.anchor
@@ -336,8 +331,6 @@ class BenchRunner:
     def _device_time(extra: dict[str, Any], dev_time: Any, samples: int, data: list[float], anchor: Any) -> None:
         """The benchmark's device samples, each followed by one of the anchor's where they are taken in this process
         (:func:`..meters.paired_with`), else the anchor's taken after them (a Keras worker's device time)."""
-        from . import timing
-
         if anchor.kind != "torch-cuda":
             dev = dev_time(samples)
         else:
@@ -377,8 +370,6 @@ class BenchRunner:
             extra["host_counters_note"] = note
 
     def _flops(self, extra: dict[str, Any], flops: float, precision: str) -> None:
-        from . import timing
-
         busy = extra.get("device_time_s") or extra.get("time_per_call_s")
         peak = timing.measured_peak_flops(self.session.device.torch_device, precision)
         achieved = flops / busy if busy else None
@@ -439,8 +430,6 @@ class BenchRunner:
 
 
 def _skip_shared_gpu(device: DeviceInfo) -> None:
-    from ..device import shared_gpu
-
     shared = shared_gpu(device)
     if shared:
         pytest.skip(f"not timed: {shared}; a benchmark needs a GPU of its own (use -n auto or fewer workers)")

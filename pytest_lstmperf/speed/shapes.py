@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from .. import options
 from ..model.spec import Cell, LayerSpec
 
 SETS = ("gate", "thorough")
@@ -160,6 +161,4 @@ def set_shapes(name: str, device_kind: str) -> list[BenchShape]:
 
 def bench_set(config: Any) -> str:
     """The name of the selected benchmark set (``--lstmperf-bench-set``): ``gate`` (quick) or ``thorough``."""
-    from .. import options
-
     return str(options.resolve(config, "lstmperf_bench_set").value)

@@ -29,6 +29,7 @@ from typing import Any
 from .. import graph_replay
 from ..meters import WARM_AFTER_ONE_S, DeviceTime, long_call_samples
 from ..model.precision import DTYPE_PRECISION, HALF_PRECISIONS
+from .benchmark_adapter import load_timer
 
 
 # -------------------------------------------------------------------------------------------- rounds
@@ -207,8 +208,6 @@ def paired_rounds(
 def benchmark_timer(config: Any) -> Callable[[], float]:
     """The clock pytest-benchmark times with (``--benchmark-timer``, default ``time.perf_counter``), so that
     rounds timed here (under pytest-xdist) use the same one."""
-    from .benchmark_adapter import load_timer
-
     raw = config.getoption("benchmark_timer", None)
     if not raw:
         return time.perf_counter

@@ -12,6 +12,8 @@ from __future__ import annotations
 from typing import Any
 
 from .. import meters
+from ..model.precision import DTYPE_PRECISION
+from ..observation.torch_trace import gpu_kernel_names, kernel_family, precision_from
 
 
 def user_device_time(fn: Any, torch_device: str, ops: Any) -> Any:
@@ -47,9 +49,6 @@ def jax_kernels(fn: Any, wait: Any, torch_device: str, result: Any) -> tuple[str
     precision from the kernel names and the results' dtypes (those of the outputs: a model that computes in
     a lower precision than it returns is not seen so). On the CPU nothing is launched to read: ``unknown``."""
     import jax
-
-    from ..model.precision import DTYPE_PRECISION
-    from ..observation.torch_trace import gpu_kernel_names, kernel_family, precision_from
 
     leaves = jax.tree_util.tree_leaves(result)
     dtypes = sorted({DTYPE_PRECISION.get(str(x.dtype), str(x.dtype)) for x in leaves if hasattr(x, "dtype")})
