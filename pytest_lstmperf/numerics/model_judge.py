@@ -12,9 +12,11 @@ from typing import Any
 
 import numpy as np
 
+from .. import paths as registry
 from ..model.spec import LayerSpec
+from ..observation.claims import current_versions
 from .checks import Mismatch, format_failure, judge_trace, relative_error
-from .tolerance import Tolerance, bound_of_what_ran
+from .tolerance import MAX_REL, Tolerance, ToleranceTooLoose, bound_of_what_ran
 
 SEED = 0
 
@@ -100,8 +102,6 @@ def envelope_spec(specs: Sequence[LayerSpec]) -> LayerSpec:
 # ------------------------------------------------------------------------------------------ entry point
 def model_paths(device: str, names: Sequence[str] | None = None) -> list[Any]:
     """The PyTorch paths a user's model runs on ``device`` (``cpu``/``cuda``): the registry's non-packed ones."""
-    from .. import paths as registry
-
     kind = device.split(":")[0]
     chosen = registry.for_device(kind, names)
     return [p for p in chosen if p.framework == "torch" and not p.options.get("packed")]
@@ -134,8 +134,6 @@ def _judge(path: Any, expected: tuple[str, str], trace: Any, where: str, known: 
     """One trace against the claim, by the suites' rule (:func:`pytest_lstmperf.numerics.checks.judge_trace`): a
     difference that known findings of ``path`` document is added to ``known`` (with the versions note), any other
     is a mismatch."""
-    from ..observation.claims import current_versions
-
     found, explained = judge_trace(path, expected, trace, where)
     if not explained:
         return found
@@ -196,8 +194,6 @@ def _check_numbers(
     """Every output and gradient: finite, and within the bound of what its pass ran (:func:`_pass_bound`),
     widened by the model's ``sensitivity`` where it exceeds the canonical data's; fills ``outcome.errors``,
     ``outcome.bounds`` and ``outcome.unchecked``."""
-    from .tolerance import MAX_REL, ToleranceTooLoose
-
     found: list[Mismatch] = []
     pairs: list[tuple[str, str, np.ndarray | None, np.ndarray]] = [
         ("forward", f"output {i}", v, r) for i, (v, r) in enumerate(zip(run.outputs, ref.outputs, strict=True))

@@ -23,6 +23,8 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from ..model.case import make_case
+from ..model.reference import run_reference
 from ..model.spec import LayerSpec
 from .checks import relative_error
 
@@ -77,9 +79,6 @@ def relative_changes(
 
 def canonical(spec: LayerSpec, seed: int = 0) -> dict[str, float]:
     """Per pass, the largest sensitivity of the canonical data of ``spec`` (float64 reference)."""
-    from ..model.case import make_case
-    from ..model.reference import run_reference
-
     case = make_case(spec, seed)
     ref = _quantities(run_reference(case))
 

@@ -16,9 +16,12 @@ from typing import Any
 
 import numpy as np
 
+from .. import paths as registry
 from ..model.spec import LayerSpec
+from ..observation.calls import observe, unserialized_switches
 from ..observation.model_configs import configs_from_model
 from .model_judge import SEED, ModelRun, PathOutcome, conclude, envelope_spec
+from .sensitivity import Sensitivity, canonical, perturb, relative_changes
 
 
 def _as_float64(config: Any) -> Any:
@@ -71,8 +74,6 @@ def _keras_run(model: Any, inputs: Any) -> ModelRun:
     """Outputs and gradients w.r.t. the trainable weights (inference mode: no dropout), observed per layer."""
     import keras
 
-    from ..observation.calls import observe
-
     if keras.backend.backend() == "jax":
         return _keras_jax_run(model, inputs)
     with observe() as seen:
@@ -123,8 +124,6 @@ def _keras_jax_run(model: Any, inputs: Any) -> ModelRun:
     import jax
     import jax.numpy as jnp
     import keras
-
-    from ..observation.calls import observe, unserialized_switches
 
     trainable = [v.value for v in model.trainable_variables]
     fixed = [v.value for v in model.non_trainable_variables]
@@ -197,7 +196,6 @@ def _keras_sensitivity(model: Any, inputs: Any, ref: ModelRun, spec: LayerSpec) 
     """The model's sensitivity, as :func:`pytest_lstmperf.numerics.verify_torch._sensitivity` measures a torch
     model's: float64 clones with perturbed weights, and perturbed inputs where they are floating-point numpy
     arrays (token ids stay as they are)."""
-    from .sensitivity import Sensitivity, canonical, perturb, relative_changes
 
     def moved(rng: np.random.Generator) -> dict[str, np.ndarray]:
         twin = _keras_reference(model)
@@ -236,8 +234,6 @@ KERAS_BACKENDS = ("tensorflow", "torch", "jax")
 def keras_model_paths(device: str) -> list[Any]:
     """The model as built (the backend's default kernel choice) and, on a GPU, with ``use_cudnn=False``."""
     import keras
-
-    from .. import paths as registry
 
     backend = {"tensorflow": "tf", "jax": "jax"}.get(keras.backend.backend(), "torch")
     kind = device.split(":")[0]

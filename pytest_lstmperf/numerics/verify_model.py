@@ -35,6 +35,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from .. import paths as registry
 from .model_judge import (
     SEED,
     KnownFindingWarning,
@@ -95,8 +96,6 @@ def _accept(outcomes: list[PathOutcome], accept_unchecked: Sequence[str]) -> Non
     """Mark the accepted quantities of each outcome; a name that matches no quantity of the model is a
     ``ValueError`` naming the valid ones (a typo must not leave something unchecked in silence)."""
     from fnmatch import fnmatchcase
-
-    from .. import paths as registry
 
     known = {q for o in outcomes for q in (*o.errors, *o.unchecked_quantities)}
     # a path may be named that this device does not run (one test accepting the bf16 paths of CPU and GPU)

@@ -18,10 +18,13 @@ from typing import Any
 
 import numpy as np
 
+from ..device import resolve_device
 from ..model.spec import Cell, LayerSpec
 from ..observation.layer_trace import LayerRecorder, layer_name, torch_layer_trace
+from ..paths.torch_paths import path_autocast, path_switches
 from .checks import Mismatch, format_failure
 from .model_judge import SEED, ModelRun, PathOutcome, conclude, envelope_spec, model_paths
+from .sensitivity import Sensitivity, canonical, perturb, relative_changes
 
 
 def recurrent_layers(model: Any) -> list[Any]:
@@ -162,15 +165,11 @@ def _shape_hooks(model: Any) -> dict[str, Any]:
 def _switches(path: Any) -> contextlib.AbstractContextManager:
     import torch
 
-    from ..paths.torch_paths import path_switches
-
     return path_switches(torch, {} if path is None else path.options)
 
 
 def _autocast(path: Any, device: str) -> contextlib.AbstractContextManager:
     import torch
-
-    from ..paths.torch_paths import path_autocast
 
     return path_autocast(torch, {} if path is None else path.options, device.split(":")[0])
 
@@ -178,8 +177,6 @@ def _autocast(path: Any, device: str) -> contextlib.AbstractContextManager:
 def _sensitivity(model: Any, inputs: tuple, ref: ModelRun, spec: LayerSpec, device: str = "cpu") -> Any:
     """This model's sensitivity on its own data against the canonical data's (:mod:`.sensitivity`)."""
     import torch
-
-    from .sensitivity import Sensitivity, canonical, perturb, relative_changes
 
     def moved(rng: np.random.Generator) -> dict[str, np.ndarray]:
         twin = copy.deepcopy(model).to("cpu", torch.float64)
@@ -201,8 +198,6 @@ def verify_torch_model(
     """The outcome of every selected PyTorch path of ``device`` (:func:`model_paths`) for a torch model, each
     against the float64 run of the model on the device the paths run on."""
     import torch
-
-    from ..device import resolve_device
 
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"verify_model takes a torch.nn.Module or a Keras model, got {type(model).__name__}")

@@ -16,7 +16,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..model.keras_options import ACTIVATIONS, KerasOptions
+from ..model.spec import DTYPES, LayerSpec
+from . import jax_trace
 from .layer_trace import LayerRecorder, torch_layer_trace
+from .tf_trace import tf_trace
 
 
 @dataclass
@@ -95,8 +99,6 @@ def _observe_torch(stack: contextlib.ExitStack, seen: Observation) -> None:
 
 
 def _observe_tf(stack: contextlib.ExitStack, seen: Observation) -> None:
-    from .tf_trace import tf_trace
-
     stack.enter_context(_collect(tf_trace("test"), seen))
 
 
@@ -130,8 +132,6 @@ def _torch_layer(module: Any, args: tuple) -> tuple[str, Any, Any]:
     """``(framework, LayerSpec, device type)`` of one call of a torch LSTM/GRU or cell, with the batch, length
     and initial state of that call (a cell: one step, framework ``torch-cell``)."""
     import torch
-
-    from ..model.spec import DTYPES, LayerSpec
 
     data = args[0]
     packed = isinstance(data, torch.nn.utils.rnn.PackedSequence)
@@ -323,8 +323,6 @@ def _jax_layer_traces(seen: Observation, layer: Any, invoke: Any, arrays: tuple,
         import jax.numpy as jnp
         import keras
 
-        from .jax_trace import compiled_trace, tf32_capable
-
         def abstract(a: Any) -> Any:
             return jax.ShapeDtypeStruct(tuple(int(d) for d in a.shape), a.dtype)
 
@@ -357,13 +355,13 @@ def _jax_layer_traces(seen: Observation, layer: Any, invoke: Any, arrays: tuple,
                 return sum(jnp.sum(o.astype(jnp.float32)) for o in outs if jnp.issubdtype(o.dtype, jnp.floating))
 
             concrete = not isinstance(sequences, jax.core.Tracer) and hasattr(sequences, "devices")
-            tf32 = tf32_capable(next(iter(sequences.devices())) if concrete else jax.devices()[0])
+            tf32 = jax_trace.tf32_capable(next(iter(sequences.devices())) if concrete else jax.devices()[0])
             cached = []
             phases = [("forward", jax.jit(call))]
             if seen.jax_backward:
                 phases.append(("backward", jax.jit(jax.grad(loss, argnums=(0, 1)))))
             for phase, function in phases:
-                cached.append(compiled_trace(function, *args, phase=phase, tf32_capable=tf32))
+                cached.append(jax_trace.compiled_trace(function, *args, phase=phase, tf32_capable=tf32))
             if len(_JAX_TRACES) > 256:
                 _JAX_TRACES.clear()
             _JAX_TRACES[key] = cached
@@ -394,8 +392,6 @@ def _spied_fused(seen: Observation, original: Any) -> Any:
 
 
 def _activation_name(function: Any) -> str:
-    from ..model.keras_options import ACTIVATIONS
-
     name = getattr(function, "__name__", None)
     module = getattr(function, "__module__", "") or ""
     if name in ACTIVATIONS and module.startswith("keras"):
@@ -420,9 +416,6 @@ def describe_keras_layer(layer: Any, sequences: Any, mask: Any, initial_state: b
     whether the caller passed states, as a decoder fed an encoder's states is)."""
     import keras
     import numpy as np
-
-    from ..model.keras_options import KerasOptions
-    from ..model.spec import LayerSpec
 
     backend = keras.backend.backend()
     shape = tuple(int(d) for d in sequences.shape)

@@ -52,6 +52,7 @@ from typing import Any
 from ..model.keras_options import Backend, KerasOptions, mask_style
 from ..model.precision import DTYPE_PRECISION
 from ..model.spec import Cell, LayerSpec
+from .torch_trace import torch_trace
 
 #: the library versions the rules below were read from (installed source, keras/src/..., torch RNN.cpp docs)
 RULES_READ_FROM = {"keras": "3.15.1", "tensorflow": "2.21.0", "torch": "2.13.0", "jax": "0.10.2", "onnxscript": "0.7.2"}
@@ -775,9 +776,6 @@ def torch_rules_check() -> RulesCheck:
     global _PROBING
     import torch
     from torch.utils._python_dispatch import _disable_current_modes
-
-    from ..model.spec import LayerSpec
-    from .torch_trace import torch_trace
 
     version = str(torch.__version__)
     cuda = torch.cuda.is_available()

@@ -16,6 +16,7 @@ from typing import Any
 
 from ..model.keras_options import KerasOptions
 from ..model.spec import LayerSpec
+from .calls import _activation_name, observe
 from .explain import normalize_framework
 from .tf_import import quiet_tensorflow_import
 
@@ -168,8 +169,6 @@ def _keras_called_shapes(model: Any, example_inputs: Any) -> dict[int, tuple[int
         return {}
     import keras
 
-    from .calls import observe
-
     shapes: dict[int, tuple[int, int, bool]] = {}
     original = {cls: cls.inner_loop for cls in (keras.layers.LSTM, keras.layers.GRU)}
     with observe() as seen:
@@ -200,8 +199,6 @@ def _keras_called_shapes(model: Any, example_inputs: Any) -> dict[int, tuple[int
 
 def _keras_configs(model: Any, batch: int, seq_len: int, example_inputs: Any = None) -> list[Config]:
     import keras
-
-    from .calls import _activation_name
 
     configs = ModelConfigs()
     called = _keras_called_shapes(model, example_inputs)
