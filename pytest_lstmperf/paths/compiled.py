@@ -25,8 +25,11 @@ import shutil
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+from .. import meters
+from ..observation.torch_trace import profiler_trace
 from . import ExecutionPath, PathResult, register_from
 from .torch_paths import TorchRun
+from .torch_paths import available as torch_available
 from .torch_paths import supports as torch_supports
 
 if TYPE_CHECKING:
@@ -99,8 +102,6 @@ _entry(
 def available(path: ExecutionPath, device: DeviceInfo) -> str | None:
     """Why ``torch.compile`` cannot compile here: no torch, Dynamo unsupported on this Python, no C++
     compiler (inductor's CPU backend), no triton (its CUDA backend), or the device's own reason."""
-    from .torch_paths import available as torch_available
-
     reason = torch_available(path, device)
     if reason:
         return reason
@@ -181,8 +182,6 @@ class CompiledRun(TorchRun):
             self.module.zero_grad(set_to_none=True)
 
     def _tracer(self) -> Any:
-        from ..observation.torch_trace import profiler_trace
-
         return profiler_trace
 
     def _compile_note(self) -> str:
@@ -207,8 +206,6 @@ class CompiledRun(TorchRun):
 
     # ---- timing: compiled code must not run under a dispatch mode or inside an outer graph capture
     def device_time(self, mode: str, samples: int) -> Any:
-        from .. import meters
-
         call = self.forward if mode == "forward" else self.train_step
         if self.mode != "reduce-overhead":
             return meters.device_time(call, self.device.torch_device, samples)

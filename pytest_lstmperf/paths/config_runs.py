@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ..device import resolve_device
+from ..model.case import make_case
 from ..observation.eligibility import ReportRow
 from ..observation.eligibility import build_report as _rows
 from ..observation.model_configs import Config, configs_from_model
@@ -25,8 +27,6 @@ RUNNERS = {"torch": "torch_paths", "torch-compile": "compiled", "onnxruntime": "
 
 def run_config(framework: str, spec: LayerSpec, options: KerasOptions | None, device: Any) -> PreparedRun:
     """A PreparedRun for one config on ``device`` (a DeviceInfo)."""
-    from ..model.case import make_case
-
     path = ExecutionPath(
         name="report", framework=framework, device=device.kind, kernel="none", precision="fp32",
         description="eligibility report run",
@@ -51,7 +51,5 @@ def report(model: Any, example_inputs: Any = None, *, device: str = "cpu", run: 
             "nn.GRUCell modules and Keras LSTM/GRU layers, Bidirectional-wrapped ones included)"
         )
     if run:
-        from ..device import resolve_device
-
         return build_report(configs, resolve_device(device, "device"), run=True)
     return build_report(configs, device, run=False)

@@ -27,10 +27,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..device import DeviceInfo
+from ..meters import DeviceTime
+from ..observation.explain import onnx_export_problems
+from ..observation.ort_trace import read_profile, trace_from_profile
 from . import ExecutionPath, PathResult, register_from
 
 if TYPE_CHECKING:
-    from ..device import DeviceInfo
     from ..model.case import Case
     from ..model.spec import LayerSpec
 
@@ -94,8 +97,6 @@ def available(path: ExecutionPath, device: DeviceInfo) -> str | None:
 
 
 def supports(path: ExecutionPath, spec: LayerSpec) -> str | None:
-    from ..observation.explain import onnx_export_problems
-
     if spec.training:
         return INFERENCE_ONLY
     if spec.dtype != "float32":
@@ -135,6 +136,7 @@ class OnnxRun:
         import onnx
         import onnxruntime
 
+        # at the top it would register the eager paths after these where this module is imported first
         from .torch_paths import TorchRun
 
         self.path, self.case, self.device, self.spec = path, case, device, case.spec
@@ -174,8 +176,6 @@ class OnnxRun:
 
     # ---- PreparedRun protocol
     def run(self) -> PathResult:
-        from ..observation.ort_trace import read_profile, trace_from_profile
-
         session = self._session(profile=True)
         outputs = session.run(None, self.feed)
         trace = trace_from_profile(read_profile(session.end_profiling()), "forward", self._note())
@@ -209,8 +209,6 @@ class OnnxRun:
         """``InferenceSession.run`` returns host arrays: the call has finished when it returns."""
 
     def device_time(self, mode: str, samples: int) -> Any:
-        from ..meters import DeviceTime
-
         if self.path.device == "cpu":
             return DeviceTime("host", (), "on the CPU the host runs the kernels: device time is the time per call")
         return DeviceTime(
@@ -223,8 +221,6 @@ class OnnxRun:
 
 
 def _cpu(device: DeviceInfo) -> Any:
-    from ..device import DeviceInfo
-
     return DeviceInfo("cpu")
 
 

@@ -12,6 +12,7 @@ import contextlib
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
+from ..observation.torch_trace import torch_trace
 from . import ExecutionPath, PathResult, register_from
 
 if TYPE_CHECKING:
@@ -265,8 +266,6 @@ class TorchRun:
 
     def _tracer(self) -> Any:
         """The kernel trace a pass runs under (``torch_trace``: dispatch mode, and the profiler on CUDA)."""
-        from ..observation.torch_trace import torch_trace
-
         return torch_trace
 
     # ---- PreparedRun protocol

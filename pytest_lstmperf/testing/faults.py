@@ -184,7 +184,7 @@ def _plant_host_work(ops: int) -> Callable[[], None]:
 
 
 def _plant_onnx_weight(eps: float) -> Callable[[], None]:
-    from ..paths import onnx_runtime
+    from ..paths import onnx_runtime  # at the top, importing this module first would register the ONNX paths first
 
     def hook(model: Any) -> None:
         import numpy as np

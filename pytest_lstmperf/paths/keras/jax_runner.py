@@ -13,15 +13,17 @@ compiles for it. Keras's cuDNN test (``keras/src/backend/jax/rnn.py`` ``_is_gpu_
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from ...observation.jax_trace import tf32_capable
-from .runners import BackendRunner
-
-if TYPE_CHECKING:
-    from .runners import LocalKerasRun
+from ...host_counters import cuda_profile
+from ...meters import xla_device_time
+from ...model.case import make_case
+from ...model.keras_options import KerasOptions
+from ...model.spec import LayerSpec
+from ...observation.jax_trace import cudnn_allows_tf32, hlo_trace, tf32_capable
+from .runners import BackendRunner, LocalKerasRun, case_arrays
 
 
 def hello() -> dict[str, Any]:
@@ -52,8 +54,6 @@ def preload_device_timing() -> None:
     runs its other tests, rather than inside the first Keras-on-JAX benchmark's measurement: torch's profiler
     (about 3 s of imports on the H100) and CUPTI's first start (one empty profiling session: 1-2 s there).
     Without torch or its CUDA profiling nothing is done (the device time then says why it fell back)."""
-    from ...host_counters import cuda_profile
-
     try:
         cuda_profile(lambda: None)
     except Exception:  # any failure is the device time's to report, when it is asked for
@@ -119,8 +119,6 @@ class JaxRunner(BackendRunner):
         return self.compiled[phase]
 
     def _trace(self, phase: str) -> Any:
-        from ...observation.jax_trace import cudnn_allows_tf32, hlo_trace
-
         text = self._executable(phase).as_text()
         return hlo_trace(text, phase, tf32_capable=self.tf32, cudnn_tf32=cudnn_allows_tf32(),
                          program=self.lowered_text[phase], detail="from compiled HLO")  # fmt: skip
@@ -166,8 +164,6 @@ class JaxRunner(BackendRunner):
         installed). Without it, calls queued back to back are timed until the last result is ready
         (:func:`pytest_lstmperf.meters.pipelined_device_time`): on the H100 a Keras-on-JAX cuDNN call
         waits on a copy to the host inside it, so that figure is host-bound there and the gate says so."""
-        from ...meters import xla_device_time
-
         executable = self._executable("forward" if kind == "forward" else "backward")
         return xla_device_time(lambda: executable(*self.args), self.jax.block_until_ready, samples)
 
@@ -184,10 +180,6 @@ def cudnn_attempts(configs: list[tuple[dict, dict]]) -> list[dict[str, Any]]:
     fallback), while the forward call is traced (``jax.jit(...).lower``: nothing runs). Returns ``attempted``,
     the error the layer raised (``use_cudnn=True``), and whose loop the lowered module holds."""
     import importlib
-
-    from ...model.keras_options import KerasOptions
-    from ...model.spec import LayerSpec
-    from .runners import LocalKerasRun
 
     # patched below: the attributes of these modules are not known to the type checker
     backend_rnn: Any = importlib.import_module("keras.src.backend.jax.rnn")
@@ -221,7 +213,4 @@ def cudnn_attempts(configs: list[tuple[dict, dict]]) -> list[dict[str, Any]]:
 
 
 def _probe_arrays(spec: Any) -> dict[str, Any]:
-    from ...model.case import make_case
-    from .runners import case_arrays
-
     return case_arrays(make_case(spec))

@@ -38,6 +38,7 @@ from ...model.keras_options import (  # noqa: F401  (re-exported: KerasOptions's
     mask_style,
 )
 from ...model.spec import LayerSpec
+from . import weights as keras_weights
 
 
 # ------------------------------------------------------------------------------------------- spec -> Keras
@@ -168,8 +169,6 @@ class KerasStack:
 
     def __init__(self, spec: LayerSpec, options: KerasOptions, weights: dict[str, np.ndarray]) -> None:
         import keras
-
-        from . import weights as keras_weights
 
         reason = unsupported(spec, options)
         if reason:

@@ -1,10 +1,12 @@
 """Keras 3 execution paths, on the TensorFlow, torch and JAX backends, in the same registry as PyTorch's.
 
-Each path is one :class:`~pytest_lstmperf.paths.keras.layer.KerasOptions` (``options["keras"]``) on one device.
-The layer runs in the session's Keras worker for its backend (:mod:`pytest_lstmperf.paths.keras.pool`), so this
-module and the test process import neither keras nor tensorflow. This module holds the registry entries, the
-workers' start-up and the run; what decides whether a path can run here and on which specs, the known Keras
-bugs included, is :mod:`pytest_lstmperf.paths.keras.support` (each path's ``available`` and ``supports``).
+Each path is one :class:`~pytest_lstmperf.paths.keras.layer.KerasOptions` (``options["keras"]``) on one device. The
+layer runs in the session's Keras worker for its backend (:mod:`pytest_lstmperf.paths.keras.pool`), so this module
+and the test process import neither keras nor tensorflow. This module loads at pytest's start-up (the registry's),
+so the worker pool, the runners and the transport (numpy; the pool's exit hook) are imported inside the functions
+that use them. This module holds the registry entries, the workers' start-up and the run; what decides whether a
+path can run here and on which specs, the known Keras bugs included, is :mod:`pytest_lstmperf.paths.keras.support`
+(each path's ``available`` and ``supports``).
 
 * Paths whose claimed kernel is cuDNN accept only specs the explainer finds eligible; ``supports()`` returns
   the explainer's reasons for the others (a packed spec on the torch backend, ``bias=False``, ...).
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, cast
 
+from ...model.keras_options import KerasOptions
 from .. import ExecutionPath, PathResult, register
 from . import support
 from .support import missing
@@ -55,8 +58,6 @@ _GATE = {
 
 
 def _entry(name: str, backend: Backend, device: str, kernel: str, precision: str, description: str, **kw: Any) -> None:
-    from ...model.keras_options import KerasOptions
-
     extra = {k: kw.pop(k) for k in ("kernel_only", "min_capability", "off_cudnn") if k in kw}
     # the quick merge gate times each backend's default and its generic fallback; variants run in the thorough set
     in_gate = kw.pop("in_gate", name in _GATE)

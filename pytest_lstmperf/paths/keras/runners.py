@@ -14,10 +14,12 @@ from typing import Any
 
 import numpy as np
 
+from ... import host_counters, meters
 from ...model.keras_options import KerasOptions, mask_style
 from ...model.spec import LayerSpec
 from .layer import KerasStack, place, unplace, valid_positions
 from .transport import KerasUnavailable
+from .weights import grads_to_canonical
 
 #: Keras backend -> ``module:class`` of its runner (relative to this package; imported when a run is built)
 BACKEND_RUNNERS = {
@@ -118,8 +120,6 @@ class LocalKerasRun:
         return unplace(out, self.positions)
 
     def canonical_grads(self, gx: np.ndarray, gstates: list[np.ndarray], gvars: list[np.ndarray]) -> dict:
-        from .weights import grads_to_canonical
-
         grads: dict[str, np.ndarray] = {"x": gx if self.style == "none" else unplace(gx, self.positions)}
         if gstates:
             grads["h0"] = gstates[0]
@@ -167,19 +167,17 @@ class LocalKerasRun:
 
     def device_time(self, kind: str, samples: int) -> Any:
         """Device seconds per call of ``forward`` or ``train_step`` (``meters.device_time``)."""
-        from ...meters import DeviceTime, device_time
-
         if self.options.backend == "jax" and self.device == "cuda":
             return self._impl.device_time(kind, samples)  # type: ignore[attr-defined]
         if self.options.backend != "torch" and self.device == "cuda":
-            return DeviceTime(
+            return meters.DeviceTime(
                 "none",
                 (),
                 "Keras on TensorFlow launches its kernels on TensorFlow's own CUDA streams, which torch's CUDA "
                 "graphs and events do not see: no device time (the time per call decides)",
             )
         call = self.forward if kind == "forward" else self.train_step
-        return device_time(call, "cuda:0" if self.device == "cuda" else "cpu", samples)
+        return meters.device_time(call, "cuda:0" if self.device == "cuda" else "cpu", samples)
 
     def host_counters(self, kind: str) -> dict[str, Any]:
         """Host counters of one ``forward`` or ``train_step`` (:func:`pytest_lstmperf.host_counters.host_counters`),
@@ -191,10 +189,8 @@ class LocalKerasRun:
                 "do not see: "
                 "no host counters (the time per call decides)"
             }
-        from ...host_counters import host_counters
-
         call = self.forward if kind == "forward" else self.train_step
-        return host_counters(call, "cuda:0" if self.device == "cuda" else "cpu")
+        return host_counters.host_counters(call, "cuda:0" if self.device == "cuda" else "cpu")
 
 
 class BackendRunner:

@@ -14,6 +14,8 @@ from typing import Any
 
 from ...model.keras_options import KerasOptions
 from ...model.spec import LayerSpec
+from ...observation.tf_trace import function_trace
+from . import jax_runner
 from .runners import LocalKerasRun
 from .transport import recv, send, widen
 
@@ -32,9 +34,7 @@ class Server:
         import keras
 
         if self.backend == "jax":
-            from .jax_runner import hello
-
-            return hello()
+            return jax_runner.hello()
         info: dict[str, Any] = {"keras": keras.__version__, "backend": keras.backend.backend(), "gpus": []}
         if self.backend == "tensorflow":
             import tensorflow as tf
@@ -97,9 +97,7 @@ class Server:
 
     def jax_probe(self, configs: list) -> list[dict[str, Any]]:
         """JAX only: Keras's cuDNN decision per config (:func:`.jax_runner.cudnn_attempts`)."""
-        from .jax_runner import cudnn_attempts
-
-        return cudnn_attempts(configs)
+        return jax_runner.cudnn_attempts(configs)
 
     def graph_probe(self, spec: dict, options: dict, arrays: dict) -> dict[str, Any]:
         """TF only: the family of the graph Keras builds for this layer when it believes a GPU is present.
@@ -110,8 +108,6 @@ class Server:
         ``cudnn_ok`` verdict, or the error the layer raised.
         """
         import importlib
-
-        from ...observation.tf_trace import function_trace
 
         tf_rnn: Any = importlib.import_module("keras.src.backend.tensorflow.rnn")  # patched below
         original = tf_rnn._is_gpu_available
@@ -180,9 +176,7 @@ def serve(backend: str) -> int:
     gc.freeze()  # the imports' objects: long-lived, never scanned again by a collection (see Server.release)
     send(channel, {"ok": True, "result": info})
     if backend == "jax" and info.get("gpus"):
-        from .jax_runner import preload_device_timing
-
-        preload_device_timing()  # before the first request is read: the session runs other tests meanwhile
+        jax_runner.preload_device_timing()  # before the first request is read: the session runs other tests meanwhile
         gc.freeze()
     while True:
         try:

@@ -3,7 +3,8 @@ backend, a GPU the backend sees, cuDNN, TF32-capable hardware), which specs it t
 layer stack builds, cuDNN eligibility by the explainer, kernel-only paths), and the upstream Keras bugs a spec
 would hit on a path (``KNOWN_KERAS_BUGS``, keyed by the Keras version). The registered Keras paths
 (:mod:`pytest_lstmperf.paths.keras.paths`) name :func:`available` and :func:`supports` as theirs; this module
-imports neither keras nor any backend at its top.
+imports neither keras nor any backend at its top, nor numpy (the layer stack, the worker pool and the transport
+are imported inside the functions that use them): it loads at pytest's start-up.
 """
 
 from __future__ import annotations
@@ -11,6 +12,9 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 from typing import TYPE_CHECKING, Any
+
+from ...model.keras_options import mask_style
+from ...observation.explain import explain
 
 if TYPE_CHECKING:
     from ...device import DeviceInfo
@@ -111,11 +115,13 @@ def known_bug(path: ExecutionPath, spec: LayerSpec) -> str | None:
         return None
     options = path.options["keras"]
     for key, text in KNOWN_KERAS_BUGS.get(version, []):
-        if key == "unroll+bidirectional+mask" and options.unroll and spec.bidirectional:
-            from .layer import mask_style
-
-            if mask_style(spec, options) != "none":
-                return text
+        if (
+            key == "unroll+bidirectional+mask"
+            and options.unroll
+            and spec.bidirectional
+            and mask_style(spec, options) != "none"
+        ):
+            return text
         if key == "jax+mixed+gru-no-bias" and _runs_fused_jax_gru(options, spec) and not spec.bias:
             return text
         if key == "jax+cudnn+backwards+stacked" and _is_jax_cudnn_backwards(path) and spec.num_layers > 1:
@@ -130,8 +136,6 @@ def _is_jax_cudnn_backwards(path: ExecutionPath) -> bool:
 
 def _runs_fused_jax_gru(options: Any, spec: LayerSpec) -> bool:
     """A GRU that Keras's JAX backend sends to its fused scan, under a mixed dtype policy."""
-    from .layer import mask_style
-
     return (
         options.backend == "jax"
         and options.dtype_policy != "float32"
@@ -146,7 +150,6 @@ def _runs_fused_jax_gru(options: Any, spec: LayerSpec) -> bool:
 
 def supports_kernel(path: ExecutionPath, spec: LayerSpec) -> str | None:
     """Whether the path can run ``spec`` at all (kernel-only paths included)."""
-    from ...observation.explain import explain
     from .layer import unsupported
 
     options = path.options["keras"]

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ...observation.tf_trace import function_trace
 from .runners import BackendRunner, to_f64
 
 if TYPE_CHECKING:
@@ -61,8 +62,6 @@ class TensorFlowRunner(BackendRunner):
         return self.owner._device_scope()
 
     def run(self) -> dict[str, Any]:
-        from ...observation.tf_trace import function_trace
-
         owner, spec = self.owner, self.owner.spec
         with self._scope():
             fwd_trace = function_trace(self.fwd, phase="forward", tf32=self.tf32)
@@ -98,8 +97,6 @@ class TensorFlowRunner(BackendRunner):
             self.last = self.train()
 
     def trace_forward(self) -> Any:
-        from ...observation.tf_trace import function_trace
-
         with self._scope():
             return function_trace(self.fwd, phase="forward", tf32=self.tf32)
 

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ...observation.torch_trace import torch_trace
 from .runners import BackendRunner, to_f64
 
 if TYPE_CHECKING:
@@ -42,8 +43,6 @@ class TorchRunner(BackendRunner):
         return [v.value for v in self.owner.stack.variables()]
 
     def run(self) -> dict[str, Any]:
-        from ...observation.torch_trace import torch_trace
-
         owner, spec = self.owner, self.owner.spec
         x = self.x.detach().clone().requires_grad_(spec.training)
         states = (
@@ -82,8 +81,6 @@ class TorchRunner(BackendRunner):
         self._backward(out, hs, cs)
 
     def trace_forward(self) -> Any:
-        from ...observation.torch_trace import torch_trace
-
         with torch_trace(self.owner.device, "forward") as trace:
             self.forward()
         return trace[0]
