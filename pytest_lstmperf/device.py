@@ -37,7 +37,7 @@ def comparable_fields(kind: str, fingerprint: Mapping[str, str]) -> dict[str, st
 
 
 #: what decides the hardware's speed: the key of a speed baseline (software versions are recorded with each entry)
-HARDWARE_FIELDS = {"cuda": ("gpu", "capability"), "cpu": ("cpu", "threads")}
+HARDWARE_FIELDS = {"cuda": ("gpu", "capability"), "cpu": ("cpu", "cpu_id", "threads")}
 #: software whose version is recorded with every baseline entry: a run on other versions is an upgrade
 SOFTWARE_FIELDS = ("driver", "cuda", "cudnn", "torch")
 SOFTWARE_DISTRIBUTIONS = ("keras", "tensorflow", "jax", "jaxlib", "onnxruntime", "onnxruntime-gpu")
@@ -57,7 +57,7 @@ def hardware_key(fields: Mapping[str, str]) -> str:
     if fields.get("kind") == "cuda":
         parts = [fields.get("gpu", "gpu"), f"cc{fields.get('capability', '')}"]
     else:
-        parts = ["cpu", fields.get("cpu", ""), f"{fields.get('threads', '')}t"]
+        parts = ["cpu", fields.get("cpu", ""), fields.get("cpu_id", ""), f"{fields.get('threads', '')}t"]
     return re.sub(r"[^A-Za-z0-9.+-]+", "_", "-".join(parts)).strip("_.")[:200]
 
 
@@ -158,6 +158,50 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+def _cpu_id() -> str:
+    """The CPU's family, model and stepping (``25.1.1``): a generic model name ("AMD EPYC" on a cloud VM) is
+    shared by CPU generations that time differently."""
+    fields: dict[str, str] = {}
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as handle:
+            for line in handle:
+                key, _, value = line.partition(":")
+                key = key.strip()
+                if key in ("cpu family", "model", "stepping") and key not in fields:
+                    fields[key] = value.strip()
+                if not line.strip() and fields:
+                    break
+    except OSError:
+        pass
+    return ".".join(fields.get(k, "?") for k in ("cpu family", "model", "stepping")) if fields else platform.machine()
+
+
+#: the variables that set the threads of the frameworks a CPU run may start in worker processes
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS")
+
+
+def apply_threads(threads: int) -> None:
+    """Fix the CPU threads of every framework of a CPU run: torch's intra-op threads now, and the variables
+    the Keras workers, TensorFlow, XLA and ONNX Runtime read as they start (:data:`THREAD_VARIABLES`,
+    ``XLA_FLAGS``; ONNX Runtime's sessions read ``OMP_NUM_THREADS`` through :func:`cpu_threads`)."""
+    import torch
+
+    torch.set_num_threads(threads)
+    for name in THREAD_VARIABLES:
+        os.environ[name] = str(threads)
+    flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if not f.startswith(("--xla_cpu_multi_thread_eigen",
+             "intra_op_parallelism_threads"))]  # fmt: skip
+    flags += [f"--xla_cpu_multi_thread_eigen={'false' if threads == 1 else 'true'}",
+              f"intra_op_parallelism_threads={threads}"]  # fmt: skip
+    os.environ["XLA_FLAGS"] = " ".join(flags)
+
+
+def cpu_threads() -> int | None:
+    """The CPU threads a run fixed (:func:`apply_threads`), None where it fixed none."""
+    raw = os.environ.get("OMP_NUM_THREADS", "")
+    return int(raw) if raw.isdigit() and int(raw) > 0 else None
+
+
 def _driver_version() -> str:
     try:
         import torch
@@ -200,17 +244,22 @@ def fingerprint(kind: str, index: int | None) -> dict[str, str]:
         )
     else:
         onednn = torch.backends.mkldnn.is_available()
-        fp.update(cpu=_cpu_name(), threads=str(torch.get_num_threads()), onednn="yes" if onednn else "no")
+        fp.update(
+            cpu=_cpu_name(), cpu_id=_cpu_id(), threads=str(torch.get_num_threads()), onednn="yes" if onednn else "no"
+        )
     return fp
 
 
-def resolve_device(value: str, source: str = "--device") -> DeviceInfo:
-    """Resolve a device setting; ``source`` names where it came from for the error message."""
+def resolve_device(value: str, source: str = "--device", threads: int | None = None) -> DeviceInfo:
+    """Resolve a device setting; ``source`` names where it came from for the error message. On the CPU, with
+    ``threads``, every framework's CPU threads are fixed first (:func:`apply_threads`)."""
     try:
         kind, index = parse_device(value)
     except DeviceError as exc:
         raise DeviceError(f"{source}: {exc}") from None
     if kind == "cpu":
+        if threads is not None:
+            apply_threads(threads)
         return DeviceInfo("cpu", None, fingerprint("cpu", None))
     try:
         import torch
@@ -223,7 +272,7 @@ def resolve_device(value: str, source: str = "--device") -> DeviceInfo:
     if kind == "auto":
         if usable and count:
             return resolve_device("cuda", source)
-        return DeviceInfo("cpu", None, fingerprint("cpu", None))
+        return resolve_device("cpu", source, threads)
     if not usable or count == 0:
         built = torch.version.cuda
         why = (

@@ -186,6 +186,21 @@ add_setting(
     )
 )
 
+add_setting(
+    Setting(
+        "lstmperf_threads",
+        "--lstmperf-threads",
+        "PYTEST_LSTMPERF_THREADS",
+        "lstmperf_threads",
+        "1",
+        parse_int(1),
+        "CPU threads of every framework on --device=cpu runs (torch, oneDNN, TensorFlow, XLA, ONNX Runtime): a "
+        "fixed count makes timings comparable across runs and machines (one thread: as torch.utils.benchmark "
+        "times); it is part of a CPU baseline's key",
+        "N",
+    )
+)
+
 
 # ------------------------------------------------------------------------------------- speed gate
 #: the speed gate's default threshold, the smallest slowdown worth failing: a figure more than 5% above its
@@ -247,6 +262,17 @@ BENCH_SETTINGS = [
             parse_bool,
             "add this run's figures to the recorded baseline as one more recording run, without replacing any "
             "entry; a run whose figure lies outside an entry's limit is refused for that entry and named",
+        ),
+        Setting(
+            "lstmperf_record_processes",
+            "--lstmperf-record-processes",
+            "PYTEST_LSTMPERF_RECORD_PROCESSES",
+            "lstmperf_record_processes",
+            "3",
+            parse_int(1),
+            "independent processes a recording times every benchmark in (this one and N-1 fresh pytest processes "
+            "that run only the benchmarks): how far they lie apart is each benchmark's between-run noise",
+            "N",
         ),
         Setting(
             "lstmperf_accept_inconclusive",

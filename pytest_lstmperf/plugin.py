@@ -34,7 +34,14 @@ pytest_plugins = [
     if importlib.util.find_spec(name) is not None
 ]
 
-CORE_SETTINGS = ["lstmperf_device", "lstmperf_paths", "lstmperf_profile", "lstmperf_seed", "lstmperf_xla_cache"]
+CORE_SETTINGS = [
+    "lstmperf_device",
+    "lstmperf_paths",
+    "lstmperf_profile",
+    "lstmperf_seed",
+    "lstmperf_xla_cache",
+    "lstmperf_threads",
+]
 PATH_FIXTURE = "lstmperf_path"
 PAIR_FIXTURE = "lstmperf_pair"
 

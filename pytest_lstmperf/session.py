@@ -153,7 +153,12 @@ class LstmPerfSession:
     def header_lines(self) -> list[str]:
         run = [p.name for p in self.available_paths]
         lines = [
-            f"lstmperf: device {self.device.describe()} [{self.settings['lstmperf_device'].where()}]",
+            f"lstmperf: device {self.device.describe()} [{self.settings['lstmperf_device'].where()}]"
+            + (
+                f"; threads fixed [{self.settings['lstmperf_threads'].where()}]"
+                if self.device.kind == "cpu" and "lstmperf_threads" in self.settings
+                else ""
+            ),
             f"lstmperf: paths {', '.join(run) or 'none'}; hypothesis profile {self.profile} "
             f"({self.hypothesis_profile.description}); seed {self.seed}",
         ]
@@ -242,8 +247,11 @@ def run_device(config: pytest.Config) -> DeviceInfo:
         return config.stash[SESSION_KEY].device
     if DEVICE_KEY not in config.stash:
         dev = options.resolve(config, "lstmperf_device")
+        threads = (
+            options.resolve(config, "lstmperf_threads").value if options.is_added(config, "lstmperf_threads") else None
+        )
         try:
-            config.stash[DEVICE_KEY] = resolve_device(dev.value, dev.source)
+            config.stash[DEVICE_KEY] = resolve_device(dev.value, dev.source, threads)
         except DeviceError as exc:
             raise pytest.UsageError(str(exc)) from None
     return config.stash[DEVICE_KEY]

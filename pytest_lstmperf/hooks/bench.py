@@ -53,6 +53,7 @@ from .gate_context import (
     saving,
 )
 from .gate_finish import check_writable, finish
+from .recording import keep_benchmarks, process_folder, quiet
 from .terminal import print_speed_section
 
 #: pytest-xdist's controller: the run's id (its workers' lock folder)
@@ -91,6 +92,8 @@ def pytest_configure(config: pytest.Config) -> None:
         "**kwargs)` as lstmperf_benchmark(fn) does: device time, observed kernel, host counters, the device's "
         "baseline (--lstmperf-save-baseline) and the speed gate (--benchmark-compare); flops= per call",
     )
+    if process_folder() is not None:
+        quiet(config)  # a recording process: its recording command writes every file
     # pytest-benchmark loads what --benchmark-compare names in its own pytest_configure (trylast): point it
     # at this device's baseline first.
     compare = config.getoption("benchmark_compare", None)
@@ -196,8 +199,10 @@ def _marked_options(item: pytest.Item) -> tuple[str, float | None]:
     return label, flops
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """A marked test that uses ``benchmark`` also gets ``lstmperf_benchmark`` (measured, recorded, gated)."""
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A marked test that uses ``benchmark`` also gets ``lstmperf_benchmark`` (measured, recorded, gated); a
+    recording process runs the benchmarks alone (:mod:`.recording`)."""
+    keep_benchmarks(config, items)
     for item in items:
         names = getattr(item, "fixturenames", None)
         if names is None or item.get_closest_marker(BENCH_MARKER) is None:

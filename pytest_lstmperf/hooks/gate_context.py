@@ -68,7 +68,12 @@ def baseline_store(config: pytest.Config) -> BaselineStore:
 
 
 def saving(config: pytest.Config) -> str | None:
-    """How this run records the baseline: ``update``, ``save``, ``add-run``, or None."""
+    """How this run records the baseline: ``update``, ``save``, ``add-run``, or None (a recording process of
+    another run's recording records nothing itself)."""
+    from .recording import process_folder
+
+    if process_folder() is not None:
+        return None
     if setting(config, "lstmperf_update_baseline").value:
         return "update"
     if setting(config, "lstmperf_save_baseline").value:

@@ -28,6 +28,7 @@ from .gate_context import (
     setting,
     xdist_active,
 )
+from .recording import RecordingError, process_folder, record_in_processes, write_records
 from .terminal import outcome_lines
 
 STAT_REGRESSION = "speed-regression"
@@ -54,6 +55,9 @@ def finish(session: pytest.Session) -> None:
             state.errors.append(str(exc))
             session.exitstatus = pytest.ExitCode.USAGE_ERROR
     measured = [r for r in state.records if r.get("data")]
+    if process_folder() is not None:  # a recording process: its records go to the recording command
+        write_records(measured)
+        return
     if saving(config) is not None:
         _record_baseline(config, state, session, measured)
     json_target = config.getoption("benchmark_json", None)
@@ -94,6 +98,12 @@ def _record_baseline(config: pytest.Config, state: GateState, session: pytest.Se
         state.messages.append("no benchmark was measured in this run: nothing recorded")
         return
     try:
+        processes = setting(config, "lstmperf_record_processes").value
+        siblings = record_in_processes(config, measured, processes, _say(config))
+    except RecordingError as exc:
+        state.errors.append(str(exc))
+        return
+    try:
         device = gate_device(config)
         state.save_report = baseline_store(config).save(
             measured,
@@ -105,11 +115,23 @@ def _record_baseline(config: pytest.Config, state: GateState, session: pytest.Se
             header=benchmark_header(config),
             update=saving(config) == "update",
             add_run=saving(config) == "add-run",
+            siblings=siblings,
         )
         if xdist_active(config):
             state.messages.append("recorded under pytest-xdist: workers shared the machine while timing")
     except BaselineError as exc:
         state.errors.append(str(exc))
+
+
+def _say(config: pytest.Config) -> Any:
+    """A line on the terminal, now (a recording's processes take minutes)."""
+    tr = config.pluginmanager.get_plugin("terminalreporter")
+
+    def say(line: str) -> None:
+        if tr is not None:
+            tr.write_line(line)
+
+    return say
 
 
 def _write_ci_summary(config: pytest.Config, state: GateState) -> None:

@@ -11,7 +11,7 @@ import pytest
 
 from .. import options
 from ..speed.gate_table import format_table
-from ..speed.provenance import record_command
+from ..speed.provenance import record_command, rerun_command
 from ..speed.report import by_case, generic_reference, peak_notes, timing_cells
 
 if TYPE_CHECKING:
@@ -41,6 +41,8 @@ def print_speed_section(tr: Any, config: pytest.Config, state: GateState, device
             )
         for flag in state.save_report.refused:
             tr.write_line(f"RECORDING RUN REFUSED for {flag}", yellow=True, bold=True)
+        for flag in state.save_report.left_out:
+            tr.write_line(f"RECORDING PROCESS LEFT OUT of {flag}", yellow=True, bold=True)
     if state.report_path is not None:
         tr.write_line(f"speed report written to {state.report_path}")
     if state.gate is not None:
@@ -87,16 +89,49 @@ def _print_gate(tr: Any, config: pytest.Config, state: GateState) -> None:
     single = gate.one_run()
     if single:
         tr.write_line(
-            f"{len(single)} benchmark(s) rest on one recording run: how far clean runs lie apart is not in their "
-            "resolution yet (add runs on other days with --lstmperf-add-baseline-run)",
+            f"{len(single)} benchmark(s) rest on one recording process: how far processes lie apart is the "
+            "baseline's pooled figure alone for them (record them again with --lstmperf-update-baseline, which "
+            "times them in several processes)",
             yellow=True,
         )
+    for line in resolution_lines(gate, state.baseline):
+        tr.write_line(line)
     for decision in gate.decisions:
         if not (decision.failed or decision.verdict == "inconclusive" or decision.notes or verbose):
             continue
         lines = [c.text() for c in decision.checks if verbose or c.verdict != "unchanged"] + list(decision.notes)
         for line in dict.fromkeys(lines):
             tr.write_line(f"  {decision.name}: {line}", red=decision.failed, yellow=not decision.failed)
+
+
+def resolution_lines(gate: Any, baseline: Any) -> list[str]:
+    """What the compared benchmarks resolve, and which figures decide (raw or divided by the anchor) and why."""
+    from ..speed.gate import references_of
+
+    lines = []
+    resolves = sorted(gate.resolutions())
+    if resolves:
+        median = resolves[len(resolves) // 2]
+        lines.append(
+            f"resolution: median {median:.3f}x, best {resolves[0]:.3f}x, worst {resolves[-1]:.3f}x over "
+            f"{len(resolves)} compared check(s) (the slowdown each one sees: 4 standard errors of this run's figure "
+            "and of how far recording processes lie apart)"
+        )
+    references = references_of(baseline)
+    if references:
+        any_ref = next(iter(references.values()))
+        for metric in ("per-call", "device"):
+            a, r = any_ref.spread.get((metric, "anchored")), any_ref.spread.get((metric, "raw"))
+            if a is None or r is None:
+                continue
+            chosen = any_ref.variant(metric)
+            why = ": the anchor adds more noise than it removes here" if chosen == "raw" else ""
+            lines.append(
+                f"{metric} figures: {'divided by the anchor' if chosen == 'anchored' else 'raw time'} (recording "
+                f"processes lie {a.sigma:.1%} apart divided by the anchor, {r.sigma:.1%} raw, median over "
+                f"{r.benchmarks} benchmarks{why})"
+            )
+    return lines
 
 
 def _check_line(decision: Any) -> str:
@@ -160,8 +195,9 @@ def outcome_lines(config: pytest.Config, state: GateState, failed: bool) -> list
             lines.append(f"speed gate: {problem}, accepted ({accept.where()})")
         else:
             lines.append(
-                f"SPEED GATE NOT PASSED: {problem}; this is not a pass. Accept it with "
-                f"--lstmperf-accept-inconclusive (env PYTEST_LSTMPERF_ACCEPT_INCONCLUSIVE=1)"
+                f"SPEED GATE NOT PASSED: {problem} (listed above: each says why); this is not a pass. Rerun on a "
+                f"quiet machine: {rerun_command(config)}; or accept it with --lstmperf-accept-inconclusive "
+                "(env PYTEST_LSTMPERF_ACCEPT_INCONCLUSIVE=1)"
             )
     if not failed and not gate.failed:
         coarse = len(gate.coarse(options.resolve(config, "lstmperf_threshold").value))

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..device import DeviceInfo
+from ..device import DeviceInfo, cpu_threads
 from ..meters import DeviceTime
 from ..observation.explain import onnx_export_problems
 from ..observation.ort_trace import read_profile, trace_from_profile
@@ -162,6 +162,10 @@ class OnnxRun:
         # ONNX Runtime's pool threads spin after each run by default, taking the cores from whatever runs next
         # (torch timed in alternation was slowed 100x on a 2-core machine); they sleep instead
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        threads = cpu_threads()
+        if threads is not None and self.path.device == "cpu":  # the run's fixed CPU threads (--lstmperf-threads)
+            options.intra_op_num_threads = threads
+            options.inter_op_num_threads = 1
         if profile:
             options.enable_profiling = True
             options.profile_file_prefix = str(Path(self._dir.name) / "profile")

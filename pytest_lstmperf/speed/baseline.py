@@ -49,6 +49,7 @@ class SaveReport:
     broken: Path | None = None  # where an unreadable file this run replaced was kept
     migrated: Path | None = None  # the format-1 file this one was read from
     refused: list[str] = field(default_factory=list)  # recording runs not added (another version, a broken run)
+    left_out: list[str] = field(default_factory=list)  # recording processes left out of an entry (broke)
     outliers: list[str] = field(default_factory=list)  # recording runs added outside the runs before them
     added_run: bool = False  # --lstmperf-add-baseline-run: recording runs added, no entry replaced
     entries: dict[str, dict[str, Any]] = field(default_factory=dict)  # the file's entries as written
@@ -78,6 +79,11 @@ class SaveReport:
                 parts.append(f"{len(self.kept)} not in the baseline (record them with --lstmperf-save-baseline)")
         if not self.created and not self.updated:
             what = "unchanged"
+        if self.left_out:
+            parts.append(
+                f"{len(self.left_out)} recording process(es) left out of their entry (a figure more than twice "
+                "the other processes')"
+            )
         text = f"baseline {self.path} {what}: " + (", ".join(parts) or "nothing to record")
         if self.migrated is not None:
             text += f" (migrated from the format-1 file {self.migrated.name}, left in place: delete it)"
@@ -182,6 +188,7 @@ class BaselineStore:
         update: bool,
         add_run: bool = False,
         threshold: float | None = None,
+        siblings: Mapping[str, list[Mapping[str, Any]]] | None = None,
     ) -> SaveReport:
         """Merge ``records`` into this hardware's file under the lock and write it atomically.
 
@@ -193,17 +200,20 @@ class BaselineStore:
         :func:`~.policy.check` at ``threshold``) is added and named (clean runs lie that far apart here, and the
         entry's resolution takes it in), a run more than :data:`~.policy.OUTLIER_FACTOR` from the entry's figure
         (a run that broke) or of other software versions is refused and named. Entries not measured in this run
-        stay. A file-system error is a :class:`BaselineError` naming the path and the cause; the previous file is
+        stay. ``siblings`` holds, per benchmark, its records from the other recording processes of this
+        recording (:mod:`.recording`): every entry written or run added takes their figures too. A file-system
+        error is a :class:`BaselineError` naming the path and the cause; the previous file is
         then untouched.
         """
         path = self.path_for(fields)
         try:
             with locked(self.directory):
                 existing, report = self._existing(path, fields, update)
+                siblings = siblings or {}
                 if add_run:
-                    self._add_run(existing, path, list(records), versions, threshold, report)
+                    self._add_run(existing, path, list(records), versions, threshold, report, siblings)
                 else:
-                    self._save(existing, list(records), versions, provenance, update, report)
+                    self._save(existing, list(records), versions, provenance, update, report, siblings)
                 if not report.created and not report.updated:
                     return report
                 data = existing or {}
@@ -266,6 +276,7 @@ class BaselineStore:
         provenance: Mapping[str, Any],
         update: bool,
         report: SaveReport,
+        siblings: Mapping[str, list[Mapping[str, Any]]],
     ) -> None:
         recorded = {k: provenance.get(k) for k in ("commit", "dirty", "date", "machine")}
         entries = report.entries
@@ -279,7 +290,8 @@ class BaselineStore:
                 report.kept.append(name)
                 continue
             (report.updated if old is not None else report.created).append(name)
-            entry = bench_entry(record, recorded, versions)
+            entry = bench_entry(record, recorded, versions, siblings.get(name, ()))
+            report.left_out += [f"{name}: {why}" for why in entry["lstmperf"].get("left_out", ())]
             if old is not None:
                 history = list((old.get("lstmperf") or {}).get("history") or [])
                 then = (old.get("lstmperf") or {}).get("versions") or {}
@@ -297,8 +309,9 @@ class BaselineStore:
         versions: Mapping[str, str],
         threshold: float | None,
         report: SaveReport,
+        siblings: Mapping[str, list[Mapping[str, Any]]],
     ) -> None:
-        from .policy import OUTLIER_FACTOR, THRESHOLD, Measurement, check, metrics_of, pooled, run_figures
+        from .policy import OUTLIER_FACTOR, THRESHOLD, Measurement, check, metrics_of, pooled, recording_runs
 
         if existing is None:
             raise BaselineError(
@@ -319,16 +332,34 @@ class BaselineStore:
             measured = Measurement.from_record(record)
             reference = references[record["fullname"]]
             limit = measured.threshold or threshold or THRESHOLD
-            checks = [
-                check(m, measured.first.samples(m), reference, limit) for m in metrics_of(reference, measured.first)
-            ]
-            broken = [c.text() for c in checks if c.ratio and not 1 / OUTLIER_FACTOR <= c.ratio <= OUTLIER_FACTOR]
-            if broken:  # a run more than twice as slow or fast as the others broke: refused, said
-                report.refused.append(f"{record['fullname']}: {'; '.join(broken)}")
-                continue
-            outside = [c.text() for c in checks if c.verdict in ("regressed", "improved")]
-            if outside:  # added: clean runs lie this far apart here, and the resolution says so from now on
+            runs, left_out = recording_runs(
+                [measured, *(Measurement.from_record(r) for r in siblings.get(record["fullname"], ()))]
+            )
+            report.left_out += [f"{record['fullname']}: {why}" for why in left_out]
+            added = []
+            for run in runs:
+                checks = []
+                for m in metrics_of(reference, measured.first):
+                    variant = reference.variant(m)
+                    figure = run.get(m, variant)
+                    value = reference.value(m, variant)
+                    if figure is not None and value:
+                        checks.append(
+                            (
+                                m,
+                                figure.value / value,
+                                check(m, measured.first.samples(m, variant), reference, limit, variant),
+                            )
+                        )
+                broken = [f"{m}: {r:.3f}x" for m, r, _ in checks if not 1 / OUTLIER_FACTOR <= r <= OUTLIER_FACTOR]
+                if broken:  # a run more than twice as slow or fast as the entry's figure broke: refused, said
+                    report.refused.append(f"{record['fullname']}: more than {OUTLIER_FACTOR}x off: {'; '.join(broken)}")
+                    continue
+                added.append(run.to_dict())
+            outside = [c.text() for _, _, c in (checks if runs else []) if c.verdict in ("regressed", "improved")]
+            if added and outside:  # added: clean runs lie this far apart here, and the resolution says so
                 report.outliers.append(f"{record['fullname']}: {'; '.join(outside)}")
-            part.setdefault("runs", []).append(run_figures(measured).to_dict())
-            report.updated.append(record["fullname"])
+            if added:
+                part.setdefault("runs", []).extend(added)
+                report.updated.append(record["fullname"])
         report.untouched = len(set(report.entries) - set(report.updated))

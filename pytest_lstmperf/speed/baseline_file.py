@@ -30,14 +30,14 @@ import os
 import stat
 import tempfile
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..device import HARDWARE_FIELDS, hardware_key
 from .benchmark_adapter import statistics as benchmark_statistics
-from .policy import Measurement, Reference, RunFigures, run_figures
+from .policy import Measurement, Reference, RunFigures, recording_runs
 
 #: version of the ``lstmperf`` section; bump when its meaning changes
 FORMAT = 2
@@ -64,10 +64,15 @@ def differences(baseline: Mapping[str, str], current: Mapping[str, str]) -> list
 
 # ------------------------------------------------------------------------------------------- entries
 def bench_entry(
-    record: Mapping[str, Any], recorded: Mapping[str, Any] | None = None, versions: Mapping[str, str] | None = None
+    record: Mapping[str, Any],
+    recorded: Mapping[str, Any] | None = None,
+    versions: Mapping[str, str] | None = None,
+    siblings: Sequence[Mapping[str, Any]] = (),
 ) -> dict[str, Any]:
     """One benchmark in pytest-benchmark's JSON layout, its statistics computed from the raw samples; with
-    ``versions`` (a baseline's entry) also its ``lstmperf`` part: versions, kernel, the run's figures.
+    ``versions`` (a baseline's entry) also its ``lstmperf`` part: versions, kernel, the figures of each
+    recording process (this one's and its ``siblings``', the same benchmark timed in independent processes;
+    a process that broke is left out and named in ``left_out``, :func:`~.policy.recording_runs`).
 
     ``record`` holds ``fullname``, ``name``, ``group``, ``param``, ``params``, ``extra_info``, ``options``,
     ``data`` (seconds per call, one per round) and ``iterations``.
@@ -92,12 +97,15 @@ def bench_entry(
         entry["recorded"] = dict(recorded)
     if versions is not None:
         measured = Measurement.from_record(record)
+        runs, left_out = recording_runs([measured, *(Measurement.from_record(r) for r in siblings)])
         entry["lstmperf"] = {
             "versions": dict(versions),
             "kernel": measured.kernel,
-            "runs": [run_figures(measured).to_dict()],
+            "runs": [run.to_dict() for run in runs],
             "history": [],
         }
+        if left_out:
+            entry["lstmperf"]["left_out"] = left_out
     return entry
 
 
@@ -112,8 +120,8 @@ def history_point(entry: Mapping[str, Any], date: str | None = None) -> dict[str
         "kernel": part.get("kernel", ""),
         "per_call_s": _median(entry.get("stats", {}).get("data") or []),
         "device_s": extra.get("device_time_s"),
-        "per_call": (reference.figure("per-call") or (None,))[0],
-        "device": (reference.figure("device") or (None,))[0],
+        "per_call": reference.value("per-call"),
+        "device": reference.value("device"),
     }
 
 

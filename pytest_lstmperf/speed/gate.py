@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .baseline import reference_of
-from .policy import Decision, GateResult, Measurement, decide, pooled, upgrade_of
+from .policy import Decision, GateResult, Measurement, Reference, decide, pooled, upgrade_of
 
 if TYPE_CHECKING:
     from ..device import DeviceInfo
@@ -33,6 +33,11 @@ class GateState:
     anchor: Anchor | None = None  # the run's anchor workload, made by the first benchmark
 
 
+def references_of(baseline: Baseline) -> dict[str, Reference]:
+    """Every entry of ``baseline`` as a :class:`~.policy.Reference`, how far processes lie apart pooled over them."""
+    return pooled({name: reference_of(entry) for name, entry in baseline.entries.items()})
+
+
 def run_gate(
     baseline: Baseline,
     records: list[dict[str, Any]],
@@ -44,7 +49,7 @@ def run_gate(
     not-run, or path-lost where their path is ``unavailable`` now (path name -> why); the upgrade, where the
     entries' versions differ from ``versions``."""
     entries = baseline.entries
-    references = pooled({name: reference_of(entry) for name, entry in entries.items()})
+    references = references_of(baseline)
     decisions = [
         decide(Measurement.from_record(record), references.get(record["fullname"]), threshold) for record in records
     ]

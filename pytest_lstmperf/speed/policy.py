@@ -35,14 +35,30 @@ from typing import Any
 from ..options import THRESHOLD
 
 # ----------------------------------------------------------------------------------------------- constants
-#: a recording run whose figure lies more than this factor from the entry's is refused (a run that broke, not noise)
+#: a recording process whose figure lies more than this factor from the median of its siblings' is left out and
+#: named (a process that broke, not noise); so is a recording run added later
 OUTLIER_FACTOR = 2.0
 #: standard errors a slowdown must exceed before it can count: the benchmark's resolution is exp(K_SIGMA x sigma)
 K_SIGMA = 4.0
 #: fewer paired samples on a side than this and a figure is not compared (inconclusive)
 MIN_SAMPLES = 5
+#: the slowdown the gate promises to see on any machine: a check whose limit lies above it cannot see a 1.5x
+#: slower call, and is inconclusive (which fails) instead of passing blind
+MAX_LIMIT = 1.5
+#: a run whose anchor workload took more than this factor longer or shorter than when it was recorded ran on a
+#: machine in another state (overloaded, throttled, another machine): its figures are not comparable
+COMPARABLE_FACTOR = 3.0
+#: degrees of freedom given to the baseline's pooled between-process spread in each benchmark's own estimate: a
+#: benchmark's own three recording processes (2 degrees of freedom) weigh one third, the machine's pool two thirds
+PRIOR_DOF = 4
+#: the pooled spread's own degrees of freedom count up to this many in the t quantile that replaces K_SIGMA
+#: normal standard errors: how far processes lie apart is estimated, and an estimate from few processes is small
+#: by chance often enough to fail clean runs (1 in 200 planted with 3 processes and no pool)
+POOL_DOF_CAP = 30
 #: the two figures a benchmark can have: per call (host included) and device time (GPU only)
 METRICS = ("per-call", "device")
+#: each figure divided by the anchor's beside it, or raw; the baseline's recording processes decide which
+VARIANTS = ("anchored", "raw")
 #: the device-time methods that leave the host out (CUDA-graph replays, CUPTI's kernel durations): a device figure.
 #: CUDA events around queued calls and pipelined calls hold the launch gaps, so they follow the host: the time per
 #: call is their figure (on the H100 two clean torch.compile reduce-overhead benchmarks read 1.47x and 1.52x so)
@@ -71,12 +87,17 @@ VERDICTS = (
 # --------------------------------------------------------------------------------------------- measured
 @dataclass(frozen=True)
 class Look:
-    """One look at a benchmark: per-pair ratios (benchmark / anchor) of each metric it has."""
+    """One look at a benchmark: per-pair ratios (benchmark / anchor) of each metric it has, and the raw samples
+    (seconds) they were made of."""
 
     per_call: tuple[float, ...] = ()
     device: tuple[float, ...] = ()
+    per_call_raw: tuple[float, ...] = ()
+    device_raw: tuple[float, ...] = ()
 
-    def samples(self, metric: str) -> tuple[float, ...]:
+    def samples(self, metric: str, variant: str = "anchored") -> tuple[float, ...]:
+        if variant == "raw":
+            return self.per_call_raw if metric == "per-call" else self.device_raw
         return self.per_call if metric == "per-call" else self.device
 
 
@@ -107,18 +128,21 @@ class Measurement:
             threshold=(record.get("thresholds") or {}).get("ratio"),
             per_call_s=_median(record.get("data") or ()),
             device_s=extra.get("device_time_s"),
-            anchor_s=(extra.get("anchor") or {}).get("per_call_s"),
+            anchor_s=(extra.get("anchor") or {}).get("per_call_s")
+            or _median((extra.get("anchor") or {}).get("samples") or ()),
         )
 
 
 def look_of(data: Sequence[float], extra: Mapping[str, Any]) -> Look:
     """The paired ratios of a record: call / anchor, round by round, and device time /
-    the anchor's device time, sample by sample."""
+    the anchor's device time, sample by sample; and the raw samples beside them."""
     anchor = extra.get("anchor") or {}
     device = extra.get("device_samples") if extra.get("device_time_method") in DEVICE_METHODS else ()
     return Look(
         per_call=_pairs(data, anchor.get("samples") or ()),
         device=_pairs(device or (), anchor.get("device_samples") or ()),
+        per_call_raw=tuple(float(v) for v in data if v and v > 0),
+        device_raw=tuple(float(v) for v in device or () if v and v > 0),
     )
 
 
@@ -135,7 +159,7 @@ def kernel_text(extra: Mapping[str, Any]) -> str:
 # --------------------------------------------------------------------------------------------- figures
 @dataclass(frozen=True)
 class Figure:
-    """A median of paired ratios and its standard error on the log scale."""
+    """A median of samples (paired ratios, or raw seconds) and its standard error on the log scale."""
 
     value: float
     se: float
@@ -156,79 +180,229 @@ class Figure:
 
 @dataclass(frozen=True)
 class RunFigures:
-    """One recording run of a benchmark, as the baseline keeps it."""
+    """One recording process of a benchmark, as the baseline keeps it: its figures divided by the anchor and raw,
+    the anchor's own time per repetition, and its host counts."""
 
     per_call: Figure | None
     device: Figure | None
     counters: Mapping[str, float] = field(default_factory=dict)
+    per_call_raw: Figure | None = None
+    device_raw: Figure | None = None
+    anchor_s: float | None = None
 
-    def get(self, metric: str) -> Figure | None:
+    def get(self, metric: str, variant: str = "anchored") -> Figure | None:
+        if variant == "raw":
+            return self.per_call_raw if metric == "per-call" else self.device_raw
         return self.per_call if metric == "per-call" else self.device
 
     def to_dict(self) -> dict[str, Any]:
         def one(f: Figure | None) -> dict[str, float] | None:
             return None if f is None else {"value": f.value, "se": f.se, "n": f.n}
 
-        return {"per_call": one(self.per_call), "device": one(self.device), "host_counters": dict(self.counters)}
+        out: dict[str, Any] = {
+            "per_call": one(self.per_call),
+            "device": one(self.device),
+            "host_counters": dict(self.counters),
+        }
+        if self.per_call_raw is not None or self.device_raw is not None:
+            out.update(per_call_raw=one(self.per_call_raw), device_raw=one(self.device_raw))
+        if self.anchor_s is not None:
+            out["anchor_s"] = self.anchor_s
+        return out
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> RunFigures:
         def one(f: Any) -> Figure | None:
             return Figure(float(f["value"]), float(f["se"]), int(f["n"])) if isinstance(f, dict) else None
 
-        return cls(one(raw.get("per_call")), one(raw.get("device")), dict(raw.get("host_counters") or {}))
+        anchor = raw.get("anchor_s")
+        return cls(
+            one(raw.get("per_call")),
+            one(raw.get("device")),
+            dict(raw.get("host_counters") or {}),
+            one(raw.get("per_call_raw")),
+            one(raw.get("device_raw")),
+            float(anchor) if anchor else None,
+        )
 
 
 def run_figures(measurement: Measurement) -> RunFigures:
-    """What a recording run contributes to its baseline entry: its figures and host counts."""
+    """What a recording process contributes to its baseline entry: its figures and host counts."""
+    look = measurement.first
     return RunFigures(
-        Figure.of(measurement.first.per_call),
-        Figure.of(measurement.first.device),
+        Figure.of(look.per_call),
+        Figure.of(look.device),
         measurement.counters,
+        Figure.of(look.per_call_raw),
+        Figure.of(look.device_raw),
+        measurement.anchor_s,
     )
+
+
+def recording_runs(measurements: Sequence[Measurement]) -> tuple[list[RunFigures], list[str]]:
+    """The recording processes of one benchmark as its baseline keeps them, and why any was left out: a process
+    whose figure lies more than :data:`OUTLIER_FACTOR` from the median of all of them broke (30x slower in one
+    recording on a loaded VM) and is named, never trusted."""
+    runs = [run_figures(m) for m in measurements]
+    if len(runs) < 3:
+        return runs, []
+    kept, left_out = [], []
+    for i, run in enumerate(runs):
+        off = []
+        for metric in METRICS:
+            for variant in VARIANTS:
+                mine = run.get(metric, variant)
+                every = [f.value for f in (r.get(metric, variant) for r in runs) if f]
+                if mine is None or len(every) < 3:
+                    continue
+                factor = mine.value / statistics.median(every)
+                if not 1 / OUTLIER_FACTOR <= factor <= OUTLIER_FACTOR:
+                    off.append(f"{metric}{' (raw)' if variant == 'raw' else ''} {factor:.3g}x the others'")
+        if off:
+            left_out.append(f"process {i + 1} of {len(runs)} left out: {'; '.join(off)}")
+        else:
+            kept.append(run)
+    if len(kept) < 2:  # no majority: nothing can be trusted more than the rest
+        return runs, [f"{len(runs)} recording processes disagree by more than {OUTLIER_FACTOR}x: kept all"]
+    return kept, left_out
+
+
+def _chi2_median_ratio(dof: int) -> float:
+    """The median of chi2(dof)/dof: a median of sample variances with ``dof`` degrees of freedom, divided by
+    this, estimates the variance without the bias of taking a median (0.69 for 2 degrees of freedom)."""
+    from scipy.stats import chi2
+
+    return float(chi2.median(dof) / dof)
+
+
+def tail_factor(dof: int) -> float:
+    """How much wider than :data:`K_SIGMA` normal standard errors the same one-sided tail lies for a spread
+    estimated with ``dof`` degrees of freedom (Student's t): 32x for 2, 1.15x for 32."""
+    from scipy.stats import norm, t
+
+    if dof <= 0:
+        return math.inf
+    return float(t.ppf(norm.cdf(K_SIGMA), dof) / K_SIGMA)
+
+
+@dataclass(frozen=True)
+class Spread:
+    """How far independent recording processes lie apart on this machine, for one metric and variant: the
+    pooled variance (log scale) of a process's figure, robust to outlying benchmarks, the benchmarks it rests on
+    and their degrees of freedom."""
+
+    variance: float
+    benchmarks: int
+    dof: int = 0
+
+    @property
+    def sigma(self) -> float:
+        return math.sqrt(self.variance)
 
 
 @dataclass(frozen=True)
 class Reference:
-    """A benchmark's baseline: its recording runs (this software's), its kernel, its versions."""
+    """A benchmark's baseline: its recording processes (this software's), its kernel, its versions."""
 
     name: str
     runs: tuple[RunFigures, ...]
     kernel: str = ""
     versions: Mapping[str, str] = field(default_factory=dict)
-    #: how far recording runs lie apart on this machine, per metric, pooled over the baseline (:func:`pooled`)
-    spread: Mapping[str, float] = field(default_factory=dict)
+    #: how far recording processes lie apart on this machine, per (metric, variant), pooled over the baseline
+    #: (:func:`pooled`)
+    spread: Mapping[tuple[str, str], Spread] = field(default_factory=dict)
+    #: the variant that decides each metric (:func:`pooled`: the one whose processes lie closer together)
+    variants: Mapping[str, str] = field(default_factory=dict)
 
-    def own_spread(self, metric: str) -> float | None:
-        """The standard deviation (log scale) of this benchmark's recording runs' figures; None under two runs."""
-        logs = [math.log(f.value) for f in (run.get(metric) for run in self.runs) if f is not None]
-        return statistics.stdev(logs) if len(logs) > 1 else None
+    def variant(self, metric: str) -> str:
+        if metric in self.variants:
+            return self.variants[metric]
+        return "anchored" if self._logs(metric, "anchored") else "raw"
 
-    def figure(self, metric: str) -> tuple[float, float] | None:
-        """(value, sigma): the median of the runs' figures, and the noise of that reference on the log scale: the
-        runs' own standard errors, and how far recording runs lie apart (the baseline's pooled spread, else this
-        benchmark's own)."""
-        figures = [f for f in (run.get(metric) for run in self.runs) if f is not None]
-        if not figures:
+    def _logs(self, metric: str, variant: str) -> list[float]:
+        return [math.log(f.value) for f in (run.get(metric, variant) for run in self.runs) if f is not None]
+
+    def own_variance(self, metric: str, variant: str | None = None) -> tuple[float, int] | None:
+        """(variance, degrees of freedom) of this benchmark's recording processes' figures (log scale); None
+        under two processes."""
+        logs = self._logs(metric, variant or self.variant(metric))
+        return (statistics.variance(logs), len(logs) - 1) if len(logs) > 1 else None
+
+    def own_spread(self, metric: str, variant: str | None = None) -> float | None:
+        own = self.own_variance(metric, variant)
+        return math.sqrt(own[0]) if own else None
+
+    def between(self, metric: str, variant: str | None = None) -> tuple[float, int] | None:
+        """(sigma, degrees of freedom): the standard deviation (log scale) of one process's figure on this
+        machine, this benchmark's own processes' variance moderated by the baseline's pooled one
+        (:data:`PRIOR_DOF`), the pool alone where it was recorded in one process; None where neither is known."""
+        variant = variant or self.variant(metric)
+        own = self.own_variance(metric, variant)
+        pool = self.spread.get((metric, variant))
+        pool_dof = min(pool.dof, POOL_DOF_CAP) if pool is not None else 0
+        if own is None:
+            return (pool.sigma, pool_dof) if pool is not None else None
+        variance, dof = own
+        if pool is None:
+            return math.sqrt(variance), dof
+        prior = min(PRIOR_DOF, max(pool.benchmarks - 1, 0))
+        return math.sqrt((dof * variance + prior * pool.variance) / (dof + prior)), dof + pool_dof
+
+    def figure(self, metric: str, variant: str | None = None) -> tuple[float, float] | None:
+        """(value, sigma): the median of the processes' figures, and the noise of a comparison with it on the log
+        scale, a new run being one more process: sigma_b * sqrt(1 + pi/2 / n), sigma_b from :meth:`between`,
+        widened by :func:`tail_factor` of its degrees of freedom. None where there is no figure, or how far
+        processes lie apart is not known."""
+        variant = variant or self.variant(metric)
+        logs = self._logs(metric, variant)
+        if not logs:
             return None
-        logs = [math.log(f.value) for f in figures]
-        within = math.sqrt(sum(f.se**2 for f in figures) / len(figures) ** 2)
-        between = self.spread.get(metric, self.own_spread(metric) or 0.0)
-        return math.exp(statistics.median(logs)), math.hypot(within, between)
+        between = self.between(metric, variant)
+        if between is None:
+            return None
+        sigma_b, dof = between
+        widened = sigma_b * tail_factor(dof) * math.sqrt(1 + (math.pi / 2) / len(logs))
+        return math.exp(statistics.median(logs)), widened
+
+    def value(self, metric: str, variant: str | None = None) -> float | None:
+        """The median of the processes' figures, noise or none."""
+        logs = self._logs(metric, variant or self.variant(metric))
+        return math.exp(statistics.median(logs)) if logs else None
+
+    def has_figure(self, metric: str) -> bool:
+        return bool(self._logs(metric, self.variant(metric)))
+
+    @property
+    def anchor_s(self) -> float | None:
+        values = [run.anchor_s for run in self.runs if run.anchor_s]
+        return statistics.median(values) if values else None
 
 
 def pooled(references: Mapping[str, Reference]) -> dict[str, Reference]:
-    """The references with the spread of their recording runs pooled over all of them, per metric: the root mean
-    square of every benchmark's own spread (those recorded at least twice). A benchmark's own three runs give its
-    spread two degrees of freedom, and 4 such standard errors let 2 of 70 clean benchmark-runs on the 2-core CPU
-    through as slower (1.195x against a limit of 1.170); how far runs lie apart is the machine's, measured on
-    every benchmark of the baseline at once."""
-    spread: dict[str, float] = {}
+    """The references with how far their recording processes lie apart pooled over all of them, per metric and
+    variant, and the variant that decides each metric.
+
+    The pool is the median of every benchmark's own variance (those recorded in two processes or more), divided
+    by the median of chi2(dof)/dof: one benchmark whose processes lie 1.42x apart does not widen the others (a
+    root mean square did, to 1.68x on a 16-core host). Each benchmark's own variance is then moderated towards
+    the pool (:meth:`Reference.between`). The anchor decides a metric only where dividing by it leaves the
+    processes closer together than the raw figures, pooled over the baseline: where the anchor adds more noise
+    than it removes, the figure is raw time."""
+    spread: dict[tuple[str, str], Spread] = {}
     for metric in METRICS:
-        own = [s for s in (ref.own_spread(metric) for ref in references.values()) if s is not None]
-        if own:
-            spread[metric] = math.sqrt(statistics.fmean(s * s for s in own))
-    return {name: replace(ref, spread=spread) for name, ref in references.items()}
+        for variant in VARIANTS:
+            own = [v for v in (ref.own_variance(metric, variant) for ref in references.values()) if v is not None]
+            if not own:
+                continue
+            dof = int(statistics.median(d for _, d in own))
+            pool = statistics.median(v for v, _ in own) / _chi2_median_ratio(max(dof, 1))
+            spread[(metric, variant)] = Spread(pool, len(own), sum(d for _, d in own))
+    variants: dict[str, str] = {}
+    for metric in METRICS:
+        anchored, raw = spread.get((metric, "anchored")), spread.get((metric, "raw"))
+        if anchored is not None and raw is not None:
+            variants[metric] = "anchored" if anchored.variance < raw.variance else "raw"
+    return {name: replace(ref, spread=spread, variants=variants) for name, ref in references.items()}
 
 
 # --------------------------------------------------------------------------------------------- decision
@@ -242,29 +416,59 @@ class Check:
     limit: float | None = None
     resolves: float | None = None  # the smallest slowdown this benchmark resolves on this machine
     note: str = ""
+    variant: str = "anchored"
 
     def text(self) -> str:
         if self.ratio is None:
             return f"{self.metric}: {self.verdict} ({self.note})"
-        return (
-            f"{self.metric}: {self.verdict} at {self.ratio:.3f}x (limit {self.limit:.3f}, resolves {self.resolves:.3f})"
+        raw = " (raw time)" if self.variant == "raw" else ""
+        text = (
+            f"{self.metric}{raw}: {self.verdict} at {self.ratio:.3f}x (limit {self.limit:.3f}, "
+            f"resolves {self.resolves:.3f})"
         )
+        return f"{text}: {self.note}" if self.note else text
 
 
-def check(metric: str, samples: Sequence[float], reference: Reference, threshold: float) -> Check:
-    """``samples`` (paired ratios of this run) against ``reference`` on ``metric`` (rule sentence 2)."""
-    ref = reference.figure(metric)
+def check(
+    metric: str, samples: Sequence[float], reference: Reference, threshold: float, variant: str | None = None
+) -> Check:
+    """``samples`` (this run's, of ``variant``) against ``reference`` on ``metric`` (rule sentence 2)."""
+    variant = variant or reference.variant(metric)
     now = Figure.of(samples)
-    if ref is None or now is None:
-        side = "this run" if now is None else "the baseline"
-        return Check(metric, "inconclusive", note=f"fewer than {MIN_SAMPLES} paired samples in {side}")
+    if now is None:
+        return Check(metric, "inconclusive", note=f"fewer than {MIN_SAMPLES} paired samples in this run")
+    if not reference.has_figure(metric):
+        return Check(metric, "inconclusive", note=f"fewer than {MIN_SAMPLES} paired samples in the baseline")
+    ref = reference.figure(metric, variant)
+    if ref is None:
+        return Check(
+            metric,
+            "inconclusive",
+            note="recorded in one process and no other benchmark of the baseline measured how far processes lie "
+            "apart here: record it again with --lstmperf-update-baseline",
+            variant=variant,
+        )
     value, sigma_ref = ref
     sigma = math.hypot(now.se, sigma_ref)
     resolves = math.exp(K_SIGMA * sigma)
     limit = max(threshold, resolves)
     ratio = now.value / value
     verdict = "regressed" if ratio > limit else "improved" if ratio < 1 / limit else "unchanged"
-    return Check(metric, verdict, ratio, limit, resolves)
+    note = ""
+    if limit > MAX_LIMIT and verdict != "regressed":
+        verdict = "inconclusive"
+        if now.se >= sigma_ref:
+            why = (
+                f"this run's own noise ({math.exp(now.se) - 1:.1%} per standard error) dominates: rerun on a "
+                "quieter machine"
+            )
+        else:
+            why = (
+                f"the baseline's recording processes lie {math.exp(sigma_ref) - 1:.1%} apart, estimate and its "
+                "uncertainty: record again on a quiet machine, or in more processes (--lstmperf-record-processes)"
+            )
+        note = f"cannot see a {MAX_LIMIT}x slowdown here ({why})"
+    return Check(metric, verdict, ratio, limit, resolves, note, variant)
 
 
 def metrics_of(reference: Reference, look: Look) -> list[str]:
@@ -272,9 +476,27 @@ def metrics_of(reference: Reference, look: Look) -> list[str]:
     call. On the H100 the time per call of device-bound calls moved up to 1.4x between clean runs whose device
     figures agreed within 2% (the anchor, host-bound, does not follow a GPU's own state): there the device figure
     decides, and the exact host counts hold the host's work."""
-    if look.device and reference.figure("device") is not None:
+    if look.samples("device", reference.variant("device")) and reference.has_figure("device"):
         return ["device"]
-    return ["per-call"] if look.per_call and reference.figure("per-call") is not None else []
+    has = look.samples("per-call", reference.variant("per-call")) and reference.has_figure("per-call")
+    return ["per-call"] if has else []
+
+
+def comparable(measurement: Measurement, reference: Reference) -> str | None:
+    """Why this run's figures cannot be compared with the baseline's, else None: the anchor workload, which
+    touches no recurrent layer, took more than :data:`COMPARABLE_FACTOR` times longer or shorter than when it was
+    recorded, so the machine is not in the state it was recorded in (overloaded, throttled, another machine)."""
+    then, now = reference.anchor_s, measurement.anchor_s
+    if not then or not now:
+        return None
+    factor = now / then
+    if 1 / COMPARABLE_FACTOR <= factor <= COMPARABLE_FACTOR:
+        return None
+    return (
+        f"not comparable: the anchor workload, which touches no LSTM/GRU layer, took {factor:.3g}x its recorded "
+        f"time ({now * 1e6:.4g} us against {then * 1e6:.4g} us): this machine is overloaded, throttled or not the "
+        "one recorded; rerun on the machine the baseline was recorded on, quiet"
+    )
 
 
 @dataclass(frozen=True)
@@ -329,16 +551,18 @@ def decide(measurement: Measurement, reference: Reference | None, threshold: flo
     if measurement.failed_kernel:
         return replace(base, verdict="kernel-changed", notes=("the kernel differs from the path's claim: not timed",))
     limit = measurement.threshold or threshold
-    checks = [
-        check(m, measurement.first.samples(m), reference, limit) for m in metrics_of(reference, measurement.first)
-    ]
+    look = measurement.first
+    checks = [check(m, look.samples(m, reference.variant(m)), reference, limit) for m in metrics_of(reference, look)]
     notes = [
         f"{m}: not compared: the baseline has this figure, this run has none"
         for m in METRICS
-        if reference.figure(m) is not None and not measurement.first.samples(m)
+        if reference.has_figure(m) and not look.samples(m, reference.variant(m))
     ]
+    elsewhere = comparable(measurement, reference)
+    if elsewhere and checks:
+        checks = [replace(c, verdict="inconclusive", note=elsewhere) for c in checks]
     if not checks:
-        if not any(run.per_call or run.device for run in reference.runs):
+        if not any(run.per_call or run.device or run.per_call_raw for run in reference.runs):
             why = (
                 "the baseline entry holds no timings of this format (migrated from format 1, or recorded without "
                 "the anchor): record them with --lstmperf-save-baseline"
@@ -456,8 +680,12 @@ class GateResult:
         ]
 
     def one_run(self) -> list[str]:
-        """Compared benchmarks whose baseline rests on one recording run: how far runs lie apart is not known."""
+        """Compared benchmarks whose baseline rests on one recording process: their spread is the pool's alone."""
         return [d.name for d in self.decisions if d.verdict in COMPARED and d.runs == 1]
+
+    def resolutions(self) -> list[float]:
+        """The slowdown each compared benchmark's deciding check resolves."""
+        return [c.resolves for d in self.decisions if d.verdict in COMPARED for c in d.checks if c.resolves]
 
     def summary(self) -> str:
         parts = [f"{self.count(v)} {v}" for v in VERDICTS if self.count(v)]

@@ -7,6 +7,7 @@ import datetime
 import platform
 import shlex
 import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -47,7 +48,18 @@ def record_command(config: pytest.Config, flag: str = "--lstmperf-save-baseline"
     """This run's command line, without comparing, with ``flag``: the command that records a baseline."""
     args = [a for a in config.invocation_params.args if not str(a).startswith("--benchmark-compare")]
     args = [a for a in args if a not in ("--lstmperf-save-baseline", "--lstmperf-update-baseline")]
-    return shlex.join(["pytest", *map(str, args), flag])
+    return shlex.join([*pytest_command(), *map(str, args), flag])
+
+
+def pytest_command() -> list[str]:
+    """The interpreter that ran this pytest, with ``-m pytest``: a bare ``pytest`` outside the virtual environment
+    is another pytest, without this plugin."""
+    return [sys.executable or "python3", "-m", "pytest"]
+
+
+def rerun_command(config: pytest.Config) -> str:
+    """This run's command line as it was given, with the interpreter that ran it."""
+    return shlex.join([*pytest_command(), *map(str, config.invocation_params.args)])
 
 
 def benchmark_header(config: pytest.Config) -> dict[str, Any]:

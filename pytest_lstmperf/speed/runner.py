@@ -26,6 +26,7 @@ from ..host_counters import host_counters
 from ..observation.claims import Finding, kernel_mismatch, known_kernel_finding
 from ..observation.torch_trace import torch_trace
 from . import timing
+from .policy import DEVICE_METHODS
 from .shapes import ROUNDS, bench_set
 from .timing import Anchor
 from .user_call import holds_jax_arrays, jax_kernels, synchronizer, user_device_time
@@ -311,6 +312,14 @@ class BenchRunner:
             phases["rounds"], started = time.perf_counter() - started, time.perf_counter()
             self._device_time(extra, dev_time, plan.device_samples, data, anchor)
             phases["device_time"], started = time.perf_counter() - started, time.perf_counter()
+            if extra.get("device_time_method") not in DEVICE_METHODS:  # the time per call decides: precise enough
+                added = timing.extend_rounds(timed, anchor, repeat, data, extra["anchor"]["samples"], clock)
+                if added:
+                    extra["rounds"] = len(data)
+                    extra["extended_rounds"] = added
+                    extra["anchor"]["per_call_s"] = statistics.median(extra["anchor"]["samples"])
+                    extra["time_per_call_s"] = sorted(data)[len(data) // 2]
+                phases["extended"], started = time.perf_counter() - started, time.perf_counter()
             self._counters(extra, counters)
             phases["counters"] = time.perf_counter() - started
             extra["run_medians"] = timing.batch_medians(data)

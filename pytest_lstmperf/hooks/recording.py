@@ -1,0 +1,144 @@
+"""A recording in independent processes: how far runs lie apart is measured when a baseline is recorded, never
+assumed.
+
+A recording command (``--lstmperf-save-baseline``, ``--lstmperf-update-baseline``, ``--lstmperf-add-baseline-run``)
+times every benchmark in this process, then in ``--lstmperf-record-processes`` - 1 fresh pytest processes (3 in
+all by default) that run the same command on the benchmarks alone, as pyperf's worker processes and asv's
+``processes`` do: a process's memory layout, thread placement, library heuristics and the machine's state while
+it runs move its figures together, so the spread of figures within one process says nothing of them. Each
+baseline entry keeps one figure per process (:func:`..speed.policy.recording_runs` leaves out a process that
+broke and names it), and their spread is the entry's between-run noise.
+
+A recording process is this command run again with :data:`PROCESS_ENV` naming a folder: it deselects every test
+but the benchmarks this run measured (``nodeids.json``), writes nothing of its own (no baseline, no JUnit XML, no
+pytest-benchmark files, no report, no CI summary), and leaves its records in ``records.json`` there.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+#: set in a recording process's environment: the folder it reads its benchmarks from and writes its records to
+PROCESS_ENV = "PYTEST_LSTMPERF_RECORDING_PROCESS"
+#: the pytest-benchmark and pytest options whose files the recording processes must not write
+_QUIET_OPTIONS = {
+    "xmlpath": None,
+    "benchmark_json": None,
+    "benchmark_save": None,
+    "benchmark_autosave": False,
+    "benchmark_histogram": None,
+    "benchmark_compare": None,
+    "benchmark_compare_fail": None,
+    "benchmark_cprofile_dump": None,
+}
+
+
+class RecordingError(Exception):
+    """A recording process failed: nothing is recorded."""
+
+
+def process_folder() -> Path | None:
+    """The folder of this recording process, None in any other run."""
+    raw = os.environ.get(PROCESS_ENV)
+    return Path(raw) if raw else None
+
+
+def quiet(config: pytest.Config) -> None:
+    """In a recording process: no file of the command's own is written again (its caller writes them)."""
+    for name, value in _QUIET_OPTIONS.items():
+        if hasattr(config.option, name):
+            setattr(config.option, name, value)
+
+
+def keep_benchmarks(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """In a recording process: only the benchmarks the recording measured run; the rest are deselected."""
+    folder = process_folder()
+    if folder is None:
+        return
+    wanted = set(json.loads((folder / "nodeids.json").read_text()))
+    keep = [item for item in items if item.nodeid in wanted]
+    dropped = [item for item in items if item.nodeid not in wanted]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = keep
+
+
+def write_records(records: Sequence[Mapping[str, Any]]) -> None:
+    """In a recording process: its records, for the recording command that started it."""
+    folder = process_folder()
+    if folder is not None:
+        tmp = folder / f"records.{os.getpid()}.tmp"
+        tmp.write_text(json.dumps(list(records)))
+        os.replace(tmp, folder / "records.json")
+
+
+def _command(config: pytest.Config) -> list[str]:
+    args = list(config.invocation_params.args)
+    return [sys.executable, "-m", "pytest", *args, "-p", "no:cacheprovider"]
+
+
+def record_in_processes(
+    config: pytest.Config, records: Sequence[Mapping[str, Any]], processes: int, say: Any
+) -> dict[str, list[Mapping[str, Any]]]:
+    """Time the benchmarks of ``records`` again in ``processes`` - 1 fresh pytest processes; per benchmark, its
+    records from them. ``say(line)`` reports progress. Raises :class:`RecordingError` when a process fails or
+    measures fewer benchmarks than this one did."""
+    if processes <= 1 or not records:
+        return {}
+    names = sorted({str(r["fullname"]) for r in records})
+    siblings: dict[str, list[Mapping[str, Any]]] = {}
+    folder = Path(tempfile.mkdtemp(prefix="lstmperf-recording-"))
+    env = {k: v for k, v in os.environ.items() if k not in ("GITHUB_STEP_SUMMARY", "PYTEST_ADDOPTS")}
+    env[PROCESS_ENV] = str(folder)
+    env.pop("PYTEST_XDIST_WORKER", None)
+    try:
+        (folder / "nodeids.json").write_text(json.dumps(names))
+        for index in range(2, processes + 1):
+            say(
+                f"lstmperf: recording process {index} of {processes}: timing the {len(names)} benchmark(s) again in a "
+                "fresh pytest process (how far processes lie apart is each benchmark's between-run noise)"
+            )
+            started = time.perf_counter()
+            log = folder / f"process-{index}.log"
+            with open(log, "wb") as out:
+                done = subprocess.run(
+                    _command(config),
+                    cwd=str(config.invocation_params.dir),
+                    env=env,
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    check=False,
+                )
+            result = folder / "records.json"
+            if done.returncode != 0 or not result.exists():
+                tail = log.read_text(errors="replace").strip().splitlines()[-15:]
+                raise RecordingError(
+                    f"not recording: recording process {index} of {processes} failed (exit {done.returncode}); "
+                    f"nothing was written. Its last lines:\n    " + "\n    ".join(tail)
+                )
+            got = [r for r in json.loads(result.read_text()) if r.get("data")]
+            result.unlink()
+            missing = sorted(set(names) - {str(r["fullname"]) for r in got})
+            if missing:
+                raise RecordingError(
+                    f"not recording: recording process {index} of {processes} measured {len(got)} of the "
+                    f"{len(names)} benchmark(s); missing: {', '.join(missing[:5])}"
+                    + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+                )
+            for record in got:
+                siblings.setdefault(str(record["fullname"]), []).append(record)
+            say(f"lstmperf: recording process {index} of {processes} done in {time.perf_counter() - started:.0f} s")
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    return siblings
