@@ -547,3 +547,23 @@ def test_how_far_recording_runs_lie_apart_is_pooled_over_the_baseline() -> None:
     assert check("per-call", [1.5] * 30, together, 1.05).verdict == "regressed"
     expected = 0.04**2 / policy._chi2_median_ratio(2)
     assert together.spread[("per-call", "anchored")].variance == pytest.approx(expected, rel=0.05)
+
+
+def test_more_processes_of_a_compare_narrow_what_it_resolves() -> None:
+    """Adaptive stopping across processes: a benchmark undecided on one process of this run (processes lie 8%
+    apart here: it cannot see 1.5x) is timed in more, and four of them decide it; a regressed one is confirmed
+    by them, and a kernel change needs none."""
+    from pytest_lstmperf.speed.policy import undecided
+
+    base = reference(*processes(record(seed=1), spread=0.08, machine=0.0), neighbours=8)
+    now = [Measurement.from_record(record(seed=s)) for s in (2, 3, 4, 5)]
+    one = decide(now[0], base)
+    four = decide(now[0], base, more=now[1:])
+    assert one.checks[0].resolves > four.checks[0].resolves
+    assert four.processes == 4 and "4 processes" in four.checks[0].note
+    slower = [Measurement.from_record(record(seed=s, call_s=2e-3)) for s in (2, 3)]
+    assert decide(slower[0], base, more=slower[1:]).verdict == "regressed"
+    assert undecided(decide(slower[0], base))
+    assert not undecided(four) or four.verdict == "inconclusive"
+    changed = decide(Measurement.from_record(record(seed=2, kernel="native")), reference(record(seed=1)))
+    assert changed.verdict == "kernel-changed" and not undecided(changed)

@@ -14,6 +14,7 @@ from .. import ci_summary
 from ..session import SESSION_KEY
 from ..speed.baseline import BaselineError
 from ..speed.gate import GateState, run_gate
+from ..speed.policy import COMPARE_PROCESSES, undecided
 from ..speed.provenance import benchmark_header, provenance
 from ..speed.report import write_report
 from .benchmark_json import write_xdist_json
@@ -71,7 +72,24 @@ def finish(session: pytest.Session) -> None:
         session_ = config.stash.get(SESSION_KEY, None)
         unavailable = session_.resolve_unavailable() if session_ is not None else {}
         threshold = setting(config, "lstmperf_threshold").value
-        state.gate = run_gate(state.baseline, state.records, threshold, gate_device(config).versions(), unavailable)
+        versions = gate_device(config).versions()
+        state.gate = run_gate(state.baseline, state.records, threshold, versions, unavailable)
+        more: dict[str, list] = {}
+        for extra in range(2, COMPARE_PROCESSES + 1):  # adaptive: more processes only where noise needs them
+            names = {d.name for d in state.gate.decisions if undecided(d)}
+            if not names or state.errors or session.exitstatus not in (0, pytest.ExitCode.OK):
+                break
+            try:
+                got = record_in_processes(
+                    config, [r for r in measured if r["fullname"] in names], 2, _say(config), index=extra,
+                    of=COMPARE_PROCESSES, why="undecided on this run's noise",
+                )  # fmt: skip
+            except RecordingError as exc:
+                state.errors.append(str(exc).replace("not recording: recording", "not compared further: compare"))
+                break
+            for name, records in got.items():
+                more.setdefault(name, []).extend(records)
+            state.gate = run_gate(state.baseline, state.records, threshold, versions, unavailable, more)
         _write_ci_summary(config, state)
     _write_report(config, state)
     failed = _gate_outcome(config, state)

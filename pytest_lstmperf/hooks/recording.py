@@ -38,7 +38,6 @@ _QUIET_OPTIONS = {
     "benchmark_save": None,
     "benchmark_autosave": False,
     "benchmark_histogram": None,
-    "benchmark_compare": None,
     "benchmark_compare_fail": None,
     "benchmark_cprofile_dump": None,
 }
@@ -89,11 +88,18 @@ def _command(config: pytest.Config) -> list[str]:
 
 
 def record_in_processes(
-    config: pytest.Config, records: Sequence[Mapping[str, Any]], processes: int, say: Any
+    config: pytest.Config,
+    records: Sequence[Mapping[str, Any]],
+    processes: int,
+    say: Any,
+    *,
+    index: int | None = None,
+    of: int | None = None,
+    why: str = "how far processes lie apart is each benchmark's between-run noise",
 ) -> dict[str, list[Mapping[str, Any]]]:
     """Time the benchmarks of ``records`` again in ``processes`` - 1 fresh pytest processes; per benchmark, its
-    records from them. ``say(line)`` reports progress. Raises :class:`RecordingError` when a process fails or
-    measures fewer benchmarks than this one did."""
+    records from them. ``say(line)`` reports progress (``index`` of ``of``: how a lone further process is named).
+    Raises :class:`RecordingError` when a process fails or measures fewer benchmarks than this one did."""
     if processes <= 1 or not records:
         return {}
     names = sorted({str(r["fullname"]) for r in records})
@@ -104,10 +110,13 @@ def record_in_processes(
     env.pop("PYTEST_XDIST_WORKER", None)
     try:
         (folder / "nodeids.json").write_text(json.dumps(names))
-        for index in range(2, processes + 1):
+        first = index or 2
+        total = of or processes
+        for index in range(first, first + processes - 1):
+            processes = total
             say(
-                f"lstmperf: recording process {index} of {processes}: timing the {len(names)} benchmark(s) again in a "
-                "fresh pytest process (how far processes lie apart is each benchmark's between-run noise)"
+                f"lstmperf: process {index} of {total} at most: timing {len(names)} benchmark(s) again in a fresh "
+                f"pytest process ({why})"
             )
             started = time.perf_counter()
             log = folder / f"process-{index}.log"
@@ -138,7 +147,7 @@ def record_in_processes(
                 )
             for record in got:
                 siblings.setdefault(str(record["fullname"]), []).append(record)
-            say(f"lstmperf: recording process {index} of {processes} done in {time.perf_counter() - started:.0f} s")
+            say(f"lstmperf: process {index} of {total} at most done in {time.perf_counter() - started:.0f} s")
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     return siblings

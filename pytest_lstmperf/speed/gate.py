@@ -44,14 +44,22 @@ def run_gate(
     threshold: float,
     versions: Mapping[str, str],
     unavailable: Mapping[str, str],
+    more: Mapping[str, list[dict[str, Any]]] | None = None,
 ) -> GateResult:
     """Every record against the baseline (:func:`.policy.decide`); baseline entries this run did not measure are
     not-run, or path-lost where their path is ``unavailable`` now (path name -> why); the upgrade, where the
     entries' versions differ from ``versions``."""
     entries = baseline.entries
     references = references_of(baseline)
+    more = more or {}
     decisions = [
-        decide(Measurement.from_record(record), references.get(record["fullname"]), threshold) for record in records
+        decide(
+            Measurement.from_record(record),
+            references.get(record["fullname"]),
+            threshold,
+            [Measurement.from_record(r) for r in more.get(record["fullname"], ())],
+        )
+        for record in records
     ]
     seen = {record["fullname"] for record in records}
     for name, entry in entries.items():

@@ -55,6 +55,8 @@ PRIOR_DOF = 4
 #: normal standard errors: how far processes lie apart is estimated, and an estimate from few processes is small
 #: by chance often enough to fail clean runs (1 in 200 planted with 3 processes and no pool)
 POOL_DOF_CAP = 30
+#: a compare times a benchmark that is undecided (:func:`undecided`) in at most this many processes in all
+COMPARE_PROCESSES = 4
 #: the two figures a benchmark can have: per call (host included) and device time (GPU only)
 METRICS = ("per-call", "device")
 #: each figure divided by the anchor's beside it, or raw; the baseline's recording processes decide which
@@ -348,11 +350,11 @@ class Reference:
         prior = min(PRIOR_DOF, max(pool.benchmarks - 1, 0))
         return math.sqrt((dof * variance + prior * pool.variance) / (dof + prior)), dof + pool_dof
 
-    def figure(self, metric: str, variant: str | None = None) -> tuple[float, float] | None:
-        """(value, sigma): the median of the processes' figures, and the noise of a comparison with it on the log
-        scale, a new run being one more process: sigma_b * sqrt(1 + pi/2 / n), sigma_b from :meth:`between`,
-        widened by :func:`tail_factor` of its degrees of freedom. None where there is no figure, or how far
-        processes lie apart is not known."""
+    def figure(self, metric: str, variant: str | None = None) -> tuple[float, float, int] | None:
+        """(value, sigma_b, n): the geometric mean of the ``n`` processes' figures (a process that broke was left
+        out when recorded), and how far one process's figure lies from another's on the log scale, sigma_b from
+        :meth:`between` widened by :func:`tail_factor` of its degrees of freedom. None where there is no figure,
+        or how far processes lie apart is not known."""
         variant = variant or self.variant(metric)
         logs = self._logs(metric, variant)
         if not logs:
@@ -361,13 +363,12 @@ class Reference:
         if between is None:
             return None
         sigma_b, dof = between
-        widened = sigma_b * tail_factor(dof) * math.sqrt(1 + (math.pi / 2) / len(logs))
-        return math.exp(statistics.median(logs)), widened
+        return math.exp(statistics.fmean(logs)), sigma_b * tail_factor(dof), len(logs)
 
     def value(self, metric: str, variant: str | None = None) -> float | None:
-        """The median of the processes' figures, noise or none."""
+        """The geometric mean of the processes' figures, noise or none."""
         logs = self._logs(metric, variant or self.variant(metric))
-        return math.exp(statistics.median(logs)) if logs else None
+        return math.exp(statistics.fmean(logs)) if logs else None
 
     def has_figure(self, metric: str) -> bool:
         return bool(self._logs(metric, self.variant(metric)))
@@ -430,12 +431,20 @@ class Check:
 
 
 def check(
-    metric: str, samples: Sequence[float], reference: Reference, threshold: float, variant: str | None = None
+    metric: str,
+    samples: Sequence[float],
+    reference: Reference,
+    threshold: float,
+    variant: str | None = None,
+    more: Sequence[Sequence[float]] = (),
 ) -> Check:
-    """``samples`` (this run's, of ``variant``) against ``reference`` on ``metric`` (rule sentence 2)."""
+    """``samples`` (this run's, of ``variant``; ``more``: the same benchmark's from further processes of this
+    run) against ``reference`` on ``metric`` (rule sentence 2). This run's figure is the geometric mean of its
+    processes' figures; its noise is theirs and how far processes lie apart, sigma_b * sqrt(1/m + 1/n) for m
+    processes now and n recorded."""
     variant = variant or reference.variant(metric)
-    now = Figure.of(samples)
-    if now is None:
+    nows = [f for f in (Figure.of(s) for s in (samples, *more)) if f is not None]
+    if not nows:
         return Check(metric, "inconclusive", note=f"fewer than {MIN_SAMPLES} paired samples in this run")
     if not reference.has_figure(metric):
         return Check(metric, "inconclusive", note=f"fewer than {MIN_SAMPLES} paired samples in the baseline")
@@ -448,24 +457,30 @@ def check(
             "apart here: record it again with --lstmperf-update-baseline",
             variant=variant,
         )
-    value, sigma_ref = ref
-    sigma = math.hypot(now.se, sigma_ref)
+    value, sigma_b, recorded = ref
+    m = len(nows)
+    now_value = math.exp(statistics.fmean(math.log(f.value) for f in nows))
+    now_se = math.sqrt(sum(f.se**2 for f in nows)) / m
+    sigma_ref = sigma_b * math.sqrt(1 / m + 1 / recorded)
+    sigma = math.hypot(now_se, sigma_ref)
     resolves = math.exp(K_SIGMA * sigma)
     limit = max(threshold, resolves)
-    ratio = now.value / value
+    ratio = now_value / value
     verdict = "regressed" if ratio > limit else "improved" if ratio < 1 / limit else "unchanged"
-    note = ""
+    note = f"{m} processes" if m > 1 else ""
     if limit > MAX_LIMIT and verdict != "regressed":
         verdict = "inconclusive"
-        if now.se >= sigma_ref:
+        if now_se >= sigma_ref:
             why = (
-                f"this run's own noise ({math.exp(now.se) - 1:.1%} per standard error) dominates: rerun on a "
+                f"this run's own noise ({math.exp(now_se) - 1:.1%} per standard error) dominates: rerun on a "
                 "quieter machine"
             )
         else:
             why = (
-                f"the baseline's recording processes lie {math.exp(sigma_ref) - 1:.1%} apart, estimate and its "
-                "uncertainty: record again on a quiet machine, or in more processes (--lstmperf-record-processes)"
+                f"processes lie {math.exp(sigma_b) - 1:.1%} apart here (the baseline's estimate, widened for its "
+                f"uncertainty), and {m} process(es) of this run and {recorded} recorded leave "
+                f"{math.exp(sigma_ref) - 1:.1%}: rerun on a quieter machine, or record in more processes "
+                "(--lstmperf-record-processes)"
             )
         note = f"cannot see a {MAX_LIMIT}x slowdown here ({why})"
     return Check(metric, verdict, ratio, limit, resolves, note, variant)
@@ -512,6 +527,7 @@ class Decision:
     per_call_s: float | None = None
     device_s: float | None = None
     runs: int = 0  # recording runs behind the reference
+    processes: int = 1  # processes of this run behind its figures
 
     @property
     def failed(self) -> bool:
@@ -538,8 +554,14 @@ class Decision:
         }
 
 
-def decide(measurement: Measurement, reference: Reference | None, threshold: float = THRESHOLD) -> Decision:
-    """One benchmark against its reference (rule sentences 2 and 3): the most severe check wins."""
+def decide(
+    measurement: Measurement,
+    reference: Reference | None,
+    threshold: float = THRESHOLD,
+    more: Sequence[Measurement] = (),
+) -> Decision:
+    """One benchmark against its reference (rule sentences 2 and 3): the most severe check wins. ``more`` holds
+    the same benchmark measured in further processes of this run (:func:`undecided` says which get them)."""
     from ..observation.claims import same_kernel
 
     name, now = measurement.name, measurement.kernel
@@ -548,11 +570,21 @@ def decide(measurement: Measurement, reference: Reference | None, threshold: flo
     then = reference.kernel
     base = Decision(name, "unchanged", kernel_then=then, kernel_now=now, per_call_s=measurement.per_call_s,
                     device_s=measurement.device_s, runs=len(reference.runs))  # fmt: skip
+    base = replace(base, processes=1 + len(more))
     if measurement.failed_kernel:
         return replace(base, verdict="kernel-changed", notes=("the kernel differs from the path's claim: not timed",))
     limit = measurement.threshold or threshold
     look = measurement.first
-    checks = [check(m, look.samples(m, reference.variant(m)), reference, limit) for m in metrics_of(reference, look)]
+    checks = [
+        check(
+            m,
+            look.samples(m, reference.variant(m)),
+            reference,
+            limit,
+            more=[x.first.samples(m, reference.variant(m)) for x in more],
+        )
+        for m in metrics_of(reference, look)
+    ]
     notes = [
         f"{m}: not compared: the baseline has this figure, this run has none"
         for m in METRICS
@@ -578,6 +610,16 @@ def decide(measurement: Measurement, reference: Reference | None, threshold: flo
     rank = {v: i for i, v in enumerate(VERDICTS)}
     verdict = min((c.verdict for c in checks), key=lambda v: rank.get(v, len(rank)))
     return replace(base, verdict=verdict, checks=tuple(checks), notes=tuple(notes))
+
+
+def undecided(decision: Decision) -> bool:
+    """Whether one more process of this run could change ``decision``: a timing check that could not see a
+    1.5x slowdown (inconclusive on noise) or called a slowdown (confirmed, or not, by another process before it
+    fails the build). A kernel or host-work change, or a run not comparable, is decided already."""
+    timed = [c for c in decision.checks if c.metric in METRICS and not c.note.startswith("not comparable")]
+    if any(c.metric not in METRICS and c.verdict != "unchanged" for c in decision.checks):
+        return False
+    return any(c.verdict == "regressed" or (c.verdict == "inconclusive" and c.ratio is not None) for c in timed)
 
 
 def counter_changes(reference: Reference, now: Mapping[str, float]) -> list[str]:

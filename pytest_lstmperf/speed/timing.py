@@ -208,9 +208,11 @@ def paired_rounds(
 #: a run's time per call is timed until the standard error of its figure (log scale, raw or divided by the anchor,
 #: whichever is smaller) is at most this: the run's own noise then resolves 1.025x at 4 standard errors, and what
 #: remains of a benchmark's resolution is how far processes lie apart
-SE_TARGET = 0.006
-#: ... or until this much more timed work (seconds): a noisy machine says so through the resolution instead
-EXTEND_BUDGET_S = 1.5
+SE_TARGET = 0.008
+#: ... or until this much more timed work (seconds): a noisy machine says so through the resolution instead (on
+#: the 2-core VM independent processes lie 4% apart even divided by the anchor, so a run's own noise below 1%
+#: per standard error buys little there)
+EXTEND_BUDGET_S = 0.5
 #: ... or this many rounds in all
 MAX_ROUNDS = 2000
 
@@ -235,8 +237,15 @@ def extend_rounds(
         return min((f.se for f in figures), default=math.inf)
 
     added, start = 0, clock()
-    while se() > SE_TARGET and clock() - start < budget_s and len(data) < MAX_ROUNDS:
-        more, more_anchors = paired_rounds(call, anchor, repeat, min(len(data), MAX_ROUNDS - len(data)), clock)
+    per_round = (statistics.median(data) + statistics.median(anchors) * repeat) if data and anchors else 0.0
+    while se() > SE_TARGET and len(data) < MAX_ROUNDS:
+        left = budget_s - (clock() - start)
+        batch = min(len(data), MAX_ROUNDS - len(data))
+        if per_round > 0:
+            batch = min(batch, int(left / per_round))  # the budget holds: no doubling past it
+        if batch < 1:
+            break
+        more, more_anchors = paired_rounds(call, anchor, repeat, batch, clock)
         data += more
         anchors += more_anchors
         added += len(more)
