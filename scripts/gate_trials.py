@@ -75,35 +75,50 @@ def main() -> int:
     p.add_argument("--slow-factor", default="1.5")
     p.add_argument("--busy", type=int, default=3)
     p.add_argument("--extra", default="", help="more pytest arguments for every run, space-separated")
+    p.add_argument("--record-target", default="", help="what the recording command runs (default: --target)")
+    p.add_argument("--default-runs", type=int, default=0, help="compares of the whole default command (suites/)")
+    p.add_argument("--faults", default="", help="more planted faults, each run --slow times: cudnn-off ...")
+    p.add_argument("--budget", type=float, default=0, help="no run starts after this many seconds (0: none)")
     a = p.parse_args()
     out = a.out
     (out / "runs").mkdir(parents=True, exist_ok=True)
-    base = [a.target, f"--device={a.device}", f"--lstmperf-baselines={out / 'baselines'}", "-p", "no:cacheprovider"]
-    if a.paths:
-        base.append(f"--lstmperf-paths={a.paths}")
-    base += a.extra.split()
+    common = [f"--device={a.device}", f"--lstmperf-baselines={out / 'baselines'}", "-p", "no:cacheprovider",
+              *a.extra.split()]  # fmt: skip
+    base = [a.target, *common] + ([f"--lstmperf-paths={a.paths}"] if a.paths else [])
     compare = [*base, "--benchmark-compare", "-v"]
     results = []
     runs = out / "runs"
-    results.append(run("record", [*base, "--lstmperf-save-baseline", "-q"], runs))
+    started = time.perf_counter()
+
+    def go(name: str, args: list[str]) -> None:
+        if a.budget and time.perf_counter() - started > a.budget:
+            print(f"{name}: not started (budget of {a.budget:.0f} s spent)", flush=True)
+            return
+        results.append(run(name, args, runs))
+
+    record_args = [a.record_target, *common] if a.record_target else base
+    go("record", [*record_args, "--lstmperf-save-baseline", "-q"])
+    for k in range(a.default_runs):
+        go(f"default-command-{k + 1}", ["suites/", *common, "--benchmark-compare", "-v"])
     for k in range(a.clean):
-        results.append(run(f"clean-{k + 1}", compare, runs))
+        go(f"clean-{k + 1}", compare)
     for k in range(a.xdist):
-        results.append(run(f"xdist-clean-{k + 1}", [*compare, "-n", "2"], runs))
-    for k in range(a.slow):
-        fault = ["-p", "pytest_lstmperf.testing.faults", f"--lstmperf-plant=slowdown:{a.slow_factor}"]
-        results.append(run(f"slow-{k + 1}", [*compare, *fault], runs))
+        go(f"xdist-clean-{k + 1}", [*compare, "-n", "2"])
+    for fault_name in [f"slowdown:{a.slow_factor}", *a.faults.split()]:
+        for k in range(a.slow):
+            fault = ["-p", "pytest_lstmperf.testing.faults", f"--lstmperf-plant={fault_name}"]
+            go(f"fault={fault_name}-{k + 1}", [*compare, *fault])
     if a.busy:
         busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
         try:
             for k in range(a.busy):
-                results.append(run(f"busy-clean-{k + 1}", compare, runs))
+                go(f"busy-clean-{k + 1}", compare)
         finally:
             busy.kill()
     if a.after_update:
-        results.append(run("update", [*base, "--lstmperf-update-baseline", "-q"], runs))
+        go("update", [*base, "--lstmperf-update-baseline", "-q"])
         for k in range(a.after_update):
-            results.append(run(f"after-update-clean-{k + 1}", compare, runs))
+            go(f"after-update-clean-{k + 1}", compare)
     entries = {}
     for f in (out / "baselines").glob("*.json"):
         entries = {b["fullname"]: b.get("extra_info", {}) for b in json.loads(f.read_text())["benchmarks"]}
@@ -131,13 +146,16 @@ def summarise(results: list[dict], entries: dict) -> list[dict]:
         groups.setdefault(re.sub(r"-\d+$", "", r["name"]), []).append(r)
     table = []
     for scenario, rs in groups.items():
-        slow = scenario.startswith("slow")
+        fault = scenario.split("=", 1)[1].split(":")[0] if scenario.startswith("fault=") else ""
         alarms = others = regressed = inconclusive = caught = targets = 0
         for r in rs:
             for name, verdict in r["verdicts"].items():
-                if verdict == "not-run":
+                if verdict in ("not-run", "path-lost"):
                     continue
-                hit = slow and entries.get(name, {}).get("framework") == "torch"
+                extra = entries.get(name, {})
+                hit = bool(fault) and extra.get("framework") == "torch"
+                if fault in ("cudnn-off", "onednn-off"):  # planted in the test process, on torch's kernels
+                    hit = hit and extra.get("expected_kernel") in ("cudnn", "onednn")
                 alarm = verdict not in QUIET
                 if hit:
                     targets += 1

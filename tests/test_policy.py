@@ -85,7 +85,11 @@ def reference(*records: dict, neighbours: int = 8) -> Reference:
     for k in range(neighbours):
         name = f"neighbour-{k}"
         others[name] = Reference(
-            name, tuple(policy.run_figures(Measurement.from_record(r)) for r in processes(record(name, seed=k)))
+            name,
+            tuple(
+                policy.run_figures(Measurement.from_record(r))
+                for r in processes(record(name, seed=k, device="device_samples" in records[0]["extra_info"]))
+            ),
         )
     return pooled({**others, first.name: own})[first.name]
 
@@ -567,3 +571,18 @@ def test_more_processes_of_a_compare_narrow_what_it_resolves() -> None:
     assert not undecided(four) or four.verdict == "inconclusive"
     changed = decide(Measurement.from_record(record(seed=2, kernel="native")), reference(record(seed=1)))
     assert changed.verdict == "kernel-changed" and not undecided(changed)
+
+
+def test_a_recording_takes_more_processes_only_where_they_do_not_yet_show_their_spread() -> None:
+    """A lone benchmark recorded in three processes (two degrees of freedom, no neighbours) cannot yet promise
+    to see 1.5x (Student's t): it is unresolved, and a recording times it in more processes; eight processes
+    settle it. Beside eight neighbours, three are enough."""
+    from pytest_lstmperf.speed.policy import unresolved
+
+    def measured(name: str, count: int) -> list[Measurement]:
+        return [Measurement.from_record(r) for r in processes(record(name, seed=1), spread=0.01, count=count)]
+
+    assert unresolved({"lone": measured("lone", 3)}) == ["lone"]
+    assert unresolved({"lone": measured("lone", 8)}) == []
+    suite = {f"b{k}": measured(f"b{k}", 3) for k in range(9)}
+    assert unresolved(suite) == []

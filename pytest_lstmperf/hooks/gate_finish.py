@@ -14,7 +14,7 @@ from .. import ci_summary
 from ..session import SESSION_KEY
 from ..speed.baseline import BaselineError
 from ..speed.gate import GateState, run_gate
-from ..speed.policy import COMPARE_PROCESSES, undecided
+from ..speed.policy import COMPARE_PROCESSES, RECORD_PROCESSES_MAX, Measurement, undecided, unresolved
 from ..speed.provenance import benchmark_header, provenance
 from ..speed.report import write_report
 from .benchmark_json import write_xdist_json
@@ -116,8 +116,7 @@ def _record_baseline(config: pytest.Config, state: GateState, session: pytest.Se
         state.messages.append("no benchmark was measured in this run: nothing recorded")
         return
     try:
-        processes = setting(config, "lstmperf_record_processes").value
-        siblings = record_in_processes(config, measured, processes, _say(config))
+        siblings = _record_processes(config, measured)
     except RecordingError as exc:
         state.errors.append(str(exc))
         return
@@ -139,6 +138,34 @@ def _record_baseline(config: pytest.Config, state: GateState, session: pytest.Se
             state.messages.append("recorded under pytest-xdist: workers shared the machine while timing")
     except BaselineError as exc:
         state.errors.append(str(exc))
+
+
+def _record_processes(config: pytest.Config, measured: list) -> dict[str, list]:
+    """The recording's further processes: ``--lstmperf-record-processes`` in all, then one more at a time for the
+    benchmarks whose processes do not yet show how far they lie apart well enough to see a 1.5x slowdown (a lone
+    benchmark of a user's: Student's t on few processes), up to :data:`RECORD_PROCESSES_MAX`."""
+    say = _say(config)
+    processes = setting(config, "lstmperf_record_processes").value
+    siblings = record_in_processes(config, measured, processes, say)
+    if processes <= 1:
+        return siblings
+    total = processes
+    while total < RECORD_PROCESSES_MAX:
+        recorded = {
+            r["fullname"]: [Measurement.from_record(x) for x in (r, *siblings.get(r["fullname"], ()))] for r in measured
+        }
+        names = set(unresolved(recorded))
+        if not names:
+            break
+        total += 1
+        got = record_in_processes(
+            config, [r for r in measured if r["fullname"] in names], 2, say, index=total, of=RECORD_PROCESSES_MAX,
+            why=f"{len(names)} benchmark(s) whose processes do not yet show how far they lie apart well enough to "
+            "see a 1.5x slowdown",
+        )  # fmt: skip
+        for name, records in got.items():
+            siblings.setdefault(name, []).extend(records)
+    return siblings
 
 
 def _say(config: pytest.Config) -> Any:

@@ -55,6 +55,9 @@ PRIOR_DOF = 4
 #: normal standard errors: how far processes lie apart is estimated, and an estimate from few processes is small
 #: by chance often enough to fail clean runs (1 in 200 planted with 3 processes and no pool)
 POOL_DOF_CAP = 30
+#: a recording times a benchmark in at most this many processes (more than --lstmperf-record-processes only where
+#: :func:`unresolved` says its processes do not yet show how far they lie apart: a user's lone benchmark)
+RECORD_PROCESSES_MAX = 10
 #: a compare times a benchmark that is undecided (:func:`undecided`) in at most this many processes in all
 COMPARE_PROCESSES = 4
 #: the two figures a benchmark can have: per call (host included) and device time (GPU only)
@@ -269,6 +272,33 @@ def recording_runs(measurements: Sequence[Measurement]) -> tuple[list[RunFigures
     return kept, left_out
 
 
+def unresolved(recorded: Mapping[str, Sequence[Measurement]]) -> list[str]:
+    """The benchmarks of a recording (name -> its measurements, one per process) that one process of a compare
+    could not see a :data:`MAX_LIMIT` slowdown on: how far their processes lie apart is not yet known well enough
+    (few processes and few neighbours: Student's t), or lies too far. A recording times them in more processes."""
+    references = pooled(
+        {
+            name: Reference(name, tuple(recording_runs(list(ms))[0]), kernel=ms[0].kernel)
+            for name, ms in recorded.items()
+            if ms
+        }
+    )
+    out = []
+    for name, ref in references.items():
+        for metric in metrics_of(ref, recorded[name][0].first):
+            figure = ref.figure(metric)
+            if figure is None:
+                out.append(name)
+                break
+            _, sigma_b, n = figure
+            ses = [f.se for f in (run.get(metric, ref.variant(metric)) for run in ref.runs) if f is not None]
+            se = statistics.median(ses) if ses else 0.0
+            if math.exp(K_SIGMA * math.hypot(se, sigma_b * math.sqrt(1 + 1 / n))) > MAX_LIMIT:
+                out.append(name)
+                break
+    return sorted(out)
+
+
 def _chi2_median_ratio(dof: int) -> float:
     """The median of chi2(dof)/dof: a median of sample variances with ``dof`` degrees of freedom, divided by
     this, estimates the variance without the bias of taking a median (0.69 for 2 degrees of freedom)."""
@@ -345,10 +375,11 @@ class Reference:
         if own is None:
             return (pool.sigma, pool_dof) if pool is not None else None
         variance, dof = own
-        if pool is None:
+        if pool is None or pool.benchmarks <= 1:  # a pool of itself alone says nothing more
             return math.sqrt(variance), dof
-        prior = min(PRIOR_DOF, max(pool.benchmarks - 1, 0))
-        return math.sqrt((dof * variance + prior * pool.variance) / (dof + prior)), dof + pool_dof
+        prior = min(PRIOR_DOF, pool.benchmarks - 1)
+        others = min(pool.dof - dof, POOL_DOF_CAP)  # the pool's degrees of freedom but this benchmark's own
+        return math.sqrt((dof * variance + prior * pool.variance) / (dof + prior)), dof + max(others, 0)
 
     def figure(self, metric: str, variant: str | None = None) -> tuple[float, float, int] | None:
         """(value, sigma_b, n): the geometric mean of the ``n`` processes' figures (a process that broke was left
