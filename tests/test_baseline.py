@@ -23,7 +23,7 @@ H100 = {
     "torch": "2.11.0",
     "sms": "132",
 }
-CPU = {"cpu": "AMD EPYC 7B13", "threads": "2", "torch": "2.13.0", "onednn": "yes"}
+CPU = {"cpu": "AMD EPYC 7B13", "cpu_id": "25.1.1", "threads": "2", "torch": "2.13.0", "onednn": "yes"}
 PROV = {
     "commit": "abc123",
     "dirty": False,
@@ -89,7 +89,8 @@ def test_the_key_is_the_hardware_alone() -> None:
     for name in ("driver", "cuda", "cudnn", "torch", "sms"):  # software is recorded per entry, not in the key
         assert bl.hardware_key(fields({**H100, name: "other"})) == key, name
     cpu_key = bl.hardware_key(fields(CPU))
-    assert cpu_key == "cpu-AMD_EPYC_7B13-2t"
+    assert cpu_key == "cpu-AMD_EPYC_7B13-25.1.1-2t"
+    assert bl.hardware_key(fields({**CPU, "cpu_id": "25.17.0"})) != cpu_key  # a generic name, another CPU
     assert bl.hardware_key(fields({**CPU, "threads": "16"})) != cpu_key
     assert bl.hardware_key(fields({**CPU, "torch": "2.14.0"})) == cpu_key
 
@@ -117,7 +118,7 @@ def test_record_then_load_is_pytest_benchmark_json(tmp_path: Path) -> None:
     (run,) = part["runs"]
     assert run["per_call"]["n"] == 10 and run["device"] is None and run["host_counters"]["aten_ops"] == 40
     reference = bl.reference_of(bench)
-    assert reference.figure("per-call")[0] == pytest.approx(run["per_call"]["value"])
+    assert reference.value("per-call") == pytest.approx(run["per_call"]["value"])
     # pytest-benchmark's own loader reads it
     from pytest_benchmark.logger import Logger
     from pytest_benchmark.storage.file import FileStorage
@@ -358,10 +359,10 @@ def test_a_recording_run_is_added_named_when_outside_and_refused_when_broken(tmp
     assert report.added_run and report.updated == [names["a"], names["d"]] and report.kept == [names["new"]]
     refused = dict(line.split(": ", 1) for line in report.refused)
     assert sorted(refused) == [names["b"], names["c"]]
-    assert refused[names["b"]].startswith("per-call: regressed at 3.0")
-    assert refused[names["c"]].startswith("per-call: improved at 0.3")
+    assert refused[names["b"]] == "more than 2.0x off: per-call: 3.000x"  # refused, not also "unchanged"
+    assert refused[names["c"]] == "more than 2.0x off: per-call: 0.300x"
     ((outside, why),) = [line.split(": ", 1) for line in report.outliers]
-    assert outside == names["d"] and why.startswith("per-call: regressed at 1.5")
+    assert outside == names["d"] and why.startswith("per-call: 1.500x (limit 1.100)")
     assert report.describe().endswith(
         "written: a recording run added to 2 benchmark(s), 1 of them outside the limits of the runs before (their "
         "resolution widens), refused for 2 (a figure more than twice the others', or other versions), 1 not in the "
@@ -373,7 +374,7 @@ def test_a_recording_run_is_added_named_when_outside_and_refused_when_broken(tmp
     # the run added outside is part of the entry's noise from now on: its resolution widens
     widened = bl.reference_of(entries[names["d"]])
     one_run = bl.reference_of(entries[names["b"]])
-    assert widened.figure("per-call")[1] > 10 * one_run.figure("per-call")[1]
+    assert widened.own_spread("per-call") > 0.25 and one_run.own_spread("per-call") is None
     other = save(store, [record("a")], add_run=True, versions={**VERSIONS, "torch": "2.12.0"})
     assert other.refused == [f"{names['a']}: recorded with other versions; record it anew"]
     assert "unchanged" in other.describe()

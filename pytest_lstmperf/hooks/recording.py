@@ -82,9 +82,23 @@ def write_records(records: Sequence[Mapping[str, Any]]) -> None:
         os.replace(tmp, folder / "records.json")
 
 
-def _command(config: pytest.Config) -> list[str]:
-    args = list(config.invocation_params.args)
-    return [sys.executable, "-m", "pytest", *args, "-p", "no:cacheprovider"]
+def _command(config: pytest.Config, folder: Path) -> list[str]:
+    """This run's command for a further process: its own temporary folder (pytest wipes a ``--basetemp`` as it
+    starts) and its own cache folder."""
+    args: list[str] = []
+    skip = False
+    for arg in map(str, config.invocation_params.args):
+        if skip:
+            skip = False
+            continue
+        if arg == "--basetemp":
+            skip = True
+            continue
+        if arg.startswith("--basetemp="):
+            continue
+        args.append(arg)
+    return [sys.executable, "-m", "pytest", *args, f"--basetemp={folder / 'basetemp'}", "-o",
+            f"cache_dir={folder / 'cache'}"]  # fmt: skip
 
 
 def record_in_processes(
@@ -122,7 +136,7 @@ def record_in_processes(
             log = folder / f"process-{index}.log"
             with open(log, "wb") as out:
                 done = subprocess.run(
-                    _command(config),
+                    _command(config, folder),
                     cwd=str(config.invocation_params.dir),
                     env=env,
                     stdout=out,

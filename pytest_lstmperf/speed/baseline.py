@@ -356,7 +356,11 @@ class BaselineStore:
                     report.refused.append(f"{record['fullname']}: more than {OUTLIER_FACTOR}x off: {'; '.join(broken)}")
                     continue
                 added.append(run.to_dict())
-            outside = [c.text() for _, _, c in (checks if runs else []) if c.verdict in ("regressed", "improved")]
+            outside = []
+            for m, r, c in checks if runs else []:
+                bound = c.limit or limit  # no spread known yet: the threshold
+                if not 1 / bound <= r <= bound:
+                    outside.append(c.text() if c.ratio is not None else f"{m}: {r:.3f}x (limit {bound:.3f})")
             if added and outside:  # added: clean runs lie this far apart here, and the resolution says so
                 report.outliers.append(f"{record['fullname']}: {'; '.join(outside)}")
             if added:
