@@ -53,6 +53,8 @@ def run(name: str, args: list[str], out: Path, env: dict[str, str] | None = None
         "resolution_median": float(resolution.group(1)) if resolution else None,
         "resolution_worst": float(resolution.group(3)) if resolution else None,
         "last": [ln for ln in text.splitlines() if ln.startswith(("speed gate", "SPEED GATE", "baseline "))][-3:],
+        "processes": [ln for ln in text.splitlines() if ln.startswith("lstmperf: process ")],
+        "wall_line": [ln for ln in text.splitlines() if ln.startswith("lstmperf: wall time")][-1:],
     }
     counts: dict[str, int] = {}
     for v in seen.values():
@@ -95,6 +97,8 @@ def main() -> int:
             print(f"{name}: not started (budget of {a.budget:.0f} s spent)", flush=True)
             return
         results.append(run(name, args, runs))
+        (out / "trials.json").write_text(json.dumps({"args": vars(a) | {"out": str(out)}, "runs": results},
+                                                    indent=1, default=str) + "\n")  # fmt: skip
 
     record_args = [a.record_target, *common] if a.record_target else base
     go("record", [*record_args, "--lstmperf-save-baseline", "-q"])
@@ -124,7 +128,7 @@ def main() -> int:
         entries = {b["fullname"]: b.get("extra_info", {}) for b in json.loads(f.read_text())["benchmarks"]}
     table = summarise(results, entries)
     (out / "trials.json").write_text(json.dumps({"args": vars(a) | {"out": str(out)}, "runs": results,
-                                                 "table": table}, indent=1) + "\n")  # fmt: skip
+                                                 "table": table}, indent=1, default=str) + "\n")  # fmt: skip
     print()
     print("| scenario | runs | runs failed | alarms / benchmark-runs (regressed; inconclusive) | caught / targeted | "
           "median resolution (per run) | wall s (median) |")  # fmt: skip

@@ -143,7 +143,7 @@ def _record_baseline(config: pytest.Config, state: GateState, session: pytest.Se
 def _record_processes(config: pytest.Config, measured: list) -> dict[str, list]:
     """The recording's further processes: ``--lstmperf-record-processes`` in all, then one more at a time for the
     benchmarks whose processes do not yet show how far they lie apart well enough to see a 1.5x slowdown (a lone
-    benchmark of a user's: Student's t on few processes), up to :data:`RECORD_PROCESSES_MAX`."""
+    benchmark of a user's: Student's t on few processes), up to :data:`RECORD_PROCESSES_MAX` in all."""
     say = _say(config)
     processes = setting(config, "lstmperf_record_processes").value
     siblings = record_in_processes(config, measured, processes, say)

@@ -57,7 +57,7 @@ PRIOR_DOF = 4
 POOL_DOF_CAP = 30
 #: a recording times a benchmark in at most this many processes (more than --lstmperf-record-processes only where
 #: :func:`unresolved` says its processes do not yet show how far they lie apart: a user's lone benchmark)
-RECORD_PROCESSES_MAX = 10
+RECORD_PROCESSES_MAX = 8
 #: a compare times a benchmark that is undecided (:func:`undecided`) in at most this many processes in all
 COMPARE_PROCESSES = 4
 #: the two figures a benchmark can have: per call (host included) and device time (GPU only)
@@ -274,8 +274,9 @@ def recording_runs(measurements: Sequence[Measurement]) -> tuple[list[RunFigures
 
 def unresolved(recorded: Mapping[str, Sequence[Measurement]]) -> list[str]:
     """The benchmarks of a recording (name -> its measurements, one per process) that one process of a compare
-    could not see a :data:`MAX_LIMIT` slowdown on: how far their processes lie apart is not yet known well enough
-    (few processes and few neighbours: Student's t), or lies too far. A recording times them in more processes."""
+    could not see a :data:`MAX_LIMIT` slowdown on because how far their processes lie apart is not yet known well
+    enough (few processes and few neighbours: Student's t), though the estimate itself would see it. A recording
+    times them in more processes."""
     references = pooled(
         {
             name: Reference(name, tuple(recording_runs(list(ms))[0]), kernel=ms[0].kernel)
@@ -291,9 +292,16 @@ def unresolved(recorded: Mapping[str, Sequence[Measurement]]) -> list[str]:
                 out.append(name)
                 break
             _, sigma_b, n = figure
+            between = ref.between(metric)
             ses = [f.se for f in (run.get(metric, ref.variant(metric)) for run in ref.runs) if f is not None]
             se = statistics.median(ses) if ses else 0.0
-            if math.exp(K_SIGMA * math.hypot(se, sigma_b * math.sqrt(1 + 1 / n))) > MAX_LIMIT:
+
+            def resolves(sigma: float, se: float = se, n: int = n) -> float:
+                return math.exp(K_SIGMA * math.hypot(se, sigma * math.sqrt(1 + 1 / n)))
+
+            # more processes help where the estimate's uncertainty (Student's t) is what hides 1.5x, not where the
+            # processes lie that far apart: those stay inconclusive when compared, and say why
+            if resolves(sigma_b) > MAX_LIMIT and between is not None and resolves(between[0]) <= MAX_LIMIT:
                 out.append(name)
                 break
     return sorted(out)
@@ -449,6 +457,8 @@ class Check:
     resolves: float | None = None  # the smallest slowdown this benchmark resolves on this machine
     note: str = ""
     variant: str = "anchored"
+    #: no number of processes of this run can settle it: the baseline's own uncertainty is too large
+    settled_by_baseline: bool = False
 
     def text(self) -> str:
         if self.ratio is None:
@@ -499,6 +509,7 @@ def check(
     ratio = now_value / value
     verdict = "regressed" if ratio > limit else "improved" if ratio < 1 / limit else "unchanged"
     note = f"{m} processes" if m > 1 else ""
+    hopeless = math.exp(K_SIGMA * sigma_b * math.sqrt(1 / recorded)) > MAX_LIMIT
     if limit > MAX_LIMIT and verdict != "regressed":
         verdict = "inconclusive"
         if now_se >= sigma_ref:
@@ -514,7 +525,7 @@ def check(
                 "(--lstmperf-record-processes)"
             )
         note = f"cannot see a {MAX_LIMIT}x slowdown here ({why})"
-    return Check(metric, verdict, ratio, limit, resolves, note, variant)
+    return Check(metric, verdict, ratio, limit, resolves, note, variant, hopeless)
 
 
 def metrics_of(reference: Reference, look: Look) -> list[str]:
@@ -650,7 +661,10 @@ def undecided(decision: Decision) -> bool:
     timed = [c for c in decision.checks if c.metric in METRICS and not c.note.startswith("not comparable")]
     if any(c.metric not in METRICS and c.verdict != "unchanged" for c in decision.checks):
         return False
-    return any(c.verdict == "regressed" or (c.verdict == "inconclusive" and c.ratio is not None) for c in timed)
+    return any(
+        c.verdict == "regressed" or (c.verdict == "inconclusive" and c.ratio is not None and not c.settled_by_baseline)
+        for c in timed
+    )
 
 
 def counter_changes(reference: Reference, now: Mapping[str, float]) -> list[str]:
