@@ -162,7 +162,7 @@ def test_lifecycle_record_compare_regress_update(gate, gate_recording) -> None:
     result = gate("--benchmark-compare")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(
-        ["*no baseline for this hardware*is missing*Record one with: pytest *--lstmperf-save-baseline*"]
+        ["*no baseline for this hardware*is missing*Record one with: *-m pytest *--lstmperf-save-baseline*"]
     )
     # 2. record (the session's one recording run of this project, `--lstmperf-save-baseline`, into this folder)
     result = gate_recording.result
@@ -173,7 +173,7 @@ def test_lifecycle_record_compare_regress_update(gate, gate_recording) -> None:
     data = json.loads(path.read_text())
     section = data["lstmperf"]
     assert section["format"] == 2 and section["hardware"]["kind"] == "cpu" and set(section["hardware"]) == {
-        "kind", "cpu", "threads"
+        "kind", "cpu", "cpu_id", "threads"
     }  # fmt: skip
     assert path.name == f"{section['device_key']}.json"  # keyed by the hardware alone: no software version in it
     assert len(data["benchmarks"]) == 3

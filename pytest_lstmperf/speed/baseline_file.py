@@ -50,10 +50,13 @@ class BaselineError(Exception):
 
 
 def differences(baseline: Mapping[str, str], current: Mapping[str, str]) -> list[str]:
-    """Human-readable differing fields: ``gpu NVIDIA A100 (baseline) vs NVIDIA H100 (this device)``."""
+    """Human-readable differing fields: ``gpu NVIDIA A100 (baseline) vs NVIDIA H100 (this device)``. A baseline
+    recorded before CPUs were keyed by family, model and stepping (no ``cpu_id``) matches on the rest."""
     out = []
     for name in dict.fromkeys([*baseline, *current]):
         then, now = baseline.get(name), current.get(name)
+        if name == "cpu_id" and then is None:
+            continue
         if then != now:
             out.append(
                 f"{name} {then if then is not None else '<absent>'} (baseline) vs "

@@ -3,22 +3,29 @@
 The rule, in five sentences (docs/speed-gate.md states the same):
 
 1. Every benchmark is timed in pairs, one call of the benchmark and one run of a fixed anchor workload on the
-   same device in the same process, with the machine to itself (under pytest-xdist the other workers wait), and
-   its figure is the median of the per-pair ratios of its device time where it has one that leaves the host out
-   (a GPU), else of its time per call, so that a slow phase, a busy neighbour or a clock change that the whole
-   machine shares cancels instead of being measured.
-2. A figure is slower when it exceeds the baseline's figure by more than its limit: the threshold (1.05 unless
-   ``--lstmperf-threshold`` or the ``lstmperf_threshold`` marker says otherwise), or the smallest slowdown the
-   benchmark resolves on this machine (4 standard errors of the two figures and of how far recording runs lie
-   apart, pooled over the baseline's benchmarks) where that is larger; a resolution above the threshold is
+   same device in the same process, with the machine to itself (under pytest-xdist the other workers wait) and a
+   fixed number of CPU threads (``--lstmperf-threads``, 1 by default); its figure is the median of its device
+   time where it has one that leaves the host out (a GPU), else of its time per call, divided by the anchor's
+   where the baseline's recording processes lie closer together so, and raw where the anchor adds more noise
+   than it removes.
+2. A recording times every benchmark in independent processes (three, more where they do not yet show their
+   spread), and how far they lie apart is its between-run noise: its own, moderated by the baseline's (a median
+   over its benchmarks), widened by Student's t for the processes behind it. A figure is slower when it exceeds
+   the baseline's by more than its limit: the threshold (1.05 unless ``--lstmperf-threshold`` or the
+   ``lstmperf_threshold`` marker says otherwise), or the slowdown the benchmark resolves (4 such standard errors
+   of this run's figure and of the processes), where that is larger; a resolution above the threshold is
    printed (with ``-v``, every one).
-3. A benchmark fails when its figure is slower, when it ran another kernel or precision than its baseline, or when
-   its exact host counts per call (ATen ops, GPU kernels, synchronisations: the host's work, on a GPU too)
-   changed; a figure that cannot be compared is inconclusive, which fails unless accepted.
-4. A recording run is compared with the entry's earlier runs by the same rule: one outside their limits is added
-   and named, one more than 2x off is refused.
-5. Baselines are keyed by the hardware alone: a run on other software versions is compared by the same rule and
-   reported as an upgrade, and ``--lstmperf-update-baseline`` accepts what it changed.
+3. A benchmark fails when its figure is slower, when it ran another kernel or precision than its baseline, or
+   when its exact host counts per call (ATen ops, GPU kernels, synchronisations: the host's work, on a GPU too)
+   changed. One that cannot see a 1.5x slowdown, or is slower, is timed in further processes of the run (four
+   in all at most); one that still cannot see 1.5x, or whose anchor ran more than 3x off its recorded time, is
+   inconclusive, which fails unless accepted: never passed blind.
+4. A recording process more than 2x off the median of its siblings is left out and named; a recording run
+   added later is compared with the entry's processes: one outside their limits is added and named, one more
+   than 2x off is refused.
+5. Baselines are keyed by the hardware alone (a GPU model; a CPU's model name, family, model and stepping, and
+   its threads): a run on other software versions is compared by the same rule and reported as an upgrade, and
+   ``--lstmperf-update-baseline`` accepts what it changed.
 
 Everything here is pure: records and baseline entries in, verdicts out, no timing and no files. The end-of-run
 verdict (:func:`decide`) and a recording run's outlier check call the same :func:`check`.
@@ -510,7 +517,7 @@ def check(
     verdict = "regressed" if ratio > limit else "improved" if ratio < 1 / limit else "unchanged"
     note = f"{m} processes" if m > 1 else ""
     hopeless = math.exp(K_SIGMA * sigma_b * math.sqrt(1 / recorded)) > MAX_LIMIT
-    if limit > MAX_LIMIT and verdict != "regressed":
+    if resolves > max(MAX_LIMIT, threshold) and verdict != "regressed":  # blind to 1.5x (and to its threshold)
         verdict = "inconclusive"
         if now_se >= sigma_ref:
             why = (
@@ -656,13 +663,15 @@ def decide(
 
 def undecided(decision: Decision) -> bool:
     """Whether one more process of this run could change ``decision``: a timing check that could not see a
-    1.5x slowdown (inconclusive on noise) or called a slowdown (confirmed, or not, by another process before it
-    fails the build). A kernel or host-work change, or a run not comparable, is decided already."""
+    1.5x slowdown (inconclusive on noise), or called a slowdown on one process (confirmed, or not, by one more
+    before it fails the build). A kernel or host-work change, or a run not comparable, is decided already."""
     timed = [c for c in decision.checks if c.metric in METRICS and not c.note.startswith("not comparable")]
     if any(c.metric not in METRICS and c.verdict != "unchanged" for c in decision.checks):
         return False
+    confirm = decision.processes == 1  # a slowdown seen on one process is confirmed (or not) on one more
     return any(
-        c.verdict == "regressed" or (c.verdict == "inconclusive" and c.ratio is not None and not c.settled_by_baseline)
+        (c.verdict == "regressed" and confirm)
+        or (c.verdict == "inconclusive" and c.ratio is not None and not c.settled_by_baseline)
         for c in timed
     )
 
