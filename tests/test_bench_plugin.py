@@ -182,9 +182,15 @@ def test_lifecycle_record_compare_regress_update(gate, gate_recording) -> None:
     assert {"commit", "date", "machine"} <= set(bench["recorded"])
     part = bench["lstmperf"]
     assert part["kernel"] == "onednn/fp32" and part["versions"]["torch"] and part["history"] == []
-    (run,) = part["runs"]
+    runs = part["runs"]  # one per independent recording process: three, a process that broke left out and named
+    assert len(runs) == 3 or (len(runs) == 2 and "left_out" in part), part
+    run = runs[0]
     assert run["per_call"]["n"] == len(bench["stats"]["data"]) and run["host_counters"]["aten_ops"] > 0
+    assert run["per_call_raw"]["n"] == run["per_call"]["n"] and run["anchor_s"] > 0  # raw figures beside
     assert len(bench["extra_info"]["anchor"]["samples"]) == len(bench["stats"]["data"])  # one anchor per round
+    text = result.stdout.str()
+    assert "threads fixed [default]" in text and path.name.endswith("-1t.json")  # CPU threads fixed, in the key
+    assert "lstmperf: process 3 of 3 at most" in text  # the recording's further processes, said as they run
     before = path.read_bytes()
     # 3. recording again never overwrites silently
     result = gate("--lstmperf-save-baseline")

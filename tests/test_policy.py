@@ -586,3 +586,27 @@ def test_a_recording_takes_more_processes_only_where_they_do_not_yet_show_their_
     assert unresolved({"lone": measured("lone", 8)}) == []
     suite = {f"b{k}": measured(f"b{k}", 3) for k in range(9)}
     assert unresolved(suite) == []
+
+
+def test_the_comparable_bound_takes_in_how_far_the_anchor_itself_lies_apart() -> None:
+    """On the 16-core Xeon the anchor's own time lay 2x apart between clean recording processes, and a clean run's
+    anchor took 3.36x its recorded time: with that spread measured, 3.4x is comparable there, 1000x never is."""
+    from pytest_lstmperf.speed.policy import comparable, pooled
+
+    def wide(name: str, seed: int) -> list[dict]:
+        out = []
+        for k, one in enumerate(processes(record(name=name, seed=seed), machine=0.0)):
+            f = (1.0, 2.0, 0.6)[k]  # the process's state moves the call and the anchor alike
+            extra = {**one["extra_info"], "anchor": {**one["extra_info"]["anchor"]}}
+            extra["anchor"]["samples"] = [a * f for a in extra["anchor"]["samples"]]
+            extra["anchor"]["per_call_s"] *= f
+            out.append({**one, "data": [x * f for x in one["data"]], "extra_info": extra})
+        return out
+
+    refs = pooled({f"b{k}": reference(*wide(f"b{k}", k), neighbours=0) for k in range(8)})
+    base = refs["b0"]
+    moved = record(name="b0", seed=9, call_s=3.4e-3, anchor_s=3.4 * 2e-4)
+    assert comparable(Measurement.from_record(moved), base) is None
+    assert decide(Measurement.from_record(moved), base).verdict == "unchanged"
+    stalled = record(name="b0", seed=9, call_s=1.0, anchor_s=0.2)
+    assert "not comparable" in (comparable(Measurement.from_record(stalled), base) or "")

@@ -444,6 +444,15 @@ def pooled(references: Mapping[str, Reference]) -> dict[str, Reference]:
             dof = int(statistics.median(d for _, d in own))
             pool = statistics.median(v for v, _ in own) / _chi2_median_ratio(max(dof, 1))
             spread[(metric, variant)] = Spread(pool, len(own), sum(d for _, d in own))
+    anchors = []  # how far the anchor's own time lies apart between processes: the bound of comparable()
+    for ref in references.values():
+        logs = [math.log(run.anchor_s) for run in ref.runs if run.anchor_s]
+        if len(logs) > 1:
+            anchors.append((statistics.variance(logs), len(logs) - 1))
+    if anchors:
+        dof = int(statistics.median(d for _, d in anchors))
+        pool = statistics.median(v for v, _ in anchors) / _chi2_median_ratio(max(dof, 1))
+        spread[("anchor", "raw")] = Spread(pool, len(anchors), sum(d for _, d in anchors))
     variants: dict[str, str] = {}
     for metric in METRICS:
         anchored, raw = spread.get((metric, "anchored")), spread.get((metric, "raw"))
@@ -549,12 +558,19 @@ def metrics_of(reference: Reference, look: Look) -> list[str]:
 def comparable(measurement: Measurement, reference: Reference) -> str | None:
     """Why this run's figures cannot be compared with the baseline's, else None: the anchor workload, which
     touches no recurrent layer, took more than :data:`COMPARABLE_FACTOR` times longer or shorter than when it was
-    recorded, so the machine is not in the state it was recorded in (overloaded, throttled, another machine)."""
+    recorded (or more than its own recording processes lie apart allows, 4 standard errors: on a 16-core Xeon a
+    clean run's anchor took 3.36x its recorded time), so the machine is not in the state it was recorded in
+    (overloaded, throttled, another machine)."""
     then, now = reference.anchor_s, measurement.anchor_s
     if not then or not now:
         return None
     factor = now / then
-    if 1 / COMPARABLE_FACTOR <= factor <= COMPARABLE_FACTOR:
+    bound = COMPARABLE_FACTOR
+    pool = reference.spread.get(("anchor", "raw"))
+    if pool is not None:  # where processes' anchors lie far apart (2x on a 16-core Xeon), the bound takes it in
+        widened = pool.sigma * tail_factor(min(pool.dof, POOL_DOF_CAP)) * math.sqrt(1 + 1 / max(len(reference.runs), 1))
+        bound = max(bound, math.exp(K_SIGMA * widened))
+    if 1 / bound <= factor <= bound:
         return None
     return (
         f"not comparable: the anchor workload, which touches no LSTM/GRU layer, took {factor:.3g}x its recorded "
