@@ -153,15 +153,16 @@ class LstmPerfSession:
     def header_lines(self) -> list[str]:
         run = [p.name for p in self.available_paths]
         lines = [
-            f"lstmperf: device {self.device.describe()} [{self.settings['lstmperf_device'].where()}]"
-            + (
-                f"; threads fixed [{self.settings['lstmperf_threads'].where()}]"
-                if self.device.kind == "cpu" and "lstmperf_threads" in self.settings
-                else ""
-            ),
+            f"lstmperf: device {self.device.describe()} [{self.settings['lstmperf_device'].where()}]",
             f"lstmperf: paths {', '.join(run) or 'none'}; hypothesis profile {self.profile} "
             f"({self.hypothesis_profile.description}); seed {self.seed}",
         ]
+        if self.device.kind == "cpu" and "lstmperf_threads" in self.settings:
+            threads = self.settings["lstmperf_threads"]
+            lines.append(
+                f"lstmperf: CPU threads fixed at {threads.value} for every framework [{threads.where()}] "
+                "(--lstmperf-threads; part of a CPU baseline's key)"
+            )
         for name, reason in self.unavailable.items():
             lines.append(f"lstmperf: path {name} unavailable: {reason}")
         if self.awaiting_worker:

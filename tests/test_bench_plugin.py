@@ -183,13 +183,15 @@ def test_lifecycle_record_compare_regress_update(gate, gate_recording) -> None:
     part = bench["lstmperf"]
     assert part["kernel"] == "onednn/fp32" and part["versions"]["torch"] and part["history"] == []
     runs = part["runs"]  # one per independent recording process: three, a process that broke left out and named
-    assert len(runs) == 3 or (len(runs) == 2 and "left_out" in part), part
+    assert len(runs) >= 3 or (len(runs) == 2 and "left_out" in part), part  # 3, more where still unsettled
     run = runs[0]
     assert run["per_call"]["n"] == len(bench["stats"]["data"]) and run["host_counters"]["aten_ops"] > 0
     assert run["per_call_raw"]["n"] == run["per_call"]["n"] and run["anchor_s"] > 0  # raw figures beside
     assert len(bench["extra_info"]["anchor"]["samples"]) == len(bench["stats"]["data"])  # one anchor per round
     text = result.stdout.str()
-    assert "threads fixed [default]" in text and path.name.endswith("-1t.json")  # CPU threads fixed, in the key
+    assert "CPU threads fixed at 1 for every framework [default]" in text and path.name.endswith(
+        "-1t.json"
+    )  # CPU threads fixed, in the key
     assert "lstmperf: process 3 of 3 at most" in text  # the recording's further processes, said as they run
     before = path.read_bytes()
     # 3. recording again never overwrites silently
@@ -969,7 +971,7 @@ def test_a_format_1_baseline_is_compared_on_kernels_and_counts_and_save_fills_it
     result.stdout.fnmatch_lines(
         [
             f"baseline {name} has the older format 1: its timings were taken without the anchor and are not "
-            "compared (kernels and host counts are); record them with pytest *--lstmperf-save-baseline",
+            "compared (kernels and host counts are); record them with *pytest *--lstmperf-save-baseline",
             "*speed gate against*2 inconclusive, 1 not-run*",
             "*B1-T20*: per-call: inconclusive (the baseline entry holds no timings of this format (migrated from "
             "format 1, or recorded without the anchor): record them with --lstmperf-save-baseline)",
@@ -1028,7 +1030,7 @@ def test_an_outlier_recording_run_is_refused(gate, gate_recording, monkeypatch: 
             "baseline * unchanged: a recording run added to 0 benchmark(s), refused for 1 (a figure more than twice "
             "the others', or other versions)",
             "RECORDING RUN REFUSED for test_benchmarks.py::test_inference[[]spin-onednn-lstm-I32-H64-L1-B1-T20[]]: "
-            "per-call: regressed at *x (limit *",
+            "more than 2.0x off (3 of 3 processes): per-call: *x",
         ]
     )
     assert path.read_bytes() == before
@@ -1105,7 +1107,7 @@ def test_an_upgrade_is_compared_named_first_and_accepted_by_update(gate, gate_re
     assert result.ret == 0, result.stdout.str()
     for bench in json.loads(path.read_text())["benchmarks"]:
         part = bench["lstmperf"]
-        assert part["versions"]["torch"] == now and len(part["runs"]) == 1
+        assert part["versions"]["torch"] == now and len(part["runs"]) >= 2  # recorded anew, in several processes
         (point,) = part["history"]
         assert point["versions"]["torch"] == "2.0.0" and point["per_call"] > 0 and point["kernel"] == "onednn/fp32"
 

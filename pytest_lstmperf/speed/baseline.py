@@ -336,7 +336,8 @@ class BaselineStore:
                 [measured, *(Measurement.from_record(r) for r in siblings.get(record["fullname"], ()))]
             )
             report.left_out += [f"{record['fullname']}: {why}" for why in left_out]
-            added = []
+            added: list[dict[str, Any]] = []
+            refused: list[str] = []
             for run in runs:
                 checks = []
                 for m in metrics_of(reference, measured.first):
@@ -353,9 +354,12 @@ class BaselineStore:
                         )
                 broken = [f"{m}: {r:.3f}x" for m, r, _ in checks if not 1 / OUTLIER_FACTOR <= r <= OUTLIER_FACTOR]
                 if broken:  # a run more than twice as slow or fast as the entry's figure broke: refused, said
-                    report.refused.append(f"{record['fullname']}: more than {OUTLIER_FACTOR}x off: {'; '.join(broken)}")
+                    refused.append("; ".join(broken))
                     continue
                 added.append(run.to_dict())
+            if refused:  # one line per benchmark, however many of its processes were refused
+                count = f" ({len(refused)} of {len(runs)} processes)" if len(runs) > 1 else ""
+                report.refused.append(f"{record['fullname']}: more than {OUTLIER_FACTOR}x off{count}: {refused[0]}")
             outside = []
             for m, r, c in checks if runs else []:
                 bound = c.limit or limit  # no spread known yet: the threshold

@@ -270,7 +270,10 @@ def migrate_format_1(data: dict[str, Any]) -> dict[str, Any]:
     old = data["lstmperf"]
     comparable = dict(old["comparable"])
     kind = comparable.get("kind", "cuda")
-    hardware = {"kind": kind, **{k: comparable.get(k, "?") for k in HARDWARE_FIELDS.get(kind, ())}}
+    hardware = {
+        "kind": kind,
+        **{k: comparable.get(k, "?") for k in HARDWARE_FIELDS.get(kind, ()) if k in comparable or k != "cpu_id"},
+    }  # a format-1 file knew no CPU family, model and stepping: it matches on the rest (differences)
     versions = {k: v for k, v in comparable.items() if k not in hardware}
     versions.update(old.get("frameworks") or {})
     for bench in data["benchmarks"]:
