@@ -205,7 +205,9 @@ def test_lifecycle_record_compare_regress_update(gate, gate_recording) -> None:
     result.stdout.fnmatch_lines(["*a recording run added to 3 benchmark(s)*"])
     assert "RECORDING RUN REFUSED" not in result.stdout.str()
     data = json.loads(path.read_text())
-    assert [len(b["lstmperf"]["runs"]) for b in data["benchmarks"]] == [2, 2, 2]
+    then = [len(b["lstmperf"]["runs"]) for b in json.loads(before)["benchmarks"]]
+    now_ = [len(b["lstmperf"]["runs"]) for b in data["benchmarks"]]
+    assert all(n >= t + 2 for n, t in zip(now_, then, strict=True)), (then, now_)  # its processes, added
     assert [b["stats"]["data"] for b in data["benchmarks"]] == [
         b["stats"]["data"] for b in json.loads(before)["benchmarks"]
     ]
@@ -1008,8 +1010,9 @@ def test_a_format_1_baseline_is_compared_on_kernels_and_counts_and_save_fills_it
     parts = {b["name"]: b["lstmperf"] for b in written["benchmarks"]}
     for bench_name, part in parts.items():
         assert len(part["history"]) == 1 and part["history"][0]["per_call_s"] > 0  # format 1's timing, kept
-        (run,) = part["runs"]
+        run = part["runs"][0]  # filled by the recording, in several processes; format 1's counts for the rest
         assert (run["per_call"] is not None) is bench_name.startswith("test_inference"), (bench_name, run)
+        assert len(part["runs"]) >= 2 or not bench_name.startswith("test_inference")
     result = gate("--benchmark-compare", *select)
     assert result.ret == 0, result.stdout.str()
     result.stdout.fnmatch_lines(["*speed gate against*2 unchanged, 1 not-run*", "speed gate passed: 2 benchmark(s)*"])
@@ -1030,7 +1033,7 @@ def test_an_outlier_recording_run_is_refused(gate, gate_recording, monkeypatch: 
             "baseline * unchanged: a recording run added to 0 benchmark(s), refused for 1 (a figure more than twice "
             "the others', or other versions)",
             "RECORDING RUN REFUSED for test_benchmarks.py::test_inference[[]spin-onednn-lstm-I32-H64-L1-B1-T20[]]: "
-            "more than 2.0x off (3 of 3 processes): per-call: *x",
+            "more than 2.0x off (* of * processes): per-call: *x",
         ]
     )
     assert path.read_bytes() == before
