@@ -147,7 +147,7 @@ def _record_processes(config: pytest.Config, measured: list) -> dict[str, list]:
     say = _say(config)
     processes = setting(config, "lstmperf_record_processes").value
     siblings = record_in_processes(config, measured, processes, say)
-    if processes <= 1:
+    if processes <= 1 or saving(config) == "add-run":  # an added run joins processes the entry already has
         return siblings
     total = processes
     while total < RECORD_PROCESSES_MAX:
