@@ -260,8 +260,9 @@ BENCH_SETTINGS = [
             "lstmperf_add_baseline_run",
             "false",
             parse_bool,
-            "add this run's figures to the recorded baseline as one more recording run, without replacing any "
-            "entry; a run whose figure lies outside an entry's limit is refused for that entry and named",
+            "add this run's figures (its processes') to the recorded baseline as more recording processes, "
+            "without replacing any entry; a process outside an entry's limit is added and named, one more than 2x "
+            "off the entry's figure is refused for that entry and named",
         ),
         Setting(
             "lstmperf_record_processes",
