@@ -237,12 +237,13 @@ def test_lifecycle_record_compare_regress_update(gate, gate_recording) -> None:
             "*3 kernel-changed*",
         ]
     )
-    # 7. update replaces the entries: one recording run each again
+    # 7. update replaces the entries: recorded anew in several processes, the added runs gone
     result = gate("--lstmperf-update-baseline")
     assert result.ret == 0
     result.stdout.fnmatch_lines(["*baseline *.json written: 3 updated*"])
     assert path.read_bytes() != before
-    assert [len(b["lstmperf"]["runs"]) for b in json.loads(path.read_text())["benchmarks"]] == [1, 1, 1]
+    runs = [len(b["lstmperf"]["runs"]) for b in json.loads(path.read_text())["benchmarks"]]
+    assert all(2 <= n <= 8 for n in runs), runs
 
 
 def test_known_kernel_finding_is_listed_and_the_benchmark_still_timed_and_gated(gate, tmp_path) -> None:
