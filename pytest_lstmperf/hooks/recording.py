@@ -119,7 +119,8 @@ def record_in_processes(
     names = sorted({str(r["fullname"]) for r in records})
     siblings: dict[str, list[Mapping[str, Any]]] = {}
     folder = Path(tempfile.mkdtemp(prefix="lstmperf-recording-"))
-    env = {k: v for k, v in os.environ.items() if k not in ("GITHUB_STEP_SUMMARY", "PYTEST_ADDOPTS")}
+    # the same options as this run (PYTEST_ADDOPTS included), no CI summary of its own
+    env = {k: v for k, v in os.environ.items() if k != "GITHUB_STEP_SUMMARY"}
     env[PROCESS_ENV] = str(folder)
     env.pop("PYTEST_XDIST_WORKER", None)
     try:
@@ -127,7 +128,6 @@ def record_in_processes(
         first = index or 2
         total = of or processes
         for index in range(first, first + processes - 1):
-            processes = total
             say(
                 f"lstmperf: process {index} of {total} at most: timing {len(names)} benchmark(s) again in a fresh "
                 f"pytest process ({why})"
@@ -147,7 +147,7 @@ def record_in_processes(
             if done.returncode != 0 or not result.exists():
                 tail = log.read_text(errors="replace").strip().splitlines()[-15:]
                 raise RecordingError(
-                    f"not recording: recording process {index} of {processes} failed (exit {done.returncode}); "
+                    f"not recording: recording process {index} of {total} failed (exit {done.returncode}); "
                     f"nothing was written. Its last lines:\n    " + "\n    ".join(tail)
                 )
             got = [r for r in json.loads(result.read_text()) if r.get("data")]
@@ -155,7 +155,7 @@ def record_in_processes(
             missing = sorted(set(names) - {str(r["fullname"]) for r in got})
             if missing:
                 raise RecordingError(
-                    f"not recording: recording process {index} of {processes} measured {len(got)} of the "
+                    f"not recording: recording process {index} of {total} measured {len(got)} of the "
                     f"{len(names)} benchmark(s); missing: {', '.join(missing[:5])}"
                     + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
                 )
