@@ -218,8 +218,8 @@ def test_link_pages_is_idempotent(tmp_path: Path) -> None:
 
 
 # ------------------------------------------------------------------------------------------ table cells
-def _user(name: str, label: str = "forward") -> dict:
-    return {"fullname": f"tests/test_model.py::{name}", "name": name, "extra_info": {
+def _user(name: str, label: str = "forward", file: str = "tests/test_model.py") -> dict:
+    return {"fullname": f"{file}::{name}", "name": name, "extra_info": {
         "path": "user", "device": "cpu", "mode": label, "shape": "-", "time_per_call_s": 2e-3, "kernel": "onednn",
         "precision": "fp32"}}  # fmt: skip
 
@@ -232,9 +232,14 @@ def test_user_benchmarks_are_named_by_their_test() -> None:
     assert report.shape_of(_speed_records()[0]) == "lstm-B1"
     lines = summary_lines(records)
     body = [line.split() for line in lines[2:]]
-    assert [row[:3] for row in body] == [["forward", "test_decoder", "user"], ["forward", "test_encoder", "user"]]
+    user = "user:tests/test_model.py"
+    assert [row[:3] for row in body] == [["forward", "test_decoder", user], ["forward", "test_encoder", user]]
     _, rows = report._table(records)
     assert [row[1] for row in rows] == ["test_decoder", "test_encoder"]
+    # one test name in two files (two examples' test_training_step_speed): the path cell tells them apart
+    twins = [_user("test_training_step_speed", file=f"examples/{d}/test_x.py") for d in ("chatbot", "seq2seq")]
+    cells = [line.split()[2] for line in summary_lines(twins)[2:]]
+    assert cells == ["user:examples/chatbot/test_x.py", "user:examples/seq2seq/test_x.py"]
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,7 @@ import pytest
 from .. import options
 from ..speed.gate_table import format_table
 from ..speed.provenance import record_command, rerun_command
-from ..speed.report import by_case, generic_reference, peak_notes, timing_cells
+from ..speed.report import by_case, generic_reference, path_cell, peak_notes, timing_cells
 
 if TYPE_CHECKING:
     from ..speed.gate import GateState
@@ -147,7 +147,7 @@ def summary_lines(records: list[dict[str, Any]]) -> list[str]:
             *times, kernel, peak = timing_cells(record, ref)
             if record.get("failed"):
                 kernel += " (MISMATCH)"
-            rows.append((mode, shape, record["extra_info"].get("path", "?"), *times, kernel, peak))
+            rows.append((mode, shape, path_cell(record), *times, kernel, peak))
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(str(c).ljust(widths[i]) for i, c in enumerate(row)).rstrip() for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))

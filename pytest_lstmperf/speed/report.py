@@ -133,6 +133,16 @@ def peak_notes(records: Iterable[dict[str, Any]]) -> list[str]:
     return notes
 
 
+def path_cell(record: dict[str, Any]) -> str:
+    """The path column of a timing table: the execution path, or for a user's benchmark (path ``user``) the test
+    file it belongs to (the test's name is its shape cell), so that two users' benchmarks of one name in different
+    files are told apart."""
+    path = str(record["extra_info"].get("path", "?"))
+    if path == "user" and record.get("fullname"):
+        return f"user:{str(record['fullname']).split('::')[0]}"
+    return path
+
+
 def timing_cells(record: dict[str, Any], reference: float | None) -> tuple[str, str, str, str, str, str]:
     """One benchmark record's timing columns, as the terminal summary and the report print them: time per call,
     device time, host share, speed-up over the generic path (``reference``: its time per call), kernel/precision
@@ -171,7 +181,7 @@ def _table(records: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
             *times, peak = timing_cells(record, reference)
             flops = record["extra_info"].get("flops_per_s")
             gflops = "-" if not flops else f"{flops / 1e9:.1f}"
-            rows.append([mode, shape, record["extra_info"].get("path", "?"), device, *times, gflops, peak])
+            rows.append([mode, shape, path_cell(record), device, *times, gflops, peak])
     return header, rows
 
 
