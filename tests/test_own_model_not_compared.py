@@ -144,3 +144,36 @@ def test_a_path_this_device_does_not_run_may_be_named(wide_lstm) -> None:
         accept_unchecked=["torch-cuda-autocast-bf16: grad *", f"{BF16}: grad *"],
     )  # fmt: skip
     assert outcome.ok and outcome.accepted
+
+
+class _Overflowing(torch.nn.Module):
+    """An LSTM whose output is squared past float32's range: Inf on every fp32 path, finite in float64."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lstm = torch.nn.LSTM(4, 8)
+
+    def forward(self, x):
+        out, _ = self.lstm(x)
+        return (out * 1e25) ** 2
+
+
+@pytest.mark.parametrize(
+    "names",
+    [["grad lstm.weight_hh_l9"], ["grad lstm.weight_hh_l0"]],
+    ids=["a-name-of-nothing", "a-quantity-that-went-nan"],
+)
+def test_a_nan_is_reported_first_whatever_accept_unchecked_names(names) -> None:
+    """``accept_unchecked`` naming nothing raised its ValueError before the NaN/Inf outputs were reported; a
+    NaN gradient (neither compared nor "unchecked") made a valid name look like a typo."""
+    torch.manual_seed(0)
+    x = torch.randn(5, 2, 4, generator=torch.Generator().manual_seed(1))
+    with pytest.raises(ModelCheckFailed) as failed:
+        verify_model(_Overflowing(), x, device="cpu", paths=[BF16], accept_unchecked=names)
+    text = str(failed.value)
+    assert "values are NaN or Inf" in text
+    if names == ["grad lstm.weight_hh_l9"]:  # the typo is still said, after the NaN
+        also = "(also: accept_unchecked: 'grad lstm.weight_hh_l9' names no quantity"
+        assert also in text and text.index("NaN or Inf") < text.index(also)
+    else:
+        assert "names no quantity" not in text

@@ -97,7 +97,8 @@ def _accept(outcomes: list[PathOutcome], accept_unchecked: Sequence[str]) -> Non
     ``ValueError`` naming the valid ones (a typo must not leave something unchecked in silence)."""
     from fnmatch import fnmatchcase
 
-    known = {q for o in outcomes for q in (*o.errors, *o.unchecked_quantities)}
+    # a quantity that failed (a NaN gradient has no error and is not "unchecked") is still one of the model's
+    known = {q for o in outcomes for q in (*o.errors, *o.unchecked_quantities, *(m.quantity for m in o.mismatches))}
     # a path may be named that this device does not run (one test accepting the bf16 paths of CPU and GPU)
     paths = set(registry.all_paths()) | {o.path for o in outcomes}
     for name in accept_unchecked:
@@ -123,7 +124,13 @@ def _finish(
     left quantities not compared that the caller did not accept (``raise_on_failure=False``: warn of them)."""
     import warnings
 
-    _accept(outcomes, accept_unchecked)
+    try:
+        _accept(outcomes, accept_unchecked)
+    except ValueError as exc:  # a NaN or Inf is reported first, whatever the arguments
+        nan = [o.report for o in outcomes if any(m.check == "nan" for m in o.mismatches)]
+        if nan:
+            raise ModelCheckFailed("\n".join([*nan, f"(also: {exc})"])) from exc
+        raise
     for o in outcomes:
         if o.known and not o.mismatches:
             bounds = "; ".join(o.bounds.values()) or "-"
