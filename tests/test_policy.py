@@ -459,7 +459,7 @@ def test_run_gate_decides_every_record_and_names_what_did_not_run() -> None:
     from pathlib import Path
 
     from pytest_lstmperf.speed.baseline import Baseline, bench_entry
-    from pytest_lstmperf.speed.gate import run_gate
+    from pytest_lstmperf.speed.verdict import run_gate
 
     versions = {"torch": "2.12.0"}
 
@@ -610,3 +610,59 @@ def test_the_comparable_bound_takes_in_how_far_the_anchor_itself_lies_apart() ->
     assert decide(Measurement.from_record(moved), base).verdict == "unchanged"
     stalled = record(name="b0", seed=9, call_s=1.0, anchor_s=0.2)
     assert "not comparable" in (comparable(Measurement.from_record(stalled), base) or "")
+
+
+# ------------------------------------------------------------------------------------------ the run's verdict
+def _gate(*decisions: object) -> object:
+    from pytest_lstmperf.speed.policy import GateResult
+
+    return GateResult(list(decisions))  # type: ignore[arg-type]
+
+
+def test_verdict_is_decided_in_one_place() -> None:
+    """:func:`verdict.judge` alone decides pass or fail: a regression, an inconclusive benchmark (unless
+    accepted), nothing compared, or an error of the gate's own fail; a pass says what it could not see."""
+    from pytest_lstmperf.speed.policy import Check, Decision
+    from pytest_lstmperf.speed.verdict import judge
+
+    fine = Check("per-call", "unchanged", 1.01, 1.05, 1.03)
+    coarse = Check("per-call", "unchanged", 1.01, 1.40, 1.40)
+    unchanged, blurred = Decision("a", "unchanged", (fine,)), Decision("b", "unchanged", (coarse,))
+    slower = Decision("c", "regressed", (Check("per-call", "regressed", 1.3, 1.05, 1.03),))
+    unsure = Decision("d", "inconclusive", (Check("per-call", "inconclusive", 1.2, 1.6, 1.6),))
+    kw = {"threshold": 1.05, "update_command": "UPDATE", "rerun_command": "RERUN"}
+
+    v = judge(_gate(unchanged, blurred), [], accept_inconclusive=False, **kw)
+    assert v.passed and v.coarse == (("b", coarse),)
+    assert v.lines == ("speed gate passed: 2 benchmark(s) compared, none slower (1 check(s) resolving less than the "
+                       "threshold, listed above)",)  # fmt: skip
+    v = judge(_gate(unchanged, slower), [], accept_inconclusive=True, **kw)
+    assert v.failed and v.regressed == (slower,) and "record the new numbers with: UPDATE" in v.lines[0]
+    v = judge(_gate(unchanged, unsure), [], accept_inconclusive=False, **kw)
+    assert v.failed and v.unsettled == ("1 benchmark(s) inconclusive",)
+    assert v.lines[0].startswith("SPEED GATE NOT PASSED: 1 benchmark(s) inconclusive") and "RERUN" in v.lines[0]
+    v = judge(
+        _gate(unchanged, unsure), [], accept_inconclusive=True, accept_where="--lstmperf-accept-inconclusive", **kw
+    )
+    assert (
+        v.passed and v.lines[0] == "speed gate: 1 benchmark(s) inconclusive, accepted (--lstmperf-accept-inconclusive)"
+    )
+    assert v.lines[-1].startswith("speed gate passed")
+    v = judge(_gate(Decision("e", "not-run")), [], accept_inconclusive=False, **kw)
+    assert v.failed and v.unsettled == ("nothing was compared with the baseline",)
+    v = judge(_gate(unchanged), ["could not write"], accept_inconclusive=False, **kw)
+    assert v.failed and not any(line.startswith("speed gate passed") for line in v.lines)
+    assert judge(None, [], accept_inconclusive=False, **kw).passed  # nothing compared by design: a recording
+    assert judge(None, ["not recording: ..."], accept_inconclusive=False, **kw).failed
+
+
+def test_compare_fail_is_refused_beside_the_gate() -> None:
+    from pytest_benchmark.utils import parse_compare_fail
+
+    from pytest_lstmperf.speed.verdict import refuse_compare_fail
+
+    assert refuse_compare_fail(None, 1.05) is None and refuse_compare_fail([], 1.05) is None
+    why = refuse_compare_fail([parse_compare_fail("median:5%"), parse_compare_fail("mean:0.001")], 1.10)
+    assert why is not None
+    assert why.startswith("--benchmark-compare-fail=median:5%,mean:0.001: pytest-benchmark's rule on raw means")
+    assert "threshold 1.10" in why and "--benchmark-compare=NNNN" in why

@@ -11,8 +11,9 @@ work in :mod:`..speed`. Every access to pytest-benchmark beyond its public hooks
 goes through :mod:`..speed.benchmark_adapter`.
 
 * ``--benchmark-compare`` with no argument is pointed at this hardware's baseline file before
-  pytest-benchmark loads it, so its comparison table and ``--benchmark-compare-fail`` work as usual; the
-  gate then decides by :mod:`..speed.policy` and fails the session in ``pytest_sessionfinish``.
+  pytest-benchmark loads it, so its comparison table works as usual (its ``--benchmark-compare-fail``, a
+  second rule on raw means, is refused there: :mod:`..speed.verdict`); the gate then decides by
+  :mod:`..speed.policy` and fails the session in ``pytest_sessionfinish``.
 * ``--lstmperf-save-baseline`` records missing entries, ``--lstmperf-update-baseline`` replaces them.
 * ``@pytest.mark.lstmperf`` on a test using pytest-benchmark's own ``benchmark`` fixture: that test's
   ``benchmark(fn, *args, **kwargs)`` is measured as ``lstmperf_benchmark(fn)`` is

@@ -1,7 +1,8 @@
 """Where ``--benchmark-compare`` points: with no argument, this hardware's baseline file; with a name, an
 lstmperf baseline file (refused when it is of other hardware), else pytest-benchmark's own run of that name.
 The gate compares against what it points at (``GateState.compare``, ``GateState.baseline``); pytest-benchmark
-loads the same file for its comparison table and ``--benchmark-compare-fail``."""
+loads the same file for its comparison table. Its ``--benchmark-compare-fail`` is refused there: the gate is the
+one rule that judges an lstmperf baseline."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import pytest
 from ..speed.baseline import BaselineError, differences, load
 from ..speed.benchmark_adapter import reload_compare, set_compare, storage_has_run
 from ..speed.provenance import record_command
-from .gate_context import baseline_store, baselines_dir, gate_device, gate_state, hardware_fields, saving
+from ..speed.verdict import refuse_compare_fail
+from .gate_context import baseline_store, baselines_dir, gate_device, gate_state, hardware_fields, saving, setting
 
 
 def take_over_compare(config: pytest.Config) -> None:
@@ -45,6 +47,7 @@ def point_compare(config: pytest.Config, compare: object) -> None:
                 return
             raise pytest.UsageError(f"--benchmark-compare: {store.missing_message(fields)}")
         state.compare, state.baseline = "device", baseline
+        _refuse_compare_fail(config)
         set_compare(config, str(baseline.path.resolve()))
         return
     candidate = Path(str(compare))
@@ -78,4 +81,14 @@ def point_compare(config: pytest.Config, compare: object) -> None:
             f"{record_command(config)}"
         )
     state.compare, state.baseline = "file", baseline
+    _refuse_compare_fail(config)
     set_compare(config, str(baseline.path.resolve()))
+
+
+def _refuse_compare_fail(config: pytest.Config) -> None:
+    """One rule decides against an lstmperf baseline: the gate's (:func:`..speed.verdict.refuse_compare_fail`)."""
+    why = refuse_compare_fail(
+        config.getoption("benchmark_compare_fail", None), setting(config, "lstmperf_threshold").value
+    )
+    if why:
+        raise pytest.UsageError(why)

@@ -46,12 +46,9 @@ def xdist_active(config: pytest.Config) -> bool:
 
 
 def gate_device(config: pytest.Config) -> DeviceInfo:
-    """The run's device (:func:`..session.run_device`: the session's, or before it exists, at configure time,
-    resolved the same way), kept in the gate's state."""
-    state = gate_state(config)
-    if state.device is None:
-        state.device = run_device(config)
-    return state.device
+    """The run's device: :func:`..session.run_device` (the session's, or before it exists, at configure time,
+    resolved the same way and kept for the session)."""
+    return run_device(config)
 
 
 def hardware_fields(device: DeviceInfo) -> dict[str, str]:

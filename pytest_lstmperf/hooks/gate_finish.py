@@ -13,10 +13,11 @@ import pytest
 from .. import ci_summary
 from ..session import SESSION_KEY
 from ..speed.baseline import BaselineError
-from ..speed.gate import GateState, run_gate
+from ..speed.gate import GateState
 from ..speed.policy import COMPARE_PROCESSES, RECORD_PROCESSES_MAX, Measurement, undecided, unresolved
-from ..speed.provenance import benchmark_header, provenance
+from ..speed.provenance import benchmark_header, provenance, record_command, rerun_command
 from ..speed.report import write_report
+from ..speed.verdict import judge, run_gate
 from .benchmark_json import write_xdist_json
 from .compare_target import take_over_compare
 from .gate_context import (
@@ -30,7 +31,6 @@ from .gate_context import (
     xdist_active,
 )
 from .recording import RecordingError, process_folder, record_in_processes, write_records
-from .terminal import outcome_lines
 
 STAT_REGRESSION = "speed-regression"
 STAT_INCONCLUSIVE = "speed-inconclusive"
@@ -230,20 +230,24 @@ def _write_report(config: pytest.Config, state: GateState) -> None:
 
 
 def _gate_outcome(config: pytest.Config, state: GateState) -> bool:
-    """Whether the session fails; fills ``state.outcome`` (the last lines) and pytest's final-line counts."""
+    """Whether the session fails (:func:`..speed.verdict.judge`, kept as ``state.verdict``, whose lines are printed
+    last), and pytest's final-line counts."""
+    accept = setting(config, "lstmperf_accept_inconclusive")
+    verdict = judge(
+        state.gate,
+        state.errors,
+        threshold=setting(config, "lstmperf_threshold").value,
+        accept_inconclusive=bool(accept.value),
+        accept_where=accept.where(),
+        update_command=record_command(config, "--lstmperf-update-baseline"),
+        rerun_command=rerun_command(config),
+    )
+    state.verdict = verdict
     tr = config.pluginmanager.get_plugin("terminalreporter")
     stats = getattr(tr, "stats", None)
-    gate = state.gate
-    failed = bool(state.errors)
-    if gate is not None and gate.failed:
-        failed = True
-        if stats is not None:
-            stats.setdefault(STAT_REGRESSION, []).extend(gate.failed)
-    if gate is not None and gate.unsettled():
-        accepted = setting(config, "lstmperf_accept_inconclusive").value
-        failed = failed or not accepted
-        if stats is not None and (gate.inconclusive or not gate.compared):
-            inconclusive: list[Any] = list(gate.inconclusive) or [gate]
-            stats.setdefault(STAT_INCONCLUSIVE, []).extend(inconclusive)
-    state.outcome = outcome_lines(config, state, failed)
-    return failed
+    if stats is not None and verdict.regressed:
+        stats.setdefault(STAT_REGRESSION, []).extend(verdict.regressed)
+    if stats is not None and state.gate is not None and verdict.unsettled:  # said even where accepted
+        inconclusive: list[Any] = list(state.gate.inconclusive) or [state.gate]
+        stats.setdefault(STAT_INCONCLUSIVE, []).extend(inconclusive)
+    return verdict.failed

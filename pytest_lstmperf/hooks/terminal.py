@@ -11,7 +11,7 @@ import pytest
 
 from .. import options
 from ..speed.gate_table import format_table
-from ..speed.provenance import record_command, rerun_command
+from ..speed.provenance import record_command
 from ..speed.report import by_case, generic_reference, path_cell, peak_notes, timing_cells
 
 if TYPE_CHECKING:
@@ -20,7 +20,8 @@ if TYPE_CHECKING:
 
 def print_speed_section(tr: Any, config: pytest.Config, state: GateState, device: Callable[[], str]) -> None:
     """The ``lstmperf speed`` section: per-benchmark table, clock notes, messages, what was recorded, the gate's
-    table and its verdict (``state.outcome``, last). ``device()`` describes the device (may raise UsageError)."""
+    table and its verdict (``state.verdict``'s lines, last). ``device()`` describes the device (may raise
+    UsageError)."""
     if not (state.records or state.messages or state.errors or state.gate or state.save_report):
         return
     tr.section("lstmperf speed", sep="=", bold=True)
@@ -49,7 +50,7 @@ def print_speed_section(tr: Any, config: pytest.Config, state: GateState, device
         _print_gate(tr, config, state)
     for error in state.errors:
         tr.write_line(f"ERROR: {error}", red=True, bold=True)
-    for line in state.outcome:
+    for line in state.verdict.lines if state.verdict is not None else ():
         bad = not line.startswith("speed gate passed")
         tr.write_line(line, red=bad, green=not bad, bold=True)
 
@@ -75,8 +76,8 @@ def _print_gate(tr: Any, config: pytest.Config, state: GateState) -> None:
     shown = gate.decisions if verbose else [d for d in gate.decisions if d.verdict not in ("unchanged", "not-run")]
     for line in format_table(shown) if shown else []:
         tr.write_line(line)
-    threshold = options.resolve(config, "lstmperf_threshold").value
-    coarse = gate.coarse(threshold)
+    threshold = state.verdict.threshold if state.verdict is not None else options.THRESHOLD
+    coarse = state.verdict.coarse if state.verdict is not None else ()
     if coarse:
         tr.write_line(
             f"{len(coarse)} check(s) resolve less than the threshold {threshold:.2f} on this machine (their limit "
@@ -106,7 +107,7 @@ def _print_gate(tr: Any, config: pytest.Config, state: GateState) -> None:
 
 def resolution_lines(gate: Any, baseline: Any) -> list[str]:
     """What the compared benchmarks resolve, and which figures decide (raw or divided by the anchor) and why."""
-    from ..speed.gate import references_of
+    from ..speed.verdict import references_of
 
     lines = []
     resolves = sorted(gate.resolutions())
@@ -140,7 +141,9 @@ def _check_line(decision: Any) -> str:
 
 def summary_lines(records: list[dict[str, Any]]) -> list[str]:
     """Per mode, shape and path: time per call, device time, host share, speedup over generic, kernel, %peak."""
-    rows = [("mode", "shape", "path", "per call", "device", "host", "vs generic (torch)", "kernel", "%peak")]
+    rows: list[tuple[str, ...]] = [
+        ("mode", "shape", "path", "per call", "device", "host", "vs generic (torch)", "kernel", "%peak")
+    ]
     for (mode, shape), group in by_case(records, "mode", "shape"):
         ref = generic_reference(group)
         for record in group:
@@ -175,33 +178,3 @@ def timing_notes(records: list[dict[str, Any]]) -> list[str]:
             f"({os.environ.get('PYTEST_XDIST_WORKER_COUNT', 'several')} workers shared the machine)"
         )
     return notes
-
-
-def outcome_lines(config: pytest.Config, state: GateState, failed: bool) -> list[str]:
-    """The gate's last lines: failed (with the command that records the new numbers), not passed, or passed."""
-    gate = state.gate
-    if gate is None:
-        return []
-    accept = options.resolve(config, "lstmperf_accept_inconclusive")
-    lines = []
-    if gate.failed:
-        kinds = sorted({d.verdict for d in gate.failed})
-        lines.append(
-            f"SPEED GATE FAILED: {len(gate.failed)} benchmark(s) {'/'.join(kinds)}. If the change is intended, "
-            f"record the new numbers with: {record_command(config, '--lstmperf-update-baseline')}"
-        )
-    for problem in gate.unsettled():
-        if accept.value:
-            lines.append(f"speed gate: {problem}, accepted ({accept.where()})")
-        else:
-            lines.append(
-                f"SPEED GATE NOT PASSED: {problem} (listed above: each says why); this is not a pass. Rerun on a "
-                f"quiet machine: {rerun_command(config)}; or accept it with --lstmperf-accept-inconclusive "
-                "(env PYTEST_LSTMPERF_ACCEPT_INCONCLUSIVE=1)"
-            )
-    if not failed and not gate.failed:
-        coarse = len(gate.coarse(options.resolve(config, "lstmperf_threshold").value))
-        listed = f" ({coarse} check(s) resolving less than the threshold, listed above)" if coarse else ""
-        upgrade = f", across an {gate.upgrade.headline(gate.decisions)}" if gate.upgrade is not None else ""
-        lines.append(f"speed gate passed: {gate.compared} benchmark(s) compared, none slower{listed}{upgrade}")
-    return lines

@@ -2,7 +2,7 @@
 
 A baseline file is what ``pytest --benchmark-json`` writes (``machine_info``, ``commit_info``,
 ``benchmarks`` with ``stats.data`` holding every sample, ``datetime``, ``version``), so pytest-benchmark's
-``--benchmark-compare=FILE`` and ``--benchmark-compare-fail`` read it as their own, plus a ``lstmperf``
+``--benchmark-compare=FILE`` reads it as its own, plus a ``lstmperf``
 section: the format version, the hardware fields that key it (GPU model and compute capability; CPU model
 and threads), the full device fingerprint and the provenance (commit, machine, date, command) of the run
 that created and of the run that last updated it. Each benchmark entry carries its own ``lstmperf`` part:

@@ -12,7 +12,7 @@ names what it touches:
   ``trylast`` ``pytest_configure`` (``BenchmarkSession.__init__``), and loads the files it names there
   (``handle_loading``); no hook chooses what it compares against
   (``pytest_benchmark_compare_machine_info`` sees each file only after it was loaded). Written before that
-  configure runs, the option points pytest-benchmark's comparison table and ``--benchmark-compare-fail`` at the
+  configure runs, the option points pytest-benchmark's comparison table at the
   hardware's baseline; on a pytest-xdist worker it is emptied (the controller compares).
 * :func:`reload_compare` sets ``config._benchmarksession.compare`` and calls its ``handle_loading()`` again: a
   ``--benchmark-compare`` that is the gate's only once collection shows lstmperf benchmarks must be reloaded
