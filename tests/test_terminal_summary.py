@@ -56,3 +56,20 @@ def test_wall_time_comes_after_the_benchmark_tables(output: list[str]) -> None:
     assert len(wall) == 1 and len(table) == 1, output
     assert summary < table[0] < wall[0]
     assert "start-up included" in output[wall[0]]
+
+
+def test_time_by_phase_sums_the_benchmarks_phases_and_names_the_gates_own() -> None:
+    from pytest_lstmperf.hooks.terminal import phase_line
+
+    records = [
+        {"extra_info": {"phase_s": {"prepare": 1.0, "rounds": 2.0, "trace": 0.5}}},
+        {"extra_info": {"phase_s": {"prepare": 0.5, "rounds": 4.0, "device_time": 1.0, "new_phase": 0.25}}},
+        {"extra_info": {}},
+    ]
+    line = phase_line(records, {"recording processes": 30.0})
+    assert line == (
+        "time by phase: 3 benchmark(s) 9.2 s (prepare 1.5, trace 0.5, rounds 6.0, device time 1.0, new phase 0.2); "
+        "recording processes 30.0 s"
+    )
+    assert phase_line([], {}) == ""
+    assert phase_line([], {"compare processes": 4.0}) == "time by phase: compare processes 4.0 s"

@@ -5,6 +5,7 @@ stops a recording run whose baseline cannot be written."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +61,9 @@ def finish(session: pytest.Session) -> None:
         write_records(measured)
         return
     if saving(config) is not None:
+        started = time.perf_counter()
         _record_baseline(config, state, session, measured)
+        state.phase_s["recording processes"] = time.perf_counter() - started
     json_target = config.getoption("benchmark_json", None)
     if json_target and measured and xdist_active(config):
         try:
@@ -74,6 +77,7 @@ def finish(session: pytest.Session) -> None:
         threshold = setting(config, "lstmperf_threshold").value
         versions = gate_device(config).versions()
         state.gate = run_gate(state.baseline, state.records, threshold, versions, unavailable)
+        started = time.perf_counter()
         more: dict[str, list] = {}
         for extra in range(2, COMPARE_PROCESSES + 1):  # adaptive: more processes only where noise needs them
             names = {d.name for d in state.gate.decisions if undecided(d)}
@@ -90,6 +94,8 @@ def finish(session: pytest.Session) -> None:
             for name, records in got.items():
                 more.setdefault(name, []).extend(records)
             state.gate = run_gate(state.baseline, state.records, threshold, versions, unavailable, more)
+        if more:
+            state.phase_s["compare processes"] = time.perf_counter() - started
         _write_ci_summary(config, state)
     _write_report(config, state)
     failed = _gate_outcome(config, state)

@@ -32,6 +32,9 @@ def print_speed_section(tr: Any, config: pytest.Config, state: GateState, device
             tr.write_line(line)
         for note in timing_notes(state.records):
             tr.write_line(note, yellow=True)
+    line = phase_line(state.records, state.phase_s)
+    if line:
+        tr.write_line(line)
     for message in state.messages:
         tr.write_line(message)
     if state.save_report is not None:
@@ -155,6 +158,26 @@ def summary_lines(records: list[dict[str, Any]]) -> list[str]:
     lines = ["  ".join(str(c).ljust(widths[i]) for i, c in enumerate(row)).rstrip() for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return lines
+
+
+#: the order a benchmark's phases run in (``extra_info.phase_s``, written by the runner)
+PHASES = ("waited", "prepare", "trace", "rounds", "extended", "device_time", "counters", "peak")
+
+
+def phase_line(records: list[dict[str, Any]], after: dict[str, float]) -> str:
+    """Where the speed checks spent their time: the benchmarks' phases summed over the run's benchmarks (in this
+    process, and under pytest-xdist in every worker), then the gate's own phases after the tests (``after``)."""
+    totals: dict[str, float] = {}
+    for record in records:
+        for phase, seconds in (record["extra_info"].get("phase_s") or {}).items():
+            totals[phase] = totals.get(phase, 0.0) + float(seconds)
+    parts = []
+    if totals:
+        order = [p for p in PHASES if p in totals] + sorted(set(totals) - set(PHASES))
+        inner = ", ".join(f"{p.replace('_', ' ')} {totals[p]:.1f}" for p in order)
+        parts.append(f"{len(records)} benchmark(s) {sum(totals.values()):.1f} s ({inner})")
+    parts += [f"{name} {seconds:.1f} s" for name, seconds in after.items()]
+    return f"time by phase: {'; '.join(parts)}" if parts else ""
 
 
 def timing_notes(records: list[dict[str, Any]]) -> list[str]:

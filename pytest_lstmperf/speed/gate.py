@@ -29,3 +29,5 @@ class GateState:
     deferred_compare: object = None  # --benchmark-compare's value, until collection shows lstmperf benchmarks
     verdict: Verdict | None = None  # the run's verdict (:func:`.verdict.judge`); its lines are printed last
     anchor: Anchor | None = None  # the run's anchor workload, made by the first benchmark
+    #: wall seconds of the gate's own phases after the tests (the recording's and the compare's further processes)
+    phase_s: dict[str, float] = field(default_factory=dict)
