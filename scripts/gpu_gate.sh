@@ -4,6 +4,7 @@
 # or the same trials on the machine's CPU.
 #
 #   OUT=/tmp/g bash scripts/gpu_gate.sh cuda     # record, clean and faulty subset runs, the default command
+#   OUT=/tmp/g bash scripts/gpu_gate.sh default  # the default command against the committed baseline: cold, warm
 #   OUT=/tmp/g bash scripts/gpu_gate.sh cpu      # the host's CPU: record, clean (one process, -n 2), slowdown, update
 #
 # Environment: OUT (default ./gpu-gate-out), BUDGET_S (no run starts after it, default 420), PYTHON (python3).
@@ -33,7 +34,19 @@ case "${1:-cuda}" in
       --faults="cudnn-off kernel-slowdown:1.25 kernel-slowdown:1.10" --busy=1 --after-update=0 --default-runs=0 \
       --budget="$BUDGET_S" 2>&1 | tee "$OUT/trials.log"
     ;;
-  default)  # the default command against the subset's baseline, twice (cold, warm): its wall time and phases
+  default)  # the default command against the committed baseline, twice (cold, warm): its wall time and phases
+    mkdir -p "$WORK/baselines" "$WORK/runs"
+    cp baselines/*.json "$WORK/baselines/"
+    for k in 1 2; do
+      t0=$(date +%s%N)
+      timeout "$BUDGET_S" "$PYTHON" -m pytest $PLUGIN suites/ --device=cuda --benchmark-compare -p no:cacheprovider \
+        --lstmperf-baselines="$WORK/baselines" >"$WORK/runs/default-$k.log" 2>&1
+      rc=$?
+      ms=$(( ($(date +%s%N) - t0) / 1000000 ))
+      echo "default command run $k: exit $rc, wall $((ms / 1000)).$(printf %03d $((ms % 1000))) s" | tee -a "$OUT/default.txt"
+      grep -E "^(speed gate|SPEED GATE|time by phase|resolution|lstmperf: wall time|=+ .* in )" "$WORK/runs/default-$k.log" \
+        | tee -a "$OUT/default.txt"
+    done
     ;;
   cpu)
     timeout $((BUDGET_S + 150)) "$PYTHON" scripts/gate_trials.py --device=cpu --out="$WORK" --extra="$PLUGIN" \
