@@ -1,43 +1,50 @@
 #!/usr/bin/env bash
-# Scale-out on a multi-GPU host: pytest-xdist with one worker per GPU (-n auto) on a few benchmarks, the
-# torchrun entry point, and the scaling suite (DDP and the layer pipeline on 1..N GPUs) with its report.
-# Run from the repository root:  OUT=/tmp/scale bash scripts/gpu_scaling.sh
+# Measured scale-out on a multi-GPU host (docs/scaling.md), one command:
+#   OUT=/tmp/scale bash scripts/gpu_scaling.sh
+# 1. the GPUs, their links and the software versions (gpus.txt);
+# 2. python -m pytest_lstmperf.workloads.scalebench: the sizing (per-layer forward+backward time, issue time and a
+#    micro-batch's send/recv between GPUs 0 and 1 for each candidate size), DDP, the pipeline and the pipeline on
+#    length-bucketed data on 1..N GPUs against plain single-GPU training (3 timed passes each), and the
+#    micro-batch sweep with the measured bubble. Each run lands in $OUT/scalebench.jsonl as it ends, the tables
+#    in $OUT/summary.md; BENCH_ARGS passes further options (e.g. "--size thorough --parts scaling");
+# 3. with SUITE=1, also pytest-xdist with one worker per GPU and the scaling suite (suites/test_scaling.py).
+# NVLink multicast stays off (it can take a shared host's GPUs out of service).
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-scaling-out}
 mkdir -p "$OUT"
-source scripts/gpu_env.sh  # .whl/ wheels, PYTHONPATH, PLUGIN
-nvidia-smi -L
-nvidia-smi topo -m >"$OUT/topo.txt" 2>&1
-GPUS=$("$PYTHON" -c "import torch; print(torch.cuda.device_count())")
+source scripts/gpu_env.sh  # .whl/ wheels, PYTHONPATH, PLUGIN, PYTHON
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+{
+  date -u +%Y-%m-%dT%H:%M:%SZ
+  nvidia-smi -L
+  nvidia-smi topo -m
+  "$PYTHON" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'cudnn',
+torch.backends.cudnn.version(), 'nccl', torch.cuda.nccl.version(), 'gpus', torch.cuda.device_count())"
+} >"$OUT/gpus.txt" 2>&1
+cat "$OUT/gpus.txt"
 
-echo "== pytest-xdist -n auto ($GPUS GPUs): one worker per GPU"
+echo "== scalebench"
 t0=$(date +%s)
-timeout "${XDIST_LIMIT:-150}" "$PYTHON" -m pytest $PLUGIN suites/test_benchmarks.py --device=cuda -n auto \
-  -p no:cacheprovider --lstmperf-paths=torch-cudnn-fp32 -k test_inference --benchmark-json="$OUT/xdist.json" \
-  >"$OUT/xdist.log" 2>&1
+# shellcheck disable=SC2086
+timeout "${BENCH_LIMIT:-480}" "$PYTHON" -m pytest_lstmperf.workloads.scalebench --out "$OUT" ${BENCH_ARGS:-} \
+  >"$OUT/scalebench.log" 2>&1
 echo "   exit $?, $(( $(date +%s) - t0 )) s"
-grep -E "pinned|passed|failed|error|benchmark-json" "$OUT/xdist.log" | head -8
-"$PYTHON" - "$OUT/xdist.json" <<'PY'
-import collections, json, sys
-try:
-    data = json.load(open(sys.argv[1]))
-except (OSError, ValueError) as exc:
-    sys.exit(f"   no benchmark JSON: {exc}")
-where = collections.Counter(b["extra_info"].get("device", "?") for b in data["benchmarks"])
-print(f"   {len(data['benchmarks'])} benchmarks in one JSON, by device: {dict(where)}")
-PY
+grep -vE "^\|" "$OUT/scalebench.log" | grep -E "sizing|size used|scaling|micro-batches|failed|Error" | cut -c1-200
+[ -f "$OUT/summary.md" ] && cat "$OUT/summary.md"
 
-echo "== torchrun --nproc-per-node $GPUS (pipeline, 8 layers)"
-timeout 120 torchrun --nproc-per-node "$GPUS" -m pytest_lstmperf.workloads.rank --strategy pipeline --layers 8 \
-  --input-size 256 --hidden 512 --seq-len 100 --batch 64 --steps 8 --timed-passes 3 --out "$(mktemp -d)/torchrun.pt" \
-  >"$OUT/torchrun.log" 2>&1
-echo "   exit $?"; grep -E "time steps|Error" "$OUT/torchrun.log" | tail -2
-
-echo "== scaling suite"
-t0=$(date +%s)
-timeout "${SCALING_LIMIT:-420}" "$PYTHON" -m pytest $PLUGIN suites/test_scaling.py --device=cuda \
-  -p no:cacheprovider -v -rA --lstmperf-report="$OUT/report" >"$OUT/scaling.log" 2>&1
-echo "   exit $?, $(( $(date +%s) - t0 )) s"
-sed -n '/lstmperf workloads/,/workload report written/p' "$OUT/scaling.log" | cut -c1-220
-grep -E "PASSED|FAILED|SKIPPED|passed|failed" "$OUT/scaling.log" | tail -12
+if [ -n "${SUITE:-}" ]; then
+  echo "== pytest-xdist -n auto: one worker per GPU"
+  t0=$(date +%s)
+  timeout "${XDIST_LIMIT:-150}" "$PYTHON" -m pytest $PLUGIN suites/test_benchmarks.py --device=cuda -n auto \
+    -p no:cacheprovider --lstmperf-paths=torch-cudnn-fp32 -k test_inference --benchmark-json="$OUT/xdist.json" \
+    >"$OUT/xdist.log" 2>&1
+  echo "   exit $?, $(( $(date +%s) - t0 )) s"
+  grep -E "pinned|passed|failed|error|benchmark-json" "$OUT/xdist.log" | head -8
+  echo "== scaling suite"
+  t0=$(date +%s)
+  timeout "${SCALING_LIMIT:-420}" "$PYTHON" -m pytest $PLUGIN suites/test_scaling.py --device=cuda \
+    -p no:cacheprovider -v -rA --lstmperf-report="$OUT/report" >"$OUT/scaling.log" 2>&1
+  echo "   exit $?, $(( $(date +%s) - t0 )) s"
+  grep -E "PASSED|FAILED|SKIPPED|passed|failed" "$OUT/scaling.log" | tail -12
+fi

@@ -55,6 +55,7 @@ class TrainConfig:
     sequences: int = 0  # variable-length dataset size (0: fixed-length batches of seq_len)
     timed_passes: int = 1  # passes over the batches timed after the warm-up pass; the median pass counts
     balance: str = "equal"  # pipeline stages: equal layer counts, or balanced by measured per-layer time
+    profile: bool = False  # CUDA: profile one extra step per rank (time in NCCL kernels against all kernels)
 
     def __post_init__(self) -> None:
         for name in ("layers", "input_size", "hidden", "seq_len", "batch", "steps", "micro_batches", "timed_passes"):
@@ -85,10 +86,37 @@ class RunResult:
     comm_seconds: float | None = None  # DDP: time with gradient sync minus time without
     notes: list[str] = field(default_factory=list)
     stages: list[tuple[int, int]] | None = None  # pipeline: the layer range [lo, hi) of each rank
+    pass_seconds: list[float] = field(default_factory=list)  # every timed pass (slowest rank), in order
+    sequences: int = 0  # sequences trained on per pass
+    layer_seconds: list[float] | None = None  # measured balance: each layer's forward+backward, one micro-batch
+    issue_seconds: list[float] | None = None  # the host's time to issue those calls (the launch cost)
+    transfer_seconds: float | None = None  # pipeline: one send/recv of a micro-batch's activations, rank 0 -> 1
+    busy_seconds: list[float] | None = None  # pipeline: per rank, compute time per pass (no waits, no transfers)
+    micro_batches: int = 0  # pipeline: micro-batches per step
+    profile: list[dict[str, float]] | None = None  # per rank, one profiled step: kernel and NCCL kernel seconds
 
     @property
     def throughput(self) -> float:
         return self.tokens / self.seconds if self.seconds else float("nan")
+
+    @property
+    def sequence_throughput(self) -> float:
+        return self.sequences / self.seconds if self.seconds and self.sequences else float("nan")
+
+    @property
+    def idle_shares(self) -> list[float] | None:
+        """Pipeline: per rank, the share of the step it did not compute (the bubble, stage imbalance and waits
+        for transfers): 1 - busy / step."""
+        if not self.busy_seconds or not self.seconds:
+            return None
+        return [max(0.0, 1.0 - busy / self.seconds) for busy in self.busy_seconds]
+
+    @property
+    def ideal_bubble(self) -> float | None:
+        """GPipe's bubble with equal stages: (S - 1) / (M + S - 1) of the step."""
+        if self.strategy != "pipeline" or not self.micro_batches:
+            return None
+        return (self.world - 1) / (self.micro_batches + self.world - 1)
 
     @property
     def comm_share(self) -> float | None:
@@ -184,13 +212,21 @@ def single_process(cfg: TrainConfig, device: str = "cpu") -> RunResult:
     for x, y, n in batches:
         step(x, y, n)
     weights = _weights(layers)
-    seconds, tokens = _timed_pass(lambda b: step(*b), batches, dev, cfg.timed_passes)
-    return RunResult("single", 1, "none", weights, tokens, seconds)
+    times: list[float] = []
+    seconds, tokens = _timed_pass(lambda b: step(*b), batches, dev, cfg.timed_passes, times)
+    return RunResult("single", 1, "none", weights, tokens, seconds, pass_seconds=times,
+                     sequences=_sequences(batches))  # fmt: skip
 
 
-def _timed_pass(step: Callable[[Any], None], batches: list, dev: Any, passes: int = 1) -> tuple[float, int]:
-    """Median seconds of ``passes`` synchronised passes over ``batches``, and the real time steps of one."""
-    times = []
+def _sequences(batches: list) -> int:
+    return int(sum(len(b[2]) for b in batches))
+
+
+def _timed_pass(step: Callable[[Any], None], batches: list, dev: Any, passes: int = 1,
+                times: list[float] | None = None) -> tuple[float, int]:  # fmt: skip
+    """Median seconds of ``passes`` synchronised passes over ``batches``, and the real time steps of one; every
+    pass's seconds are appended to ``times``."""
+    times = [] if times is None else times
     for _ in range(passes):
         _sync(dev)
         start = time.perf_counter()
@@ -239,16 +275,51 @@ def ddp_worker(rank: int, world: int, cfg: TrainConfig, backend: str) -> RunResu
     for batch in batches:
         step(batch)
     weights = _weights([m.layer for m in model])
-    seconds, _ = _timed_pass(step, batches, dev, cfg.timed_passes)
+    passes: list[float] = []
+    seconds, _ = _timed_pass(step, batches, dev, cfg.timed_passes, passes)
     unsynced, _ = _timed_pass(lambda b: step(b, sync=False), batches, dev, cfg.timed_passes)
-    times = _gather_max(torch.tensor([seconds, unsynced], dtype=torch.float64, device=dev), dist)
+    times = _gather_max(torch.tensor([seconds, unsynced, *passes], dtype=torch.float64, device=dev), dist)
     tokens_all = _gather_sum(torch.tensor([_shard_tokens(batches, rank, share)], device=dev), dist)
+    profiled = _gather_profiles(_profile_step(step, batches[0], dev) if cfg.profile else None, world, dist)
     # the DDP reducer holds the process group and gloo work objects: release them before the group is
     # destroyed, not at interpreter exit (a gloo worker thread torn down then aborts the process)
     ddp = opt = None  # type: ignore[assignment]
     gc.collect()
     return RunResult("ddp", world, backend, weights, int(tokens_all[0]), float(times[0]),
-                     comm_seconds=float(times[0] - times[1]))  # fmt: skip
+                     comm_seconds=float(times[0] - times[1]), pass_seconds=[float(t) for t in times[2:]],
+                     sequences=_sequences(batches), profile=profiled)  # fmt: skip
+
+
+def _profile_step(step: Callable[[Any], None], batch: Any, dev: Any) -> dict[str, float] | None:
+    """One step under the PyTorch profiler (CUDA only): its wall time, the summed time of every GPU kernel and
+    copy, and of the NCCL kernels among them (names starting with ``nccl``)."""
+    if dev.type != "cuda":
+        return None
+    from torch.profiler import ProfilerActivity, profile
+
+    _sync(dev)
+    start = time.perf_counter()
+    try:
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            step(batch)
+            _sync(dev)
+        events = prof.key_averages()
+    except RuntimeError:  # a profiler that cannot start (no CUPTI) costs the figure, not the run
+        return {"step_s": time.perf_counter() - start, "device_s": float("nan"), "nccl_s": float("nan")}
+    wall = time.perf_counter() - start
+    device_us = nccl_us = 0.0
+    for event in events:
+        us = float(getattr(event, "device_time_total", None) or getattr(event, "cuda_time_total", 0.0) or 0.0)
+        device_us += us
+        if event.key.lower().startswith("nccl"):
+            nccl_us += us
+    return {"step_s": wall, "device_s": device_us / 1e6, "nccl_s": nccl_us / 1e6}
+
+
+def _gather_profiles(mine: dict[str, float] | None, world: int, dist: Any) -> list[dict[str, float]] | None:
+    gathered: list[Any] = [None] * world
+    dist.all_gather_object(gathered, mine)
+    return None if any(p is None for p in gathered) else gathered
 
 
 def _shard_tokens(batches: list, rank: int, share: int) -> int:
@@ -325,32 +396,105 @@ def balanced_bounds(layer_seconds: Sequence[float], stages: int) -> list[tuple[i
 def measure_layer_seconds(cfg: TrainConfig, device: Any, repeats: int = 3) -> list[float]:
     """Median seconds of one training pass (forward and backward) of each layer on one micro-batch, measured
     on ``device``: what a stage of those layers costs per micro-batch."""
+    return measure_layers(cfg, device, repeats)[0]
+
+
+def measure_layers(cfg: TrainConfig, device: Any, repeats: int = 3) -> tuple[list[float], list[float]]:
+    """Per layer, on one micro-batch: the median seconds of a forward and backward pass (synchronised), and the
+    median seconds the host took to issue it (until the calls returned, before the synchronisation). Where the
+    second is close to the first, the device waits on kernel launches; far below it, compute dominates."""
     import torch
 
     mb = cfg.batch // cfg.micro_batches
-    out = []
+    seconds, issue = [], []
     for i, layer in enumerate(build_layers(cfg)):
         layer = layer.to(device)
         x = torch.randn(mb, cfg.seq_len, cfg.input_size if i == 0 else cfg.hidden, device=device, requires_grad=True)
-        samples = []
+        samples, issued = [], []
         for _ in range(repeats + 1):  # the first pass warms up (allocations, algorithm choice)
             _sync(device)
             start = time.perf_counter()
             layer(x)[0].sum().backward()
+            issued.append(time.perf_counter() - start)
             _sync(device)
             samples.append(time.perf_counter() - start)
-        out.append(float(np.median(samples[1:])))
-    return out
+        seconds.append(float(np.median(samples[1:])))
+        issue.append(float(np.median(issued[1:])))
+    return seconds, issue
 
 
-def _pipeline_bounds(cfg: TrainConfig, world: int, rank: int, dev: Any, dist: Any) -> list[tuple[int, int]]:
+def _pipeline_bounds(
+    cfg: TrainConfig, world: int, rank: int, dev: Any, dist: Any
+) -> tuple[list[tuple[int, int]], tuple[list[float], list[float]] | None]:
     """Every rank's layer range: equal layer counts, or (``balance="measured"``) balanced by the per-layer
-    times rank 0 measures on its device and sends to every rank (so all ranks split the model the same way)."""
-    if cfg.balance == "equal" or world == 1:
-        return stage_bounds(cfg.layers, world)
-    shared: list[Any] = [measure_layer_seconds(cfg, dev) if rank == 0 else None]
-    dist.broadcast_object_list(shared, src=0)
-    return balanced_bounds(shared[0], world)
+    times rank 0 measures on its device and sends to every rank (so all ranks split the model the same way);
+    and those measurements (per-layer seconds and issue seconds; None with equal stages)."""
+    if cfg.balance == "equal":
+        return stage_bounds(cfg.layers, world), None
+    shared: list[Any] = [measure_layers(cfg, dev) if rank == 0 else None]
+    if world > 1:
+        dist.broadcast_object_list(shared, src=0)
+    return balanced_bounds(shared[0][0], world), shared[0]
+
+
+def _transfer_seconds(rank: int, world: int, shape: tuple[int, ...], dev: Any, dist: Any,
+                      repeats: int = 5) -> float | None:  # fmt: skip
+    """Ranks 0 and 1: half the median round trip of a tensor of ``shape`` (one micro-batch's activations) sent
+    to rank 1 and back with the point-to-point calls the pipeline uses (after one warm-up round trip); the
+    other ranks return at once."""
+    import torch
+
+    if world < 2 or rank > 1:
+        return None
+    buf = torch.randn(*shape, device=dev)
+    times = []
+    for _ in range(repeats + 1):
+        _sync(dev)
+        start = time.perf_counter()
+        if rank == 0:
+            dist.send(buf, dst=1)
+            dist.recv(buf, src=1)
+        else:
+            dist.recv(buf, src=0)
+            dist.send(buf, dst=0)
+        _sync(dev)
+        times.append((time.perf_counter() - start) / 2)
+    return float(np.median(times[1:]))
+
+
+class _BusyClock:
+    """Compute time of the timed passes, waits and transfers left out: CUDA events around each compute block
+    (they fire when the stream reaches them, so a block's time starts after the receive it waited for), or the
+    host clock on the CPU (where compute is synchronous)."""
+
+    def __init__(self, dev: Any) -> None:
+        self.cuda = dev.type == "cuda"
+        self.dev = dev
+        self.on = False
+        self.host = 0.0
+        self.events: list[tuple[Any, Any]] = []
+
+    @contextlib.contextmanager
+    def __call__(self) -> Any:
+        if not self.on:
+            yield
+            return
+        if self.cuda:
+            import torch
+
+            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            begin.record()
+            yield
+            end.record()
+            self.events.append((begin, end))
+        else:
+            start = time.perf_counter()
+            yield
+            self.host += time.perf_counter() - start
+
+    def seconds(self) -> float:
+        _sync(self.dev)
+        return self.host + sum(begin.elapsed_time(end) for begin, end in self.events) / 1e3
 
 
 def pipeline_worker(rank: int, world: int, cfg: TrainConfig, backend: str) -> RunResult:
@@ -359,8 +503,10 @@ def pipeline_worker(rank: int, world: int, cfg: TrainConfig, backend: str) -> Ru
     import torch.distributed as dist
 
     dev = _device_for(rank, backend)
-    bounds = _pipeline_bounds(cfg, world, rank, dev, dist)
+    bounds, measured = _pipeline_bounds(cfg, world, rank, dev, dist)
     lo, hi = bounds[rank]
+    transfer = _transfer_seconds(rank, world, (cfg.batch // cfg.micro_batches, cfg.seq_len, cfg.hidden), dev, dist)
+    busy = _BusyClock(dev)
     layers = [layer.to(dev) for layer in build_layers(cfg)[lo:hi]]
     params = [p for layer in layers for p in layer.parameters()]
     opt = torch.optim.SGD(params, lr=cfg.lr)
@@ -382,8 +528,9 @@ def pipeline_worker(rank: int, world: int, cfg: TrainConfig, backend: str) -> Ru
                 dist.recv(inp, src=rank - 1)
                 inp.requires_grad_(True)
             out = inp
-            for layer in layers:
-                out, _ = layer(out)
+            with busy():
+                for layer in layers:
+                    out, _ = layer(out)
             if not last:
                 dist.send(out.detach().contiguous(), dst=rank + 1)
             inputs.append(inp)
@@ -391,21 +538,34 @@ def pipeline_worker(rank: int, world: int, cfg: TrainConfig, backend: str) -> Ru
         for m in reversed(range(cfg.micro_batches)):
             if last:
                 sl = slice(m * mb, (m + 1) * mb)
-                _loss(outputs[m], y[sl].to(dev), n[sl], total).backward()
+                with busy():
+                    _loss(outputs[m], y[sl].to(dev), n[sl], total).backward()
             else:
                 grad = torch.empty(outputs[m].shape, dtype=outputs[m].dtype, device=dev)
                 dist.recv(grad, src=rank + 1)
-                outputs[m].backward(grad)
+                with busy():
+                    outputs[m].backward(grad)
             if not first:
                 dist.send(inputs[m].grad.contiguous(), dst=rank - 1)
-        opt.step()
+        with busy():
+            opt.step()
 
     for batch in batches:
         step(batch)
     weights = _weights(layers, offset=lo)
-    seconds, tokens = _timed_pass(step, batches, dev, cfg.timed_passes)
-    times = _gather_max(torch.tensor([seconds], dtype=torch.float64, device=dev), dist)
-    return RunResult("pipeline", world, backend, weights, tokens, float(times[0]), stages=bounds)
+    passes: list[float] = []
+    busy.on = True
+    seconds, tokens = _timed_pass(step, batches, dev, cfg.timed_passes, passes)
+    busy.on = False
+    times = _gather_max(torch.tensor([seconds, *passes], dtype=torch.float64, device=dev), dist)
+    busy_all: list[Any] = [None] * world
+    dist.all_gather_object(busy_all, busy.seconds() / cfg.timed_passes)
+    profiled = _gather_profiles(_profile_step(step, batches[0], dev) if cfg.profile else None, world, dist)
+    return RunResult("pipeline", world, backend, weights, tokens, float(times[0]), stages=bounds,
+                     pass_seconds=[float(t) for t in times[1:]], sequences=_sequences(batches),
+                     layer_seconds=measured[0] if measured else None, issue_seconds=measured[1] if measured else None,
+                     transfer_seconds=transfer, busy_seconds=[float(b) for b in busy_all],
+                     micro_batches=cfg.micro_batches, profile=profiled)  # fmt: skip
 
 
 WORKERS = {"ddp": ddp_worker, "pipeline": pipeline_worker}

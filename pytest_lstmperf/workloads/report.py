@@ -65,8 +65,8 @@ def sections(rows: list[dict[str, Any]]) -> dict[str, tuple[list[str], list[list
     if by_kind["overhead"]:
         table = [
             [r["shape"], r["device"], r.get("framework", "torch"), r.get("ran", "-"), _ms(r["module_s"]),
-             _ms(r["op_s"]), _ms(r.get("raw_s", r.get("graph_s") or r["op_s"])), f"{r['ratio']:.2f}x",
-             _ms(r["host_s"]), str(r["kernels"])]
+             _ms(r["op_s"]), _ms(r.get("raw_s", r.get("graph_s") or r["op_s"])),
+             f"{r['ratio']:.2f}x" + (" (below 1x)" if below_raw(r) else ""), _ms(r["host_s"]), str(r["kernels"])]
             for r in sorted(by_kind["overhead"], key=lambda r: (r["shape"], r.get("framework", "torch")))
         ]  # fmt: skip
         header = ["shape", "device", "framework", "ran", "call ms", "aten op ms", "raw ms", "call/raw",
@@ -88,13 +88,16 @@ def sections(rows: list[dict[str, Any]]) -> dict[str, tuple[list[str], list[list
                   "device vs fp32", "max rel error", "bound"]  # fmt: skip
         out["precision"] = (header, table)
     if by_kind["scaling"]:
-        table = [
-            [r["strategy"], r["data"], r["backend"], str(r["world"]), f"{r['throughput']:.4g}", f"{r['speedup']:.2f}x",
-             f"{100 * r['efficiency']:.0f}%", f"{r['vs_plain']:.2f}x" if r.get("vs_plain") else "-",
-             "-" if r.get("comm_share") is None else f"{100 * r['comm_share']:.0f}%", r["model"],
-             r.get("note") or "-"]
-            for r in sorted(by_kind["scaling"], key=lambda r: (r["strategy"], r["data"], r["world"]))
-        ]  # fmt: skip
+        table = []
+        for r in sorted(by_kind["scaling"], key=lambda r: (r["strategy"], r["data"], r["world"])):
+            flag = speedup_flag(r["speedup"], r["world"])
+            mark = " (implausible)" if flag else ""
+            note = "; ".join(n for n in (r.get("note"), flag) if n) or "-"
+            table.append([r["strategy"], r["data"], r["backend"], str(r["world"]), f"{r['throughput']:.4g}",
+                          f"{r['speedup']:.2f}x{mark}", f"{100 * r['efficiency']:.0f}%{mark}",
+                          f"{r['vs_plain']:.2f}x" if r.get("vs_plain") else "-",
+                          "-" if r.get("comm_share") is None else f"{100 * r['comm_share']:.0f}%", r["model"],
+                          note])  # fmt: skip
         header = ["strategy", "data", "backend", "ranks", "steps/s", "speedup", "efficiency", "vs plain", "comm",
                   "model", "note"]  # fmt: skip
         out["scaling"] = (header, table)
@@ -132,8 +135,42 @@ def notes(rows: list[dict[str, Any]]) -> dict[str, list[str]]:
     return dict(out)
 
 
+#: a strong-scaling speed-up more than this many times the ideal (the rank count) is not a scaling result
+SUPERLINEAR_LIMIT = 1.25
+
+
+def speedup_flag(speedup: float | None, world: int) -> str:
+    """Why a speed-up over one rank cannot be a scaling result, or "" when it can be one. A few percent above
+    the ideal happen (caches, smaller per-rank working sets); more than :data:`SUPERLINEAR_LIMIT` times the rank
+    count means the one-rank reference was slowed (oversubscribed threads, another job), e.g. 39.4x on 2 ranks."""
+    if speedup is None:
+        return ""
+    if not math.isfinite(speedup) or speedup <= 0:
+        return f"implausible: a speedup of {speedup} is not a measurement"
+    if world >= 1 and speedup > SUPERLINEAR_LIMIT * world:
+        return (f"implausible: {speedup:.3g}x on {world} rank{'s' if world != 1 else ''} is more than "
+                f"{SUPERLINEAR_LIMIT:g} x the ideal {world}x; the one-rank reference ran slowed (oversubscribed "
+                "cores, other work), so this is not a scaling figure")  # fmt: skip
+    return ""
+
+
+def below_raw(row: dict[str, Any]) -> bool:
+    """An overhead row whose call was faster than its raw cost: a negative overhead, which the call cannot have
+    (it does the raw work and more): timing noise, or a different kernel than the raw cost's."""
+    return bool(row.get("ratio")) and row["ratio"] < 1.0
+
+
 def _overhead_notes(rows: list[dict[str, Any]]) -> list[str]:
     lines = ["call ms and aten op ms: median of 15 calls each, the module and the op timed in alternation."]
+    below = [r for r in rows if below_raw(r)]
+    if below:
+        names = ", ".join(f"{r.get('framework', 'torch')} {r['shape']} {r['ratio']:.2f}x" for r in below[:6])
+        lines.append(
+            f"below 1x ({len(below)} row{'s' if len(below) != 1 else ''}: {names}): the call measured faster than its "
+            "raw cost, a negative overhead that a call doing the raw work cannot have. Read it as no measurable "
+            "overhead within the timing noise, or (where the ran column differs from the raw op's) a different "
+            "kernel; the plot marks these points with an open triangle."
+        )
     if any(r.get("framework", "torch").startswith("torch-compile") or r.get("framework", "").startswith("onnx")
            for r in rows):  # fmt: skip
         lines.append(
@@ -265,13 +302,21 @@ def plot_scaling(out: Path, rows: list[dict[str, Any]]) -> Path | None:
     worlds = sorted({r["world"] for r in rows})
     ax.plot(worlds, worlds, linestyle="--", color="grey", label="ideal")
     ax2.axhline(1.0, linestyle="--", color="grey", label="plain single device")
+    flagged = False
     for strategy, data in sorted({(r["strategy"], r["data"]) for r in rows}):
         mine = sorted((r for r in rows if r["strategy"] == strategy and r["data"] == data), key=lambda r: r["world"])
         label = f"{strategy}, {data}"
         line = ax.plot([r["world"] for r in mine], [r["speedup"] for r in mine], marker="o", label=label)
+        bad = [(r["world"], r["speedup"]) for r in mine if speedup_flag(r["speedup"], r["world"])]
+        if bad:
+            ax.scatter(*zip(*bad, strict=True), marker="x", s=120, color="red", zorder=5)
+            flagged = True
         plain = [(r["world"], r["vs_plain"]) for r in mine if r.get("vs_plain")]
         if plain:
             ax2.plot(*zip(*plain, strict=True), marker="o", color=line[0].get_color(), label=label)
+    if flagged:
+        ax.scatter([], [], marker="x", s=120, color="red",
+                   label=f"implausible: > {SUPERLINEAR_LIMIT:g} x ideal\n(slowed one-rank reference)")  # fmt: skip
     ax.set_ylabel("speedup over one rank of the same strategy")
     ax2.set_ylabel("throughput / plain single-device training")
     for a in (ax, ax2):
@@ -332,6 +377,7 @@ def plot_overhead(out: Path, rows: list[dict[str, Any]]) -> Path | None:
             mine = [r for r in rows if r.get("framework", "torch") == framework]
             xs = [shapes.index(r["shape"]) + (i - (len(frameworks) - 1) / 2) * width for r in mine]
             ax.scatter(xs, [r["ratio"] for r in mine], color=colors[framework], s=36, alpha=0.85, label=framework)
+            _mark_below_raw(ax, xs, mine)
         ax.set_xticks(range(len(shapes)))
         ax.set_xticklabels(
             [f"{shape}\nraw {statistics.median(raw[shape]) * 1e3:.3g} ms" for shape in shapes], fontsize=7
@@ -345,10 +391,14 @@ def plot_overhead(out: Path, rows: list[dict[str, Any]]) -> Path | None:
                 pts = [r for r in mine if r["shape"].startswith(cell + "-")]
                 ax.scatter([r["raw_s"] * 1e3 for r in pts], [r["ratio"] for r in pts], color=colors[framework],
                            marker=markers.get(cell, "o"), s=30, alpha=0.8, label=f"{framework} ({cell})")  # fmt: skip
+                _mark_below_raw(ax, [r["raw_s"] * 1e3 for r in pts], pts)
         plain_log_scale(ax, "x")
         ax.margins(x=0.08, y=0.08)
         ax.set_xlabel(f"raw cost, ms ({raw_name})")
     ax.axhline(1.0, color="grey", linestyle="--", label="1x: no overhead")
+    if any(below_raw(r) for r in rows):
+        ax.scatter([], [], marker="v", s=90, facecolors="none", edgecolors="red",
+                   label="below 1x: faster than raw,\nnot an overhead (noise)")  # fmt: skip
     plain_log_scale(ax, "y", suffix="x")
     low, high = ax.get_ylim()
     ax.set_ylim(min(low, 0.8), high)  # the 1x line is always in view
@@ -359,6 +409,13 @@ def plot_overhead(out: Path, rows: list[dict[str, Any]]) -> Path | None:
     _titled(fig, "framework overhead (forward): call time over the raw cost", rows)
     fig.tight_layout()
     return _save(plt, fig, out / "overhead.png")
+
+
+def _mark_below_raw(ax: Any, xs: list[float], rows: list[dict[str, Any]]) -> None:
+    """An open red triangle around each point below 1x (a negative overhead: see :func:`below_raw`)."""
+    flagged = [(x, r["ratio"]) for x, r in zip(xs, rows, strict=True) if below_raw(r)]
+    if flagged:
+        ax.scatter(*zip(*flagged, strict=True), marker="v", s=90, facecolors="none", edgecolors="red", zorder=5)
 
 
 def plot_precision(out: Path, rows: list[dict[str, Any]]) -> Path | None:

@@ -1,0 +1,363 @@
+"""Measured scale-out of the stacked LSTM, as docs/scaling.md reports it, in one command::
+
+    python -m pytest_lstmperf.workloads.scalebench --out results/      # NCCL on every GPU, or 2 gloo processes
+
+Three parts, each run written to ``scalebench.jsonl`` in ``--out`` as it ends (a run that is cut short keeps
+what was measured):
+
+1. **sizing**: for each candidate size, a short pipeline run on 2 ranks with stages balanced by measured layer
+   time records each layer's forward and backward time on one micro-batch, the host's time to issue those calls
+   (the launch cost), and one send/recv of a micro-batch's activations between ranks 0 and 1. The configuration
+   used next is the first whose layer time is at least :data:`DOMINATES` times both (or ``--size``);
+2. **scaling**: plain training in this process (whole model, whole batch: the baseline), data parallel, the
+   pipeline and the pipeline on length-bucketed data, on 1..N ranks, each with ``--passes`` timed passes (their
+   spread is reported), throughput in sequences per second and the speed-up over plain padded training; on
+   CUDA each multi-rank run profiles one step (time in NCCL kernels);
+3. **micro-batches**: the pipeline on N ranks with 2..16 micro-batches, measured per-rank compute against the
+   step (the share lost to the bubble, stage imbalance and transfers) beside GPipe's (S-1)/(M+S-1).
+
+``--tiny`` runs CPU-sized models (what CI and a quick check can afford). :func:`summary` and :func:`plot` turn
+the rows into the tables and the figure of docs/scaling.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from .distributed import RunResult, TrainConfig, single_process
+
+#: the chosen size's layer time must be this many times its issue time and its transfer time
+DOMINATES = 10.0
+#: (name, layers, input, hidden, max length, batch, micro-batches)
+CANDIDATES = {
+    "cuda": [
+        ("gate", 8, 256, 512, 100, 64, 4),
+        ("mid", 8, 512, 1024, 100, 256, 8),
+        ("thorough", 8, 1024, 2048, 100, 512, 8),
+    ],
+    "tiny": [("tiny-a", 4, 8, 16, 10, 8, 2), ("tiny-b", 4, 16, 32, 10, 16, 4)],
+}
+MICRO_BATCHES = (2, 4, 8, 16)
+PROG = "python -m pytest_lstmperf.workloads.scalebench"
+
+
+@dataclass(frozen=True)
+class Size:
+    name: str
+    layers: int
+    input_size: int
+    hidden: int
+    seq_len: int
+    batch: int
+    micro_batches: int
+
+    def config(self, **changes: Any) -> TrainConfig:
+        base = TrainConfig(layers=self.layers, input_size=self.input_size, hidden=self.hidden,
+                           seq_len=self.seq_len, batch=self.batch, micro_batches=self.micro_batches)  # fmt: skip
+        return replace(base, **changes)
+
+    def label(self) -> str:
+        return f"{self.layers}x LSTM {self.input_size}->{self.hidden}, batch {self.batch}, T<={self.seq_len}"
+
+
+def pick_size(rows: list[dict[str, Any]], factor: float = DOMINATES) -> str | None:
+    """The first sizing row whose median layer time is ``factor`` times its issue and transfer times; else the
+    one with the largest smaller ratio (None without rows)."""
+    sized = [r for r in rows if r.get("part") == "sizing" and r.get("layer_s")]
+    for r in sized:
+        transfer_ok = r["transfer_s"] is None or r["layer_s"] >= factor * r["transfer_s"]
+        if r["layer_s"] >= factor * r["issue_s"] and transfer_ok:
+            return str(r["size"])
+    if not sized:
+        return None
+    return str(max(sized, key=lambda r: min(r["layer_over_issue"], r["layer_over_transfer"] or float("inf")))["size"])
+
+
+def _median(values: list[float] | None) -> float | None:
+    return float(statistics.median(values)) if values else None
+
+
+def run_row(part: str, mode: str, data: str, size: Size, result: RunResult, **extra: Any) -> dict[str, Any]:
+    """One run as a JSON-ready row."""
+    per_pass = [result.sequences / s for s in result.pass_seconds if s] if result.sequences else []
+    row: dict[str, Any] = {
+        "part": part, "mode": mode, "data": data, "size": size.name, "model": size.label(), "world": result.world,
+        "backend": result.backend, "seconds": result.seconds, "pass_seconds": result.pass_seconds,
+        "sequences": result.sequences, "tokens": result.tokens, "seq_per_s": result.sequence_throughput,
+        "seq_per_s_passes": per_pass, "comm_share": result.comm_share, "stages": result.stages,
+        "micro_batches": result.micro_batches or None, "idle_shares": result.idle_shares,
+        "ideal_bubble": result.ideal_bubble, "profile": result.profile,
+    }  # fmt: skip
+    row.update(extra)
+    return row
+
+
+def sizing_row(size: Size, result: RunResult) -> dict[str, Any]:
+    layer = _median(result.layer_seconds)
+    issue = _median(result.issue_seconds)
+    transfer = result.transfer_seconds
+    return {
+        "part": "sizing", "size": size.name, "model": size.label(), "micro_batch": size.batch // size.micro_batches,
+        "world": result.world, "backend": result.backend, "layer_seconds": result.layer_seconds,
+        "issue_seconds": result.issue_seconds, "layer_s": layer, "issue_s": issue, "transfer_s": transfer,
+        "layer_over_issue": layer / issue if layer and issue else None,
+        "layer_over_transfer": layer / transfer if layer and transfer else None,
+        "transfer_bytes": 4 * (size.batch // size.micro_batches) * size.seq_len * size.hidden,
+        "stages": result.stages,
+    }  # fmt: skip
+
+
+class Recorder:
+    """Appends each row to ``scalebench.jsonl`` at once and prints a line."""
+
+    def __init__(self, out: Path) -> None:
+        out.mkdir(parents=True, exist_ok=True)
+        self.path = out / "scalebench.jsonl"
+        self.rows: list[dict[str, Any]] = []
+
+    def add(self, row: dict[str, Any]) -> None:
+        row["at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        self.rows.append(row)
+        with self.path.open("a", encoding="utf-8") as fh:
+            fh.write(json.dumps(row) + "\n")
+        print(describe(row), flush=True)
+
+
+def describe(row: dict[str, Any]) -> str:
+    if row["part"] == "sizing":
+        transfer = "-" if row["transfer_s"] is None else f"{row['transfer_s'] * 1e3:.3f} ms"
+        return (f"sizing {row['size']}: layer fwd+bwd {row['layer_s'] * 1e3:.3f} ms per micro-batch of "
+                f"{row['micro_batch']}, issue {row['issue_s'] * 1e3:.3f} ms, transfer {transfer}")  # fmt: skip
+    if row["part"] == "error":
+        return f"{row['what']} failed: {row['error']}"
+    return (f"{row['part']} {row['mode']} {row['data']} x{row['world']}: {row['seq_per_s']:.4g} seq/s "
+            f"({row['seconds']:.3f} s per pass)")  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", required=True, type=Path, help="folder for scalebench.jsonl")
+    parser.add_argument("--tiny", action="store_true", help="CPU-sized models (a quick check of the whole run)")
+    parser.add_argument("--backend", choices=("nccl", "gloo"), default=None, help="default: nccl with 2+ GPUs")
+    parser.add_argument("--worlds", default=None, help="comma-separated rank counts (default: 1..GPUs, or 1,2)")
+    parser.add_argument("--size", default=None, help="use this candidate instead of the measured pick")
+    parser.add_argument("--parts", default="sizing,scaling,micro-batches", help="which parts to run")
+    parser.add_argument("--passes", type=int, default=3, help="timed passes per run (their spread is reported)")
+    parser.add_argument("--steps", type=int, default=4, help="batches per pass")
+    parser.add_argument("--timeout", type=float, default=300, help="seconds for one launch")
+    args = parser.parse_args(argv)
+    import torch
+
+    from .launcher import launch
+
+    gpus = torch.cuda.device_count()
+    backend = args.backend or ("nccl" if gpus >= 2 else "gloo")
+    sizes = {c[0]: Size(*c) for c in CANDIDATES["tiny" if args.tiny else "cuda"]}
+    parts = [p.strip() for p in args.parts.split(",") if p.strip()]
+    unknown = sorted(set(parts) - {"sizing", "scaling", "micro-batches"})
+    if unknown:
+        parser.error(f"unknown part(s) {', '.join(unknown)} (valid: sizing, scaling, micro-batches)")
+    if args.size is not None and args.size not in sizes:
+        parser.error(f"unknown size {args.size!r} (valid: {', '.join(sizes)})")
+    if args.passes < 1 or args.steps < 1:
+        parser.error(f"--passes and --steps must be >= 1, got {args.passes} and {args.steps}")
+    top = gpus if backend == "nccl" else 2
+    try:
+        worlds = [int(w) for w in args.worlds.split(",")] if args.worlds else list(range(1, top + 1))
+    except ValueError:
+        parser.error(f"--worlds {args.worlds!r}: expected comma-separated integers such as 1,2,4")
+    if not worlds or min(worlds) < 1 or (backend == "nccl" and max(worlds) > gpus):
+        parser.error(f"--worlds {args.worlds!r}: each must be 1..{top} with {backend}")
+    rec = Recorder(args.out)
+    device = "cuda:0" if backend == "nccl" else "cpu"
+
+    def attempt(what: str, fn: Any) -> Any:
+        try:
+            return fn()
+        except Exception as exc:  # one failed run must not lose the others' figures
+            rec.add({"part": "error", "what": what, "error": f"{type(exc).__name__}: {str(exc)[-1500:]}"})
+            return None
+
+    probe_world = min(2, max(worlds))
+    if "sizing" in parts:
+        for size in sizes.values():
+            cfg = size.config(steps=1, timed_passes=1, balance="measured")
+            result = attempt(f"sizing {size.name}", lambda cfg=cfg: launch("pipeline", probe_world, cfg, backend,
+                                                                             timeout_s=args.timeout))  # fmt: skip
+            if result is not None:
+                rec.add(sizing_row(size, result))
+    chosen = sizes[args.size] if args.size else sizes.get(pick_size(rec.rows) or "", list(sizes.values())[-1])
+    print(f"size used: {chosen.name} ({chosen.label()}, {chosen.micro_batches} micro-batches)", flush=True)
+    common = {"steps": args.steps, "timed_passes": args.passes, "balance": "measured"}
+    varlen = {"sequences": args.steps * chosen.batch}
+    if "scaling" in parts:
+        for data, bucketing in (("padded", False), ("bucketed", True)):
+            cfg = chosen.config(**common, **varlen, bucketing=bucketing)
+            plain = attempt(f"plain {data}", lambda cfg=cfg: single_process(cfg, device))
+            if plain is not None:
+                rec.add(run_row("scaling", "plain", data, chosen, plain))
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+        for mode, strategy, bucketing in (("ddp", "ddp", False), ("pipeline", "pipeline", False),
+                                          ("pipeline+bucketing", "pipeline", True)):  # fmt: skip
+            for world in worlds:
+                cfg = chosen.config(**common, **varlen, bucketing=bucketing, profile=world > 1 and backend == "nccl")
+                result = attempt(f"{mode} x{world}", lambda s=strategy, w=world, cfg=cfg: launch(
+                    s, w, cfg, backend, timeout_s=args.timeout))  # fmt: skip
+                if result is not None:
+                    rec.add(run_row("scaling", mode, "bucketed" if bucketing else "padded", chosen, result))
+    if "micro-batches" in parts:
+        world = max(worlds)
+        for m in MICRO_BATCHES:
+            if chosen.batch % m or world < 2:
+                continue
+            cfg = chosen.config(steps=2, timed_passes=2, balance="measured", micro_batches=m)
+            result = attempt(f"micro-batches {m}", lambda cfg=cfg: launch("pipeline", world, cfg, backend,
+                                                                          timeout_s=args.timeout))  # fmt: skip
+            if result is not None:
+                rec.add(run_row("micro-batches", "pipeline", "fixed-length", chosen, result))
+    (args.out / "summary.md").write_text("\n".join(summary(rec.rows)) + "\n", encoding="utf-8")
+    print("\n".join(summary(rec.rows)), flush=True)
+    return 0
+
+
+# --------------------------------------------------------------------------------------------- reading the rows
+def spread(values: list[float]) -> str:
+    """``median (min-max)`` of a few repetitions."""
+    if not values:
+        return "-"
+    return f"{statistics.median(values):.4g} ({min(values):.4g}-{max(values):.4g})"
+
+
+def baseline(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Plain single-device training of the padded data: what every mode's speed-up is over."""
+    return next((r for r in rows if r.get("part") == "scaling" and r["mode"] == "plain" and r["data"] == "padded"),
+                None)  # fmt: skip
+
+
+def summary(rows: list[dict[str, Any]]) -> list[str]:
+    """Markdown tables of the three parts (with the implausible speed-ups flagged)."""
+    from .report import SUPERLINEAR_LIMIT, speedup_flag
+
+    lines: list[str] = []
+    sized = [r for r in rows if r.get("part") == "sizing"]
+    if sized:
+        lines += ["| size | micro-batch | layer fwd+bwd ms | issue ms | transfer ms | layer/issue | layer/transfer |",
+                  "|---|---|---|---|---|---|---|"]  # fmt: skip
+        for r in sized:
+            tr, over = r["transfer_s"], r["layer_over_transfer"]
+            tr_cell = "-" if tr is None else f"{tr * 1e3:.3f}"
+            over_cell = "-" if over is None else f"{over:.1f}"
+            lines.append(f"| {r['model']} | {r['micro_batch']} | {r['layer_s'] * 1e3:.3f} | {r['issue_s'] * 1e3:.3f} | "
+                         f"{tr_cell} | {r['layer_over_issue']:.1f} | {over_cell} |")  # fmt: skip
+        lines.append("")
+    base = baseline(rows)
+    scaled = [r for r in rows if r.get("part") == "scaling"]
+    if scaled:
+        lines += ["| mode | data | GPUs | sequences/s, median (min-max of passes) | speed-up over plain padded | "
+                  "speed-up over own 1-rank | DDP comm | idle per rank | NCCL kernels / step |",
+                  "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+        for r in scaled:
+            over = f"{r['seq_per_s'] / base['seq_per_s']:.2f}x" if base else "-"
+            own = next((o for o in scaled if o["mode"] == r["mode"] and o["data"] == r["data"] and o["world"] == 1),
+                       None)  # fmt: skip
+            own_speedup = r["seq_per_s"] / own["seq_per_s"] if own and r["mode"] != "plain" else None
+            flag = speedup_flag(own_speedup, r["world"]) if own_speedup else ""
+            own_cell = "-" if own_speedup is None else f"{own_speedup:.2f}x" + (" (implausible)" if flag else "")
+            comm = "-" if r.get("comm_share") is None or r["world"] < 2 else f"{100 * r['comm_share']:.0f}%"
+            idle = "-" if not r.get("idle_shares") or r["world"] < 2 else ", ".join(
+                f"{100 * s:.0f}%" for s in r["idle_shares"])  # fmt: skip
+            lines.append(f"| {r['mode']} | {r['data']} | {r['world']} | {spread(r['seq_per_s_passes'])} | {over} | "
+                         f"{own_cell} | {comm} | {idle} | {nccl_cell(r.get('profile'))} |")  # fmt: skip
+        lines.append("")
+    swept = [r for r in rows if r.get("part") == "micro-batches"]
+    if swept:
+        lines += ["| micro-batches | GPUs | stages | sequences/s | idle per rank (measured) | "
+                  "GPipe bubble (S-1)/(M+S-1) |", "|---|---|---|---|---|---|"]  # fmt: skip
+        for r in swept:
+            idle = ", ".join(f"{100 * s:.0f}%" for s in r["idle_shares"] or [])
+            lines.append(f"| {r['micro_batches']} | {r['world']} | {r['stages']} | {spread(r['seq_per_s_passes'])} | "
+                         f"{idle} | {100 * r['ideal_bubble']:.0f}% |")  # fmt: skip
+        lines.append("")
+    if any("(implausible)" in line for line in lines):
+        lines.append(
+            f"* (implausible): a speed-up over the own 1-rank run above {SUPERLINEAR_LIMIT:g} x the rank "
+            "count: the 1-rank reference ran slowed (e.g. oversubscribed CPU cores), not a scaling result."
+        )
+    errors = [r for r in rows if r.get("part") == "error"]
+    lines += [f"* {r['what']} failed: {r['error'][-300:]}" for r in errors]
+    return lines
+
+
+def nccl_cell(profile: list[dict[str, float]] | None) -> str:
+    """Per rank, NCCL kernel time over the profiled step's wall time."""
+    if not profile:
+        return "-"
+    return ", ".join(f"{p['nccl_s'] * 1e3:.0f} of {p['step_s'] * 1e3:.0f} ms" for p in profile)
+
+
+def load(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def plot(rows: list[dict[str, Any]], path: Path, title: str) -> Path | None:
+    """Sequences per second per mode against GPUs (median, min-max bars over the passes), plain padded and
+    plain bucketed training as horizontal lines; and the micro-batch sweep's idle share against GPipe's."""
+    from .report import _pyplot, _save
+
+    scaled = [r for r in rows if r.get("part") == "scaling"]
+    if not scaled:
+        return None
+    plt = _pyplot()
+    swept = [r for r in rows if r.get("part") == "micro-batches"]
+    fig, axes = plt.subplots(1, 2 if swept else 1, figsize=(12 if swept else 7, 5), squeeze=False)
+    ax = axes[0][0]
+    worlds = sorted({r["world"] for r in scaled if r["mode"] != "plain"})
+    for r in (r for r in scaled if r["mode"] == "plain"):
+        ax.axhline(r["seq_per_s"], color="grey", linestyle="--" if r["data"] == "padded" else ":",
+                   label=f"plain 1 GPU, {r['data']}")  # fmt: skip
+    for mode in sorted({r["mode"] for r in scaled if r["mode"] != "plain"}):
+        mine = sorted((r for r in scaled if r["mode"] == mode), key=lambda r: r["world"])
+        meds = [r["seq_per_s"] for r in mine]
+        lows = [m - min(r["seq_per_s_passes"] or [m]) for m, r in zip(meds, mine, strict=True)]
+        highs = [max(r["seq_per_s_passes"] or [m]) - m for m, r in zip(meds, mine, strict=True)]
+        ax.errorbar([r["world"] for r in mine], meds, yerr=[lows, highs], marker="o", capsize=4,
+                    label=f"{mode} ({mine[0]['data']})")  # fmt: skip
+    ax.set_xticks(worlds)
+    ax.set_xlabel("GPUs")
+    ax.set_ylabel("sequences / s (median of passes, bars: min-max)")
+    ax.set_ylim(bottom=0)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title("throughput per mode", fontsize=9)
+    if swept:
+        ax2 = axes[0][1]
+        ms = [r["micro_batches"] for r in swept]
+        for rank in range(len(swept[0]["idle_shares"] or [])):
+            ax2.plot(ms, [100 * (r["idle_shares"] or [0] * (rank + 1))[rank] for r in swept], marker="o",
+                     label=f"rank {rank}: measured idle")  # fmt: skip
+        ax2.plot(ms, [100 * r["ideal_bubble"] for r in swept], linestyle="--", color="grey",
+                 label="GPipe (S-1)/(M+S-1)")  # fmt: skip
+        ax2.set_xscale("log", base=2)
+        ax2.set_xticks(ms)
+        ax2.set_xticklabels([str(m) for m in ms])
+        ax2.set_xlabel(f"micro-batches (pipeline on {swept[0]['world']} GPUs)")
+        ax2.set_ylabel("% of the step not computing")
+        ax2.set_ylim(bottom=0)
+        ax2.grid(True, alpha=0.3)
+        ax2.legend(fontsize=8)
+        ax2.set_title("bubble: measured against GPipe's", fontsize=9)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return _save(plt, fig, path)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
