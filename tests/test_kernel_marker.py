@@ -209,3 +209,100 @@ def test_marker_sees_a_framework_imported_during_the_test(pytester: pytest.Pytes
 def test_marker_is_registered(pytester: pytest.Pytester) -> None:
     result = runpytest_forked(pytester, "--markers")
     result.stdout.fnmatch_lines(["*lstmperf_kernel(kernel=None, *, precision=None, cpu=None, cuda=None)*"])
+
+
+PACKED_TESTS = """
+import pytest
+import torch
+from torch.nn.utils.rnn import pack_padded_sequence
+
+
+class Seq2Seq(torch.nn.Module):  # a packed encoder (the CPU's native kernel by design), a dense decoder (oneDNN)
+    def __init__(self):
+        super().__init__()
+        self.encoder = torch.nn.LSTM(3, 4)
+        self.decoder = torch.nn.LSTM(3, 4)
+
+    def forward(self, x, lengths):
+        _, state = self.encoder(pack_padded_sequence(x, lengths, enforce_sorted=False))
+        y, _ = self.decoder(x[:2], state)
+        return y
+
+
+def run(decoder_onednn=True):
+    model, x = Seq2Seq(), torch.randn(5, 3, 3)
+    with torch.backends.mkldnn.flags(enabled=decoder_onednn):
+        model(x, torch.tensor([5, 2, 4])).sum().backward()
+
+
+@pytest.mark.lstmperf_kernel(cpu={"*packed*": "cpu-native", "*": "onednn"}, cuda="cudnn")
+def test_per_call_claim():
+    run()
+
+
+@pytest.mark.lstmperf_kernel(cpu=("onednn", "cpu-native"))
+def test_any_of_two():
+    run()
+
+
+@pytest.mark.lstmperf_kernel(cpu={"*.encoder *": "cpu-native", "*.decoder *": "onednn"})
+def test_per_module_claim_fails_a_decoder_off_onednn():
+    run(decoder_onednn=False)
+
+
+@pytest.mark.lstmperf_kernel(cpu={"*packed*": "cpu-native"})
+def test_a_call_no_pattern_matches_fails():
+    run()
+
+
+@pytest.mark.lstmperf_kernel("onednn")
+def test_encoder_and_decoder_told_apart():
+    run()
+
+
+@pytest.mark.lstmperf_kernel(cuda="cudnn")
+def test_cuda_only_claim_skipping_itself_on_the_cpu():
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+    run()
+
+
+@pytest.mark.lstmperf_kernel(cpu={"*": "bogus"})
+def test_bad_family_in_a_mapping():
+    pass
+
+
+@pytest.mark.lstmperf_kernel(cpu={})
+def test_empty_mapping():
+    pass
+"""
+
+
+@needs_torch
+def test_marker_claims_per_call_and_several_families(pytester: pytest.Pytester) -> None:
+    """A packed encoder (native by PyTorch's design) and a dense decoder (oneDNN) in one test: a claim per call
+    pattern, or several families, accept it; a decoder planted off oneDNN, and a call no pattern claims, fail;
+    the encoder's and the decoder's calls are told apart, their recurrent ops listed first; a ``cuda=`` claim
+    on a CPU run skips a test that skips itself."""
+    pytester.makepyfile(test_packed=PACKED_TESTS)
+    result = runpytest_forked(pytester, "-p", "no:cacheprovider", "--strict-markers", "-rfs", "--device=cpu")
+    result.assert_outcomes(passed=2, failed=5, skipped=1)
+    text = result.stdout.str()
+    result.stdout.fnmatch_lines(
+        [
+            "*_ test_per_module_claim_fails_a_decoder_off_onednn _*",
+            "*expected cpu-native for calls '*.encoder *'; onednn for calls '*.decoder *'; 1 of 3 recurrent*",
+            "*forward: cpu-native/fp32 (ops: addmm, sigmoid*[[]Seq2Seq.decoder call 1, T2 B3: LSTM(3, 4)]*",
+            "*_ test_a_call_no_pattern_matches_fails _*",
+            "*[[]Seq2Seq.decoder call 1, T2 B3: LSTM(3, 4)] (no pattern of the claim matches this call)*",
+            "*_ test_encoder_and_decoder_told_apart _*",
+            "*expected onednn; 1 of 3 recurrent layer calls did not:*",
+            "*forward: cpu-native/fp32 (ops: addmm, sigmoid*[[]Seq2Seq.encoder call 1, packed B3 T<=5: LSTM(3, 4)]*",
+            "*_ test_bad_family_in_a_mapping _*",
+            "*unknown kernel family 'bogus'*",
+            "*_ test_empty_mapping _*",
+            "*a per-call claim maps call patterns*",
+        ]
+    )
+    result.stdout.fnmatch_lines(["SKIPPED*needs a GPU*"])
+    assert "names no kernel for device cpu" not in text

@@ -241,7 +241,7 @@ def test_known_finding_never_excuses_numbers_out_of_bound(x, onednn_fallback_doc
         verify_model(Tagger(), x, device="cpu", paths=["torch-cpu-onednn"])
     text = str(failed.value)
     assert "[kernel]" not in text and "[tolerance] output 0" in text and "cpu-native/fp32 forward tolerance" in text
-    assert "known finding (expected, not failed): forward LSTM(6, 8, num_layers=2" in text
+    assert "known finding (expected, not failed): forward Tagger.lstm call 1, T7 B3: LSTM(6, 8, num_layers=2" in text
 
 
 def test_known_precision_finding_holds_numbers_to_what_ran(x, monkeypatch):

@@ -15,6 +15,7 @@ import numpy as np
 
 from ..model.spec import LayerSpec
 from ..observation.claims import KnownFinding, differences, explain_trace
+from ..observation.torch_trace import ops_that_matter
 from .tolerance import Tolerance, ToleranceTooLoose, pairwise_tolerance, tolerance
 
 
@@ -44,7 +45,7 @@ def check_trace(expected: tuple[str, str], trace: object | None, pass_: str) -> 
     found: list[Mismatch] = []
     expected_family, expected_precision = expected
     kernels = ", ".join(k[:90] for k in trace.kernels[:8]) or "-"  # type: ignore[attr-defined]
-    ops = ", ".join(trace.ops[:12]) or "-"  # type: ignore[attr-defined]
+    ops = ", ".join(ops_that_matter(trace.ops)[:12]) or "-"  # type: ignore[attr-defined]
     departs = dict(differences(expected, (trace.family, trace.precision)))  # type: ignore[attr-defined]
     if "kernel" in departs:
         found.append(

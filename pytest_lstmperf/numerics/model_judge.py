@@ -152,7 +152,7 @@ def _check_kernels(path: Any, run: ModelRun, known: list[str], claim: tuple[str,
     if claim is not None:  # Keras: TensorFlow traces the whole block (phase "test"), torch each layer call
         if not any(t.family != "none" for t in run.traces):
             return [none_ran]
-        return [m for t in run.traces for m in _judge(path, claim, t, f"{t.phase} {t.detail}", known)]
+        return [m for t in run.traces for m in _judge(path, claim, t, f"{t.phase} {t.label}", known)]
     forward = [t for t in run.traces if t.phase == "forward"]
     if not forward:
         return [none_ran]
@@ -161,7 +161,7 @@ def _check_kernels(path: Any, run: ModelRun, known: list[str], claim: tuple[str,
         if spec is None or path.supports(spec) is not None:
             continue
         claims.add(path.expected(spec))
-        found += _judge(path, path.expected(spec), trace, f"forward {trace.detail}", known)
+        found += _judge(path, path.expected(spec), trace, f"forward {trace.label}", known)
     if len(claims) == 1:
         for trace in (t for t in run.traces if t.phase == "backward"):
             found += _judge(path, next(iter(claims)), trace, "backward", known)

@@ -8,6 +8,7 @@ ran (:class:`LayerRecorder`; other frameworks' layers, Keras on torch, bucket th
 from __future__ import annotations
 
 import contextlib
+import itertools
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -43,6 +44,8 @@ class LayerCall:
     ops: list[str] = field(default_factory=list)
     dtypes: list[str] = field(default_factory=list)
     matmul_dtypes: list[str] = field(default_factory=list)
+    #: which call of which module, with its input's shape (``"encoder.gru call 1, packed B4 T<=10"``)
+    call: str = ""
 
     def trace(self) -> KernelTrace:
         ops = tuple(dict.fromkeys(self.ops))
@@ -54,6 +57,7 @@ class LayerCall:
             ops=ops,
             dtypes=tuple(dict.fromkeys(dtypes)),
             detail=self.layer,
+            call=self.call,
         )
 
 
@@ -68,8 +72,8 @@ class LayerRecorder:
     paused: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def enter(self, layer: str, device: str) -> None:
-        call = LayerCall(layer, device)
+    def enter(self, layer: str, device: str, label: str = "") -> None:
+        call = LayerCall(layer, device, call=label)
         self.calls.append(call)
         self.stack.append(call)
 
@@ -145,20 +149,29 @@ def torch_layer_trace(recorder: LayerRecorder) -> Iterator[LayerRecorder]:
     def is_recurrent(module: object) -> bool:
         return any(cls.__name__ in _RECURRENT_MODULES for cls in type(module).__mro__)
 
+    running: list[object] = []  # the modules whose forward is running, outermost first: a call's module path
+    calls: dict[int, int] = {}  # id(module) -> its calls so far
+
     def pre(module: object, args: tuple) -> None:
+        running.append(module)
         if is_recurrent(module) and not recorder.paused:
             first = args[0] if args else None
             data = getattr(first, "data", first)  # PackedSequence
             device = getattr(getattr(data, "device", None), "type", "cpu")
-            recorder.enter(layer_name(module), "cuda" if device == "cuda" else "cpu")
+            calls[id(module)] = calls.get(id(module), 0) + 1
+            label = f"{module_path(running)} call {calls[id(module)]}, {input_shape(torch, module, first)}"
+            recorder.enter(layer_name(module), "cuda" if device == "cuda" else "cpu", label)
 
     def post(module: object, args: tuple, output: object) -> None:
+        while running:  # always called, also when the forward raised: the stack stays true
+            if running.pop() is module:
+                break
         if is_recurrent(module) and not recorder.paused:
             recorder.leave()
 
     hooks = [
         torch.nn.modules.module.register_module_forward_pre_hook(pre),
-        torch.nn.modules.module.register_module_forward_hook(post),
+        torch.nn.modules.module.register_module_forward_hook(post, always_call=True),
     ]
     try:
         with _layer_dispatch_mode(recorder):
@@ -166,6 +179,34 @@ def torch_layer_trace(recorder: LayerRecorder) -> Iterator[LayerRecorder]:
     finally:
         for handle in hooks:
             handle.remove()
+
+
+def module_path(running: list[object]) -> str:
+    """``"Seq2Seq.encoder.gru"``: the outermost running module's class, then each module's attribute name in
+    its caller (the class name where a module was not found among the caller's submodules)."""
+    names = [type(running[0]).__name__]
+    for parent, child in itertools.pairwise(running):
+        children = getattr(parent, "named_modules", None)
+        found = next((n for n, m in children() if m is child and n), None) if children else None
+        names.append(found or type(child).__name__)
+    return ".".join(names)
+
+
+def input_shape(torch: object, module: object, first: object) -> str:
+    """``"packed B4 T<=10"``, ``"T10 B4"`` or ``"B4"`` (a cell): what one call of ``module`` was given."""
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    batch_sizes = getattr(first, "batch_sizes", None)
+    if batch_sizes is not None:  # a PackedSequence: its real batch and longest length
+        with _disable_current_modes():  # reading the batch is no op of the layer's
+            return f"packed B{int(batch_sizes[0])} T<={len(batch_sizes)}"
+    shape = tuple(getattr(first, "shape", ()))
+    if len(shape) == 3:
+        t, b = (shape[1], shape[0]) if getattr(module, "batch_first", False) else (shape[0], shape[1])
+        return f"T{t} B{b}"
+    if len(shape) == 2 and type(module).__name__.endswith("Cell"):
+        return f"B{shape[0]}"
+    return f"T{shape[0]} unbatched" if len(shape) == 2 else "input " + "x".join(map(str, shape))
 
 
 @contextlib.contextmanager

@@ -37,16 +37,25 @@ class KernelTrace:
     kernels: tuple[str, ...] = ()
     dtypes: tuple[str, ...] = ()
     detail: str = ""
+    #: which call of which module (``"encoder.gru call 1, packed B2 T<=5"``): two calls of one module class, an
+    #: encoder's and a decoder's, are told apart in every message; empty where not known
+    call: str = ""
+
+    @property
+    def label(self) -> str:
+        """The layer and, where known, which call of which module: ``"encoder.gru call 1 ...: GRU(...)"``."""
+        return f"{self.call}: {self.detail}" if self.call and self.detail else self.call or self.detail
 
     def describe(self) -> str:
         kernels = ", ".join(self.kernels[:6]) + (" ..." if len(self.kernels) > 6 else "")
-        ops = ", ".join(self.ops[:8]) + (" ..." if len(self.ops) > 8 else "")
+        shown = ops_that_matter(self.ops)
+        ops = ", ".join(shown[:8]) + (f" ... (+{len(shown) - 8})" if len(shown) > 8 else "")
         text = f"{self.phase}: {self.family}/{self.precision} (ops: {ops or '-'}"
         if self.kernels:
             text += f"; kernels: {kernels}"
         text += ")"
-        if self.detail:
-            text += f" [{self.detail}]"
+        if self.label:
+            text += f" [{self.label}]"
         return text
 
     def to_dict(self) -> dict[str, object]:
@@ -58,7 +67,16 @@ class KernelTrace:
             "kernels": list(self.kernels),
             "dtypes": list(self.dtypes),
             "detail": self.detail,
+            "call": self.call,
         }
+
+
+def ops_that_matter(ops: tuple[str, ...]) -> list[str]:
+    """``ops`` with the ones that decide the family first: the recurrent kernels, then the matmuls and the gate
+    activations, then the rest (indexing, zeros, the packing's bookkeeping) in the order they ran; a packed
+    call's first eight ops are bookkeeping, and a list cut after them showed nothing of the recurrence."""
+    rank = {**dict.fromkeys(_NATIVE_CELL_OPS, 2), **dict.fromkeys(MATMUL_OPS, 1), **dict.fromkeys(RECURRENT_OPS, 0)}
+    return sorted(ops, key=lambda op: rank.get(op, 3))  # a stable sort: each rank keeps the order the ops ran
 
 
 # ----------------------------------------------------------------------------------------- torch ops
