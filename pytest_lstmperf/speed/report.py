@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ..meters import format_seconds
+from ..ratios import ImplausibleRatio, format_ratio
 from .gate_table import TABLE_HEADER, table_rows
 from .report_plots import PLOT_TITLES, median, plot_baseline, plot_sweep
 from .timing import PEAK_METHOD
@@ -154,10 +155,19 @@ def timing_cells(record: dict[str, Any], reference: float | None) -> tuple[str, 
         _fmt(per_call),
         _fmt(extra.get("device_time_s")),
         "-" if host is None else f"{host:.0%}",
-        f"{reference / per_call:.2f}x" if reference and per_call else "-",
+        _speedup(reference, per_call),
         f"{extra.get('kernel', '?')}/{extra.get('precision', '?')}",
         peak_cell(extra),
     )
+
+
+def _speedup(reference: float | None, per_call: float | None) -> str:
+    if not (reference and per_call):
+        return "-"
+    try:
+        return format_ratio(reference / per_call, 2)
+    except ImplausibleRatio as exc:  # a time that is not positive: shown as what it is, never as a speed-up
+        return f"invalid ({exc})"
 
 
 def _table(records: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:

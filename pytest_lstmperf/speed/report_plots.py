@@ -163,26 +163,62 @@ def plot_baseline(
     if not rows:
         return None
     rows.sort()
-    metrics = sorted({decided[r["fullname"]][0].metric for r in records if r["fullname"] in decided})
-    fig, ax = plt.subplots(figsize=(9, max(3.0, 0.28 * len(rows) + 1)))
+    figures = sorted({(decided[r["fullname"]][0].metric, decided[r["fullname"]][0].variant)
+                      for r in records if r["fullname"] in decided})  # fmt: skip
+    undecided = len(rows) > len([r for r in records if r["fullname"] in decided])
+    height = max(3.0, 0.28 * len(rows) + 1.4)
+    fig, ax = plt.subplots(figsize=(9, height), dpi=110)  # the saved dpi: text is measured as it is drawn
     colors = {
         "regressed": "tab:red",
         "kernel-changed": "tab:red",
         "host-work-changed": "tab:red",
         "improved": "tab:green",
     }
-    ax.barh(range(len(rows)), [ratio for _, ratio, _ in rows], color=[colors.get(v, "tab:grey") for *_, v in rows])
+    ratios = [ratio for _, ratio, _ in rows]
+    shades = [colors.get(v, "tab:grey") for *_, v in rows]
+    # bars from 1.0 (no change) to the ratio, and a dot at the ratio: an unchanged benchmark still shows
+    ax.barh(range(len(rows)), [r - 1.0 for r in ratios], left=1.0, color=shades, height=0.6)
+    ax.scatter(ratios, range(len(rows)), color=shades, s=8, zorder=3)
     ax.axvline(1.0, color="black", linewidth=0.8)
+    ax.set_ylim(-0.7, len(rows) - 0.3)
     ax.set_yticks(range(len(rows)))
     ax.set_yticklabels([name.replace("test_", "") for name, _, _ in rows], fontsize=6)
-    what = " and ".join(m.replace("device", "device time").replace("per-call", "time per call") for m in metrics)
-    ax.set_xlabel(f"now / baseline ({what or 'time per call'})")
+    ax.set_xlabel(baseline_axis_label(figures, undecided), fontsize=8)
     ax.set_title("baseline vs now (red: regressed, green: improved)", fontsize=10)
-    fig.tight_layout()
+    _fit_row_labels(fig, ax, height)
     target = out / "baseline_vs_now.png"
-    fig.savefig(target, dpi=110)
+    fig.savefig(target, dpi=fig.dpi)
     plt.close(fig)
     return target
+
+
+def baseline_axis_label(figures: Iterable[tuple[str, str]], undecided: bool = False) -> str:
+    """What :func:`plot_baseline`'s bars are: for the benchmarks the gate decided, its deciding figure (a
+    ``(metric, variant)`` of :class:`.policy.Check`: ``anchored`` is the benchmark's time divided by the anchor
+    workload's, timed in pairs in the same process, ``raw`` the benchmark's own time); for the others
+    (``undecided``), the raw time per call's medians."""
+    names = {"per-call": "time per call", "device": "device time"}
+    parts = [
+        f"{names.get(metric, metric)} / anchor's" if variant == "anchored" else f"{names.get(metric, metric)} (raw)"
+        for metric, variant in figures
+    ]
+    if undecided or not parts:
+        parts.append("median time per call (raw)")
+    return "now / baseline of: " + ", ".join(dict.fromkeys(parts))
+
+
+def _fit_row_labels(fig: Any, ax: Any, height: float) -> None:
+    """Widen the figure by its widest row label and place the axes right of it. The labels are measured at the
+    dpi the figure is saved at: measured at matplotlib's default 100 dpi and saved at 110, the long ones were cut
+    at the left edge."""
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    widest = max((t.get_window_extent(renderer).width for t in ax.get_yticklabels()), default=0.0) / fig.dpi
+    plot, margin = 5.5, 0.35
+    width = widest + plot + 2 * margin
+    fig.set_size_inches(width, height)
+    fig.subplots_adjust(left=(widest + margin) / width, right=1 - margin / width, top=1 - 0.45 / height,
+                        bottom=0.6 / height)  # fmt: skip
 
 
 #: what each plot of the report folder shows, as its heading on the index (other plots: their file name)
