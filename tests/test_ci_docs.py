@@ -88,3 +88,44 @@ def test_the_summary_shown_in_the_docs_is_what_the_code_writes() -> None:
     value = properties[f"lstmperf.gate.failed.{rows[1].name}"]
     assert value.startswith("regressed: kernel cudnn/tf32, 1.243x (fails at 1.050x); ")
     assert "`regressed: kernel cudnn/tf32, 1.243x (fails at 1.050x); ...`" in doc
+
+
+#: a pytest command without the interpreter or folder that has the plugin: at a command's start in a code block
+#: (after `$ `, `VAR=value ` or `&&`, `;`, `|`), or an inline code span that starts with it
+_BARE_IN_BLOCK = re.compile(r"(?:^\s*(?:\$\s+)?(?:\w+=\S*\s+)*|(?:&&|;|\|)\s*)pytest(?=\s|$)")
+#: another engineer's page, still to be brought to the `.venv/bin/pytest` form
+_NOT_YET = {"scaling.md"}
+
+
+def bare_pytest_commands(text: str) -> list[tuple[int, str]]:
+    """(line number, code) of every bare ``pytest`` command in a Markdown text's fenced code blocks and inline
+    code spans (``.venv/bin/pytest`` and ``python -m pytest`` are not bare)."""
+    found = []
+    fenced = False
+    for number, line in enumerate(text.splitlines(), 1):
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+        elif fenced:
+            if _BARE_IN_BLOCK.search(line.split(" #", 1)[0]):
+                found.append((number, line.strip()))
+        else:
+            found += [(number, span) for span in re.findall(r"`([^`]+)`", line) if re.match(r"pytest\s", span)]
+    return found
+
+
+def test_bare_pytest_commands_are_found() -> None:
+    planted = "Run `pytest suites/` or `.venv/bin/pytest x`.\n```bash\n$ pytest a  # x\nA=1 pytest b\n"
+    planted += "cd x && pytest c\n"
+    planted += ".venv/bin/pytest d\npython -m pytest e\n# pytest in a comment\n```\npytest outside a block\n"
+    assert bare_pytest_commands(planted) == [(1, "pytest suites/"), (3, "$ pytest a  # x"), (4, "A=1 pytest b"),
+                                             (5, "cd x && pytest c")]  # fmt: skip
+
+
+def test_the_docs_run_pytest_from_the_environment_that_has_the_plugin() -> None:
+    """A bare ``pytest`` outside the activated virtual environment is another pytest, without the plugin
+    (``unrecognized arguments: --device=cpu``): the README and docs write ``.venv/bin/pytest`` (the Install
+    section's environment) or ``python -m pytest``."""
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    bare = [f"{page.relative_to(ROOT)}:{number}: {code}" for page in pages if page.name not in _NOT_YET
+            for number, code in bare_pytest_commands(page.read_text(encoding="utf-8"))]  # fmt: skip
+    assert bare == [], "bare pytest commands:\n" + "\n".join(bare)

@@ -18,21 +18,6 @@ DATA = Path(__file__).resolve().parents[1] / "docs" / "data"
 CPU = "CPU: AMD EPYC, 2 threads"
 
 
-@pytest.fixture()
-def drawn(monkeypatch: pytest.MonkeyPatch) -> list:
-    """The figures the plotting functions draw, kept open (they close them after saving)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figures: list = []
-    close = plt.close
-    monkeypatch.setattr(plt, "close", lambda fig=None: figures.append(fig))
-    yield figures
-    close("all")
-
-
 def _cpu_sweep() -> tuple[list[cx.SweepPoint], dict[str, int | None]]:
     """The four CPU paths of ``lstmperf crossover --device=cpu``, two of them winning from batch 1."""
     curves = {"torch-cpu-native": (2.0, 0.9), "torch-cpu-onednn": (1.0, 0.8), "torch-cpu-autocast-bf16": (0.9, 0.8),
