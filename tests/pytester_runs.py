@@ -15,16 +15,25 @@ from pathlib import Path
 import pytest
 from forked_pytest import run_forked
 
-# what the gate fixture clears from the environment of its runs
+#: pytest-xdist's worker variables: a run started by a test would believe itself a worker with them (and
+#: pytest-benchmark then disables itself and writes no JSON)
+XDIST_ENV = ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_TESTRUNUID")
+#: what an inner pytest run of these tests must not inherit from the run that started it: its options, its
+#: planted fault, its device and paths, its xdist worker variables. The one list (the ``inner_env`` fixture,
+#: :func:`gate_env` and the session fixtures read it)
 CLEARED_ENV = (
     "PYTEST_ADDOPTS",
     "PYTEST_LSTMPERF_PLANT",
     "PYTEST_LSTMPERF_DEVICE",
     "PYTEST_LSTMPERF_PATHS",
-    "PYTEST_XDIST_WORKER",
-    "PYTEST_XDIST_WORKER_COUNT",
-    "PYTEST_XDIST_TESTRUNUID",
+    *XDIST_ENV,
 )
+
+
+def clear_inner_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Clear :data:`CLEARED_ENV` for the inner runs of one test."""
+    for name in CLEARED_ENV:
+        monkeypatch.delenv(name, raising=False)
 
 
 @dataclass(frozen=True)
@@ -73,6 +82,28 @@ def run_pytest_in(root: Path, *args: str, env: dict[str, str], timeout: float = 
     )  # fmt: skip
     lines = proc.stdout.splitlines(), proc.stderr.splitlines()
     return pytest.RunResult(proc.returncode, *lines, time.perf_counter() - start)
+
+
+def run_once(request: pytest.FixtureRequest, factory: pytest.TempPathFactory, name: str,
+             run: Callable[[Path], pytest.RunResult]) -> tuple[Path, pytest.RunResult]:  # fmt: skip
+    """``run(root)`` once per test run, in a folder ``name``: under pytest-xdist the first worker to ask runs it and
+    the others read its result (a session fixture is per worker: each recorded the gate's baseline, a full run
+    with its recording processes, again). Returns the folder and the result."""
+    if not hasattr(request.config, "workerinput"):
+        root = factory.mktemp(name, numbered=False)
+        return root, run(root)
+    from filelock import FileLock
+
+    shared = factory.getbasetemp().parent  # the run's temporary folder, above each worker's own
+    root, saved = shared / name, shared / f"{name}.json"
+    with FileLock(str(shared / f"{name}.lock")):
+        if not saved.exists():
+            root.mkdir()
+            result = run(root)
+            lines = {"ret": int(result.ret), "out": result.outlines, "err": result.errlines}
+            saved.write_text(json.dumps({**lines, "duration": result.duration}))
+        data = json.loads(saved.read_text())
+    return root, pytest.RunResult(data["ret"], data["out"], data["err"], data["duration"])
 
 
 REPO = Path(__file__).resolve().parents[1]

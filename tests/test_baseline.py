@@ -380,6 +380,21 @@ def test_a_recording_run_is_added_named_when_outside_and_refused_when_broken(tmp
     assert "unchanged" in other.describe()
 
 
+def test_a_refused_recording_run_names_how_many_of_its_processes_were_refused(tmp_path: Path) -> None:
+    """An added run timed in several processes (``--lstmperf-record-processes``), every one of them 3x off the
+    entry (a run that broke): refused, the benchmark named once, with how many of its processes that was."""
+    store = bl.BaselineStore(tmp_path)
+    save(store, [record("a")])
+    slow = record("a", 3e-3)
+    report = store.save(
+        [slow], fields=fields(), fingerprint=H100, versions=VERSIONS, provenance=PROV, header=HEADER,
+        threshold=1.10, update=False, add_run=True, siblings={slow["fullname"]: [record("a", 3.1e-3)] * 2},
+    )  # fmt: skip
+    assert report.refused == [f"{slow['fullname']}: more than 2.0x off (3 of 3 processes): per-call: 3.000x"]
+    assert report.updated == [] and report.left_out == []
+    assert len(store.find(fields()).entries[slow["fullname"]]["lstmperf"]["runs"]) == 1  # nothing added
+
+
 def test_check_writable_names_what_stops_a_recording(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Before any test runs: a folder that cannot be made, or is not writable (planted through os.access, which
     root would otherwise pass), is an error naming it and the way out."""

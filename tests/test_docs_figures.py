@@ -23,20 +23,6 @@ def script():
     return module
 
 
-@pytest.fixture()
-def drawn(monkeypatch: pytest.MonkeyPatch) -> list:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figures: list = []
-    close = plt.close
-    monkeypatch.setattr(plt, "close", lambda fig=None: figures.append(fig))
-    yield figures
-    close("all")
-
-
 def test_every_figure_is_drawn_with_device_and_date(script, drawn: list, tmp_path: Path) -> None:
     for name, (source, _, device, date) in script.FIGURES.items():
         assert (ROOT / "docs" / "data" / source).is_file(), source

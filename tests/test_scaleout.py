@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from pytester_runs import clear_inner_env
 
 torch = pytest.importorskip("torch")
 
@@ -268,8 +269,8 @@ def test_entry_point_outside_torchrun_is_refused(
 # ------------------------------------------------------------------------------------------- the suite
 def _suite(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
     pytester.makepyfile(test_scaling=(ROOT / "suites" / "test_scaling.py").read_text())
-    for name in ("PYTEST_ADDOPTS", "PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", dist.RANK_SETUP_ENV,
-                 WORKER_PLANT_ENV):  # fmt: skip
+    clear_inner_env(monkeypatch)
+    for name in (dist.RANK_SETUP_ENV, WORKER_PLANT_ENV):
         monkeypatch.delenv(name, raising=False)
 
 
@@ -345,8 +346,7 @@ def test_n_auto_end_to_end_starts_one_worker_per_gpu(
     pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Through pytest-xdist itself: the plugin's answer wins over xdist's default (one worker per CPU core)."""
-    for name in ("PYTEST_ADDOPTS", "PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT"):
-        monkeypatch.delenv(name, raising=False)
+    clear_inner_env(monkeypatch)
     pytester.makeconftest(
         "import types\n"
         "import torch\n"

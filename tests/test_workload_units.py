@@ -8,6 +8,7 @@ import itertools
 import numpy as np
 import pytest
 from forked_pytest import runpytest_forked
+from pytester_runs import clear_inner_env
 
 from pytest_lstmperf.speed.report_plots import find_crossover
 from pytest_lstmperf.workloads import crossover as cx
@@ -153,8 +154,7 @@ def _suite(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
 
     suite = Path(__file__).resolve().parents[1] / "suites" / "test_workloads.py"
     pytester.makepyfile(test_workloads=suite.read_text())
-    for name in ("PYTEST_ADDOPTS", "PYTEST_LSTMPERF_PLANT", "PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT"):
-        monkeypatch.delenv(name, raising=False)
+    clear_inner_env(monkeypatch)
 
 
 def test_suite_passes_and_reports(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -387,21 +387,6 @@ def _layout_problems(fig) -> list[str]:
     return problems
 
 
-@pytest.fixture()
-def drawn(monkeypatch: pytest.MonkeyPatch) -> list:
-    """The figures the report functions draw, kept open (the functions close them after saving)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figures: list = []
-    close = plt.close
-    monkeypatch.setattr(plt, "close", lambda fig=None: figures.append(fig))
-    yield figures
-    close("all")
-
-
 def _workload_rows() -> list[dict]:
     rows = [_precision_row(p, s, 0.45e-3) | {"observed": o}
             for p, s, o in (("torch-cpu-onednn", 0.45e-3, "onednn/fp32"), ("torch-cpu-autocast-bf16", 0.8e-3,
@@ -541,8 +526,7 @@ def test_parts_announced_headers_shown_and_no_stray_warning(
 ) -> None:
     """Each part of the workload suite says when it starts (with its number of tests), also under -n 2, where
     the device/paths header lines are printed too and pytest-benchmark's exit warning stays off the terminal."""
-    for name in ("PYTEST_ADDOPTS", "PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT"):
-        monkeypatch.delenv(name, raising=False)
+    clear_inner_env(monkeypatch)
     pytester.makepyfile(test_parts=PROGRESS_SUITE)
     result = runpytest_forked(pytester, "-p", "no:cacheprovider", "--device=cpu", *xdist, timeout=300)
     assert result.ret == 0, result.stdout.str()
