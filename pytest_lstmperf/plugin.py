@@ -14,14 +14,14 @@ import pytest
 
 from . import options
 from . import paths as registry
+from .report import build_report
 from .session import (
-    SESSION_KEY,
-    TALLY_KEY,
     LstmPerfSession,
-    RunTally,
     ensure_session,
     requested_device,
     resolve_setting,
+    run_session,
+    started_session,
 )
 
 pytest_plugins = [
@@ -83,9 +83,7 @@ def pytest_configure(config: pytest.Config) -> None:
     # validate every explicitly given setting now (syntax, and path names against the registry; no framework import)
     for name in CORE_SETTINGS:
         resolve_setting(config, name)
-    tally = RunTally()
-    config.stash[TALLY_KEY] = tally
-    config.pluginmanager.register(tally, "lstmperf-tally")
+    config.pluginmanager.register(run_session(config).tally, "lstmperf-tally")
 
 
 def _explicit(config: pytest.Config) -> bool:
@@ -200,7 +198,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_report_collectionfinish(config: pytest.Config) -> list[str]:
-    session = config.stash.get(SESSION_KEY, None)
+    session = started_session(config)
     if session is None:
         return []
     return session.header_lines()
@@ -211,7 +209,7 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     at the top instead."""
     if config.getoption("dist", "no") == "no" or hasattr(config, "workerinput"):
         return []
-    session = config.stash.get(SESSION_KEY, None)
+    session = started_session(config)
     return [] if session is None else session.header_lines()
 
 
@@ -246,16 +244,22 @@ def lstmperf_pair(request: pytest.FixtureRequest, lstmperf: LstmPerfSession):
 
 
 # ------------------------------------------------------------------------------------------ reporting
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """The run's report, where the speed gate (which builds it with its verdict) took no part."""
+    run = run_session(session.config)
+    if run.report is None:
+        run.report = build_report(run)
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
-    tally = config.stash.get(TALLY_KEY, None)
-    if tally is None:
-        return
-    for line in tally.summary_lines():
+    run = run_session(config)
+    for line in run.report.paths if run.report is not None else run.tally.summary_lines():
         terminalreporter.write_line(line)
 
 
 @pytest.hookimpl(trylast=True, specname="pytest_terminal_summary")  # after pytest-benchmark's tables
 def pytest_terminal_summary_wall_time(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
-    tally = config.stash.get(TALLY_KEY, None)
-    if tally is not None and tally.outcomes:
+    tally = run_session(config).tally
+    if tally.outcomes:
         terminalreporter.write_line(tally.wall_time_line())

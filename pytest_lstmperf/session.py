@@ -1,7 +1,8 @@
-"""The state of one test run: resolved settings, the device, the selected paths and the findings.
+"""The state of one test run: resolved settings, the device, the selected paths, the tally and findings, the
+speed gate's state.
 
-One :class:`LstmPerfSession` per pytest config, kept in ``config.stash``; the plugin's hooks and fixtures
-only read and record through it.
+One :class:`LstmPerfSession` per pytest config, kept in ``config.stash`` under one key (:func:`run_session`); the
+plugin's hooks and fixtures only read and record through it.
 """
 
 from __future__ import annotations
@@ -21,10 +22,14 @@ from . import paths as registry
 from .device import DeviceError, resolve_device
 from .model.profiles import PROFILES
 from .observation.claims import Finding
+from .speed.gate import GateState
 
 if TYPE_CHECKING:
     from .device import DeviceInfo
     from .paths import ExecutionPath
+    from .report import RunReport
+    from .speed.machine_info import MachineInfo
+    from .speed.machine_lock import MachineLock
 
 
 @dataclass(eq=False)  # registered as a plugin: must stay hashable
@@ -100,22 +105,98 @@ class RunTally:
         return f"lstmperf: wall time {seconds:.1f}s, start-up included (pytest's own time below starts after it)"
 
 
-TALLY_KEY = pytest.StashKey[RunTally]()
-
-
-@dataclass
 class LstmPerfSession:
-    config: pytest.Config
-    settings: dict[str, options.Resolved]
-    device: DeviceInfo
-    selected: list[ExecutionPath]
-    unavailable: dict[str, str]
-    deselected_other_device: int = 0
-    #: GPU Keras paths whose worker was started and has not said hello yet: their availability is asked on
-    #: first use (:meth:`unavailable_reason`), and their tests run after the others of their file
-    #: (``plugin.pytest_collection_modifyitems``), so that the workers' imports (6 s for Keras on torch on
-    #: the H100) run beside those tests instead of before the first one
-    awaiting_worker: set[str] = field(default_factory=set)
+    """The run: its resolved settings, its device (resolved once, on first use), the selected paths (from
+    :meth:`start`), the tally of outcomes and findings, the speed gate's state, the workload suite's rows and the
+    run's machine probe and lock. One per pytest config, made at configure time without resolving anything that
+    imports a framework (:func:`run_session`); the hooks, fixtures and the gate read and record through it."""
+
+    def __init__(
+        self,
+        config: pytest.Config,
+        settings: dict[str, options.Resolved] | None = None,
+        device: DeviceInfo | None = None,
+        selected: list[ExecutionPath] | None = None,
+        unavailable: dict[str, str] | None = None,
+        awaiting_worker: set[str] | None = None,
+    ) -> None:
+        self.config = config
+        if settings is None:
+            settings = {n: resolve_setting(config, n) for n in options.SETTINGS if options.is_added(config, n)}
+        self.settings = settings
+        self._device = device
+        #: the paths selected for this device (by :meth:`start`, or given)
+        self.selected: list[ExecutionPath] = list(selected) if selected is not None else []
+        self._started = selected is not None
+        self.unavailable: dict[str, str] = dict(unavailable or {})
+        #: GPU Keras paths whose worker was started and has not said hello yet: their availability is asked on
+        #: first use (:meth:`unavailable_reason`), and their tests run after the others of their file
+        #: (``plugin.pytest_collection_modifyitems``), so that the workers' imports (6 s for Keras on torch on
+        #: the H100) run beside those tests instead of before the first one
+        self.awaiting_worker: set[str] = set(awaiting_worker or ())
+        self.deselected_other_device = 0
+        self.tally = RunTally()
+        self.gate = GateState()
+        #: whether the speed gate took part in this run (a benchmark, a compare, a recording)
+        self.gate_used = False
+        self.workload_rows: list[dict[str, object]] = []
+        #: pytest-benchmark's machine info, computed in a thread (:class:`~.speed.machine_info.MachineInfo`)
+        self.machine_probe: MachineInfo | None = None
+        #: a pytest-xdist worker's machine lock, where it times benchmarks
+        self.machine_lock: MachineLock | None = None
+        #: pytest-xdist's controller: the run's id, whose lock folder it removes at the end
+        self.xdist_run: str | None = None
+        #: the run's report, built once at its end (:func:`.report.build_report`)
+        self.report: RunReport | None = None
+
+    # ------------------------------------------------------------------------------------ the device
+    @property
+    def device(self) -> DeviceInfo:
+        """The run's device, resolved from the setting on first use and kept; a GPU asked for and not usable is a
+        usage error."""
+        if self._device is None:
+            dev = options.resolve(self.config, "lstmperf_device")
+            threads = (
+                options.resolve(self.config, "lstmperf_threads").value
+                if options.is_added(self.config, "lstmperf_threads")
+                else None
+            )
+            try:
+                self._device = resolve_device(dev.value, dev.source, threads)
+            except DeviceError as exc:
+                raise pytest.UsageError(str(exc)) from None
+        return self._device
+
+    # ------------------------------------------------------------------------------------ the paths
+    @property
+    def started(self) -> bool:
+        return self._started
+
+    def start(self) -> LstmPerfSession:
+        """Resolve the device and select the paths (once): the GPU Keras paths' workers are started side by side,
+        not waited for; every other selected path is asked whether it runs here."""
+        if self._started:
+            return self
+        names = self.settings["lstmperf_paths"].value
+        selected = registry.for_device(self.device.kind, names)
+        if names is not None and not selected:
+            raise pytest.UsageError(
+                f"{self.settings['lstmperf_paths'].where()}: none of these paths runs on {self.device.name} (paths "
+                f"for {self.device.kind}: {', '.join(p.name for p in registry.for_device(self.device.kind))})"
+            )
+        # importing these at the top would register the Keras paths before the built-in ones (and load numpy and
+        # the pool's exit hook at pytest's start-up)
+        from .paths.keras.paths import prestart_workers
+        from .paths.keras.pool import resolve_xla_cache, set_xla_cache
+
+        set_xla_cache(resolve_xla_cache(self.settings["lstmperf_xla_cache"].value))
+        self.awaiting_worker = {p.name for p in prestart_workers(selected)}
+        for path in selected:
+            reason = None if path.name in self.awaiting_worker else path.available(self.device)
+            if reason:
+                self.unavailable[path.name] = reason
+        self.selected, self._started = selected, True
+        return self
 
     @property
     def profile(self) -> str:
@@ -194,35 +275,8 @@ class LstmPerfSession:
             )
         return lines
 
-    @classmethod
-    def from_config(cls, config: pytest.Config) -> LstmPerfSession:
-        settings = {name: resolve_setting(config, name) for name in options.SETTINGS if options.is_added(config, name)}
-        device = run_device(config)
-        names = settings["lstmperf_paths"].value
-        selected = registry.for_device(device.kind, names)
-        if names is not None and not selected:
-            raise pytest.UsageError(
-                f"{settings['lstmperf_paths'].where()}: none of these paths runs on {device.name} (paths for "
-                f"{device.kind}: {', '.join(p.name for p in registry.for_device(device.kind))})"
-            )
-        # importing these at the top would register the Keras paths before the built-in ones (and load numpy and
-        # the pool's exit hook at pytest's start-up)
-        from .paths.keras.paths import prestart_workers
-        from .paths.keras.pool import resolve_xla_cache, set_xla_cache
-
-        set_xla_cache(resolve_xla_cache(settings["lstmperf_xla_cache"].value))
-        # the GPU Keras paths' workers, side by side, not waited for; nothing otherwise
-        awaiting = {p.name for p in prestart_workers(selected)}
-        unavailable = {}
-        for path in selected:
-            reason = None if path.name in awaiting else path.available(device)
-            if reason:
-                unavailable[path.name] = reason
-        return cls(config, settings, device, selected, unavailable, awaiting_worker=awaiting)
-
 
 SESSION_KEY = pytest.StashKey[LstmPerfSession]()
-DEVICE_KEY = pytest.StashKey["DeviceInfo"]()
 
 
 def resolve_setting(config: pytest.Config, name: str) -> options.Resolved:
@@ -242,20 +296,9 @@ def requested_device(config: pytest.Config) -> str:
 
 
 def run_device(config: pytest.Config) -> DeviceInfo:
-    """The run's device: the session's, or (before the session exists) resolved from the setting once and kept;
-    a GPU that was asked for and is not usable is a usage error."""
-    if SESSION_KEY in config.stash:
-        return config.stash[SESSION_KEY].device
-    if DEVICE_KEY not in config.stash:
-        dev = options.resolve(config, "lstmperf_device")
-        threads = (
-            options.resolve(config, "lstmperf_threads").value if options.is_added(config, "lstmperf_threads") else None
-        )
-        try:
-            config.stash[DEVICE_KEY] = resolve_device(dev.value, dev.source, threads)
-        except DeviceError as exc:
-            raise pytest.UsageError(str(exc)) from None
-    return config.stash[DEVICE_KEY]
+    """The run's device (:attr:`LstmPerfSession.device`: resolved once, on first use); a GPU that was asked for
+    and is not usable is a usage error."""
+    return run_session(config).device
 
 
 def device_kind(config: pytest.Config | None) -> str:
@@ -289,15 +332,26 @@ class PropertyCollector:
                 self.sink(value)
 
 
-def ensure_session(config: pytest.Config) -> LstmPerfSession:
-    """The run's session, created (device resolved, paths selected) on first use."""
+def run_session(config: pytest.Config) -> LstmPerfSession:
+    """The run's one session object, made on first use (nothing resolved: no framework imported)."""
     if SESSION_KEY not in config.stash:
-        config.stash[SESSION_KEY] = LstmPerfSession.from_config(config)
+        config.stash[SESSION_KEY] = LstmPerfSession(config)
     return config.stash[SESSION_KEY]
 
 
+def ensure_session(config: pytest.Config) -> LstmPerfSession:
+    """The run's session, started (device resolved, paths selected) on first use."""
+    return run_session(config).start()
+
+
+def started_session(config: pytest.Config) -> LstmPerfSession | None:
+    """The run's session where its paths were selected (an lstmperf run), else None."""
+    session = config.stash.get(SESSION_KEY, None)
+    return session if session is not None and session.started else None
+
+
 def get_session(config: pytest.Config) -> LstmPerfSession:
-    try:
-        return config.stash[SESSION_KEY]
-    except KeyError:
-        raise RuntimeError("pytest-lstmperf is not active in this run (was it disabled with -p no:lstmperf?)") from None
+    session = started_session(config)
+    if session is None:
+        raise RuntimeError("pytest-lstmperf is not active in this run (was it disabled with -p no:lstmperf?)")
+    return session

@@ -24,7 +24,7 @@ from forked_pytest import runpytest_forked
 from pytester_runs import clear_inner_env
 
 from pytest_lstmperf import graph_replay, meters
-from pytest_lstmperf.hooks import terminal
+from pytest_lstmperf import report as run_report
 from pytest_lstmperf.observation import claims
 from pytest_lstmperf.speed import shapes, timing
 
@@ -724,7 +724,7 @@ def test_graph_replays_keep_every_sample(monkeypatch) -> None:
 
 
 def test_a_left_out_transient_is_named_in_the_run_notes() -> None:
-    from pytest_lstmperf.hooks.terminal import timing_notes
+    from pytest_lstmperf.report import timing_notes
 
     note = "9 leading sample(s) of a start-up transient left out (768 us first, 257 us steady): more taken"
     records = [{"extra_info": {"device_time_note": note}}, {"extra_info": {"device_time_note": ""}}]
@@ -770,13 +770,13 @@ def test_summary_lines_speedup_over_generic() -> None:
         return {"name": path, "extra_info": extra}
 
     # the reference is the fixed generic path of the device, whatever order the records arrive in
-    lines = terminal.summary_lines(
+    lines = run_report.summary_lines(
         [rec("torch-cudnn-fp32", "cudnn", 1e-3), rec("torch-cuda-generic", "cuda-generic", 3e-3)]
     )
     fast = next(line for line in lines if "torch-cudnn-fp32" in line)
     slow = next(line for line in lines if "torch-cuda-generic " in line)
     assert "3.00x" in fast and "75%" in fast and "1.00x" in slow
-    reordered = terminal.summary_lines(
+    reordered = run_report.summary_lines(
         [rec("torch-cuda-generic", "cuda-generic", 3e-3), rec("torch-cudnn-fp32", "cudnn", 1e-3)]
     )
     assert any("3.00x" in line and "torch-cudnn-fp32" in line for line in reordered)

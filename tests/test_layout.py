@@ -3,10 +3,11 @@ imports no framework.
 
 Layers, lowest first (a module may import from its own layer and the layers below it, never above):
 ``device``/``options``/``ci_summary``/``graph_replay``/``meters`` -> ``model`` -> ``observation`` -> ``paths`` ->
-``numerics`` -> ``speed`` -> ``workloads`` -> ``session`` -> ``hooks`` -> ``testing`` -> ``plugin``/``cli``. Imports
-only needed for type annotations (under ``if TYPE_CHECKING:``) count too: a reader follows them the same way (a lower
-layer that needs a higher one's type states what it reads of it as a ``Protocol``). No upward import remains: one would
-have to be listed in ``ALLOWED`` with the reason, a new one fails, and so does an entry that is no longer needed.
+``numerics`` -> ``speed`` -> ``workloads`` -> ``session``/``report`` -> ``hooks`` -> ``testing`` ->
+``plugin``/``cli``. Imports only needed for type annotations (under ``if TYPE_CHECKING:``) count too: a reader
+follows them the same way (a lower layer that needs a higher one's type states what it reads of it as a
+``Protocol``). No upward import remains: one would have to be listed in ``ALLOWED`` with the reason, a new one
+fails, and so does an entry that is no longer needed.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ LAYERS = (
     ("numerics",),
     ("speed",),
     ("workloads",),
-    ("session",),
+    ("session", "report"),
     ("hooks",),
     ("testing",),
     ("plugin", "cli", "__init__"),

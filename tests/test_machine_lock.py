@@ -180,7 +180,9 @@ def test_every_test_a_benchmark_included_runs_under_the_shared_hold() -> None:
             held.append("shared")
             yield
 
-    config = SimpleNamespace(stash={bench.MACHINE_LOCK_KEY: Lock()})
+    from pytest_lstmperf.session import SESSION_KEY
+
+    config = SimpleNamespace(stash={SESSION_KEY: SimpleNamespace(machine_lock=Lock())})
     for fixtures in ((bench.BENCH_FIXTURE,), ("tmp_path",)):
         item = SimpleNamespace(config=config, fixturenames=fixtures, get_closest_marker=lambda name: None)
         gen = bench.pytest_runtest_protocol(item, None)
@@ -202,10 +204,17 @@ def test_the_controller_removes_the_runs_lock_folder_once_its_workers_are_gone(t
     lock = MachineLock("run-1")
     assert lock.folder == tmp_path / "pytest-lstmperf-run-1" and lock.folder.is_dir()
     lock.close()
-    worker = types.SimpleNamespace(stash=pytest.Stash(), workerinput={"testrunuid": "run-1", "workerid": "gw0"})
+    from pytest_lstmperf.session import SESSION_KEY, LstmPerfSession
+
+    def config(**attributes: object) -> types.SimpleNamespace:
+        made = types.SimpleNamespace(stash=pytest.Stash(), **attributes)
+        made.stash[SESSION_KEY] = LstmPerfSession(made, {})  # type: ignore[arg-type]
+        return made
+
+    worker = config(workerinput={"testrunuid": "run-1", "workerid": "gw0"})
     bench.pytest_unconfigure(worker)  # a worker ends: the folder stays
     assert lock.folder.is_dir()
-    controller = types.SimpleNamespace(stash=pytest.Stash())
+    controller = config()
     bench.pytest_configure_node(types.SimpleNamespace(config=controller, workerinput={"testrunuid": "run-1"}))
     bench.pytest_unconfigure(controller)
     assert not lock.folder.exists()

@@ -307,14 +307,12 @@ def test_extended_paths_leave_the_default_selection_and_run_when_asked(monkeypat
 
     slow = dataclasses.replace(registry.get("torch-cpu-native"), name="slow-cpu-path", extended="compiles slowly")
     monkeypatch.setitem(registry.REGISTRY, "slow-cpu-path", slow)
-    session = LstmPerfSession.__new__(LstmPerfSession)
-    session.settings = {
+    settings = {
         "lstmperf_device": types.SimpleNamespace(where=lambda: "default"),
         "lstmperf_paths": types.SimpleNamespace(value=None),
         "lstmperf_profile": types.SimpleNamespace(value="ci"),
         "lstmperf_seed": types.SimpleNamespace(value=0),
     }
-    session.device, session.selected, session.unavailable = resolve_device("cpu"), [], {}
-    session.deselected_other_device, session.awaiting_worker = 0, set()
+    session = LstmPerfSession(None, settings, resolve_device("cpu"), [], {})  # type: ignore[arg-type]
     (line,) = [text for text in session.header_lines() if "extended" in text]
     assert "slow-cpu-path (compiles slowly)" in line and "--lstmperf-paths=all" in line

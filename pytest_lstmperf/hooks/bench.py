@@ -27,7 +27,8 @@ from typing import Any, cast
 import pytest
 
 from .. import options
-from ..session import PropertyCollector, ensure_session
+from ..report import build_report
+from ..session import PropertyCollector, ensure_session, run_session
 from ..speed.benchmark_adapter import (
     benchmark_replaced,
     machine_info_generated_elsewhere,
@@ -43,11 +44,9 @@ from .benchmark_json import json_section, machine_info_section
 from .compare_target import point_compare, take_over_compare
 from .gate_context import (
     BENCH_FIXTURE,
-    MACHINE_LOCK_KEY,
-    STATE_KEY,
     explicit_lstmperf,
-    gate_device,
     gate_state,
+    gate_used,
     is_benchmark,
     is_worker,
     machine_lock,
@@ -56,11 +55,6 @@ from .gate_context import (
 from .gate_finish import check_writable, finish
 from .recording import keep_benchmarks, process_folder, quiet
 from .terminal import print_speed_section
-
-#: pytest-xdist's controller: the run's id (its workers' lock folder)
-LOCK_RUN_KEY = pytest.StashKey[str]()
-
-MACHINE_KEY = pytest.StashKey[MachineInfo]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -99,7 +93,7 @@ def pytest_configure(config: pytest.Config) -> None:
     # at this device's baseline first.
     compare = config.getoption("benchmark_compare", None)
     if not is_worker(config) and explicit_lstmperf(config) and (compare or _saves_json(config)):
-        config.stash[MACHINE_KEY] = MachineInfo.start()  # before the device's set-up, which it overlaps
+        run_session(config).machine_probe = MachineInfo.start()  # before the device's set-up, which it overlaps
     if not is_worker(config) and saving(config) is not None:
         check_writable(config)
     if compare and is_worker(config):
@@ -140,9 +134,8 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     whose collection holds benchmarks opens the run's machine lock."""
     config = session.config
     if is_worker(config) and any(is_benchmark(item) for item in session.items):
-        config.stash[MACHINE_LOCK_KEY] = MachineLock(str(config.workerinput["testrunuid"]))  # type: ignore[attr-defined]  # set by pytest-xdist on its workers
-    state = config.stash.get(STATE_KEY, None)
-    if state is None or state.deferred_compare is None:
+        run_session(config).machine_lock = MachineLock(str(config.workerinput["testrunuid"]))  # type: ignore[attr-defined]  # set by pytest-xdist on its workers
+    if not gate_used(config) or gate_state(config).deferred_compare is None:
         return
     if not any(BENCH_FIXTURE in getattr(item, "fixturenames", ()) for item in session.items):
         return
@@ -240,21 +233,21 @@ def _collect_record(config: pytest.Config, value: object) -> None:
 @pytest.hookimpl(optionalhook=True)
 def pytest_configure_node(node: Any) -> None:
     """pytest-xdist's controller, as it starts a worker: the run's id, whose lock folder it removes at the end."""
-    node.config.stash[LOCK_RUN_KEY] = str(node.workerinput["testrunuid"])
+    run_session(node.config).xdist_run = str(node.workerinput["testrunuid"])
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_unconfigure(config: pytest.Config) -> None:
-    run_id = config.stash.get(LOCK_RUN_KEY, None)
+    session = run_session(config)
+    run_id = session.xdist_run
     if run_id is not None:  # the controller, its workers gone
         MachineLock.remove(run_id)
     if is_worker(config):
         # pytest-benchmark warns from a pytest-xdist worker as it exits, onto the terminal in the middle of the
         # progress dots; the run's summary says how its figures were timed under pytest-xdist instead
         quiet_xdist_warning()
-        lock = config.stash.get(MACHINE_LOCK_KEY, None)
-        if lock is not None:
-            lock.close()
+        if session.machine_lock is not None:
+            session.machine_lock.close()
 
 
 # ----------------------------------------------------------------------------------- pytest-benchmark
@@ -263,7 +256,7 @@ def pytest_benchmark_generate_machine_info(config: pytest.Config) -> dict[str, A
     """The machine info :class:`MachineInfo` computed, where pytest-benchmark's default would compute it: None
     (the next implementation decides) when no probe started, it failed, or a conftest or another plugin
     generates the machine info itself."""
-    probe = config.stash.get(MACHINE_KEY, None)
+    probe = run_session(config).machine_probe
     if probe is None or machine_info_generated_elsewhere(config, __name__):
         return None
     return probe.result()
@@ -285,7 +278,7 @@ def pytest_benchmark_update_json(config: pytest.Config, benchmarks: Any, output_
 @pytest.hookimpl(tryfirst=True)  # before pytest's junitxml writes its file: the gate's properties go in it
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     config = session.config
-    if is_worker(config) or STATE_KEY not in config.stash:
+    if is_worker(config) or not gate_used(config):
         return
     finish(session)
 
@@ -298,5 +291,6 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     try:
         return (yield)
     finally:
-        if not is_worker(config) and STATE_KEY in config.stash:
-            print_speed_section(terminalreporter, config, gate_state(config), lambda: gate_device(config).describe())
+        if not is_worker(config) and gate_used(config):
+            run = run_session(config)
+            print_speed_section(terminalreporter, (run.report or build_report(run)).speed)

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from .. import options
-from ..session import run_device
+from ..session import SESSION_KEY, run_device, run_session
 from ..speed.baseline import BaselineStore
 from ..speed.gate import GateState
 from ..speed.provenance import record_command
@@ -23,14 +23,19 @@ if TYPE_CHECKING:
 
 BENCH_FIXTURE = "lstmperf_benchmark"
 
-STATE_KEY = pytest.StashKey[GateState]()
-MACHINE_LOCK_KEY = pytest.StashKey[Any]()
-
 
 def gate_state(config: pytest.Config) -> GateState:
-    if STATE_KEY not in config.stash:
-        config.stash[STATE_KEY] = GateState()
-    return config.stash[STATE_KEY]
+    """The speed gate's state, in the run's session; asking for it makes the gate part of this run (its end, its
+    terminal section)."""
+    session = run_session(config)
+    session.gate_used = True
+    return session.gate
+
+
+def gate_used(config: pytest.Config) -> bool:
+    """Whether the speed gate took part in this run (a benchmark, a compare, a recording)."""
+    session = config.stash.get(SESSION_KEY, None)
+    return session is not None and session.gate_used
 
 
 def setting(config: pytest.Config, name: str) -> options.Resolved:
@@ -101,8 +106,10 @@ def explicit_lstmperf(config: pytest.Config) -> bool:
 
 def uses_lstmperf(config: pytest.Config) -> bool:
     """This run measures lstmperf benchmarks (records arrived, or the gate was pointed at a baseline)."""
-    state = config.stash.get(STATE_KEY, None)
-    return state is not None and bool(state.records or state.compare_requested or explicit_lstmperf(config))
+    if not gate_used(config):
+        return False
+    state = gate_state(config)
+    return bool(state.records or state.compare_requested or explicit_lstmperf(config))
 
 
 def is_benchmark(item: pytest.Item) -> bool:
@@ -111,4 +118,5 @@ def is_benchmark(item: pytest.Item) -> bool:
 
 def machine_lock(config: pytest.Config) -> Any:
     """This pytest-xdist worker's :class:`~..speed.machine_lock.MachineLock`, where the run times benchmarks."""
-    return config.stash.get(MACHINE_LOCK_KEY, None)
+    session = config.stash.get(SESSION_KEY, None)
+    return None if session is None else session.machine_lock

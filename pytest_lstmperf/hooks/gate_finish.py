@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from .. import ci_summary
-from ..session import SESSION_KEY
+from ..report import RunReport, build_report
+from ..session import run_session, started_session
 from ..speed.baseline import BaselineError
 from ..speed.gate import GateState
 from ..speed.policy import COMPARE_PROCESSES, RECORD_PROCESSES_MAX, Measurement, undecided, unresolved
@@ -72,7 +73,7 @@ def finish(session: pytest.Session) -> None:
             name = getattr(json_target, "name", json_target)
             state.errors.append(f"--benchmark-json={name}: could not write the merged results: {exc}")
     if state.baseline is not None:
-        session_ = config.stash.get(SESSION_KEY, None)
+        session_ = started_session(config)
         unavailable = session_.resolve_unavailable() if session_ is not None else {}
         threshold = setting(config, "lstmperf_threshold").value
         versions = gate_device(config).versions()
@@ -96,10 +97,18 @@ def finish(session: pytest.Session) -> None:
             state.gate = run_gate(state.baseline, state.records, threshold, versions, unavailable, more)
         if more:
             state.phase_s["compare processes"] = time.perf_counter() - started
-        _write_ci_summary(config, state)
     _write_report(config, state)
-    failed = _gate_outcome(config, state)
-    if failed and session.exitstatus == pytest.ExitCode.OK:
+    run = run_session(config)
+    _judge(config, state)
+    run.report = build_report(run)
+    if state.gate is not None:  # the verdict for CI, from the report; an error writing it fails the run too
+        error = _write_ci_summary(config, run.report)
+        if error:
+            state.errors.append(error)
+            _judge(config, state)
+            run.report = build_report(run)
+    _count_for_pytest(config, state)
+    if run.report.failed and session.exitstatus == pytest.ExitCode.OK:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
@@ -185,37 +194,17 @@ def _say(config: pytest.Config) -> Any:
     return say
 
 
-def _write_ci_summary(config: pytest.Config, state: GateState) -> None:
-    """The verdict as Markdown in ``$GITHUB_STEP_SUMMARY`` (where set) and as JUnit properties of the run."""
-    assert state.gate is not None
-    rows = []
-    for d in state.gate.decisions:
-        deciding = d.deciding
-        kernel = d.kernel_now or d.kernel_then
-        if d.kernel_then and d.kernel_now and d.kernel_then != d.kernel_now:
-            kernel = f"{d.kernel_then} -> {d.kernel_now}"
-        notes = [c.text() for c in d.checks if c.verdict != "unchanged"] or list(d.notes)
-        rows.append(
-            ci_summary.SummaryRow(
-                name=d.name,
-                verdict=d.verdict,
-                kernel=kernel,
-                ratio=deciding.ratio if deciding else None,
-                limit=deciding.limit if deciding else None,
-                note="; ".join(notes),
-            )
-        )
-    headline = f"speed gate: {state.gate.summary()}"
-    if state.gate.upgrade is not None:
-        headline += f" ({state.gate.upgrade.headline(state.gate.decisions)})"
+def _write_ci_summary(config: pytest.Config, report: RunReport) -> str | None:
+    """The report's verdict as Markdown in ``$GITHUB_STEP_SUMMARY`` (where set) and as JUnit properties of the
+    run; an error writing the summary file, or None."""
     try:
-        written = ci_summary.write_step_summary(rows, headline)
+        written = ci_summary.write_step_summary(list(report.ci_rows), report.headline)
     except ci_summary.StepSummaryError as exc:
-        state.errors.append(str(exc))
-        written = None
+        return str(exc)
     if written is not None:
-        state.messages.append(f"the gate's verdict was written to {written} (GITHUB_STEP_SUMMARY)")
-    ci_summary.add_junit_properties(config, ci_summary.junit_properties(rows, headline))
+        gate_state(config).messages.append(f"the gate's verdict was written to {written} (GITHUB_STEP_SUMMARY)")
+    ci_summary.add_junit_properties(config, ci_summary.junit_properties(list(report.ci_rows), report.headline))
+    return None
 
 
 def _write_report(config: pytest.Config, state: GateState) -> None:
@@ -235,11 +224,10 @@ def _write_report(config: pytest.Config, state: GateState) -> None:
         state.errors.append(f"--lstmperf-report={report_dir}: could not write the report: {exc}")
 
 
-def _gate_outcome(config: pytest.Config, state: GateState) -> bool:
-    """Whether the session fails (:func:`..speed.verdict.judge`, kept as ``state.verdict``, whose lines are printed
-    last), and pytest's final-line counts."""
+def _judge(config: pytest.Config, state: GateState) -> None:
+    """The run's verdict (:func:`..speed.verdict.judge`), kept as ``state.verdict``."""
     accept = setting(config, "lstmperf_accept_inconclusive")
-    verdict = judge(
+    state.verdict = judge(
         state.gate,
         state.errors,
         threshold=setting(config, "lstmperf_threshold").value,
@@ -248,12 +236,17 @@ def _gate_outcome(config: pytest.Config, state: GateState) -> bool:
         update_command=record_command(config, "--lstmperf-update-baseline"),
         rerun_command=rerun_command(config),
     )
-    state.verdict = verdict
+
+
+def _count_for_pytest(config: pytest.Config, state: GateState) -> None:
+    """pytest's final line counts the regressed and the inconclusive benchmarks."""
     tr = config.pluginmanager.get_plugin("terminalreporter")
     stats = getattr(tr, "stats", None)
-    if stats is not None and verdict.regressed:
+    verdict = state.verdict
+    if stats is None or verdict is None:
+        return
+    if verdict.regressed:
         stats.setdefault(STAT_REGRESSION, []).extend(verdict.regressed)
-    if stats is not None and state.gate is not None and verdict.unsettled:  # said even where accepted
+    if state.gate is not None and verdict.unsettled:  # said even where accepted
         inconclusive: list[Any] = list(state.gate.inconclusive) or [state.gate]
         stats.setdefault(STAT_INCONCLUSIVE, []).extend(inconclusive)
-    return verdict.failed

@@ -1,203 +1,24 @@
-"""The speed gate's terminal output: the ``lstmperf speed`` section printed after every other summary."""
+"""The run's report on the terminal: the sections of :class:`~..report.RunReport` as they are built, printed with
+their markup (the ``lstmperf speed`` section after every other summary, its verdict last)."""
 
 from __future__ import annotations
 
-import contextlib
-import os
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import pytest
-
-from .. import options
-from ..speed.gate_table import format_table
-from ..speed.provenance import record_command
-from ..speed.report import by_case, generic_reference, path_cell, peak_notes, timing_cells
-
-if TYPE_CHECKING:
-    from ..speed.gate import GateState
+from ..report import Line
 
 
-def print_speed_section(tr: Any, config: pytest.Config, state: GateState, device: Callable[[], str]) -> None:
-    """The ``lstmperf speed`` section: per-benchmark table, clock notes, messages, what was recorded, the gate's
-    table and its verdict (``state.verdict``'s lines, last). ``device()`` describes the device (may raise
-    UsageError)."""
-    if not (state.records or state.messages or state.errors or state.gate or state.save_report):
+def print_lines(tr: Any, lines: tuple[Line, ...] | tuple[str, ...]) -> None:
+    for line in lines:
+        if isinstance(line, Line):
+            tr.write_line(line.text, **line.style)
+        else:
+            tr.write_line(line)
+
+
+def print_speed_section(tr: Any, lines: tuple[Line, ...]) -> None:
+    """The ``lstmperf speed`` section, where the report has one."""
+    if not lines:
         return
     tr.section("lstmperf speed", sep="=", bold=True)
-    if state.records:
-        with contextlib.suppress(pytest.UsageError):
-            tr.write_line(f"device: {device()}")
-        for line in summary_lines(state.records):
-            tr.write_line(line)
-        for note in timing_notes(state.records):
-            tr.write_line(note, yellow=True)
-    line = phase_line(state.records, state.phase_s)
-    if line:
-        tr.write_line(line)
-    for message in state.messages:
-        tr.write_line(message)
-    if state.save_report is not None:
-        tr.write_line(state.save_report.describe(), green=True)
-        for flag in state.save_report.outliers:
-            tr.write_line(
-                f"RECORDING RUN OUTSIDE the runs before it (added; the resolution widens): {flag}", yellow=True
-            )
-        for flag in state.save_report.refused:
-            tr.write_line(f"RECORDING RUN REFUSED for {flag}", yellow=True, bold=True)
-        for flag in state.save_report.left_out:
-            tr.write_line(f"RECORDING PROCESS LEFT OUT of {flag}", yellow=True, bold=True)
-    if state.report_path is not None:
-        tr.write_line(f"speed report written to {state.report_path}")
-    if state.gate is not None:
-        _print_gate(tr, config, state)
-    for error in state.errors:
-        tr.write_line(f"ERROR: {error}", red=True, bold=True)
-    for line in state.verdict.lines if state.verdict is not None else ():
-        bad = not line.startswith("speed gate passed")
-        tr.write_line(line, red=bad, green=not bad, bold=True)
-
-
-def _print_gate(tr: Any, config: pytest.Config, state: GateState) -> None:
-    assert state.baseline is not None and state.gate is not None
-    gate = state.gate
-    verbose = config.getoption("verbose", 0) > 0
-    tr.write_line("")
-    if gate.upgrade is not None:  # said first: every figure below crosses it
-        tr.write_line(gate.upgrade.headline(gate.decisions), yellow=True, bold=True)
-        moved = [d for d in gate.decisions if d.verdict in ("regressed", "improved", "kernel-changed")]
-        for d in moved:
-            tr.write_line(f"  {d.name}: {d.verdict}: {_check_line(d)}", yellow=True)
-    if state.baseline.migrated_from is not None:
-        tr.write_line(
-            f"baseline {state.baseline.path.name} has the older format {state.baseline.migrated_from}: its timings "
-            "were taken without the anchor and are not compared (kernels and host counts are); record them with "
-            f"{record_command(config, '--lstmperf-save-baseline')}",
-            yellow=True,
-        )
-    tr.write_line(f"speed gate against {state.baseline.path}: {gate.summary()}", bold=True)
-    shown = gate.decisions if verbose else [d for d in gate.decisions if d.verdict not in ("unchanged", "not-run")]
-    for line in format_table(shown) if shown else []:
-        tr.write_line(line)
-    threshold = state.verdict.threshold if state.verdict is not None else options.THRESHOLD
-    coarse = state.verdict.coarse if state.verdict is not None else ()
-    if coarse:
-        tr.write_line(
-            f"{len(coarse)} check(s) resolve less than the threshold {threshold:.2f} on this machine (their limit "
-            "is the slowdown they resolve: 4 standard errors of the figures; more rounds or a quieter machine "
-            "narrow it):",
-            yellow=True,
-        )
-        for name, check in coarse:
-            tr.write_line(f"  {name}: {check.metric} resolves {check.resolves:.3f}x", yellow=True)
-    single = gate.one_run()
-    if single:
-        tr.write_line(
-            f"{len(single)} benchmark(s) rest on one recording process: how far processes lie apart is the "
-            "baseline's pooled figure alone for them (record them again with --lstmperf-update-baseline, which "
-            "times them in several processes)",
-            yellow=True,
-        )
-    for line in resolution_lines(gate, state.baseline):
-        tr.write_line(line)
-    for decision in gate.decisions:
-        if not (decision.failed or decision.verdict == "inconclusive" or decision.notes or verbose):
-            continue
-        lines = [c.text() for c in decision.checks if verbose or c.verdict != "unchanged"] + list(decision.notes)
-        for line in dict.fromkeys(lines):
-            tr.write_line(f"  {decision.name}: {line}", red=decision.failed, yellow=not decision.failed)
-
-
-def resolution_lines(gate: Any, baseline: Any) -> list[str]:
-    """What the compared benchmarks resolve, and which figures decide (raw or divided by the anchor) and why."""
-    from ..speed.verdict import references_of
-
-    lines = []
-    resolves = sorted(gate.resolutions())
-    if resolves:
-        median = resolves[len(resolves) // 2]
-        lines.append(
-            f"resolution: median {median:.3f}x, best {resolves[0]:.3f}x, worst {resolves[-1]:.3f}x over "
-            f"{len(resolves)} compared check(s) (the slowdown each one sees: 4 standard errors of this run's figure "
-            "and of how far recording processes lie apart)"
-        )
-    references = references_of(baseline)
-    if references:
-        any_ref = next(iter(references.values()))
-        for metric in ("per-call", "device"):
-            a, r = any_ref.spread.get((metric, "anchored")), any_ref.spread.get((metric, "raw"))
-            if a is None or r is None:
-                continue
-            chosen = any_ref.variant(metric)
-            why = ": the anchor adds more noise than it removes here" if chosen == "raw" else ""
-            lines.append(
-                f"{metric} figures: {'divided by the anchor' if chosen == 'anchored' else 'raw time'} (recording "
-                f"processes lie {a.sigma:.1%} apart divided by the anchor, {r.sigma:.1%} raw, median over "
-                f"{r.benchmarks} benchmarks{why})"
-            )
-    return lines
-
-
-def _check_line(decision: Any) -> str:
-    return "; ".join(c.text() for c in decision.checks if c.verdict != "unchanged") or "unchanged"
-
-
-def summary_lines(records: list[dict[str, Any]]) -> list[str]:
-    """Per mode, shape and path: time per call, device time, host share, speedup over generic, kernel, %peak."""
-    rows: list[tuple[str, ...]] = [
-        ("mode", "shape", "path", "per call", "device", "host", "vs generic (torch)", "kernel", "%peak")
-    ]
-    for (mode, shape), group in by_case(records, "mode", "shape"):
-        ref = generic_reference(group)
-        for record in group:
-            *times, kernel, peak = timing_cells(record, ref)
-            if record.get("failed"):
-                kernel += " (MISMATCH)"
-            rows.append((mode, shape, path_cell(record), *times, kernel, peak))
-    widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
-    lines = ["  ".join(str(c).ljust(widths[i]) for i, c in enumerate(row)).rstrip() for row in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return lines
-
-
-#: the order a benchmark's phases run in (``extra_info.phase_s``, written by the runner)
-PHASES = ("waited", "prepare", "trace", "rounds", "extended", "device_time", "counters", "peak")
-
-
-def phase_line(records: list[dict[str, Any]], after: dict[str, float]) -> str:
-    """Where the speed checks spent their time: the benchmarks' phases summed over the run's benchmarks (in this
-    process, and under pytest-xdist in every worker), then the gate's own phases after the tests (``after``)."""
-    totals: dict[str, float] = {}
-    for record in records:
-        for phase, seconds in (record["extra_info"].get("phase_s") or {}).items():
-            totals[phase] = totals.get(phase, 0.0) + float(seconds)
-    parts = []
-    if totals:
-        order = [p for p in PHASES if p in totals] + sorted(set(totals) - set(PHASES))
-        inner = ", ".join(f"{p.replace('_', ' ')} {totals[p]:.1f}" for p in order)
-        parts.append(f"{len(records)} benchmark(s) {sum(totals.values()):.1f} s ({inner})")
-    parts += [f"{name} {seconds:.1f} s" for name, seconds in after.items()]
-    return f"time by phase: {'; '.join(parts)}" if parts else ""
-
-
-def timing_notes(records: list[dict[str, Any]]) -> list[str]:
-    notes = peak_notes(records)  # why a %peak cell shows no share
-    methods = {r["extra_info"].get("device_time_note") for r in records if r["extra_info"].get("device_time_note")}
-    if any(m and m.startswith("CUDA graph capture failed") for m in methods):
-        count = sum(1 for r in records if str(r["extra_info"].get("device_time_note", "")).startswith("CUDA graph"))
-        notes.append(
-            f"device time: CUDA graph capture failed for {count} benchmark(s); event timing used "
-            f"(an upper bound), see extra_info.device_time_note"
-        )
-    settled = sum(1 for r in records if "start-up transient" in str(r["extra_info"].get("device_time_note", "")))
-    if settled:
-        notes.append(
-            f"device time: {settled} benchmark(s) started with a transient (device samples more than 5% above their "
-            "steady level); those leading samples were left out and more taken, see extra_info.device_time_note"
-        )
-    if any(r["extra_info"].get("timed_by") for r in records):
-        notes.append(
-            "timed by pytest-lstmperf: pytest-benchmark disables itself under pytest-xdist "
-            f"({os.environ.get('PYTEST_XDIST_WORKER_COUNT', 'several')} workers shared the machine)"
-        )
-    return notes
+    print_lines(tr, lines)

@@ -17,11 +17,10 @@ from typing import Any
 
 import pytest
 
-from ..session import SESSION_KEY, PropertyCollector
+from ..session import PropertyCollector, run_session, started_session
 from ..workloads.report import TITLES, notes, sections, table, write_workload_report
 
 PROPERTY = "lstmperf_workload"
-ROWS_KEY = pytest.StashKey[list[dict[str, Any]]]()
 KINDS = ("bucketing", "crossover", "overhead", "precision", "scaling")
 
 
@@ -37,7 +36,7 @@ def add_row(request: pytest.FixtureRequest, kind: str, **row: Any) -> None:
 
 def _hardware(config: pytest.Config) -> str:
     """The run's device in a few words, for the plots' titles: the GPU's name, or the CPU's and its threads."""
-    session = config.stash.get(SESSION_KEY, None)
+    session = started_session(config)
     if session is None:
         return ""
     fp = session.device.fingerprint
@@ -47,8 +46,7 @@ def _hardware(config: pytest.Config) -> str:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    rows: list[dict[str, Any]] = []
-    config.stash[ROWS_KEY] = rows
+    rows = run_session(config).workload_rows
     collector = PropertyCollector(PROPERTY, lambda value: rows.append(json.loads(str(value))))
     config.pluginmanager.register(collector, "lstmperf-workloads")
     if not hasattr(config, "workerinput"):
@@ -119,7 +117,7 @@ class PartProgress:
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
     if hasattr(config, "workerinput"):
         return
-    rows = config.stash.get(ROWS_KEY, [])
+    rows = run_session(config).workload_rows
     if not rows:
         return
     terminalreporter.section("lstmperf workloads")
