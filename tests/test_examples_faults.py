@@ -4,7 +4,10 @@ a fresh project, plants one fault in a conftest (the example's code is not edite
 Faults: oneDNN switched off; the LSTM replaced by a hand-written LSTMCell loop with the same weights; a slowed
 forward (the model's forward run twice per call, as a stray extra call would: caught by the speed test against
 the baseline recorded before, through the exact ATen op count, whatever the machine's load); a Keras LSTM built
-with ``activation="relu"`` (leaves cuDNN on a GPU; caught on any machine by the eligibility test).
+with ``activation="relu"`` (leaves cuDNN on a GPU; caught on any machine by the eligibility test). Packing faults
+(the chatbot tutorial's encoder and DeepAR's LSTM): packing removed, an unsorted batch packed as if sorted, wrong
+lengths; each is caught by the example's packing test (the observed call is packed, with the batch's own lengths
+in its order), not only by the speed gate's op counts.
 """
 
 from __future__ import annotations
@@ -99,6 +102,78 @@ keras.layers.LSTM.__init__ = planted_init
 """
 
 
+CHATBOT_PACKING_REMOVED = """
+import chatbot_model
+
+
+def unpacked_forward(self, input_seq, input_lengths, hidden=None):
+    outputs, hidden = self.gru(self.embedding(input_seq), hidden)  # the padded batch, padding run as steps
+    return outputs[:, :, : self.hidden_size] + outputs[:, :, self.hidden_size :], hidden
+
+
+chatbot_model.EncoderRNN.forward = unpacked_forward
+"""
+
+CHATBOT_WRONG_LENGTHS = """
+import torch
+import chatbot_model
+
+
+def forward_with_wrong_lengths(self, input_seq, input_lengths, hidden=None):
+    lengths = torch.full_like(input_lengths, input_seq.size(0))  # every sentence as long as the longest
+    packed = torch.nn.utils.rnn.pack_padded_sequence(self.embedding(input_seq), lengths)
+    outputs, hidden = self.gru(packed, hidden)
+    outputs, _ = torch.nn.utils.rnn.pad_packed_sequence(outputs)
+    return outputs[:, :, : self.hidden_size] + outputs[:, :, self.hidden_size :], hidden
+
+
+chatbot_model.EncoderRNN.forward = forward_with_wrong_lengths
+"""
+
+DEEPAR_PACKING_REMOVED = """
+import torch
+import deepar_model
+
+
+def unpacked(self, x, hx=None, lengths=None, enforce_sorted=True):
+    return torch.nn.LSTM.forward(self, x, hx)  # lengths dropped: the padded batch, padding run as steps
+
+
+deepar_model.LSTM.forward = unpacked
+"""
+
+DEEPAR_UNSORTED = """
+import deepar_model
+
+original = deepar_model.LSTM.forward
+
+
+def packed_as_if_sorted(self, x, hx=None, lengths=None, enforce_sorted=True):
+    if lengths is not None:  # the lengths sorted, the series left in the loader's order
+        lengths, enforce_sorted = lengths.sort(descending=True).values, True
+    return original(self, x, hx, lengths=lengths, enforce_sorted=enforce_sorted)
+
+
+deepar_model.LSTM.forward = packed_as_if_sorted
+"""
+
+DEEPAR_WRONG_LENGTHS = """
+import torch
+import deepar_model
+
+original = deepar_model.LSTM.forward
+
+
+def full_lengths(self, x, hx=None, lengths=None, enforce_sorted=True):
+    if lengths is not None:  # every series as long as the padded batch
+        lengths = torch.full_like(lengths, x.size(1))
+    return original(self, x, hx, lengths=lengths, enforce_sorted=enforce_sorted)
+
+
+deepar_model.LSTM.forward = full_lengths
+"""
+
+
 def _project(pytester: pytest.Pytester, example: str, fault: str) -> None:
     for source in (EXAMPLES / example).glob("*.py"):
         target = pytester.path / source.name
@@ -160,3 +235,36 @@ def test_keras_classifier_fails_with_a_relu_activation(pytester: pytest.Pytester
     result.assert_outcomes(passed=2, failed=1)
     result.stdout.fnmatch_lines(["*activation='relu' -> 'tanh'*"])
     result.stdout.fnmatch_lines(["FAILED *test_every_lstm_is_cudnn_eligible*"])
+
+
+@needs_torch
+@pytest.mark.parametrize(
+    ("fault", "seen"),
+    [
+        (CHATBOT_PACKING_REMOVED, "*the encoder's GRU ran gru-I16-H16-L2-bi-B4-T7, not packed*"),
+        (CHATBOT_WRONG_LENGTHS, "*assert (4, 7, (7, 7, 7, 7)) == (4, 7, (7, 6, 4, 2))*"),
+    ],
+    ids=["packing-removed", "wrong-lengths"],
+)
+def test_chatbot_packing_faults_fail_its_packing_test(pytester: pytest.Pytester, fault: str, seen: str) -> None:
+    _project(pytester, "chatbot", fault)
+    result = _run(pytester, "--benchmark-disable", "-k", "packed")
+    result.assert_outcomes(failed=1, deselected=3)
+    result.stdout.fnmatch_lines([seen, "FAILED *test_encoder_runs_packed_over_each_sentences_length*"])
+
+
+@needs_torch
+@pytest.mark.parametrize(
+    ("fault", "seen"),
+    [
+        (DEEPAR_PACKING_REMOVED, "*AssertionError: ['lstm-I3-H10-L2-B5-T12', 'lstm-I3-H10-L2-B5-T4']*"),
+        (DEEPAR_UNSORTED, "*assert (12, 12, 10, 8, 4) == (12, 8, 10, 4, 12)*"),
+        (DEEPAR_WRONG_LENGTHS, "*assert (12, 12, 12, 12, 12) == (12, 8, 10, 4, 12)*"),
+    ],
+    ids=["packing-removed", "unsorted-batch", "wrong-lengths"],
+)
+def test_deepar_packing_faults_fail_its_packing_test(pytester: pytest.Pytester, fault: str, seen: str) -> None:
+    _project(pytester, "deepar", fault)
+    result = _run(pytester, "--benchmark-disable", "-k", "packed")
+    result.assert_outcomes(failed=1, deselected=1)
+    result.stdout.fnmatch_lines([seen, "FAILED *test_history_and_horizon_run_packed_over_each_series_length*"])

@@ -81,6 +81,9 @@ class ModelRun:
     problems: list[str] = field(default_factory=list)
     #: the model has parameters outside its recurrent layers (they run in the path's precision: :func:`_pass_bound`)
     other_layers: bool = False
+    #: (layer name, spec) of every ``nn.LSTM``/``nn.GRU`` call in call order (torch models): each call's own
+    #: shape (packed or dense), judged against the path's claim for that call (:func:`call_claim`)
+    call_specs: list[tuple[str, LayerSpec]] = field(default_factory=list)
 
     def quantities(self) -> dict[str, np.ndarray]:
         """Every output and gradient by name (``"output 0"``, ``"grad lstm.weight_hh_l0"``)."""
@@ -105,6 +108,25 @@ def model_paths(device: str, names: Sequence[str] | None = None) -> list[Any]:
     kind = device.split(":")[0]
     chosen = registry.for_device(kind, names)
     return [p for p in chosen if p.framework == "torch" and not p.options.get("packed")]
+
+
+def call_claim(path: Any, spec: LayerSpec) -> tuple[str, str] | None:
+    """What ``path`` claims for one layer call of a user's model, judged per call; ``None`` where the path makes
+    no claim for it (a GRU on the oneDNN path: listed, not judged). A packed call (``PackedSequence``) on a
+    path of dense tensors runs what PyTorch runs for packed input under that path's switches, as the suites'
+    packed paths claim: on the CPU the native kernel (never oneDNN: ``torch-cpu-packed``), except a packed LSTM
+    whose sequences all have one length, which PyTorch hands to oneDNN like a dense batch; on CUDA the path's own
+    kernel (cuDNN runs packed input, the generic path too)."""
+    if spec.length_mode != "packed" or path.options.get("packed"):
+        return None if path.supports(spec) is not None else path.expected(spec)
+    dense = spec.replace(length_mode="none", lengths=None)
+    if path.supports(dense) is not None:
+        return None
+    if path.device == "cpu" and path.kernel == "onednn":
+        packed_path = registry.get("torch-cpu-packed")
+        kernel, _ = packed_path.expected(spec.replace(dtype="float32"))
+        return kernel, path.precision
+    return path.expected(dense)
 
 
 # ------------------------------------------------------------------------------------------ judging
@@ -156,12 +178,18 @@ def _check_kernels(path: Any, run: ModelRun, known: list[str], claim: tuple[str,
     forward = [t for t in run.traces if t.phase == "forward"]
     if not forward:
         return [none_ran]
+    calls: dict[str, list[LayerSpec]] = {}
+    for name, call_spec in run.call_specs:
+        calls.setdefault(name, []).append(call_spec)
     for trace in forward:
-        spec = run.layer_shapes.get(trace.detail)
-        if spec is None or path.supports(spec) is not None:
+        queue = calls.get(trace.detail)
+        spec = queue.pop(0) if queue else run.layer_shapes.get(trace.detail)
+        expected = None if spec is None else call_claim(path, spec)
+        if spec is None or expected is None:
             continue
-        claims.add(path.expected(spec))
-        found += _judge(path, path.expected(spec), trace, f"forward {trace.label}", known)
+        claims.add(expected)
+        where = f"forward {trace.label}" + (f" on {spec.short()}" if spec.length_mode == "packed" else "")
+        found += _judge(path, expected, trace, where, known)
     if len(claims) == 1:
         for trace in (t for t in run.traces if t.phase == "backward"):
             found += _judge(path, next(iter(claims)), trace, "backward", known)

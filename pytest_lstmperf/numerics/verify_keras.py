@@ -192,6 +192,34 @@ def _keras_float64_math() -> Any:
             table["float64"] = saved
 
 
+def _numpy_on_torch() -> Any:
+    """Keras on the torch backend: layers that Keras hands to ``torch._VF.lstm``/``gru`` (on CUDA) compute the
+    float64 reference by the plugin's numpy recurrence (:mod:`.torch_reference`), not by torch's kernel; Keras's
+    own loop (the CPU, other backends) is Keras's own float64 arithmetic."""
+    import keras
+
+    if keras.backend.backend() != "torch":
+        return contextlib.nullcontext()
+    from .torch_reference import numpy_recurrence
+
+    return numpy_recurrence()
+
+
+def _ieee_on_torch(device: str) -> Any:
+    """Keras on the torch backend: the layers around the recurrent ones compute in IEEE fp32 on CUDA during a
+    path's run (:func:`pytest_lstmperf.numerics.verify_torch.ieee_other_layers`: a Conv2D's TF32 gradients erred
+    2.6e-2 against an fp32 bound of 5.6e-6 on an H100); other backends run as they are."""
+    import keras
+
+    if keras.backend.backend() != "torch":
+        return contextlib.nullcontext()
+    import torch
+
+    from .verify_torch import ieee_other_layers
+
+    return ieee_other_layers(torch, device)
+
+
 def _keras_sensitivity(model: Any, inputs: Any, ref: ModelRun, spec: LayerSpec) -> Any:
     """The model's sensitivity, as :func:`pytest_lstmperf.numerics.verify_torch._sensitivity` measures a torch
     model's: float64 clones with perturbed weights, and perturbed inputs where they are floating-point numpy
@@ -259,7 +287,7 @@ def verify_keras_model(
     spec = envelope_spec([c[1] for c in configs])
     _JAX_STEPS.clear()  # steps are shared between the clones of this one model only
     try:
-        with _keras_float64_math():
+        with _keras_float64_math(), _numpy_on_torch():
             ref = _keras_run(_keras_reference(model), example_inputs)
             sensitivity = _keras_sensitivity(model, example_inputs, ref, spec)
         outcomes = []
@@ -267,7 +295,8 @@ def verify_keras_model(
             if paths is not None and path.name not in paths:
                 continue
             as_built = path.name.endswith(("-cpu", "-cudnn"))
-            run = _keras_run(model if as_built else _keras_variant(model, use_cudnn=False), example_inputs)
+            with _ieee_on_torch(device):  # convolutions and matmuls around the layers in IEEE fp32 on CUDA
+                run = _keras_run(model if as_built else _keras_variant(model, use_cudnn=False), example_inputs)
             outcome = PathOutcome(path.name)
             claim = (path.kernel, path.precision)
             conclude(outcome, path, run, ref, claim, spec, keras=True, sensitivity=sensitivity)

@@ -20,11 +20,13 @@ import numpy as np
 
 from ..device import resolve_device
 from ..model.spec import Cell, LayerSpec
+from ..observation.calls import torch_layer
 from ..observation.layer_trace import LayerRecorder, layer_name, torch_layer_trace
 from ..paths.torch_paths import path_autocast, path_switches
 from .checks import Mismatch, format_failure
-from .model_judge import SEED, ModelRun, PathOutcome, conclude, envelope_spec, model_paths
+from .model_judge import SEED, ModelRun, PathOutcome, call_claim, conclude, envelope_spec, model_paths
 from .sensitivity import Sensitivity, canonical, perturb, relative_changes
+from .torch_reference import numpy_recurrence
 
 
 def recurrent_layers(model: Any) -> list[Any]:
@@ -87,18 +89,32 @@ def _without_dropout(model: Any) -> Any:
     return model.train()
 
 
+def _moved(t: Any, device: str, dtype: Any) -> Any:
+    """One input as a run takes it: floating-point tensors in the run's dtype on its device, integer tensors on
+    its device, except a 1-D integer tensor given on the CPU, which stays there: sequence lengths, which
+    ``pack_padded_sequence`` takes on the CPU only (moved, a CUDA run raised "'lengths' argument should be a 1D
+    CPU int64 tensor")."""
+    if not t.is_floating_point() and t.dim() == 1 and t.device.type == "cpu":
+        return t.detach()
+    return t.detach().to(device=device, dtype=dtype if t.is_floating_point() else None)
+
+
 def _run(model: Any, inputs: tuple, device: str, dtype: Any, path: Any = None) -> ModelRun:
-    """Forward and backward of a copy of ``model`` on ``device`` in ``dtype``, under ``path``'s switches."""
+    """Forward and backward of a copy of ``model`` on ``device`` in ``dtype``, under ``path``'s switches. In
+    float64 (the reference) the recurrent layers compute by the plugin's numpy recurrence
+    (:func:`.torch_reference.numpy_recurrence`), not by torch's kernels; a path's run (float32) computes the
+    other layers in IEEE fp32 on CUDA (:func:`ieee_other_layers`)."""
     import torch
 
     copy_ = _without_dropout(copy.deepcopy(model)).to(device=device, dtype=dtype)
-    args = _map_tensors(inputs, lambda t: t.detach().to(device=device, dtype=dtype if t.is_floating_point() else None))
+    args = _map_tensors(inputs, lambda t: _moved(t, device, dtype))
     leaves = [t for t in _tensors(args) if t.is_floating_point()]
     for leaf in leaves:
         leaf.requires_grad_(True)
     shapes = _shape_hooks(copy_)
     recorder = LayerRecorder()
-    with _switches(path), torch_layer_trace(recorder), _default_dtype(torch, dtype):
+    reference = numpy_recurrence() if dtype == torch.float64 else ieee_other_layers(torch, device)
+    with _switches(path), reference, torch_layer_trace(recorder), _default_dtype(torch, dtype):
         with _autocast(path, device):
             out = copy_(*args)
         outs = [t for t in _tensors(out) if t.is_floating_point()]
@@ -108,6 +124,7 @@ def _run(model: Any, inputs: tuple, device: str, dtype: Any, path: Any = None) -
         loss.backward()
     for handle in shapes.pop("_handles"):
         handle.remove()
+    calls = shapes.pop("_calls")
     grads = {name: p.grad for name, p in copy_.named_parameters() if p.grad is not None}
     grads.update({f"input {i}": leaf.grad for i, leaf in enumerate(leaves) if leaf.grad is not None})
     recurrent = {
@@ -122,6 +139,7 @@ def _run(model: Any, inputs: tuple, device: str, dtype: Any, path: Any = None) -
         traces=recorder.traces(),
         layer_shapes=shapes,
         other_layers=any(id(p) not in recurrent for p in copy_.parameters()),
+        call_specs=calls,
     )
 
 
@@ -138,28 +156,86 @@ def _default_dtype(torch: Any, dtype: Any) -> Any:
 
 
 def _shape_hooks(model: Any) -> dict[str, Any]:
-    """Records each recurrent layer's spec with the batch and length it was called with."""
+    """Records each recurrent layer's spec with the batch and length it was called with: per call of an
+    ``nn.LSTM``/``nn.GRU`` its real shape (a ``PackedSequence`` as packed, with its batch, lengths and longest
+    length; :func:`pytest_lstmperf.observation.calls.torch_layer`), in ``"_calls"`` in call order; by layer
+    name each distinct call spec (a layer called on two different sequences, an encoder's packed one and a
+    decoder's dense one, keeps both: ``"LSTM(...)"`` and ``"LSTM(...) [call 2]"``); a cell's length is its
+    number of calls per forward."""
     import torch
 
-    specs: dict[str, Any] = {"_handles": []}
+    specs: dict[str, Any] = {"_handles": [], "_calls": []}
     for module in model.modules():
         if not isinstance(module, (torch.nn.RNNBase, torch.nn.RNNCellBase)):
             continue
 
-        def hook(mod: Any, args: tuple, _name: str = layer_name(module)) -> None:
-            data = args[0]
+        def hook(mod: Any, args: tuple, kwargs: dict[str, Any], _name: str = layer_name(module)) -> None:
+            data = args[0] if args else next(iter(kwargs.values()))
             data = getattr(data, "data", data)
             if isinstance(mod, torch.nn.RNNCellBase):
                 seen = specs.get(_name)
                 specs[_name] = layer_spec(mod, (seen.seq_len + 1) if seen else 1, int(data.shape[0]))
+                return
+            if isinstance(mod, (torch.nn.LSTM, torch.nn.GRU)):
+                spec = torch_layer(mod, args, kwargs)[1].replace(dtype="float32", initial_state=False)
             elif data.dim() == 3:
                 t, b = (data.shape[1], data.shape[0]) if mod.batch_first else (data.shape[0], data.shape[1])
-                specs[_name] = layer_spec(mod, int(t), int(b))
+                spec = layer_spec(mod, int(t), int(b))
             else:
-                specs[_name] = layer_spec(mod, int(data.shape[0]), 1)
+                spec = layer_spec(mod, int(data.shape[0]), 1)
+            specs["_calls"].append((_name, spec))
+            distinct = [s for n, s in specs["_calls"] if n == _name]
+            if spec not in distinct[:-1]:
+                index = len(dict.fromkeys(distinct))
+                specs[_name if index == 1 else f"{_name} [call {index}]"] = spec
 
-        specs["_handles"].append(module.register_forward_pre_hook(hook))
+        specs["_handles"].append(module.register_forward_pre_hook(hook, with_kwargs=True))
     return specs
+
+
+def ieee_other_layers(torch: Any, device: str) -> contextlib.AbstractContextManager:
+    """On CUDA, the layers around the recurrent ones compute in IEEE fp32 during a path's run: matrix products
+    (``torch.set_float32_matmul_precision("highest")``, torch's default) and cuDNN convolutions
+    (``torch.backends.cudnn.conv.fp32_precision = "ieee"``; torch's default lets them run TF32 on Ampere and
+    newer). What the recurrent layers run is left to the path (``cudnn.rnn``'s precision is not touched): the
+    check is of the recurrent kernel, and a bound wide enough for TF32 convolutions (a Conv2D's gradients 2.6e-2
+    off float64 on an H100) would pass recurrent errors as large. A torch without the per-operation switch
+    (before 2.9) keeps its convolutions as they are (``docs/own-model.md``)."""
+    if not device.startswith("cuda"):
+        return contextlib.nullcontext()
+    return _ieee(torch)
+
+
+@contextlib.contextmanager
+def _ieee(torch: Any) -> Any:
+    matmul = torch.get_float32_matmul_precision()
+    conv = getattr(getattr(torch.backends.cudnn, "conv", None), "fp32_precision", None)
+    try:
+        torch.set_float32_matmul_precision("highest")
+        if conv is not None:
+            torch.backends.cudnn.conv.fp32_precision = "ieee"
+        yield
+    finally:
+        torch.set_float32_matmul_precision(matmul)
+        if conv is not None:
+            torch.backends.cudnn.conv.fp32_precision = conv
+
+
+def _per_layer(shapes: dict[str, LayerSpec]) -> list[LayerSpec]:
+    """One spec per layer for the envelope: a layer called on several sequences (``"LSTM(...) [call 2]"``, an
+    encoder's and a decoder's) counts its layers once, over the lengths of its calls together (its state may
+    carry from one call to the next, as DeepAR's decoder continues from its encoder's)."""
+    merged: dict[str, LayerSpec] = {}
+    for name, spec in shapes.items():
+        layer = name.split(" [call ")[0]
+        seen = merged.get(layer)
+        dense = spec.replace(length_mode="none", lengths=None)
+        merged[layer] = (
+            dense
+            if seen is None
+            else seen.replace(seq_len=seen.seq_len + spec.seq_len, batch=max(seen.batch, spec.batch))
+        )
+    return list(merged.values())
 
 
 def _switches(path: Any) -> contextlib.AbstractContextManager:
@@ -218,7 +294,7 @@ def verify_torch_model(
         raise ValueError(f"the float64 reference run of {type(model).__name__} on {where} {_raised(exc)}") from exc
     if not ref.layer_shapes:
         raise ValueError(f"no recurrent layer of {type(model).__name__} ran on the example inputs")
-    spec = envelope_spec(list(ref.layer_shapes.values()))
+    spec = envelope_spec(_per_layer(ref.layer_shapes))
     sensitivity = _sensitivity(model, inputs, ref, spec, where)
     return [_verify_path(model, inputs, info, path, ref, spec, sensitivity) for path in selected]
 
@@ -240,8 +316,8 @@ def _verify_path(
         outcome.mismatches = [Mismatch("error", "run", text)]
         outcome.report = format_failure(path.name, spec, SEED, outcome.mismatches)
         return outcome
-    claimed = [s for s in ref.layer_shapes.values() if path.supports(s) is None]
-    claim = path.expected(claimed[0]) if claimed else (path.kernel, path.precision)
+    claims = [c for c in (call_claim(path, s) for s in ref.layer_shapes.values()) if c is not None]
+    claim = claims[0] if claims else (path.kernel, path.precision)
     conclude(outcome, path, run, ref, claim, spec, sensitivity=sensitivity)
     return outcome
 
@@ -254,7 +330,8 @@ def _raised(exc: Exception) -> str:
             ". verify_model moves a copy of the model and its inputs to each run's device; a tensor the forward "
             "makes on a fixed device (torch.zeros(..., device=device) with a module-level device) stays there: "
             "make it on the input's device (device=input.device) or the parameters' "
-            "(next(self.parameters()).device)"
+            "(next(self.parameters()).device); a 1-D integer tensor given on the CPU stays there (sequence "
+            "lengths, which pack_padded_sequence takes on the CPU only): give token ids on the model's device"
         )
     elif "dtype" in str(exc) or "scalar type" in str(exc):
         text += (

@@ -121,20 +121,24 @@ def _torch_hook(seen: Observation) -> Any:
             if seen.recorder is not None and seen.recorder.paused:
                 return
             try:
-                seen.layers.append(_torch_layer(module, args))
+                seen.layers.append(torch_layer(module, args))
             except Exception as exc:
                 seen.problems.append(f"could not describe {type(module).__name__}: {exc}")
 
     return hook
 
 
-def _torch_layer(module: Any, args: tuple) -> tuple[str, Any, Any]:
+def torch_layer(module: Any, args: tuple, kwargs: dict[str, Any] | None = None) -> tuple[str, Any, Any]:
     """``(framework, LayerSpec, device type)`` of one call of a torch LSTM/GRU or cell, with the batch, length
-    and initial state of that call (a cell: one step, framework ``torch-cell``)."""
+    and initial state of that call (a cell: one step, framework ``torch-cell``). A ``PackedSequence`` is packed,
+    with its real batch, its lengths in the batch's own order (``unsorted_indices``) and its longest length as
+    the length; so is a dense batch handed with ``lengths=`` to a layer that packs it in its own forward
+    (pytorch-forecasting's ``LSTM``/``GRU``, which run a zero length as one step)."""
     import torch
 
-    data = args[0]
+    data: Any = args[0] if args else (kwargs or {}).get("input", (kwargs or {}).get("x"))
     packed = isinstance(data, torch.nn.utils.rnn.PackedSequence)
+    given_lengths = (kwargs or {}).get("lengths")
     tensor = data.data if packed else data
     dtype = str(tensor.dtype).replace("torch.", "")
     dtype = dtype if dtype in DTYPES else "float32"
@@ -155,7 +159,12 @@ def _torch_layer(module: Any, args: tuple) -> tuple[str, Any, Any]:
     if packed:
         sizes = [int(b) for b in data.batch_sizes]
         batch, seq_len = sizes[0], len(sizes)
-        lengths = tuple(sum(1 for b in sizes if b > i) for i in range(batch))
+        ordered = [sum(1 for b in sizes if b > i) for i in range(batch)]  # in the packed (sorted) order
+        unsort = data.unsorted_indices
+        lengths = tuple(ordered[int(k)] for k in unsort) if unsort is not None else tuple(ordered)
+    elif isinstance(given_lengths, torch.Tensor) and given_lengths.dim() == 1 and tensor.dim() == 3:
+        lengths = tuple(max(int(n), 1) for n in given_lengths.tolist())
+        packed, batch, seq_len = True, len(lengths), max(lengths)
     elif tensor.dim() == 3:
         first, second = int(tensor.shape[0]), int(tensor.shape[1])
         batch, seq_len = (first, second) if module.batch_first else (second, first)

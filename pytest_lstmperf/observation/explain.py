@@ -480,8 +480,10 @@ def _off_onednn(spec: LayerSpec, ctx: Context) -> str | None:
         return "GRU on the CPU: PyTorch's oneDNN RNN is LSTM-only, a GRU runs the native CPU kernels"
     if spec.proj_size:
         return f"proj_size={spec.proj_size}: PyTorch's oneDNN LSTM has no projection"
-    if spec.length_mode == "packed":
-        return "a PackedSequence: PyTorch's oneDNN LSTM runs dense sequences only"
+    uniform = spec.lengths is not None and len(set(spec.lengths)) == 1
+    if spec.length_mode == "packed" and not uniform:
+        # a packed batch of one length is a dense batch: PyTorch hands it to oneDNN (seen with torch 2.13)
+        return "a PackedSequence of several lengths: PyTorch's oneDNN LSTM runs dense sequences only"
     if not ctx.mkldnn_enabled:
         return "torch.backends.mkldnn.enabled is False"
     if spec.dtype not in ("float32", "bfloat16"):
@@ -495,7 +497,12 @@ def _onto_onednn(spec: LayerSpec, ctx: Context) -> str:
     if spec.proj_size:
         return f"proj_size={spec.proj_size} -> 0 (a Linear after the LSTM)"
     if spec.length_mode == "packed":
-        return "pad the batch and pass the padded tensor (mask the padded steps in the loss)"
+        return (
+            "pad the batch and pass the padded tensor; padding changes the final state of the shorter sequences "
+            "(h_n/c_n then hold the state after their padded steps, not at each sequence's end, and a reverse "
+            "direction starts in the padding): take each sequence's output at its own last step "
+            "(output[b, length_b - 1]) where h_n was used, and mask the padded steps in the loss"
+        )
     if not ctx.mkldnn_enabled:
         return "torch.backends.mkldnn.enabled=False -> True"
     return f"dtype {spec.dtype} -> float32 (or bfloat16)"
@@ -680,7 +687,8 @@ def onnx_export_problems(spec: LayerSpec) -> list[str]:
 def _torch_kernel(spec: LayerSpec, ctx: Context, blocking: list[Reason]) -> str:
     if ctx.device == "cuda":
         return "cuda-generic" if blocking else "cudnn"
-    dense = spec.length_mode != "packed"
+    # a packed batch whose sequences all have one length is dense: PyTorch hands it to oneDNN like a padded one
+    dense = spec.length_mode != "packed" or (spec.lengths is not None and len(set(spec.lengths)) == 1)
     if (
         spec.cell == "lstm"
         and dense

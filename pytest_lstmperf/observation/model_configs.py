@@ -80,45 +80,73 @@ def configs_from_model(model: Any, batch: int = 4, seq_len: int = 10, example_in
             if isinstance(module, (torch_nn.LSTMCell, torch_nn.GRUCell)):
                 configs.add(name, (CELL_FRAMEWORK, _cell_spec(module, seen.get(id(module), (batch, seq_len))), None))
             if isinstance(module, (torch_nn.LSTM, torch_nn.GRU)):
-                calls = seen.get(id(module), (batch, seq_len, 1))[2]
-                if calls > 1:
-                    configs.notes[len(configs)] = _loop_note(calls, seen[id(module)][1])
-                configs.add(name or type(module).__name__, (
-                    "torch",
-                    LayerSpec(
-                        cell="lstm" if isinstance(module, torch_nn.LSTM) else "gru",
-                        input_size=module.input_size, hidden_size=module.hidden_size, num_layers=module.num_layers,
-                        bidirectional=module.bidirectional, proj_size=getattr(module, "proj_size", 0),
-                        bias=module.bias, batch=seen.get(id(module), (batch, seq_len, 1))[0],
-                        seq_len=seen.get(id(module), (batch, seq_len, 1))[1],
-                    ),
-                    None,
-                ))  # fmt: skip
+                _add_layer_calls(configs, name or type(module).__name__, module, seen.get(id(module)), batch, seq_len)
         return configs
     raise ValueError(f"{type(model).__name__} is neither a torch.nn.Module nor a Keras model")
 
 
-def _torch_call_shapes(model: Any, example_inputs: Any) -> dict[int, tuple[int, int, int]]:
-    """``id(module) -> (batch, seq_len, calls)`` of each nn.LSTM/GRU (a cell: seq_len = calls) called on
-    ``example_inputs`` in one forward (none given: {})."""
+def _add_layer_calls(configs: ModelConfigs, name: str, module: Any, calls: Any, batch: int, seq_len: int) -> None:
+    """The rows of one nn.LSTM/nn.GRU: one per distinct shape it was called with on the example inputs, each
+    that call's real spec (a ``PackedSequence`` as packed, with its batch, lengths and longest length), named
+    ``name`` for the first and ``name [call k]`` for the k-th distinct one (an encoder's packed sequence and a
+    decoder's dense one are two sequences, not two steps of one); none given: the defaults' batch and length.
+    A shape called several times in one forward (a decoder's one step per call) gets the loop note."""
+    import torch
+
+    if not calls:
+        spec = LayerSpec(
+            cell="lstm" if isinstance(module, torch.nn.LSTM) else "gru",
+            input_size=module.input_size, hidden_size=module.hidden_size, num_layers=module.num_layers,
+            bidirectional=module.bidirectional, proj_size=getattr(module, "proj_size", 0), bias=module.bias,
+            batch=batch, seq_len=seq_len,
+        )  # fmt: skip
+        configs.add(name, ("torch", spec, None))
+        return
+    counts: dict[LayerSpec, int] = {}
+    for spec in calls:
+        counts[spec] = counts.get(spec, 0) + 1
+    for k, (spec, times) in enumerate(counts.items(), start=1):
+        note = _loop_note(times, spec.seq_len) if times > 1 else ""
+        if len(counts) > 1:
+            shapes = "; ".join(_call_shape(s) for s in counts)
+            note = (
+                f"called on {len(counts)} different sequences in one forward ({shapes}): one row per call, each "
+                "with that call's shape" + (f"; this one {note}" if note else "")
+            )
+        if note:
+            configs.notes[len(configs)] = note
+        configs.add(name if k == 1 else f"{name} [call {k}]", ("torch", spec, None))
+
+
+def _call_shape(spec: LayerSpec) -> str:
+    text = f"B{spec.batch} T{spec.seq_len}"
+    if spec.length_mode == "packed" and spec.lengths is not None:
+        text += f" packed, lengths {min(spec.lengths)}..{max(spec.lengths)}"
+    return text
+
+
+def _torch_call_shapes(model: Any, example_inputs: Any) -> dict[int, Any]:
+    """``id(module) ->`` the spec of each call of an nn.LSTM/GRU on ``example_inputs`` in one forward, in call
+    order (:func:`pytest_lstmperf.observation.calls.torch_layer`: a ``PackedSequence`` as packed with its real
+    batch and lengths), or ``(batch, steps)`` of a cell (its length is its number of calls); none given: {}."""
     if example_inputs is None:
         return {}
     import torch
 
-    seen: dict[int, tuple[int, int, int]] = {}
+    from .calls import torch_layer
 
-    def hook(module: Any, args: tuple) -> None:
-        data = getattr(args[0], "data", args[0])
-        calls = seen.get(id(module), (0, 0, 0))[2] + 1
-        if data.dim() == 3:
-            t, b = (data.shape[1], data.shape[0]) if module.batch_first else (data.shape[0], data.shape[1])
-            seen[id(module)] = (int(b), int(t), calls)
+    seen: dict[int, Any] = {}
+
+    def hook(module: Any, args: tuple, kwargs: dict[str, Any]) -> None:
+        spec = torch_layer(module, args, kwargs)[1].replace(initial_state=False)
+        seen.setdefault(id(module), []).append(spec)
 
     def cell_hook(module: Any, args: tuple) -> None:
-        steps = seen.get(id(module), (0, 0, 0))[1] + 1
-        seen[id(module)] = (int(args[0].shape[0]) if args[0].dim() == 2 else 1, steps, steps)
+        steps = seen.get(id(module), (0, 0))[1] + 1
+        seen[id(module)] = (int(args[0].shape[0]) if args[0].dim() == 2 else 1, steps)
 
-    handles = [m.register_forward_pre_hook(hook) for m in model.modules() if isinstance(m, torch.nn.RNNBase)]
+    rnns = (torch.nn.LSTM, torch.nn.GRU)
+    handles = [m.register_forward_pre_hook(hook, with_kwargs=True) for m in model.modules() if isinstance(m, rnns)]
     handles += [m.register_forward_pre_hook(cell_hook) for m in model.modules() if isinstance(m, torch.nn.RNNCellBase)]
     try:
         with torch.no_grad():

@@ -14,7 +14,7 @@ from ..model.case import make_case
 from ..observation.eligibility import ReportRow
 from ..observation.eligibility import build_report as _rows
 from ..observation.model_configs import Config, configs_from_model
-from . import ExecutionPath
+from . import ExecutionPath, PathOptions
 
 if TYPE_CHECKING:
     from ..model.keras_options import KerasOptions
@@ -31,9 +31,17 @@ def run_config(framework: str, spec: LayerSpec, options: KerasOptions | None, de
         name="report", framework=framework, device=device.kind, kernel="none", precision="fp32",
         description="eligibility report run",
         prepare_ref=f"pytest_lstmperf.paths.{RUNNERS.get(framework, 'keras.paths')}:prepare",
-        available_ref="", supports_ref="", options={} if options is None else {"keras": options},
+        available_ref="", supports_ref="", options=_run_options(framework, spec, options),
     )  # fmt: skip
     return path.prepare(make_case(spec), device)
+
+
+def _run_options(framework: str, spec: LayerSpec, options: KerasOptions | None) -> PathOptions:
+    """The runner's options for a config: Keras's options; a packed torch spec runs packed (a
+    ``PackedSequence`` of its lengths), as it was given, not on the padded tensor."""
+    if options is not None:
+        return PathOptions(keras=options)
+    return PathOptions(packed=True) if framework == "torch" and spec.length_mode == "packed" else PathOptions()
 
 
 def build_report(configs: list[Config], device: Any = "cpu", run: bool = False) -> list[ReportRow]:
