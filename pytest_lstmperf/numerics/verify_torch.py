@@ -20,7 +20,7 @@ import numpy as np
 
 from ..device import resolve_device
 from ..model.spec import Cell, LayerSpec
-from ..observation.calls import torch_layer
+from ..observation.calls import rnn_calls, torch_layer
 from ..observation.layer_trace import LayerRecorder, layer_name, torch_layer_trace
 from ..paths.torch_paths import path_autocast, path_switches
 from .checks import Mismatch, format_failure
@@ -112,9 +112,10 @@ def _run(model: Any, inputs: tuple, device: str, dtype: Any, path: Any = None) -
     for leaf in leaves:
         leaf.requires_grad_(True)
     shapes = _shape_hooks(copy_)
+    spy = shapes.pop("_spy")
     recorder = LayerRecorder()
     reference = numpy_recurrence() if dtype == torch.float64 else ieee_other_layers(torch, device)
-    with _switches(path), reference, torch_layer_trace(recorder), _default_dtype(torch, dtype):
+    with _switches(path), reference, spy, torch_layer_trace(recorder), _default_dtype(torch, dtype):
         with _autocast(path, device):
             out = copy_(*args)
         outs = [t for t in _tensors(out) if t.is_floating_point()]
@@ -156,40 +157,49 @@ def _default_dtype(torch: Any, dtype: Any) -> Any:
 
 
 def _shape_hooks(model: Any) -> dict[str, Any]:
-    """Records each recurrent layer's spec with the batch and length it was called with: per call of an
-    ``nn.LSTM``/``nn.GRU`` its real shape (a ``PackedSequence`` as packed, with its batch, lengths and longest
-    length; :func:`pytest_lstmperf.observation.calls.torch_layer`), in ``"_calls"`` in call order; by layer
-    name each distinct call spec (a layer called on two different sequences, an encoder's packed one and a
-    decoder's dense one, keeps both: ``"LSTM(...)"`` and ``"LSTM(...) [call 2]"``); a cell's length is its
-    number of calls per forward."""
+    """Records each recurrent layer's spec with the batch and length it was called with: per run of an
+    ``nn.LSTM``/``nn.GRU`` forward its real shape, in ``"_calls"`` in call order (a ``PackedSequence`` as
+    packed, with its batch, lengths and longest length, also where a subclass packs inside its own forward:
+    :func:`pytest_lstmperf.observation.calls.rnn_calls`, entered by :func:`_run` as ``"_spy"``); by layer name
+    each distinct call spec (a layer called on two different sequences, an encoder's and a decoder's, keeps both:
+    ``"LSTM(...)"`` and ``"LSTM(...) [call 2]"``); a cell's length is its number of calls per forward; a plain
+    ``nn.RNN`` by a hook on its call."""
     import torch
 
     specs: dict[str, Any] = {"_handles": [], "_calls": []}
+    mine = {id(m) for m in model.modules()}
+
+    def add(name: str, spec: LayerSpec) -> None:
+        specs["_calls"].append((name, spec))
+        distinct = [s for n, s in specs["_calls"] if n == name]
+        if spec not in distinct[:-1]:
+            index = len(dict.fromkeys(distinct))
+            specs[name if index == 1 else f"{name} [call {index}]"] = spec
+
+    def record(mod: Any, args: tuple) -> None:
+        if id(mod) in mine:
+            add(layer_name(mod), torch_layer(mod, args)[1].replace(dtype="float32", initial_state=False))
+
+    specs["_spy"] = rnn_calls(record)
     for module in model.modules():
-        if not isinstance(module, (torch.nn.RNNBase, torch.nn.RNNCellBase)):
+        if not isinstance(module, (torch.nn.RNNBase, torch.nn.RNNCellBase)) or isinstance(
+            module, (torch.nn.LSTM, torch.nn.GRU)
+        ):
             continue
 
-        def hook(mod: Any, args: tuple, kwargs: dict[str, Any], _name: str = layer_name(module)) -> None:
-            data = args[0] if args else next(iter(kwargs.values()))
+        def hook(mod: Any, args: tuple, _name: str = layer_name(module)) -> None:
+            data = args[0]
             data = getattr(data, "data", data)
             if isinstance(mod, torch.nn.RNNCellBase):
                 seen = specs.get(_name)
                 specs[_name] = layer_spec(mod, (seen.seq_len + 1) if seen else 1, int(data.shape[0]))
-                return
-            if isinstance(mod, (torch.nn.LSTM, torch.nn.GRU)):
-                spec = torch_layer(mod, args, kwargs)[1].replace(dtype="float32", initial_state=False)
             elif data.dim() == 3:
                 t, b = (data.shape[1], data.shape[0]) if mod.batch_first else (data.shape[0], data.shape[1])
-                spec = layer_spec(mod, int(t), int(b))
+                add(_name, layer_spec(mod, int(t), int(b)))
             else:
-                spec = layer_spec(mod, int(data.shape[0]), 1)
-            specs["_calls"].append((_name, spec))
-            distinct = [s for n, s in specs["_calls"] if n == _name]
-            if spec not in distinct[:-1]:
-                index = len(dict.fromkeys(distinct))
-                specs[_name if index == 1 else f"{_name} [call {index}]"] = spec
+                add(_name, layer_spec(mod, int(data.shape[0]), 1))
 
-        specs["_handles"].append(module.register_forward_pre_hook(hook, with_kwargs=True))
+        specs["_handles"].append(module.register_forward_pre_hook(hook))
     return specs
 
 

@@ -97,6 +97,16 @@ def _observe_torch(stack: contextlib.ExitStack, seen: Observation) -> None:
     handle = torch.nn.modules.module.register_module_forward_pre_hook(_torch_hook(seen))
     stack.callback(handle.remove)
 
+    def record(module: Any, args: tuple) -> None:  # an LSTM/GRU as its forward ran (packed inside a subclass)
+        if seen.recorder is not None and seen.recorder.paused:
+            return
+        try:
+            seen.layers.append(torch_layer(module, args))
+        except Exception as exc:
+            seen.problems.append(f"could not describe {type(module).__name__}: {exc}")
+
+    stack.enter_context(rnn_calls(record))
+
 
 def _observe_tf(stack: contextlib.ExitStack, seen: Observation) -> None:
     stack.enter_context(_collect(tf_trace("test"), seen))
@@ -117,7 +127,7 @@ def _torch_hook(seen: Observation) -> Any:
     def hook(module: Any, args: Any) -> None:
         import torch
 
-        if isinstance(module, (torch.nn.LSTM, torch.nn.GRU, torch.nn.LSTMCell, torch.nn.GRUCell)) and args:
+        if isinstance(module, (torch.nn.LSTMCell, torch.nn.GRUCell)) and args:  # LSTM/GRU: by rnn_calls
             if seen.recorder is not None and seen.recorder.paused:
                 return
             try:
@@ -128,17 +138,42 @@ def _torch_hook(seen: Observation) -> Any:
     return hook
 
 
-def torch_layer(module: Any, args: tuple, kwargs: dict[str, Any] | None = None) -> tuple[str, Any, Any]:
+@contextlib.contextmanager
+def rnn_calls(record: Callable[[Any, tuple], None]) -> Iterator[None]:
+    """Inside the block, ``record(module, (input, hx))`` is called on every run of ``nn.LSTM.forward`` and
+    ``nn.GRU.forward``, with what that forward was given: the ``PackedSequence`` a subclass packs inside its own
+    forward and hands to ``super().forward`` (pytorch-forecasting's ``LSTM``, whose module call takes a padded
+    batch and ``lengths=``) is seen as it runs, which a hook on the module call cannot see."""
+    import torch
+
+    originals = {cls: cls.__dict__["forward"] for cls in (torch.nn.LSTM, torch.nn.GRU)}
+
+    def spy(original: Any) -> Any:
+        @functools.wraps(original)
+        def forward(self: Any, input: Any, hx: Any = None) -> Any:
+            record(self, (input, hx))
+            return original(self, input, hx)
+
+        return forward
+
+    try:
+        for cls, original in originals.items():
+            cls.forward = spy(original)  # type: ignore[method-assign]
+        yield
+    finally:
+        for cls, original in originals.items():
+            cls.forward = original  # type: ignore[method-assign]
+
+
+def torch_layer(module: Any, args: tuple) -> tuple[str, Any, Any]:
     """``(framework, LayerSpec, device type)`` of one call of a torch LSTM/GRU or cell, with the batch, length
     and initial state of that call (a cell: one step, framework ``torch-cell``). A ``PackedSequence`` is packed,
     with its real batch, its lengths in the batch's own order (``unsorted_indices``) and its longest length as
-    the length; so is a dense batch handed with ``lengths=`` to a layer that packs it in its own forward
-    (pytorch-forecasting's ``LSTM``/``GRU``, which run a zero length as one step)."""
+    the length."""
     import torch
 
-    data: Any = args[0] if args else (kwargs or {}).get("input", (kwargs or {}).get("x"))
+    data = args[0]
     packed = isinstance(data, torch.nn.utils.rnn.PackedSequence)
-    given_lengths = (kwargs or {}).get("lengths")
     tensor = data.data if packed else data
     dtype = str(tensor.dtype).replace("torch.", "")
     dtype = dtype if dtype in DTYPES else "float32"
@@ -162,9 +197,6 @@ def torch_layer(module: Any, args: tuple, kwargs: dict[str, Any] | None = None) 
         ordered = [sum(1 for b in sizes if b > i) for i in range(batch)]  # in the packed (sorted) order
         unsort = data.unsorted_indices
         lengths = tuple(ordered[int(k)] for k in unsort) if unsort is not None else tuple(ordered)
-    elif isinstance(given_lengths, torch.Tensor) and given_lengths.dim() == 1 and tensor.dim() == 3:
-        lengths = tuple(max(int(n), 1) for n in given_lengths.tolist())
-        packed, batch, seq_len = True, len(lengths), max(lengths)
     elif tensor.dim() == 3:
         first, second = int(tensor.shape[0]), int(tensor.shape[1])
         batch, seq_len = (first, second) if module.batch_first else (second, first)

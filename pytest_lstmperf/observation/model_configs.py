@@ -133,23 +133,21 @@ def _torch_call_shapes(model: Any, example_inputs: Any) -> dict[int, Any]:
         return {}
     import torch
 
-    from .calls import torch_layer
+    from .calls import rnn_calls, torch_layer
 
     seen: dict[int, Any] = {}
 
-    def hook(module: Any, args: tuple, kwargs: dict[str, Any]) -> None:
-        spec = torch_layer(module, args, kwargs)[1].replace(initial_state=False)
+    def record(module: Any, args: tuple) -> None:  # what nn.LSTM/GRU's forward ran on (a subclass packs inside)
+        spec = torch_layer(module, args)[1].replace(initial_state=False)
         seen.setdefault(id(module), []).append(spec)
 
     def cell_hook(module: Any, args: tuple) -> None:
         steps = seen.get(id(module), (0, 0))[1] + 1
         seen[id(module)] = (int(args[0].shape[0]) if args[0].dim() == 2 else 1, steps)
 
-    rnns = (torch.nn.LSTM, torch.nn.GRU)
-    handles = [m.register_forward_pre_hook(hook, with_kwargs=True) for m in model.modules() if isinstance(m, rnns)]
-    handles += [m.register_forward_pre_hook(cell_hook) for m in model.modules() if isinstance(m, torch.nn.RNNCellBase)]
+    handles = [m.register_forward_pre_hook(cell_hook) for m in model.modules() if isinstance(m, torch.nn.RNNCellBase)]
     try:
-        with torch.no_grad():
+        with torch.no_grad(), rnn_calls(record):
             model(*(example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)))
     finally:
         for handle in handles:
