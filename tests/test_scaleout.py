@@ -21,6 +21,7 @@ from pytest_lstmperf.testing.rank_faults import WORKER_PLANT_ENV, rank_fault_env
 from pytest_lstmperf.workloads import distributed as dist  # noqa: E402
 from pytest_lstmperf.workloads import launcher  # noqa: E402
 from pytest_lstmperf.workloads import rank as rank_entry  # noqa: E402
+from pytest_lstmperf.workloads import scalebench as sb  # noqa: E402
 
 pytest_plugins = ["pytester"]
 ROOT = Path(__file__).resolve().parents[1]
@@ -115,8 +116,17 @@ def test_gloo_two_ranks_match_single_process(strategy: str) -> None:
     reference = dist.single_process(cfg)
     err, _ = dist.update_difference(result, reference, cfg)
     assert err < 1e-4 and result.tokens == reference.tokens == 2 * 4 * 5
+    assert len(result.pass_seconds) == cfg.timed_passes and result.sequences == 2 * 4
     if strategy == "pipeline":
         assert result.stages in ([(0, 1), (1, 3)], [(0, 2), (2, 3)])
+        # what the benchmark reports: each layer's time and issue time, a micro-batch's transfer, per-rank compute
+        assert result.layer_seconds is not None and len(result.layer_seconds) == 3
+        assert result.issue_seconds is not None and len(result.issue_seconds) == 3
+        assert result.transfer_seconds is not None and result.transfer_seconds > 0
+        assert result.busy_seconds is not None and len(result.busy_seconds) == 2
+        # compute blocks lie inside the pass they were timed in (host clock on the CPU): never longer than it
+        assert all(0 < busy <= result.seconds for busy in result.busy_seconds)
+        assert result.ideal_bubble == pytest.approx(1 / 3)  # 2 stages, 2 micro-batches: (S-1)/(M+S-1)
     # the comparison is not blind: one step less training is far off
     fewer = dist.single_process(dist.TrainConfig(**{**cfg.__dict__, "steps": 1}))
     err_fewer, _ = dist.update_difference(fewer, reference, cfg)
@@ -371,3 +381,96 @@ def test_n_auto_end_to_end_starts_one_worker_per_gpu(
     for index in range(3):  # each worker on its own GPU
         pinned = f"worker gw{index} pinned to cuda:{index} of 3]"
         result.stdout.fnmatch_lines([f"WORKER gw{index} cuda:{index} (Fake GPU*{pinned}"])
+
+
+def test_idle_share_and_gpipe_bubble() -> None:
+    result = dist.RunResult("pipeline", 4, "nccl", {}, tokens=1, seconds=2.0, busy_seconds=[1.5, 2.0, 0.5, 2.4],
+                            micro_batches=8)  # fmt: skip
+    assert result.idle_shares == [0.25, 0.0, 0.75, 0.0]  # a clock beyond the step reads as no idle time
+    assert result.ideal_bubble == pytest.approx(3 / 11)
+    assert dist.RunResult("ddp", 2, "nccl", {}, tokens=1, seconds=1.0).idle_shares is None
+    assert dist.RunResult("ddp", 2, "nccl", {}, tokens=1, seconds=1.0).ideal_bubble is None
+
+
+def test_bucketed_data_holds_every_sequence_the_padded_data_holds() -> None:
+    """Buckets' partial batches are pooled into full ones: bucketing changes the padding, not the data. With
+    every bucket's remainder dropped (as before), 2048 sequences in batches of 512 left 512 to train on, and a
+    bucketed run looked 12x faster than padded training."""
+    for sequences, batch in ((2048, 512), (96, 16), (100, 16)):
+        kw = {"layers": 1, "input_size": 2, "hidden": 2, "seq_len": 100, "batch": batch, "sequences": sequences}
+        padded = dist.make_batches(dist.TrainConfig(**kw))
+        bucketed = dist.make_batches(dist.TrainConfig(**kw, bucketing=True))
+        assert sum(len(n) for _, _, n in bucketed) == sum(len(n) for _, _, n in padded) == sequences // batch * batch
+        assert all(len(n) == batch for _, _, n in bucketed)
+        if sequences % batch == 0:  # the same sequences, less padding
+            assert sum(int(n.sum()) for _, _, n in bucketed) == sum(int(n.sum()) for _, _, n in padded)
+            assert sum(x.shape[1] for x, _, _ in bucketed) < sum(x.shape[1] for x, _, _ in padded)
+
+
+def _sizing(size: str, layer: float, issue: float, transfer: float | None) -> dict:
+    return {
+        "part": "sizing",
+        "size": size,
+        "layer_s": layer,
+        "issue_s": issue,
+        "transfer_s": transfer,
+        "layer_over_issue": layer / issue,
+        "layer_over_transfer": layer / transfer if transfer else None,
+    }
+
+
+def test_the_size_picked_is_the_first_where_compute_dominates() -> None:
+    rows = [_sizing("a", 6.8e-3, 6.7e-3, 7e-5), _sizing("b", 12e-3, 1e-3, 2e-4), _sizing("c", 50e-3, 1e-3, 1e-3)]
+    assert sb.pick_size(rows) == "b"
+    # none reaches the factor: the one closest to it (layer/issue 2.7 beats 1.0), not simply the last
+    rows = [_sizing("a", 6.8e-3, 6.7e-3, 7e-5), _sizing("b", 12e-3, 4.5e-3, 2e-4), _sizing("c", 6e-3, 5e-3, 1e-4)]
+    assert sb.pick_size(rows) == "b"
+    assert sb.pick_size([]) is None
+
+
+def _scaling(mode: str, world: int, seq_per_s: float, sequences: int = 2048, data: str = "padded") -> dict:
+    return {"part": "scaling", "mode": mode, "data": data, "world": world, "seq_per_s": seq_per_s,
+            "seq_per_s_passes": [seq_per_s * 0.98, seq_per_s, seq_per_s * 1.01], "sequences": sequences,
+            "comm_share": None, "idle_shares": None, "profile": None}  # fmt: skip
+
+
+def test_summary_flags_what_cannot_be_a_result() -> None:
+    """A speed-up over the own 1-rank run far above the rank count (the loaded-CPU 39.4x on 2 ranks) is marked
+    implausible, and a row that trained on other data than the baseline gets no speed-up over it."""
+    rows = [_scaling("plain", 1, 1000.0), _scaling("ddp", 1, 100.0), _scaling("ddp", 2, 3938.0),
+            _scaling("pipeline", 1, 500.0), _scaling("pipeline", 2, 900.0),
+            _scaling("plain", 1, 15000.0, sequences=512, data="bucketed")]  # fmt: skip
+    text = "\n".join(sb.summary(rows))
+    ddp2 = next(line for line in text.splitlines() if line.startswith("| ddp | padded | 2 "))
+    assert "39.38x (implausible)" in ddp2 and "3.94x" in ddp2
+    pipe2 = next(line for line in text.splitlines() if line.startswith("| pipeline | padded | 2 "))
+    assert "1.80x" in pipe2 and "implausible" not in pipe2
+    assert "not comparable: 512 of the baseline's 2048 sequences" in text
+    assert "the 1-rank reference ran slowed" in text
+    assert sb.spread([980.0, 1000.0, 1010.0]) == "1000 (980-1010)"
+
+
+def test_scalebench_bad_input_is_named(capsys: pytest.CaptureFixture, tmp_path: Path) -> None:
+    for args, message in (
+        (["--modes", "zero"], "--modes 'zero': valid modes are plain, ddp, pipeline"),
+        (["--parts", "sizing,warp"], "unknown part(s) warp (valid: sizing, scaling, micro-batches)"),
+        (["--size", "huge"], "unknown size 'huge' (valid: tiny-a, tiny-b)"),
+        (["--worlds", "1,x"], "--worlds '1,x': expected comma-separated integers"),
+        (["--micro-batches", "4,many"], "--micro-batches '4,many': expected comma-separated"),
+    ):
+        with pytest.raises(SystemExit) as exc:
+            sb.main(["--tiny", "--backend", "gloo", "--out", str(tmp_path), *args])
+        assert exc.value.code == 2
+        assert message in capsys.readouterr().err
+    assert not (tmp_path / "scalebench.jsonl").exists()
+
+
+def test_scalebench_plot_draws_the_modes_and_the_bubble(tmp_path: Path) -> None:
+    rows = [_scaling("plain", 1, 1000.0), _scaling("ddp", 1, 1000.0), _scaling("ddp", 2, 1700.0),
+            {**_scaling("pipeline", 2, 900.0), "part": "micro-batches", "micro_batches": 4, "world": 2,
+             "idle_shares": [0.4, 0.23], "ideal_bubble": 0.2},
+            {**_scaling("pipeline", 2, 700.0), "part": "micro-batches", "micro_batches": 16, "world": 2,
+             "idle_shares": [0.19, 0.11], "ideal_bubble": 1 / 17}]  # fmt: skip
+    path = sb.plot(rows, tmp_path / "s.png", "title")
+    assert path is not None and path.stat().st_size > 0
+    assert sb.plot([r for r in rows if r["part"] == "sizing"], tmp_path / "none.png", "t") is None

@@ -539,3 +539,56 @@ def test_parts_announced_headers_shown_and_no_stray_warning(
     output = result.stdout.str() + result.stderr.str()
     assert "PytestBenchmarkWarning" not in output and "automatically disabled" not in output
     assert output.count("lstmperf workloads: crossover") == 1
+
+
+# ------------------------------------------------------------------------------------------- figures that cannot be
+def _scaling_row(world: int, speedup: float) -> dict:
+    return {"kind": "scaling", "strategy": "ddp", "data": "fixed-length", "backend": "gloo", "world": world,
+            "throughput": 1e4 * speedup, "speedup": speedup, "efficiency": speedup / world, "vs_plain": speedup,
+            "comm_share": None, "model": "4x LSTM 16->32"}  # fmt: skip
+
+
+def test_scale_out_table_flags_an_implausible_speedup(drawn: list, tmp_path) -> None:
+    """The loaded-CPU run's "39.38x speedup, 1969% efficiency" on 2 ranks is marked in the table and the plot;
+    1.9x on 2 ranks and a few percent above the ideal are not."""
+    from pytest_lstmperf.workloads import report as wr
+
+    rows = [_scaling_row(1, 1.0), _scaling_row(2, 39.38)]
+    header, table = wr.sections(rows)["scaling"]
+    bad = dict(zip(header, table[1], strict=True))
+    assert bad["speedup"] == "39.38x (implausible)" and bad["efficiency"] == "1969% (implausible)"
+    assert "39.4x on 2 ranks is more than 1.25 x the ideal 2x" in bad["note"]
+    for speedup in (1.9, 2.2):
+        good = dict(zip(header, wr.sections([_scaling_row(2, speedup)])["scaling"][1][0], strict=True))
+        assert "implausible" not in good["speedup"] + good["efficiency"] and good["note"] == "-"
+    assert wr.speedup_flag(float("nan"), 2).startswith("implausible")
+    assert wr.speedup_flag(0.0, 2).startswith("implausible") and wr.speedup_flag(None, 2) == ""
+    assert wr.plot_scaling(tmp_path, rows) is not None
+    labels = [t.get_text() for ax in drawn[-1].axes if ax.get_legend() for t in ax.get_legend().get_texts()]
+    assert any(label.startswith("implausible") for label in labels)
+    wr.plot_scaling(tmp_path, [_scaling_row(1, 1.0), _scaling_row(2, 1.9)])
+    labels = [t.get_text() for ax in drawn[-1].axes if ax.get_legend() for t in ax.get_legend().get_texts()]
+    assert not any(label.startswith("implausible") for label in labels)
+
+
+def test_overhead_below_one_is_flagged(drawn: list, tmp_path) -> None:
+    """A call faster than its raw cost (a negative overhead) is marked in the table, the notes and the plot."""
+    from pytest_lstmperf.workloads import report as wr
+
+    def row(ratio: float) -> dict:
+        return {"kind": "overhead", "shape": "lstm-H64-B1-T20", "device": "cpu", "framework": "torch", "ran": "x",
+                "module_s": 1e-3 * ratio, "op_s": 1e-3, "raw_s": 1e-3, "graph_s": None, "ratio": ratio,
+                "host_s": 0.0, "kernels": 3}  # fmt: skip
+
+    header, table = wr.sections([row(0.9)])["overhead"]
+    assert dict(zip(header, table[0], strict=True))["call/raw"] == "0.90x (below 1x)"
+    assert any(n.startswith("below 1x (1 row: torch lstm-H64-B1-T20 0.90x)") for n in wr.notes([row(0.9)])["overhead"])
+    assert wr.plot_overhead(tmp_path, [row(0.9)]) is not None
+    labels = [t.get_text() for t in drawn[-1].axes[0].get_legend().get_texts()]
+    assert any(label.startswith("below 1x") for label in labels)
+    # not blind: 1.2x is an overhead, nothing flagged
+    header, table = wr.sections([row(1.2)])["overhead"]
+    assert dict(zip(header, table[0], strict=True))["call/raw"] == "1.20x"
+    assert not any(n.startswith("below 1x") for n in wr.notes([row(1.2)])["overhead"])
+    wr.plot_overhead(tmp_path, [row(1.2)])
+    assert not any(t.get_text().startswith("below 1x") for t in drawn[-1].axes[0].get_legend().get_texts())

@@ -56,6 +56,7 @@ class TrainConfig:
     timed_passes: int = 1  # passes over the batches timed after the warm-up pass; the median pass counts
     balance: str = "equal"  # pipeline stages: equal layer counts, or balanced by measured per-layer time
     profile: bool = False  # CUDA: profile one extra step per rank (time in NCCL kernels against all kernels)
+    keep_weights: bool = True  # False: the result holds no weights (a benchmark; skips gathering them)
 
     def __post_init__(self) -> None:
         for name in ("layers", "input_size", "hidden", "seq_len", "batch", "steps", "micro_batches", "timed_passes"):
@@ -150,7 +151,7 @@ def make_batches(cfg: TrainConfig) -> list[tuple[Any, Any, Any]]:
         return out
     lengths = draw_lengths(cfg.sequences, cfg.seq_len, "long-tailed", cfg.seed)
     groups = (
-        bucketed_batches(lengths, auto_buckets(lengths, 8), cfg.batch, cfg.seed)
+        _full_buckets(bucketed_batches(lengths, auto_buckets(lengths, 8), cfg.batch, cfg.seed), lengths, cfg.batch)
         if cfg.bucketing
         else padded_batches(lengths, cfg.batch)
     )
@@ -164,6 +165,17 @@ def make_batches(cfg: TrainConfig) -> list[tuple[Any, Any, Any]]:
         y = torch.randn(cfg.batch, t, cfg.hidden, generator=gen)
         out.append((x, y, n))
     return out
+
+
+def _full_buckets(groups: list[np.ndarray], lengths: np.ndarray, batch: int) -> list[np.ndarray]:
+    """The buckets' full batches, then their remainders pooled, sorted by length and cut into full batches: the
+    bucketed data holds as many sequences as the padded one (only the last partial batch of each is dropped),
+    instead of losing every bucket's remainder."""
+    full = [g for g in groups if len(g) == batch]
+    rest = [g for g in groups if len(g) < batch]
+    pooled = np.concatenate(rest) if rest else np.empty(0, dtype=int)
+    pooled = pooled[np.argsort(np.asarray(lengths)[pooled], kind="stable")]
+    return full + [pooled[i : i + batch] for i in range(0, len(pooled), batch)]
 
 
 def _loss(out: Any, y: Any, lengths: Any, total: int) -> Any:
@@ -211,7 +223,7 @@ def single_process(cfg: TrainConfig, device: str = "cpu") -> RunResult:
 
     for x, y, n in batches:
         step(x, y, n)
-    weights = _weights(layers)
+    weights = _weights(layers) if cfg.keep_weights else {}
     times: list[float] = []
     seconds, tokens = _timed_pass(lambda b: step(*b), batches, dev, cfg.timed_passes, times)
     return RunResult("single", 1, "none", weights, tokens, seconds, pass_seconds=times,
@@ -274,7 +286,7 @@ def ddp_worker(rank: int, world: int, cfg: TrainConfig, backend: str) -> RunResu
 
     for batch in batches:
         step(batch)
-    weights = _weights([m.layer for m in model])
+    weights = _weights([m.layer for m in model]) if cfg.keep_weights else {}
     passes: list[float] = []
     seconds, _ = _timed_pass(step, batches, dev, cfg.timed_passes, passes)
     unsynced, _ = _timed_pass(lambda b: step(b, sync=False), batches, dev, cfg.timed_passes)
@@ -552,7 +564,7 @@ def pipeline_worker(rank: int, world: int, cfg: TrainConfig, backend: str) -> Ru
 
     for batch in batches:
         step(batch)
-    weights = _weights(layers, offset=lo)
+    weights = _weights(layers, offset=lo) if cfg.keep_weights else {}
     passes: list[float] = []
     busy.on = True
     seconds, tokens = _timed_pass(step, batches, dev, cfg.timed_passes, passes)

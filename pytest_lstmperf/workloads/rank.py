@@ -58,10 +58,11 @@ def run_rank(rank: int, world: int, strategy: str, cfg: TrainConfig, backend: st
     result = WORKERS[strategy](rank, world, cfg, backend)
     # every rank's weights reach rank 0 (pipeline stages hold different layers; DDP replicas agree)
     gathered: list[Any] = [None] * world
-    dist.all_gather_object(gathered, result.weights)
+    if cfg.keep_weights:
+        dist.all_gather_object(gathered, result.weights)
     if rank == 0:
         merged: dict[str, np.ndarray] = {}
-        for part in gathered:
+        for part in gathered if cfg.keep_weights else []:
             for name, value in part.items():
                 merged.setdefault(name, value)
         result.weights = merged

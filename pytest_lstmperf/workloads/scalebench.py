@@ -45,6 +45,7 @@ CANDIDATES = {
     "tiny": [("tiny-a", 4, 8, 16, 10, 8, 2), ("tiny-b", 4, 16, 32, 10, 16, 4)],
 }
 MICRO_BATCHES = (2, 4, 8, 16)
+MODES = ("plain", "ddp", "pipeline", "pipeline+bucketing")
 PROG = "python -m pytest_lstmperf.workloads.scalebench"
 
 
@@ -149,6 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--worlds", default=None, help="comma-separated rank counts (default: 1..GPUs, or 1,2)")
     parser.add_argument("--size", default=None, help="use this candidate instead of the measured pick")
     parser.add_argument("--parts", default="sizing,scaling,micro-batches", help="which parts to run")
+    parser.add_argument("--modes", default=",".join(MODES), help=f"scaling modes to run (of {', '.join(MODES)})")
+    parser.add_argument("--micro-batches", default=",".join(map(str, MICRO_BATCHES)), help="the sweep's counts")
     parser.add_argument("--passes", type=int, default=3, help="timed passes per run (their spread is reported)")
     parser.add_argument("--steps", type=int, default=4, help="batches per pass")
     parser.add_argument("--timeout", type=float, default=300, help="seconds for one launch")
@@ -164,6 +167,13 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(parts) - {"sizing", "scaling", "micro-batches"})
     if unknown:
         parser.error(f"unknown part(s) {', '.join(unknown)} (valid: sizing, scaling, micro-batches)")
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    if not modes or set(modes) - set(MODES):
+        parser.error(f"--modes {args.modes!r}: valid modes are {', '.join(MODES)}")
+    try:
+        sweep = [int(m) for m in args.micro_batches.split(",")]
+    except ValueError:
+        parser.error(f"--micro-batches {args.micro_batches!r}: expected comma-separated integers such as 4,8,16")
     if args.size is not None and args.size not in sizes:
         parser.error(f"unknown size {args.size!r} (valid: {', '.join(sizes)})")
     if args.passes < 1 or args.steps < 1:
@@ -188,17 +198,17 @@ def main(argv: list[str] | None = None) -> int:
     probe_world = min(2, max(worlds))
     if "sizing" in parts:
         for size in sizes.values():
-            cfg = size.config(steps=1, timed_passes=1, balance="measured")
+            cfg = size.config(steps=1, timed_passes=1, balance="measured", keep_weights=False)
             result = attempt(f"sizing {size.name}", lambda cfg=cfg: launch("pipeline", probe_world, cfg, backend,
                                                                              timeout_s=args.timeout))  # fmt: skip
             if result is not None:
                 rec.add(sizing_row(size, result))
     chosen = sizes[args.size] if args.size else sizes.get(pick_size(rec.rows) or "", list(sizes.values())[-1])
     print(f"size used: {chosen.name} ({chosen.label()}, {chosen.micro_batches} micro-batches)", flush=True)
-    common = {"steps": args.steps, "timed_passes": args.passes, "balance": "measured"}
+    common = {"steps": args.steps, "timed_passes": args.passes, "balance": "measured", "keep_weights": False}
     varlen = {"sequences": args.steps * chosen.batch}
     if "scaling" in parts:
-        for data, bucketing in (("padded", False), ("bucketed", True)):
+        for data, bucketing in (("padded", False), ("bucketed", True)) if "plain" in modes else ():
             cfg = chosen.config(**common, **varlen, bucketing=bucketing)
             plain = attempt(f"plain {data}", lambda cfg=cfg: single_process(cfg, device))
             if plain is not None:
@@ -207,18 +217,23 @@ def main(argv: list[str] | None = None) -> int:
                 torch.cuda.empty_cache()
         for mode, strategy, bucketing in (("ddp", "ddp", False), ("pipeline", "pipeline", False),
                                           ("pipeline+bucketing", "pipeline", True)):  # fmt: skip
+            if mode not in modes:
+                continue
             for world in worlds:
-                cfg = chosen.config(**common, **varlen, bucketing=bucketing, profile=world > 1 and backend == "nccl")
+                # one step under the profiler (NCCL kernel time): DDP only; the pipeline's NCCL time is its
+                # measured transfers, and its waits show in the per-rank idle share
+                profile = strategy == "ddp" and world > 1 and backend == "nccl"
+                cfg = chosen.config(**common, **varlen, bucketing=bucketing, profile=profile)
                 result = attempt(f"{mode} x{world}", lambda s=strategy, w=world, cfg=cfg: launch(
                     s, w, cfg, backend, timeout_s=args.timeout))  # fmt: skip
                 if result is not None:
                     rec.add(run_row("scaling", mode, "bucketed" if bucketing else "padded", chosen, result))
     if "micro-batches" in parts:
         world = max(worlds)
-        for m in MICRO_BATCHES:
+        for m in sweep:
             if chosen.batch % m or world < 2:
                 continue
-            cfg = chosen.config(steps=2, timed_passes=2, balance="measured", micro_batches=m)
+            cfg = chosen.config(steps=2, timed_passes=2, balance="measured", micro_batches=m, keep_weights=False)
             result = attempt(f"micro-batches {m}", lambda cfg=cfg: launch("pipeline", world, cfg, backend,
                                                                           timeout_s=args.timeout))  # fmt: skip
             if result is not None:
@@ -262,10 +277,12 @@ def summary(rows: list[dict[str, Any]]) -> list[str]:
     scaled = [r for r in rows if r.get("part") == "scaling"]
     if scaled:
         lines += ["| mode | data | GPUs | sequences/s, median (min-max of passes) | speed-up over plain padded | "
-                  "speed-up over own 1-rank | DDP comm | idle per rank | NCCL kernels / step |",
+                  "speed-up over own 1-rank | DDP comm | idle per rank | NCCL / all kernels, one step |",
                   "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
         for r in scaled:
             over = f"{r['seq_per_s'] / base['seq_per_s']:.2f}x" if base else "-"
+            if base and r["sequences"] != base["sequences"]:  # another dataset: no speed-up to read
+                over = f"not comparable: {r['sequences']} of the baseline's {base['sequences']} sequences"
             own = next((o for o in scaled if o["mode"] == r["mode"] and o["data"] == r["data"] and o["world"] == 1),
                        None)  # fmt: skip
             own_speedup = r["seq_per_s"] / own["seq_per_s"] if own and r["mode"] != "plain" else None
@@ -297,14 +314,17 @@ def summary(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def nccl_cell(profile: list[dict[str, float]] | None) -> str:
-    """Per rank, NCCL kernel time over the profiled step's wall time."""
+    """Per rank, the profiled step's NCCL kernel time against the time of all its GPU kernels (the profiler
+    slows the host, so the step's wall time under it is no step time)."""
     if not profile:
         return "-"
-    return ", ".join(f"{p['nccl_s'] * 1e3:.0f} of {p['step_s'] * 1e3:.0f} ms" for p in profile)
+    return ", ".join(f"{p['nccl_s'] * 1e3:.1f} of {p['device_s'] * 1e3:.0f} ms" for p in profile)
 
 
 def load(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    """The rows of a ``scalebench.jsonl``, without those marked ``excluded`` (with the reason) after the fact."""
+    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return [r for r in rows if not r.get("excluded")]
 
 
 def plot(rows: list[dict[str, Any]], path: Path, title: str) -> Path | None:
@@ -320,9 +340,12 @@ def plot(rows: list[dict[str, Any]], path: Path, title: str) -> Path | None:
     fig, axes = plt.subplots(1, 2 if swept else 1, figsize=(12 if swept else 7, 5), squeeze=False)
     ax = axes[0][0]
     worlds = sorted({r["world"] for r in scaled if r["mode"] != "plain"})
+    labelled: set[str] = set()
     for r in (r for r in scaled if r["mode"] == "plain"):
+        label = f"plain 1 GPU, {r['data']}"
         ax.axhline(r["seq_per_s"], color="grey", linestyle="--" if r["data"] == "padded" else ":",
-                   label=f"plain 1 GPU, {r['data']}")  # fmt: skip
+                   label=None if label in labelled else label)  # fmt: skip
+        labelled.add(label)
     for mode in sorted({r["mode"] for r in scaled if r["mode"] != "plain"}):
         mine = sorted((r for r in scaled if r["mode"] == mode), key=lambda r: r["world"])
         meds = [r["seq_per_s"] for r in mine]
@@ -348,7 +371,7 @@ def plot(rows: list[dict[str, Any]], path: Path, title: str) -> Path | None:
         ax2.set_xscale("log", base=2)
         ax2.set_xticks(ms)
         ax2.set_xticklabels([str(m) for m in ms])
-        ax2.set_xlabel(f"micro-batches (pipeline on {swept[0]['world']} GPUs)")
+        ax2.set_xlabel(f"micro-batches (pipeline on {swept[0]['world']} GPUs, {swept[0]['data']} data)")
         ax2.set_ylabel("% of the step not computing")
         ax2.set_ylim(bottom=0)
         ax2.grid(True, alpha=0.3)
