@@ -8,7 +8,8 @@
 #    micro-batch sweep with the measured bubble. Each run lands in $OUT/scalebench.jsonl as it ends, the tables
 #    in $OUT/summary.md; BENCH_ARGS passes further options (e.g. "--size thorough --parts scaling");
 # 3. with SUITE=1, also pytest-xdist with one worker per GPU and the scaling suite (suites/test_scaling.py).
-# NVLink multicast stays off (it can take a shared host's GPUs out of service).
+# NVLink multicast stays off (it can take a shared host's GPUs out of service). BENCH_LIMIT (480 s) bounds the
+# benchmark (SIGTERM), and 15 s later SIGKILL ends it if the elastic agent is still waiting for its ranks.
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-scaling-out}
@@ -27,7 +28,7 @@ cat "$OUT/gpus.txt"
 echo "== scalebench"
 t0=$(date +%s)
 # shellcheck disable=SC2086
-timeout "${BENCH_LIMIT:-480}" "$PYTHON" -m pytest_lstmperf.workloads.scalebench --out "$OUT" ${BENCH_ARGS:-} \
+timeout -k 15 "${BENCH_LIMIT:-480}" "$PYTHON" -m pytest_lstmperf.workloads.scalebench --out "$OUT" ${BENCH_ARGS:-} \
   >"$OUT/scalebench.log" 2>&1
 echo "   exit $?, $(( $(date +%s) - t0 )) s"
 grep -vE "^\|" "$OUT/scalebench.log" | grep -E "sizing|size used|scaling|micro-batches|failed|Error" | cut -c1-200
