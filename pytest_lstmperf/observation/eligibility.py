@@ -303,4 +303,6 @@ def render_table(rows: list[ReportRow]) -> str:
             f"{row.slowdown} [{i}] |"
         )
         notes.append(f"[{i}] {row.slowdown_source}" + (f"; error: {row.error}" if row.error else ""))
+        # what the report assumed (an open length, a mask's padding) and the explainer's notes, under the row
+        notes += [f"    note: {n}" for note in dict.fromkeys(row.verdict.notes) for n in note.splitlines()]
     return "\n".join([*lines, "", *notes])

@@ -188,9 +188,67 @@ def _keras_input_shape(layer: Any) -> tuple[Any, ...] | None:
     return None
 
 
+def _keras_mask_source(layer: Any) -> str | None:
+    """What gives ``layer`` a mask in its model's graph (``"'embedding' (Embedding(mask_zero=True))"``), or
+    ``None`` when its input carries no mask. Keras propagates a mask from an ``Embedding(mask_zero=True)`` or a
+    ``Masking`` layer through every layer that supports masking; the symbolic input then carries it."""
+    try:
+        tensor = layer._inbound_nodes[0].input_tensors[0]
+    except (AttributeError, IndexError, TypeError):
+        return None
+    if getattr(tensor, "_keras_mask", None) is None:
+        return None
+    seen: set[int] = set()
+    queue = [tensor]
+    while queue:  # the nearest upstream layer that makes a mask, for the note
+        history = getattr(queue.pop(0), "_keras_history", None)
+        operation = getattr(history, "operation", None) or (history[0] if isinstance(history, tuple) else None)
+        if operation is None or id(operation) in seen:
+            continue
+        seen.add(id(operation))
+        kind = type(operation).__name__
+        if kind == "Embedding" and getattr(operation, "mask_zero", False):
+            return f"{operation.name!r} (Embedding(mask_zero=True))"
+        if kind == "Masking":
+            return f"{operation.name!r} (Masking(mask_value={operation.mask_value!r}))"
+        for node in getattr(operation, "_inbound_nodes", [])[:1]:
+            queue.extend(getattr(node, "input_tensors", []))
+    return "an upstream layer"
+
+
+def _mask_note(framework: str, spec: LayerSpec, options: KerasOptions, source: str, observed: str | None) -> str:
+    """What the mask does to eligibility, with the verdict of the padding the report did not assume."""
+    from .explain import explain
+
+    if observed is not None:
+        return (
+            f"a mask from {source} reaches this layer: {observed}-padded in the call of example_inputs, reported "
+            "as such; another batch's padding may decide otherwise (cuDNN needs a strictly right-padded mask on "
+            "the TensorFlow backend, and no mask on the torch and JAX backends)"
+        )
+    right = explain(spec, framework, "cuda", dataclasses.replace(options, mask="right"))
+    head = f"a mask from {source} reaches this layer, its padding unknown until run time"
+    if right.kernel != "cudnn" or right.raises:  # the torch and JAX backends: any mask leaves cuDNN
+        why = "; ".join(r.finding.split(":")[0] for r in right.reasons) or "-"
+        return f"{head}: any mask keeps it off cuDNN on this backend ({right.kernel} on a GPU: {why})"
+    left = explain(spec, framework, "cuda", dataclasses.replace(options, mask="left"))
+    effect = (
+        f"raises on a GPU ({left.raises})"
+        if left.raises
+        else f"runs {left.kernel} on a GPU ({'; '.join(r.finding.split(':')[0] for r in left.reasons) or '-'})"
+    )
+    return (
+        f"{head}; reported as right-padded: cuDNN only while every mask is strictly right-padded "
+        f"(pad_sequences(padding='post')); a left-padded mask or one with holes {effect}; "
+        "report(model, example_inputs) judges the padding of a real batch (`lstmperf explain ... mask=left`)"
+    )
+
+
 def _keras_called_shapes(model: Any, example_inputs: Any) -> dict[int, tuple[int, int, bool]]:
     """``id(layer) -> (batch, seq_len, initial state given)`` of each Keras LSTM/GRU called on
-    ``example_inputs`` (one inference call of the model, observed); none given: {}."""
+    ``example_inputs`` (one inference call of the model, observed); none given: {}. The mask style each
+    masked layer saw goes to :data:`_CALLED_MASKS` (``id(layer) -> "right"/"left"/"holes"``)."""
+    _CALLED_MASKS.clear()
     if example_inputs is None:
         return {}
     import keras
@@ -206,8 +264,10 @@ def _keras_called_shapes(model: Any, example_inputs: Any) -> dict[int, tuple[int
             def inner_loop(self, *args: Any, **kwargs: Any) -> Any:
                 nonlocal count
                 result = spied(self, *args, **kwargs)
-                for _, spec, _ in seen.layers[count:]:
+                for _, spec, options in seen.layers[count:]:
                     shapes[id(self)] = (spec.batch, spec.seq_len, spec.initial_state)
+                    if getattr(options, "mask", "auto") in ("right", "left", "holes"):
+                        _CALLED_MASKS[id(self)] = options.mask
                 count = len(seen.layers)
                 return result
 
@@ -221,6 +281,10 @@ def _keras_called_shapes(model: Any, example_inputs: Any) -> dict[int, tuple[int
             for cls, spied in original.items():
                 cls.inner_loop = spied  # observe() puts the layers' own back when its block ends
     return shapes
+
+
+#: ``id(layer) -> mask style`` seen by :func:`_keras_called_shapes` in the call of a model's example inputs
+_CALLED_MASKS: dict[int, str] = {}
 
 
 def _keras_configs(model: Any, batch: int, seq_len: int, example_inputs: Any = None) -> list[Config]:
@@ -255,12 +319,20 @@ def _keras_configs(model: Any, batch: int, seq_len: int, example_inputs: Any = N
                 recurrent_dropout=float(cell.recurrent_dropout), dropout=float(cell.dropout),
                 unroll=bool(layer.unroll), go_backwards=bool(layer.go_backwards),
             )  # fmt: skip
+            notes = []
             if guessed:
-                configs.notes[len(configs)] = (
+                notes.append(
                     f"the model leaves its {' and '.join(w.split()[0] for w in guessed)} open (None): reported at "
                     f"{', '.join(guessed)} (--batch/--seq-len, or report(model, example_inputs) for the shapes of "
                     "a real call); small batches decide CPU vs GPU"
                 )
+            masked_by = _keras_mask_source(layer)
+            if masked_by is not None or id(layer) in _CALLED_MASKS:
+                observed = _CALLED_MASKS.get(id(layer))
+                options = dataclasses.replace(options, mask=observed or "right")
+                notes.append(_mask_note(framework, spec, options, masked_by or "an upstream layer", observed))
+            if notes:
+                configs.notes[len(configs)] = "\n".join(notes)
             configs.add(layer.name, (framework, spec, options))
     return configs
 
