@@ -138,16 +138,21 @@ def add_report_command(subparsers: Any) -> None:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from .observation.eligibility import falls_back, render_table
+    from .observation.eligibility import build_report, falls_back, render_table
     from .observation.model_configs import load_configs
-    from .paths.config_runs import build_report
+    from .paths.config_runs import run_config
 
     if args.batch < 1 or args.seq_len < 1:
         raise CommandError(f"--batch {args.batch} / --seq-len {args.seq_len}: both must be >= 1")
     configs = load_configs(args.source, batch=args.batch, seq_len=args.seq_len)
     if not configs:
         raise CommandError(f"{args.source}: no LSTM/GRU layer configs found")
-    rows = build_report(configs, _device(args.device, args.run), run=args.run)
+
+    def progress(line: str) -> None:
+        print(f"lstmperf report: {line}", file=sys.stderr, flush=True)
+
+    device = _device(args.device, args.run)
+    rows = build_report(configs, device, run=args.run, prepare=run_config if args.run else None, progress=progress)
     print(render_table(rows))
     if args.json:
         with open(args.json, "w", encoding="utf-8") as handle:
@@ -308,8 +313,9 @@ def cmd_crossover(args: argparse.Namespace) -> int:
     where = devices[kind].describe()
     print(f"crossover of {sweep_label(spec)} on {where}: {len(names)} paths x {len(batches)} batch sizes", flush=True)
     points = crossover_sweep(
-        spec, batches, names, devices, args.repeats, progress=lambda line: print(line, file=sys.stderr, flush=True)
-    )
+        spec, batches, names, devices, args.repeats,
+        progress=lambda line: print(line, file=sys.stderr, flush=True),
+    )  # fmt: skip
     marks = crossovers(points, names[0], names[1:])
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

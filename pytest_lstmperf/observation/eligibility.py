@@ -18,6 +18,7 @@ from typing import Any
 
 from ..model.keras_options import KerasOptions
 from ..model.spec import LayerSpec
+from ..progress import Remaining
 from ..ratios import format_ratio
 from .explain import Verdict, context_for, explain, fix_all
 from .model_configs import CELL_FRAMEWORK, Config
@@ -219,7 +220,11 @@ def measure_cell_loop(spec: LayerSpec, device: Any, repeats: int = 7) -> tuple[s
 
 
 def build_report(
-    configs: list[Config], device: Any = "cpu", run: bool = False, prepare: Prepare | None = None
+    configs: list[Config],
+    device: Any = "cpu",
+    run: bool = False,
+    prepare: Prepare | None = None,
+    progress: Callable[[str], None] | None = None,
 ) -> list[ReportRow]:
     """One row per config: the explainer's verdict and a reference slowdown; with ``run``, also what ran and the
     slowdown measured on ``device`` (a DeviceInfo). ``run`` needs ``prepare(framework, spec, options, device)``,
@@ -229,7 +234,12 @@ def build_report(
         raise ValueError("build_report(run=True) needs prepare=: what runs a config (paths.config_runs.run_config)")
     rows = []
     names = getattr(configs, "names", None) or [""] * len(configs)
+    remaining = Remaining([1] * len(configs))  # layers run one by one: the mean so far estimates the rest
     for index, (name, (framework, spec, options)) in enumerate(zip(names, configs, strict=True)):
+        if run and progress is not None:
+            layer = f"{name or framework} {spec.short()}"
+            progress(f"layer {index + 1}/{len(configs)} {layer}: running ({remaining.line()})")
+        remaining.start()
         if framework == CELL_FRAMEWORK:
             verdict = cell_verdict(spec, device)
             row = ReportRow(verdict.config(), verdict, None, "?", "not measured: run with --run to measure the "
@@ -259,6 +269,7 @@ def build_report(
                     row.error = f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
                     row.observed = "error"
             rows.append(_named(row, name))
+            remaining.finished()
             continue
         verdict = explain(spec, framework, device, options, context=context_for(device))
         if index in getattr(configs, "notes", {}):
@@ -280,6 +291,7 @@ def build_report(
                 row.error = f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
                 row.observed = "error"
         rows.append(row)
+        remaining.finished()
     return rows
 
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from .. import paths as registry
 from ..model.case import make_case
+from ..progress import Remaining, format_duration
 from ..speed.report_plots import find_crossover, plain_log_scale
 from .timing import paired_median_times
 
@@ -49,15 +50,17 @@ def crossover_sweep(
         reasons[name] = "no such device" if device is None else path.available(device)
     points = []
     started = time.perf_counter()
+    remaining = Remaining(batches)  # each batch's time, fitted against the batch size: the estimate of the rest
     for step, batch in enumerate(batches, 1):
         if progress is not None:
             spent = time.perf_counter() - started
             progress(
                 f"batch {batch} ({step}/{len(batches)}): preparing and timing {len(paths)} paths, {repeats} "
                 f"call{'s' if repeats != 1 else ''} each"
-                + (f" ({spent:.0f} s so far; larger batches take longer)" if step > 1 else "")
+                + (f" ({format_duration(spent)} so far, {remaining.line()})" if step > 1 else "")
             )
         here = _sweep_batch(spec.replace(batch=int(batch)), paths, reasons, devices, repeats, seed)
+        remaining.finished()
         for point in here:
             points.append(point)
             if progress is not None:
