@@ -67,7 +67,7 @@ class DeepAR(nn.Module):
 
     def __init__(self, n_features, hidden_size=10, rnn_layers=2, dropout=0.1, target_position=0):
         super().__init__()
-        self.target_positions = torch.tensor([target_position])
+        self.target_position = target_position
         self.rnn = LSTM(
             input_size=n_features,
             hidden_size=hidden_size,
@@ -76,6 +76,11 @@ class DeepAR(nn.Module):
             batch_first=True,
         )
         self.distribution_projector = nn.Linear(hidden_size, 2)
+
+    @property
+    def target_positions(self):
+        # as pytorch-forecasting's property: the target's position among the features, on the model's device
+        return torch.tensor([self.target_position], device=self.distribution_projector.weight.device)
 
     def construct_input_vector(self, x_cont, one_off_target=None):
         input_vector = x_cont.clone()
