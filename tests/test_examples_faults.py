@@ -257,9 +257,9 @@ def test_chatbot_packing_faults_fail_its_packing_test(pytester: pytest.Pytester,
 @pytest.mark.parametrize(
     ("fault", "seen"),
     [
-        (DEEPAR_PACKING_REMOVED, "*AssertionError: ['lstm-I3-H10-L2-B5-T12', 'lstm-I3-H10-L2-B5-T4']*"),
-        (DEEPAR_UNSORTED, "*assert (12, 12, 10, 8, 4) == (12, 8, 10, 4, 12)*"),
-        (DEEPAR_WRONG_LENGTHS, "*assert (12, 12, 12, 12, 12) == (12, 8, 10, 4, 12)*"),
+        (DEEPAR_PACKING_REMOVED, "*AssertionError: [[]'lstm-I3-H10-L2-B5-T12', 'lstm-I3-H10-L2-B5-T4'[]]*"),
+        (DEEPAR_UNSORTED, "*assert ((12, 12, 10, 8, 4) == (12, 8, 10, 4, 12)*"),
+        (DEEPAR_WRONG_LENGTHS, "*assert ((12, 12, 12, 12, 12) == (12, 8, 10, 4, 12)*"),
     ],
     ids=["packing-removed", "unsorted-batch", "wrong-lengths"],
 )
