@@ -12,7 +12,8 @@ is :mod:`.model_judge`:
   claims for that layer (:meth:`ExecutionPath.expected`, judged by :func:`pytest_lstmperf.numerics.checks.judge_trace`);
   a layer the path does not claim (a GRU on the oneDNN path: PyTorch has no oneDNN GRU) is listed, not judged;
 * every output and every gradient (w.r.t. the parameters and the floating-point inputs) against the float64
-  run of a deep copy of the model, within the tolerance of the kernel family and precision the pass was
+  run of a deep copy of the model (its recurrent layers computed by the plugin's numpy recurrence, not by
+  torch's kernels: :mod:`.torch_reference`), within the tolerance of the kernel family and precision the pass was
   observed to run (:func:`pytest_lstmperf.numerics.tolerance.bound_of_what_ran`), and finite;
 * what could not be compared (a bound that would reach ``tolerance.MAX_REL``) is never a pass: it fails, or,
   for a gradient, is listed and raised unless the caller accepts it by name (:class:`NotComparedWarning`).
