@@ -8,11 +8,18 @@ the case's output seeds. What each compiles to is read from the compiled HLO
 
 Placement: every argument is committed to the path's device (``jax.devices("gpu"|"cpu")[0]``), so XLA
 compiles for it. Keras's cuDNN test (``keras/src/backend/jax/rnn.py`` ``_is_gpu_available``) asks for JAX's
-*default* backend, not for the arrays' device; the worker's environment leaves that to JAX.
+*default* backend, not for the arrays' device: on a GPU machine with a CUDA build of JAX it answers yes for a
+CPU run too, and the CPU run's LSTM went to the cuDNN primitive, which has no CPU lowering (``NotImplementedError:
+MLIR translation rule for primitive 'rnn_fwd' not found for platform cpu``). A CPU run is therefore pinned to the
+CPU (:func:`pinned`): JAX's default device is the CPU, and Keras's cuDNN test answers no, while the layer is
+built and traced.
 """
 
 from __future__ import annotations
 
+import contextlib
+import importlib
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -66,6 +73,30 @@ def _device(kind: str) -> Any:
     return jax.devices("gpu" if kind == "cuda" else "cpu")[0]
 
 
+@contextlib.contextmanager
+def pinned(kind: str) -> Iterator[None]:
+    """Inside the block, a CPU run (``kind`` ``"cpu"``) is the CPU's whatever JAX's default backend is: JAX's
+    default device is the CPU (arrays Keras makes itself, such as zero initial states, go there), and Keras's
+    cuDNN test (``_is_gpu_available``) answers no, so its LSTM traces its own loop, not the cuDNN primitive
+    that has no CPU lowering. A GPU run (``"cuda"``) is left as it is. The test is put back as it was (the
+    cuDNN decision probe replaces it for its own block)."""
+    if kind == "cuda":
+        yield
+        return
+    import jax
+
+    rnn: Any = importlib.import_module("keras.src.backend.jax.rnn")
+    before = getattr(rnn, "_is_gpu_available", None)
+    if before is not None:
+        rnn._is_gpu_available = lambda: False
+    try:
+        with jax.default_device(jax.devices("cpu")[0]):
+            yield
+    finally:
+        if before is not None:
+            rnn._is_gpu_available = before
+
+
 class JaxRunner(BackendRunner):
     """``forward``/``train_step`` as jitted functions of explicit arrays; the owner is a ``LocalKerasRun``."""
 
@@ -113,7 +144,8 @@ class JaxRunner(BackendRunner):
         """The XLA executable of the forward call or the training step, compiled once: the trace reads the
         same executable that runs and is timed."""
         if phase not in self.compiled:
-            lowered = self.functions[phase].lower(*self.args)
+            with pinned(self.owner.device):  # tracing runs the layer's Python: Keras's cuDNN test among it
+                lowered = self.functions[phase].lower(*self.args)
             self.compiled[phase] = lowered.compile()
             self.lowered_text[phase] = lowered.as_text(dialect="hlo")
         return self.compiled[phase]

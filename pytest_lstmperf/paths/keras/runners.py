@@ -8,6 +8,7 @@ with a :class:`BackendRunner` subclass and one entry in :data:`BACKEND_RUNNERS`.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import time
 from typing import Any
@@ -93,7 +94,12 @@ class LocalKerasRun:
         if self.options.backend == "torch":
             name = "cuda:0" if self.device == "cuda" else "cpu"
         if self.options.backend == "jax":
-            name = "gpu:0" if self.device == "cuda" else "cpu:0"
+            from .jax_runner import pinned  # a CPU run stays on the CPU on a GPU machine too
+
+            stack = contextlib.ExitStack()
+            stack.enter_context(self.keras.device("gpu:0" if self.device == "cuda" else "cpu:0"))
+            stack.enter_context(pinned(self.device))
+            return stack
         return self.keras.device(name)
 
     # -- conversions shared by both backends
