@@ -8,8 +8,9 @@ copy this one instead of recording their own. The lifecycle test asserts on this
 ``clean_suites_run``: the kernel and equivalence suites run clean on the CPU torch paths, once per session;
 the planted-fault tests (``test_suite_checks_fail``) and the serial run of ``test_plugin`` both assert on it.
 
-Both run once per test run: under pytest-xdist the first worker to need one runs it and the others read its
-result (:func:`pytester_runs.run_once`).
+Both run once per test run, in the background from the end of collection (the tests that read them run last):
+under pytest-xdist the first worker to start one runs it and the others read its result
+(:class:`pytester_runs.SessionRun`).
 
 ``inner_env``: the environment of a test's inner pytest runs cleared of what they must not inherit
 (:data:`pytester_runs.CLEARED_ENV`, the one list). ``drawn``: the figures a plotting function draws, kept open.
@@ -17,9 +18,9 @@ result (:func:`pytester_runs.run_once`).
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from pytester_runs import (
@@ -27,37 +28,45 @@ from pytester_runs import (
     CPU_TORCH_PATHS,
     XDIST_ENV,
     GateRecording,
+    SessionRun,
     clear_inner_env,
     gate_env,
-    run_once,
-    run_pytest_in,
     suites_args,
     write_gate_project,
 )
 
 
-@pytest.fixture(scope="session")
-def gate_recording(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> GateRecording:
+def _start_gate_recording(config: pytest.Config, factory: pytest.TempPathFactory) -> SessionRun:
     from test_bench_plugin import BASE_ARGS
 
-    def record(root: Path) -> pytest.RunResult:
-        write_gate_project(root)
-        return run_pytest_in(root, *BASE_ARGS, "--lstmperf-save-baseline", env=gate_env())
+    run = SessionRun.of(config, factory, "gate-recording")
+    run.start([*BASE_ARGS, "--lstmperf-save-baseline"], gate_env(), 600, write_gate_project)
+    return run
 
-    root, result = run_once(request, tmp_path_factory, "gate-recording", record)
-    files = {p.name: p.read_text() for p in sorted((root / "baselines").glob("*.json"))}
+
+def _start_clean_suites(config: pytest.Config, factory: pytest.TempPathFactory) -> SessionRun:
+    run = SessionRun.of(config, factory, "clean-suites")
+    env = {k: v for k, v in os.environ.items() if k not in CLEARED_ENV}
+    run.start(suites_args(CPU_TORCH_PATHS), env, 600, lambda root: None)
+    return run
+
+
+#: the session fixtures whose inner run starts in the background as collection ends
+SESSION_RUNS = {"gate_recording": _start_gate_recording, "clean_suites_run": _start_clean_suites}
+
+
+@pytest.fixture(scope="session")
+def gate_recording(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> GateRecording:
+    run = _start_gate_recording(request.config, tmp_path_factory)  # started already where collection saw it
+    result = run.result(timeout=900)
+    files = {p.name: p.read_text() for p in sorted((run.root / "baselines").glob("*.json"))}
     return GateRecording(result, files)
 
 
 @pytest.fixture(scope="session")
 def clean_suites_run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> pytest.RunResult:
     pytest.importorskip("torch", reason="the suites run PyTorch paths (pip install 'pytest-lstmperf[torch]')")
-    env = {k: v for k, v in os.environ.items() if k not in CLEARED_ENV}
-
-    def run(root: Path) -> pytest.RunResult:
-        return run_pytest_in(root, *suites_args(CPU_TORCH_PATHS), env=env, timeout=600)
-
-    return run_once(request, tmp_path_factory, "clean-suites", run)[1]
+    return _start_clean_suites(request.config, tmp_path_factory).result(timeout=1200)
 
 
 @pytest.fixture
@@ -91,6 +100,16 @@ def _inner_runs_are_not_xdist_workers(request: pytest.FixtureRequest, monkeypatc
             monkeypatch.delenv(name, raising=False)
 
 
+def _session_run_of(item: pytest.Item) -> str | None:
+    return next((name for name in SESSION_RUNS if name in getattr(item, "fixturenames", ())), None)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The tests that read a session run go last (in their order): their run starts in the background as
+    collection ends, and the other tests run meanwhile instead of waiting for it."""
+    items[:] = [i for i in items if _session_run_of(i) is None] + [i for i in items if _session_run_of(i)]
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     """What collection imported (torch, TensorFlow, Keras, JAX: about 675,000 objects) is frozen out of the
     garbage collector, which walked it in every full collection (a whole run without this: 20 of them,
@@ -100,9 +119,18 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
     gc.collect()
     gc.freeze()
+    # the session runs that a collected test needs start now (not with torch: the clean suites run PyTorch paths)
+    factory = getattr(session.config, "_tmp_path_factory", None)  # the tmp_path_factory fixture's object
+    needed = {_session_run_of(item) for item in session.items} - {None}
+    if factory is not None and not session.config.option.collectonly:
+        for name in sorted(n for n in needed if n is not None):
+            if name != "clean_suites_run" or importlib.util.find_spec("torch") is not None:
+                SESSION_RUNS[name](session.config, factory)
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
     from forked_pytest import close_server
 
     close_server()
+    for run in SessionRun.runs.values():
+        run.stop()

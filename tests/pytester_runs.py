@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 from forked_pytest import run_forked
@@ -62,9 +64,11 @@ class GateRecording:
         return folder / name
 
 
-def run_pytest_in(root: Path, *args: str, env: dict[str, str], timeout: float = 300) -> pytest.RunResult:
+def run_pytest_in(
+    root: Path, *args: str, env: dict[str, str], timeout: float = 300, fork: bool = True
+) -> pytest.RunResult:
     """``pytester.runpytest_subprocess`` for a folder a session-scoped fixture owns (pytester is per test),
-    forked from the fork server where it can be (:mod:`forked_pytest`)."""
+    forked from the fork server where it can be (:mod:`forked_pytest`) and ``fork`` allows."""
     basetemp = root / "basetemp"
     env = {
         **env,
@@ -72,7 +76,7 @@ def run_pytest_in(root: Path, *args: str, env: dict[str, str], timeout: float = 
         "PY_COLORS": "0",
         "PYTHONPATH": os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH", "")])),
     }
-    forked = run_forked([f"--basetemp={basetemp}", *args], root, env, timeout)
+    forked = run_forked([f"--basetemp={basetemp}", *args], root, env, timeout) if fork else None
     if forked is not None:
         return forked
     start = time.perf_counter()
@@ -84,26 +88,94 @@ def run_pytest_in(root: Path, *args: str, env: dict[str, str], timeout: float = 
     return pytest.RunResult(proc.returncode, *lines, time.perf_counter() - start)
 
 
-def run_once(request: pytest.FixtureRequest, factory: pytest.TempPathFactory, name: str,
-             run: Callable[[Path], pytest.RunResult]) -> tuple[Path, pytest.RunResult]:  # fmt: skip
-    """``run(root)`` once per test run, in a folder ``name``: under pytest-xdist the first worker to ask runs it and
-    the others read its result (a session fixture is per worker: each recorded the gate's baseline, a full run
-    with its recording processes, again). Returns the folder and the result."""
-    if not hasattr(request.config, "workerinput"):
-        root = factory.mktemp(name, numbered=False)
-        return root, run(root)
-    from filelock import FileLock
+class SessionRun:
+    """An inner pytest run that a test session needs once (the gate's recording, the clean suites run), started in
+    the background as collection ends, so that the other tests run while it does (:func:`start_session_run`).
 
-    shared = factory.getbasetemp().parent  # the run's temporary folder, above each worker's own
-    root, saved = shared / name, shared / f"{name}.json"
-    with FileLock(str(shared / f"{name}.lock")):
-        if not saved.exists():
-            root.mkdir()
-            result = run(root)
-            lines = {"ret": int(result.ret), "out": result.outlines, "err": result.errlines}
-            saved.write_text(json.dumps({**lines, "duration": result.duration}))
-        data = json.loads(saved.read_text())
-    return root, pytest.RunResult(data["ret"], data["out"], data["err"], data["duration"])
+    Under pytest-xdist every worker of a run shares one: the first to start it runs it (its folder and result are
+    in the run's temporary folder, above each worker's own), the others read its result. A session fixture is
+    per worker: each worker recorded the gate's baseline, a full run with its recording processes, again. The
+    run is a child process (``python tests/pytester_runs.py FOLDER``) that runs ``python -m pytest`` and writes
+    the result as JSON, so no thread of the test session waits for it."""
+
+    #: the session's runs by name, one object per worker
+    runs: ClassVar[dict[str, SessionRun]] = {}
+
+    @classmethod
+    def of(cls, config: pytest.Config, factory: pytest.TempPathFactory, name: str) -> SessionRun:
+        if name not in cls.runs:
+            base = factory.getbasetemp()
+            cls.runs[name] = cls(base.parent if hasattr(config, "workerinput") else base, name)
+        return cls.runs[name]
+
+    def __init__(self, shared: Path, name: str) -> None:
+        self.root = shared / name
+        self.result_file = shared / f"{name}.json"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(
+        self, args: Sequence[str], env: Mapping[str, str], timeout: float, prepare: Callable[[Path], None]
+    ) -> None:
+        """Start the run, unless a worker of this test run started it already."""
+        try:
+            self.root.mkdir()  # the one atomic claim: whoever makes the folder runs it
+        except FileExistsError:
+            return
+        prepare(self.root)
+        request = {"args": list(args), "env": dict(env), "timeout": timeout, "result": str(self.result_file)}
+        (self.root / "request.json").write_text(json.dumps(request))
+        with open(self.root / "runner.log", "wb") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, __file__, str(self.root)],
+                cwd=self.root,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # its own process group: stop() ends it and what it started
+            )
+
+    def result(self, timeout: float) -> pytest.RunResult:
+        """The run's result, waiting for it; a run that no worker started or that died is a test error."""
+        deadline = time.monotonic() + timeout
+        while not self.result_file.exists():
+            if not self.root.exists() or (self.process is not None and self.process.poll() is not None):
+                if self.result_file.exists():
+                    break
+                log = self.root / "runner.log"
+                why = log.read_text(errors="replace")[-2000:] if log.exists() else "it was never started"
+                raise RuntimeError(f"the session's inner run {self.root.name} ended without a result: {why}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the session's inner run {self.root.name} took more than {timeout:.0f} s")
+            time.sleep(0.2)
+        data = json.loads(self.result_file.read_text())
+        return pytest.RunResult(data["ret"], data["out"], data["err"], data["duration"])
+
+    def stop(self) -> None:
+        """At the session's end: a run this worker started and nobody waited for is not left behind."""
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)  # its process group: the pytest run and what it started
+            self.process.wait(30)
+
+
+def _run_request(root: Path) -> int:  # pragma: no cover - runs in the session run's own process
+    """The session run's process: ``python -m pytest`` in ``root`` as :func:`run_pytest_in` runs it (a fresh
+    subprocess, never the fork server, whose one pipe belongs to the test session), its result as JSON."""
+    import traceback
+
+    request = json.loads((root / "request.json").read_text())
+    start = time.perf_counter()
+    try:
+        result = run_pytest_in(root, *request["args"], env=request["env"], timeout=request["timeout"], fork=False)
+        out = {"ret": int(result.ret), "out": result.outlines, "err": result.errlines, "duration": result.duration}
+    except Exception:  # a timeout included: the tests that need the run fail on this, naming it
+        lines = [f"the session run in {root} raised:", *traceback.format_exc().splitlines()]
+        out = {"ret": int(pytest.ExitCode.INTERNAL_ERROR), "out": [], "err": lines,
+               "duration": time.perf_counter() - start}  # fmt: skip
+    target = Path(request["result"])
+    tmp = target.with_suffix(".tmp")
+    tmp.write_text(json.dumps(out))
+    os.replace(tmp, target)
+    return 0
 
 
 REPO = Path(__file__).resolve().parents[1]
@@ -130,3 +202,7 @@ def gate_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in CLEARED_ENV}
     env["PYTEST_LSTMPERF_PLANT_CLOCK"] = "thread"
     return env
+
+
+if __name__ == "__main__":
+    sys.exit(_run_request(Path(sys.argv[1])))
