@@ -12,8 +12,9 @@ Both run once per test run, in the background from the end of collection (the te
 under pytest-xdist the first worker to start one runs it and the others read its result
 (:class:`pytester_runs.SessionRun`).
 
-``inner_env``: the environment of a test's inner pytest runs cleared of what they must not inherit
-(:data:`pytester_runs.CLEARED_ENV`, the one list). ``drawn``: the figures a plotting function draws, kept open.
+What a test's inner pytest runs must not inherit from this run's environment is one list,
+:data:`pytester_runs.CLEARED_ENV` (:func:`pytester_runs.clear_inner_env` clears it for a test). ``drawn``: the
+figures a plotting function draws, kept open.
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ from pytester_runs import (
     XDIST_ENV,
     GateRecording,
     SessionRun,
-    clear_inner_env,
     gate_env,
     suites_args,
     write_gate_project,
@@ -67,13 +67,6 @@ def gate_recording(request: pytest.FixtureRequest, tmp_path_factory: pytest.Temp
 def clean_suites_run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> pytest.RunResult:
     pytest.importorskip("torch", reason="the suites run PyTorch paths (pip install 'pytest-lstmperf[torch]')")
     return _start_clean_suites(request.config, tmp_path_factory).result(timeout=1200)
-
-
-@pytest.fixture
-def inner_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
-    """This test's inner pytest runs inherit none of :data:`pytester_runs.CLEARED_ENV`; returns ``monkeypatch``."""
-    clear_inner_env(monkeypatch)
-    return monkeypatch
 
 
 @pytest.fixture
@@ -119,7 +112,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
     gc.collect()
     gc.freeze()
-    # the session runs that a collected test needs start now (not with torch: the clean suites run PyTorch paths)
+    # the session runs that a collected test needs start now (the clean suites only where torch is installed)
     factory = getattr(session.config, "_tmp_path_factory", None)  # the tmp_path_factory fixture's object
     needed = {_session_run_of(item) for item in session.items} - {None}
     if factory is not None and not session.config.option.collectonly:
