@@ -21,8 +21,8 @@ from forked_pytest import run_forked
 #: pytest-benchmark then disables itself and writes no JSON)
 XDIST_ENV = ("PYTEST_XDIST_WORKER", "PYTEST_XDIST_WORKER_COUNT", "PYTEST_XDIST_TESTRUNUID")
 #: what an inner pytest run of these tests must not inherit from the run that started it: its options, its
-#: planted fault, its device and paths, its xdist worker variables. The one list (the ``inner_env`` fixture,
-#: :func:`gate_env` and the session fixtures read it)
+#: planted fault, its device and paths, its xdist worker variables. The one list (:func:`clear_inner_env`,
+#: :func:`gate_env` and the session runs read it)
 CLEARED_ENV = (
     "PYTEST_ADDOPTS",
     "PYTEST_LSTMPERF_PLANT",
