@@ -3,6 +3,7 @@ folders that exist, and the job summary shown in docs/ci.md is what ``ci_summary
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -10,11 +11,13 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from ci_recipe import steps
 
 from pytest_lstmperf.ci_summary import SummaryRow, junit_properties, markdown
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKFLOW = ROOT / "examples" / "ci" / "lstmperf.yml"
+OWN_PROJECT = ROOT / "examples" / "ci" / "lstmperf-own-project.yml"
 CI_DOC = ROOT / "docs" / "ci.md"
 
 
@@ -129,3 +132,64 @@ def test_the_docs_run_pytest_from_the_environment_that_has_the_plugin() -> None:
     bare = [f"{page.relative_to(ROOT)}:{number}: {code}" for page in pages if page.name not in _NOT_YET
             for number, code in bare_pytest_commands(page.read_text(encoding="utf-8"))]  # fmt: skip
     assert bare == [], "bare pytest commands:\n" + "\n".join(bare)
+
+
+#: the extras of pytest-lstmperf a framework of the paths needs (keras comes with the tensorflow and jax extras)
+FRAMEWORK_EXTRAS = {
+    "torch": {"torch"},
+    "torch-compile": {"torch"},
+    "keras-torch": {"torch", "jax|tensorflow"},
+    "keras-jax": {"jax"},
+    "keras-tensorflow": {"tensorflow"},
+    "onnxruntime": {"onnx"},
+}
+
+
+def missing_extras(install: str, frameworks: set[str]) -> dict[str, set[str]]:
+    """framework -> the extras it needs that ``install`` (a job's install commands) does not name."""
+    named: set[str] = set()
+    for group in re.findall(r"pytest-lstmperf\[([\w,]+)\]|-e '\.\[([\w,]+)\]'", install):
+        named |= set(",".join(group).strip(",").split(","))
+    missing = {}
+    for framework in frameworks:
+        needs = FRAMEWORK_EXTRAS.get(framework, {framework})
+        lacking = {extra for extra in needs if not set(extra.split("|")) & named}
+        if lacking:
+            missing[framework] = lacking
+    return missing
+
+
+def test_the_gpu_jobs_install_every_framework_of_the_committed_baselines() -> None:
+    """A framework the committed baselines time but the job does not install would lose its paths, and each of
+    its benchmarks would fail the gate as path-lost."""
+    frameworks = set()
+    for baseline in sorted((ROOT / "baselines").glob("*.json")):
+        data = json.loads(baseline.read_text(encoding="utf-8"))
+        frameworks |= {b["extra_info"]["framework"] for b in data["benchmarks"]}
+    assert {"torch", "keras-torch", "keras-jax"} <= frameworks
+    text = WORKFLOW.read_text(encoding="utf-8")
+    for job in ("speed-gate", "update-baseline"):
+        install = next(step.run for step in steps(text, job) if step.name == "Install")
+        assert missing_extras(install, frameworks) == {}, job
+        if "keras-jax" in frameworks:  # JAX's CUDA build, or Keras on JAX would run on the CPU
+            assert "'jax[cuda" in install, job
+    # planted: the install line the recipe had, and a baseline with Keras on TensorFlow
+    assert missing_extras(".venv/bin/pip install -e '.[torch,test]'", frameworks) == {
+        "keras-torch": {"jax|tensorflow"}, "keras-jax": {"jax"}}  # fmt: skip
+    assert missing_extras(install, frameworks | {"keras-tensorflow"}) == {"keras-tensorflow": {"tensorflow"}}
+
+
+def test_the_own_project_recipe_uses_real_options_and_extras(pytest_help: str) -> None:
+    text = OWN_PROJECT.read_text(encoding="utf-8")
+    used = _options(text)
+    assert {"--benchmark-compare", "--lstmperf-update-baseline", "--device"} <= used
+    missing = sorted(option for option in used if not re.search(rf"(?<![\w-]){re.escape(option)}\b", pytest_help))
+    assert missing == [], f"not options of pytest with the plugin: {missing}"
+    pyproject = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    code = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
+    extras = {e for group in re.findall(r"pytest-lstmperf\[([\w,]+)\]", code) for e in group.split(",")}
+    assert extras >= {"torch", "test"}
+    assert all(re.search(rf"^{extra} = \[", pyproject, flags=re.M) for extra in extras), extras
+    assert "-e ." not in text and "-e '." not in text  # a user's repository is not this project
+    jobs = re.findall(r"^  ([\w-]+):\n", text.split("\njobs:\n", 1)[1], flags=re.M)
+    assert jobs == ["tests-cpu", "speed-gate", "update-baseline"]
