@@ -199,7 +199,9 @@ def test_word_language_model_fails_with_onednn_off(pytester: pytest.Pytester) ->
         [
             "*lstmperf_kernel: expected onednn; 2 of 2 recurrent layer calls did not:*",
             "*path torch-cpu-onednn on lstm-I16-H32-L2-B4-T12 (seed 0): 2 check(s) failed*",
-            "*[[]kernel[]] forward LSTM(16, 32, num_layers=2): expected kernel family 'onednn', observed 'cpu-native'*",
+            # the call is named by module path, call number and shape
+            "*[[]kernel[]] forward RNNModel.rnn call 1, T12 B4: LSTM(16, 32, num_layers=2): expected kernel family "
+            "'onednn', observed 'cpu-native'*",
             "FAILED *test_training_step_runs_the_fast_kernel*",
             "FAILED *test_every_path_matches_float64*",
         ]
