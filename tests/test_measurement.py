@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from forked_pytest import runpytest_forked
 from pytester_runs import clear_inner_env
-from test_bench_plugin import BASE_ARGS, ONE_PROCESS, SPIN_MODULE, SUITE
+from test_bench_plugin import BASE_ARGS, SPIN_MODULE, SUITE
 
 from pytest_lstmperf import host_counters, meters
 from pytest_lstmperf.speed import timing
@@ -382,7 +382,7 @@ def test_a_jax_function_is_benchmarked_waiting_for_its_results_and_gated(user, m
     # machine its samples swung from 0.3 to 240 ms per repetition (a 4.3x slower call then read 0.012x), so the
     # run keeps torch on one thread, as the user projects above do in their fixture
     user.path.joinpath("conftest.py").write_text("import torch\n\ntorch.set_num_threads(1)\n")
-    result = user("--lstmperf-save-baseline", ONE_PROCESS)  # the recording's processes: the test above
+    result = user("--lstmperf-save-baseline")
     assert result.ret == 0, result.stdout.str()
     (path,) = sorted((user.path / "baselines").glob("*.json"))
     (entry,) = json.loads(path.read_text())["benchmarks"]
@@ -477,7 +477,7 @@ def test_marked_plain_benchmark_is_recorded_and_gated(user) -> None:
     at the run's threshold while ``@pytest.mark.lstmperf_threshold(5.0)`` passes its twin. The unmarked
     ``benchmark`` test beside them is left to pytest-benchmark: no record, no baseline entry."""
     user.path.joinpath("test_user.py").write_text(MARKED_TEST)
-    result = user("--lstmperf-save-baseline", ONE_PROCESS)  # the recording's processes: the tests above
+    result = user("--lstmperf-save-baseline")
     assert result.ret == 0, result.stdout.str()
     (path,) = sorted((user.path / "baselines").glob("*.json"))
     entries = {e["name"]: e for e in json.loads(path.read_text())["benchmarks"]}
