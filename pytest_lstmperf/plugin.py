@@ -14,7 +14,7 @@ import pytest
 
 from . import options
 from . import paths as registry
-from .report import build_report
+from .run_report import build_report
 from .session import (
     LstmPerfSession,
     ensure_session,

@@ -27,7 +27,7 @@ from .speed.gate import GateState
 if TYPE_CHECKING:
     from .device import DeviceInfo
     from .paths import ExecutionPath
-    from .report import RunReport
+    from .run_report import RunReport
     from .speed.machine_info import MachineInfo
     from .speed.machine_lock import MachineLock
 
@@ -146,7 +146,7 @@ class LstmPerfSession:
         self.machine_lock: MachineLock | None = None
         #: pytest-xdist's controller: the run's id, whose lock folder it removes at the end
         self.xdist_run: str | None = None
-        #: the run's report, built once at its end (:func:`.report.build_report`)
+        #: the run's report, built once at its end (:func:`.run_report.build_report`)
         self.report: RunReport | None = None
 
     # ------------------------------------------------------------------------------------ the device

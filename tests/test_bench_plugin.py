@@ -23,8 +23,7 @@ import pytest
 from forked_pytest import runpytest_forked
 from pytester_runs import clear_inner_env
 
-from pytest_lstmperf import graph_replay, meters
-from pytest_lstmperf import report as run_report
+from pytest_lstmperf import graph_replay, meters, run_report
 from pytest_lstmperf.observation import claims
 from pytest_lstmperf.speed import shapes, timing
 
@@ -725,7 +724,7 @@ def test_graph_replays_keep_every_sample(monkeypatch) -> None:
 
 
 def test_a_left_out_transient_is_named_in_the_run_notes() -> None:
-    from pytest_lstmperf.report import timing_notes
+    from pytest_lstmperf.run_report import timing_notes
 
     note = "9 leading sample(s) of a start-up transient left out (768 us first, 257 us steady): more taken"
     records = [{"extra_info": {"device_time_note": note}}, {"extra_info": {"device_time_note": ""}}]

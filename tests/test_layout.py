@@ -2,12 +2,12 @@
 imports no framework.
 
 Layers, lowest first (a module may import from its own layer and the layers below it, never above):
-``device``/``options``/``ci_summary``/``graph_replay``/``meters`` -> ``model`` -> ``observation`` -> ``paths`` ->
-``numerics`` -> ``speed`` -> ``workloads`` -> ``session``/``report`` -> ``hooks`` -> ``testing`` ->
-``plugin``/``cli``. Imports only needed for type annotations (under ``if TYPE_CHECKING:``) count too: a reader
-follows them the same way (a lower layer that needs a higher one's type states what it reads of it as a
-``Protocol``). No upward import remains: one would have to be listed in ``ALLOWED`` with the reason, a new one
-fails, and so does an entry that is no longer needed.
+``device``/``options``/``ci_summary``/``graph_replay``/``meters``/``ratios``/``progress`` -> ``model`` ->
+``observation`` -> ``paths`` -> ``numerics`` -> ``speed`` -> ``workloads`` -> ``session``/``run_report`` -> ``hooks``
+-> ``testing`` -> ``plugin``/``cli``. Imports only needed for type annotations (under ``if TYPE_CHECKING:``) count
+too: a reader follows them the same way (a lower layer that needs a higher one's type states what it reads of it as a
+``Protocol``). No upward import remains: one would have to be listed in ``ALLOWED`` with the reason, a new one fails,
+and so does an entry that is no longer needed.
 """
 
 from __future__ import annotations
@@ -22,14 +22,14 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "pytest_lstmperf"
 
 LAYERS = (
-    ("device", "options", "ci_summary", "graph_replay", "meters", "host_counters"),
+    ("device", "options", "ci_summary", "graph_replay", "meters", "host_counters", "ratios", "progress"),
     ("model",),
     ("observation",),
     ("paths",),
     ("numerics",),
     ("speed",),
     ("workloads",),
-    ("session", "report"),
+    ("session", "run_report"),
     ("hooks",),
     ("testing",),
     ("plugin", "cli", "__init__"),

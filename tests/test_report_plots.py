@@ -210,7 +210,7 @@ def _user(name: str, label: str = "forward", file: str = "tests/test_model.py") 
 
 
 def test_user_benchmarks_are_named_by_their_test() -> None:
-    from pytest_lstmperf.report import summary_lines
+    from pytest_lstmperf.run_report import summary_lines
 
     records = [_user("test_encoder"), _user("test_decoder")]
     assert report.shape_of(records[0]) == "test_encoder"
@@ -254,7 +254,7 @@ def test_peak_notes_say_why_and_what_to_do() -> None:
 
 
 def test_terminal_notes_explain_the_peak_cells() -> None:
-    from pytest_lstmperf.report import timing_notes
+    from pytest_lstmperf.run_report import timing_notes
 
     over = {"name": "test_keras[keras-jax-cpu]", "extra_info": {"peak_fraction": 6.0}}
     fine = {"name": "test_y", "extra_info": {"peak_fraction": 0.4}}

@@ -59,7 +59,7 @@ def test_wall_time_comes_after_the_benchmark_tables(output: list[str]) -> None:
 
 
 def test_time_by_phase_sums_the_benchmarks_phases_and_names_the_gates_own() -> None:
-    from pytest_lstmperf.report import phase_line
+    from pytest_lstmperf.run_report import phase_line
 
     records = [
         {"extra_info": {"phase_s": {"prepare": 1.0, "rounds": 2.0, "trace": 0.5}}},

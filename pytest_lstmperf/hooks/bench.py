@@ -27,7 +27,7 @@ from typing import Any, cast
 import pytest
 
 from .. import options
-from ..report import build_report
+from ..run_report import build_report
 from ..session import PropertyCollector, ensure_session, run_session
 from ..speed.benchmark_adapter import (
     benchmark_replaced,

@@ -1,11 +1,11 @@
-"""The run's report on the terminal: the sections of :class:`~..report.RunReport` as they are built, printed with
+"""The run's report on the terminal: the sections of :class:`~..run_report.RunReport` as they are built, printed with
 their markup (the ``lstmperf speed`` section after every other summary, its verdict last)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from ..report import Line
+from ..run_report import Line
 
 
 def print_lines(tr: Any, lines: tuple[Line, ...] | tuple[str, ...]) -> None:
