@@ -24,7 +24,16 @@ export PIP_NO_INDEX=1 PIP_FIND_LINKS="$ROOT/build/ci-wheels $ROOT/.whl" PIP_NO_C
 export GITHUB_STEP_SUMMARY="$OUT/summary.md" GITHUB_RUN_ID=local
 cat > "$WORK/shim/python3" <<SHIM
 #!/usr/bin/env bash
-if [ "\${1:-}" = -m ] && [ "\${2:-}" = venv ]; then shift 2; exec "$REAL_PYTHON" -m venv --system-site-packages "\$@"; fi
+if [ "\${1:-}" = -m ] && [ "\${2:-}" = venv ]; then
+  shift 2
+  "$REAL_PYTHON" -m venv --system-site-packages "\$@" || exit \$?
+  # where the machine's python is itself a virtual environment, --system-site-packages reaches its base
+  # interpreter only: its own site-packages (CUDA torch, JAX) go on the new environment's path too
+  dir="\${@: -1}"
+  site=\$("\$dir/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+  "$REAL_PYTHON" -c "import site, sysconfig; print('\\n'.join(dict.fromkeys([*site.getsitepackages(), sysconfig.get_paths()['purelib']])))" > "\$site/machine-site.pth"
+  exit 0
+fi
 exec "$REAL_PYTHON" "\$@"
 SHIM
 chmod +x "$WORK/shim/python3"

@@ -4,7 +4,7 @@
 # or the same trials on the machine's CPU.
 #
 #   OUT=/tmp/g bash scripts/gpu_gate.sh cuda     # record, clean and faulty subset runs, the default command
-#   OUT=/tmp/g bash scripts/gpu_gate.sh default  # the default command against the committed baseline: cold, warm
+#   OUT=/tmp/g bash scripts/gpu_gate.sh default  # the default command against the committed baselines, RUNS times (2)
 #   OUT=/tmp/g bash scripts/gpu_gate.sh cpu      # the host's CPU: record, clean (one process, -n 2), slowdown, update
 #
 # Environment: OUT (default ./gpu-gate-out), BUDGET_S (no run starts after it, default 420), PYTHON (python3).
@@ -37,7 +37,7 @@ case "${1:-cuda}" in
   default)  # the default command against the committed baseline, twice (cold, warm): its wall time and phases
     mkdir -p "$WORK/baselines" "$WORK/runs"
     cp baselines/*.json "$WORK/baselines/"
-    for k in 1 2; do
+    for k in $(seq 1 "${RUNS:-2}"); do
       t0=$(date +%s%N)
       timeout "$BUDGET_S" "$PYTHON" -m pytest $PLUGIN suites/ --device=cuda --benchmark-compare -p no:cacheprovider \
         --lstmperf-baselines="$WORK/baselines" >"$WORK/runs/default-$k.log" 2>&1
