@@ -32,6 +32,8 @@ if [ "\${1:-}" = -m ] && [ "\${2:-}" = venv ]; then
   dir="\${@: -1}"
   site=\$("\$dir/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
   "$REAL_PYTHON" -c "import site, sysconfig; print('\\n'.join(dict.fromkeys([*site.getsitepackages(), sysconfig.get_paths()['purelib']])))" > "\$site/machine-site.pth"
+  # pip finds pytest installed there and writes no .venv/bin/pytest, which a runner's fresh install would have
+  printf '#!/bin/sh\\nexec "\$(dirname "\$0")/python" -m pytest "\$@"\\n' > "\$dir/bin/pytest" && chmod +x "\$dir/bin/pytest"
   exit 0
 fi
 exec "$REAL_PYTHON" "\$@"
@@ -53,6 +55,12 @@ for job in ${JOBS:-speed-gate update-baseline}; do
     tar --exclude=./build --exclude=./.whl --exclude=./.venv --exclude='./gpu-*-out' -cf - . | tar -xf - -C "$copy"
   fi
   "$REAL_PYTHON" tests/ci_recipe.py examples/ci/lstmperf.yml "$job" > "$WORK/$job.sh"
+  # 'jax[cuda13]' pulls JAX's CUDA wheels (nvidia-cuda-nvcc, ...), which a machine without network cannot fetch:
+  # there, and only there, the machine's installed CUDA JAX stands for it (said in the log)
+  if [ -n "${OFFLINE_JAX:-1}" ] && grep -q "'jax\[cuda13\]'" "$WORK/$job.sh"; then
+    sed -i "s/'jax\[cuda13\]'/jax/" "$WORK/$job.sh"
+    echo "== $job: 'jax[cuda13]' read as jax (the machine's CUDA build; no network to fetch its CUDA wheels)" >> "$OUT/$job.log"
+  fi
   echo "== $job (steps: $(grep -c '^# step:' "$WORK/$job.sh"))" | tee "$OUT/$job.log"
   # the job's steps, each a script: the workflow's env, then the step's command
   "$REAL_PYTHON" - "$WORK/$job.sh" "$WORK/$job" > "$WORK/$job.names" <<'PY'

@@ -60,7 +60,8 @@ print("RESULT " + json.dumps(out))
     reason="JAX or keras is not installed (pip install 'pytest-lstmperf[jax]')",
 )
 def test_keras_jax_cpu_run_never_reaches_the_cudnn_primitive_where_jax_defaults_to_a_gpu(tmp_path: Path) -> None:
-    env = {**os.environ, "KERAS_BACKEND": "jax", "PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"}
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)  # keep where keras is
+    env = {**os.environ, "KERAS_BACKEND": "jax", "PYTHONPATH": path, "JAX_PLATFORMS": "cpu"}
     result = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env,
                             cwd=tmp_path, timeout=300)  # fmt: skip
     line = next((x for x in result.stdout.splitlines() if x.startswith("RESULT ")), None)
