@@ -96,8 +96,6 @@ def test_the_summary_shown_in_the_docs_is_what_the_code_writes() -> None:
 #: a pytest command without the interpreter or folder that has the plugin: at a command's start in a code block
 #: (after `$ `, `VAR=value ` or `&&`, `;`, `|`), or an inline code span that starts with it
 _BARE_IN_BLOCK = re.compile(r"(?:^\s*(?:\$\s+)?(?:\w+=\S*\s+)*|(?:&&|;|\|)\s*)pytest(?=\s|$)")
-#: another engineer's page, still to be brought to the `.venv/bin/pytest` form
-_NOT_YET = {"scaling.md"}
 
 
 def bare_pytest_commands(text: str) -> list[tuple[int, str]]:
@@ -129,7 +127,7 @@ def test_the_docs_run_pytest_from_the_environment_that_has_the_plugin() -> None:
     (``unrecognized arguments: --device=cpu``): the README and docs write ``.venv/bin/pytest`` (the Install
     section's environment) or ``python -m pytest``."""
     pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-    bare = [f"{page.relative_to(ROOT)}:{number}: {code}" for page in pages if page.name not in _NOT_YET
+    bare = [f"{page.relative_to(ROOT)}:{number}: {code}" for page in pages
             for number, code in bare_pytest_commands(page.read_text(encoding="utf-8"))]  # fmt: skip
     assert bare == [], "bare pytest commands:\n" + "\n".join(bare)
 
