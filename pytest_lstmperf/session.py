@@ -167,6 +167,11 @@ class LstmPerfSession:
                 raise pytest.UsageError(str(exc)) from None
         return self._device
 
+    @device.setter
+    def device(self, value: DeviceInfo) -> None:
+        """A device given instead of the setting's (a test of a path on a device of its own)."""
+        self._device = value
+
     # ------------------------------------------------------------------------------------ the paths
     @property
     def started(self) -> bool:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import types
 from collections.abc import Sequence
 from pathlib import Path
@@ -399,7 +400,11 @@ def test_a_jax_function_is_benchmarked_waiting_for_its_results_and_gated(user, m
     monkeypatch.setenv("SLOWER", "3")
     result = user("--benchmark-compare")
     assert result.ret == pytest.ExitCode.TESTS_FAILED, result.stdout.str()
-    result.stdout.fnmatch_lines(["*test_jax_forward*regressed*"])
+    # slower, or, where the recording's processes lay too far apart on a loaded runner to see 1.5x, inconclusive
+    # with the reason: the run fails either way, never passes
+    text = result.stdout.str()
+    assert re.search(r"test_jax_forward\S*\s.*\s(regressed|inconclusive)\s*$", text, re.M), text
+    assert "speed gate passed" not in text
 
 
 def test_a_jax_benchmark_waits_for_each_calls_results(monkeypatch) -> None:

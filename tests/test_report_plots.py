@@ -84,7 +84,9 @@ def test_overhead_names_each_shape_once_and_nothing_overlaps(drawn: list, tmp_pa
     assert ticks[0].endswith("raw 0.3 ms")
     assert len(ax.texts) == 0  # no point labels: the shapes are on the axis
     legend = [t.get_text() for t in ax.get_legend().get_texts()]
-    assert legend[0] == "torch" and "1x: no overhead" in legend and len(legend) == 7
+    assert legend[0] == "torch" and "1x: no overhead" in legend
+    # torch at 0.9x and ONNX Runtime at 0.98x of their raw cost: flagged, with their own legend entry
+    assert "below 1x: faster than raw,\nnot an overhead (noise)" in legend and len(legend) == 8
     low, high = ax.get_ylim()
     assert low < 1.0 < high
 

@@ -100,6 +100,17 @@ def _spec(cell: str, x: Any, flat: list[Any], num_layers: int, bidirectional: bo
     )
 
 
+def _same_device(x: Any, *tensors: Any) -> None:
+    """As torch's own kernel does: a hidden state or weight on another device than the input is an error that
+    says so (the numpy recurrence would otherwise copy it across, or fail to copy it, without a word)."""
+    for t in tensors:
+        if t is not None and t.device != x.device:
+            raise RuntimeError(
+                f"Input and hidden tensors are not at the same device, found input tensor at {x.device} and "
+                f"another tensor at {t.device}"
+            )
+
+
 def _layer(torch: Any, cell: str) -> Any:
     """The replacement of ``torch._VF.lstm``/``gru``: both overloads (dense and ``batch_sizes``)."""
     from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
@@ -119,6 +130,7 @@ def _layer(torch: Any, cell: str) -> Any:
             x = data if batch_first else data.transpose(0, 1)
             lengths_t = None
         h0, c0 = (hx[0], hx[1]) if cell == "lstm" else (hx, None)
+        _same_device(x, h0, c0, *flat)
         spec = _spec(cell, x, flat, num_layers, bidirectional, lengths_t)
         results = function.apply(spec, x, h0, c0, *flat)
         out = results[0]
@@ -138,6 +150,7 @@ def _cell(torch: Any, cell: str) -> Any:
     def call(x: Any, hx: Any, w_ih: Any, w_hh: Any, b_ih: Any = None, b_hh: Any = None) -> Any:
         flat = [w_ih, w_hh] + ([b_ih, b_hh] if b_ih is not None else [])
         h, c = (hx[0], hx[1]) if cell == "lstm" else (hx, None)
+        _same_device(x, h, c, *flat)
         spec = _spec(cell, x.unsqueeze(1), flat, 1, False)
         results = function.apply(spec, x.unsqueeze(1), h.unsqueeze(0), None if c is None else c.unsqueeze(0), *flat)
         if cell == "lstm":
