@@ -120,6 +120,9 @@ if "spin-known" not in registry.REGISTRY:  # the same path, with the fallback do
 #: and update, a format-1 file filled, and in process in ``test_baseline`` and ``test_policy``. Not where a
 #: compare follows: an entry of one process, with no other benchmark's spread beside it, compares inconclusive
 ONE_PROCESS = "--lstmperf-record-processes=1"
+#: an inner run that records starts further pytest processes (three, each under pytest-xdist where the run is):
+#: on 2 loaded cores one took 295 s; the limit catches a hang, not a slow machine
+INNER_TIMEOUT_S = 900
 
 BASE_ARGS = [
     "-p",
@@ -148,7 +151,7 @@ def gate(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setenv("PYTEST_LSTMPERF_PLANT_CLOCK", "thread")
 
     def run(*args: str) -> pytest.RunResult:
-        return runpytest_forked(pytester, *BASE_ARGS, *args, timeout=300)
+        return runpytest_forked(pytester, *BASE_ARGS, *args, timeout=INNER_TIMEOUT_S)
 
     run.path = pytester.path  # type: ignore[attr-defined]
     return run

@@ -25,6 +25,8 @@ from pytest_lstmperf.speed import timing
 
 torch = pytest.importorskip("torch")
 
+#: an inner run that records starts further pytest processes; the limit catches a hang, not a slow machine
+INNER_TIMEOUT_S = 900
 USER_ARGS = [
     "-p",
     "no:cacheprovider",
@@ -98,7 +100,7 @@ def spin(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch):
     _env(monkeypatch)
 
     def run(*args: str) -> pytest.RunResult:
-        return runpytest_forked(pytester, *BASE_ARGS, *args, timeout=300)
+        return runpytest_forked(pytester, *BASE_ARGS, *args, timeout=INNER_TIMEOUT_S)
 
     run.path = pytester.path  # type: ignore[attr-defined]
     return run
@@ -111,7 +113,7 @@ def user(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch):
     _env(monkeypatch)
 
     def run(*args: str) -> pytest.RunResult:
-        return runpytest_forked(pytester, *USER_ARGS, *args, timeout=300)
+        return runpytest_forked(pytester, *USER_ARGS, *args, timeout=INNER_TIMEOUT_S)
 
     run.path = pytester.path  # type: ignore[attr-defined]
     return run
