@@ -222,8 +222,14 @@ def test_jax_go_backwards_finding_keeps_stacks_out_and_single_layers_in() -> Non
         pytest.fail("the stacked go_backwards entry is gone from KNOWN_KERAS_BUGS")
     import importlib.metadata
 
-    if importlib.metadata.version("keras") in KNOWN_KERAS_BUGS:
-        assert "different network" in known_bug(path, SPEC)
+    # the version as known_bug reads it (in a whole -n 2 run, one worker found no keras metadata at this point:
+    # known_bug then knows no bug, and neither does this check)
+    try:
+        version: str | None = importlib.metadata.version("keras")
+    except importlib.metadata.PackageNotFoundError:
+        version = None
+    if version in KNOWN_KERAS_BUGS:
+        assert "different network" in (known_bug(path, SPEC) or "")
     assert known_bug(path, ONE_LAYER) is None
     assert known_bug(registry.get("keras-jax-cudnn"), SPEC) is None
 
