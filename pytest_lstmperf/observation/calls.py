@@ -97,15 +97,19 @@ def _observe_torch(stack: contextlib.ExitStack, seen: Observation) -> None:
     handle = torch.nn.modules.module.register_module_forward_pre_hook(_torch_hook(seen))
     stack.callback(handle.remove)
 
-    def record(module: Any, args: tuple) -> None:  # an LSTM/GRU as its forward ran (packed inside a subclass)
-        if seen.recorder is not None and seen.recorder.paused:
-            return
-        try:
-            seen.layers.append(torch_layer(module, args))
-        except Exception as exc:
-            seen.problems.append(f"could not describe {type(module).__name__}: {exc}")
+    # an LSTM/GRU as its forward ran (packed inside a subclass too)
+    stack.enter_context(rnn_calls(lambda module, args: _record_layer(seen, module, args)))
 
-    stack.enter_context(rnn_calls(record))
+
+def _record_layer(seen: Observation, module: Any, args: Any) -> None:
+    """One recurrent call into ``seen.layers`` (not while the recorder is paused: the explainer's own probes), or
+    why it could not be described into ``seen.problems``."""
+    if seen.recorder is not None and seen.recorder.paused:
+        return
+    try:
+        seen.layers.append(torch_layer(module, args))
+    except Exception as exc:
+        seen.problems.append(f"could not describe {type(module).__name__}: {exc}")
 
 
 def _observe_tf(stack: contextlib.ExitStack, seen: Observation) -> None:
@@ -128,12 +132,7 @@ def _torch_hook(seen: Observation) -> Any:
         import torch
 
         if isinstance(module, (torch.nn.LSTMCell, torch.nn.GRUCell)) and args:  # LSTM/GRU: by rnn_calls
-            if seen.recorder is not None and seen.recorder.paused:
-                return
-            try:
-                seen.layers.append(torch_layer(module, args))
-            except Exception as exc:
-                seen.problems.append(f"could not describe {type(module).__name__}: {exc}")
+            _record_layer(seen, module, args)
 
     return hook
 
