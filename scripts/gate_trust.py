@@ -1,4 +1,4 @@
-"""Detections and false alarms of the speed gate, per benchmark-run, from the runs of scripts/gpu_gate_trust.sh.
+"""Detections and false alarms of the speed gate, per benchmark-run, from gate runs' logs.
 
     python scripts/gate_trust.py BASELINE.json OUT.json SCENARIO=LOG [SCENARIO=LOG ...]
 

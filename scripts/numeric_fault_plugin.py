@@ -1,6 +1,6 @@
 """A pytest plugin for checking the equivalence suite on a device: plant one numeric fault in every
 ``torch.nn.LSTM``/``GRU`` call of the run, named by ``PYTEST_LSTMPERF_NUMERIC=KIND[:DELTA]`` (kinds:
-``pytest_lstmperf.testing.numeric_faults.NUMERIC_FAULTS``). Used by ``scripts/gpu_equivalence_faults.sh``::
+``pytest_lstmperf.testing.numeric_faults.NUMERIC_FAULTS``). Used by ``scripts/validate.sh numerics``::
 
     PYTEST_LSTMPERF_NUMERIC=forget-bias:0.5 pytest -p numeric_fault_plugin suites/test_equivalence.py --device=cuda
 """

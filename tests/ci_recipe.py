@@ -4,7 +4,7 @@ The recipes keep to a small part of YAML (two-space indents, ``run: |`` literal 
 ones, one-line values), so they are read without a YAML library. :func:`run_step` runs one step's command as a
 GitHub-hosted runner does (``bash --noprofile --norc -eo pipefail``, the workflow's and the job's ``env``, in
 the checkout). ``python tests/ci_recipe.py FILE JOB`` prints the job's steps (name, then the command), for
-``scripts/gpu_ci_recipe.sh``.
+``scripts/validate.sh ci-recipe``.
 """
 
 from __future__ import annotations

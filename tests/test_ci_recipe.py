@@ -20,7 +20,7 @@ What is covered, and what is not:
 * the user's-project recipe installs the plugin from a URL (``pytest-lstmperf[...] @ file://<a copy of this
   checkout>``, where a user sets a git URL) into a fresh environment and runs its ``Tests`` step as written on a
   small project that uses the marker and ``verify_model``;
-* the GPU jobs need a GPU: ``scripts/gpu_ci_recipe.sh`` runs their commands on one.
+* the GPU jobs need a GPU: ``scripts/validate.sh ci-recipe`` runs their commands on one.
 
 Needs bash, ``python -m venv`` and the network (pip's build isolation fetches setuptools); a few minutes.
 """
