@@ -1,8 +1,13 @@
 """Device selection and fingerprint.
 
-``resolve_device`` turns the ``--device`` setting (``auto``, ``cpu``, ``cuda``, ``cuda:N``) into a
-:class:`DeviceInfo`. Asking for a GPU that is not usable is an error naming what was found: a
-misconfigured GPU runner must not pass green on the CPU.
+The ``--device`` setting (``auto``, ``cpu``, ``cuda``, ``cuda:N``) is checked for syntax by :func:`device_setting`
+(the setting's parser, :mod:`.options`) and turned into a :class:`DeviceInfo` by :func:`resolve_device`, the one
+resolver, which :attr:`.session.LstmPerfSession.device` calls once per run. Asking for a GPU that is not usable is an
+error naming what was found: a misconfigured GPU runner must not pass green on the CPU.
+
+A device has one key for its speed baselines, its hardware (:func:`hardware_fields`, :func:`hardware_key`; the
+software versions are recorded with each entry), and one for the measurement files whose numbers depend on the
+software too (:meth:`DeviceInfo.key`, :func:`device_key`: the tolerance samples; format-1 baselines were named so).
 """
 
 from __future__ import annotations
@@ -19,21 +24,6 @@ _DEVICE_RE = re.compile(r"^(auto|cpu|cuda)(?::(\d+))?$")
 
 class DeviceError(ValueError):
     """The requested device is malformed or not usable here."""
-
-
-#: fingerprint fields that must agree for timings to be comparable
-COMPARABLE_FIELDS = {
-    "cuda": ("gpu", "capability", "driver", "cuda", "cudnn", "torch"),
-    "cpu": ("cpu", "threads", "torch"),
-}
-
-
-def comparable_fields(kind: str, fingerprint: Mapping[str, str]) -> dict[str, str]:
-    """The fields of a device fingerprint that decide whether two timings can be compared."""
-    names = COMPARABLE_FIELDS.get(kind)
-    if names is None:
-        raise ValueError(f"unknown device kind {kind!r} (valid: {', '.join(COMPARABLE_FIELDS)})")
-    return {"kind": kind, **{name: str(fingerprint.get(name, "?")) for name in names}}
 
 
 #: what decides the hardware's speed: the key of a speed baseline (software versions are recorded with each entry)
@@ -75,10 +65,15 @@ def software_versions(fingerprint: Mapping[str, str]) -> dict[str, str]:
     return versions
 
 
+#: the fingerprint fields that name a device's measurement files (:meth:`DeviceInfo.key`): the hardware and the
+#: software whose numbers they hold, the driver left out
+KEY_FIELDS = {"cuda": ("gpu", "capability", "cuda", "cudnn", "torch"), "cpu": ("cpu", "threads", "torch")}
+
+
 def device_key(fields: Mapping[str, str]) -> str:
-    """The one device key: readable and file-name-safe, from :func:`comparable_fields` (a baseline's file name,
-    ``NVIDIA_H100_80GB_HBM3-cc9.0-drv570.86-cuda13.0-cudnn91900-torch2.11.0``); a field left out of ``fields``
-    (the driver, for :meth:`DeviceInfo.key`) is left out of the key."""
+    """A readable, file-name-safe key of hardware and software: ``NVIDIA_H100_80GB_HBM3-cc9.0-cuda13.0-cudnn91900-
+    torch2.11.0`` (:meth:`DeviceInfo.key`; a format-1 baseline's file name also held the driver, ``drv570.86``);
+    a field left out of ``fields`` is left out of the key."""
     if fields.get("kind") == "cuda":
         parts = [
             fields.get("gpu", "gpu"),
@@ -108,10 +103,6 @@ class DeviceInfo:
     def torch_device(self) -> str:
         return self.name
 
-    def comparable(self) -> dict[str, str]:
-        """The fingerprint fields that decide whether two timings on devices can be compared."""
-        return comparable_fields(self.kind, self.fingerprint)
-
     def hardware(self) -> dict[str, str]:
         """The fields that key this device's speed baseline (:func:`hardware_fields`)."""
         return hardware_fields(self.kind, self.fingerprint)
@@ -121,9 +112,10 @@ class DeviceInfo:
         return software_versions(self.fingerprint)
 
     def key(self) -> str:
-        """:func:`device_key` of this device without the driver version: names the tolerance-measurement files
+        """:func:`device_key` of this device's :data:`KEY_FIELDS`: names the tolerance-measurement files
         (``docs/data/tolerance-samples-<key>.json``), whose numbers do not depend on the driver."""
-        return device_key({k: v for k, v in self.comparable().items() if k != "driver"})
+        fields = {name: str(self.fingerprint.get(name, "?")) for name in KEY_FIELDS[self.kind]}
+        return device_key({"kind": self.kind, **fields})
 
     def describe(self) -> str:
         fp = self.fingerprint
@@ -137,6 +129,13 @@ class DeviceInfo:
             f"cpu ({fp.get('cpu', '?')}, {fp.get('threads', '?')} threads, oneDNN {fp.get('onednn', '?')}, "
             f"torch {fp.get('torch', '?')})"
         )
+
+
+def device_setting(raw: str) -> str:
+    """The ``--device`` setting's parser (:mod:`.options`): syntax only, no framework imported; ``"CUDA:1"`` ->
+    ``"cuda:1"``. Raises DeviceError (a ValueError) naming the valid choices."""
+    kind, index = parse_device(raw)
+    return kind if index is None else f"{kind}:{index}"
 
 
 def parse_device(value: str) -> tuple[str, int | None]:

@@ -15,6 +15,8 @@ from typing import Any
 
 import pytest
 
+from .device import device_setting
+
 HYPOTHESIS_PROFILES = ("ci", "gpu", "nightly")
 
 
@@ -91,16 +93,6 @@ def parse_bool(raw: str) -> bool:
     raise ValueError(f"invalid boolean {raw!r} (valid: true, false, 1, 0, yes, no, on, off)")
 
 
-def _parse_device(raw: str) -> str:
-    from .device import DeviceError, parse_device
-
-    try:
-        kind, index = parse_device(raw)
-    except DeviceError as exc:
-        raise ValueError(str(exc)) from None
-    return kind if index is None else f"{kind}:{index}"
-
-
 def _parse_paths(raw: str) -> str | None:
     """Comma-separated path names, ``default`` (None) or ``all``, as given: the registry of paths, a higher
     layer, reads and checks them (``resolve(config, "lstmperf_paths", then=paths.selection)``, which
@@ -124,7 +116,7 @@ add_setting(
         "PYTEST_LSTMPERF_DEVICE",
         "lstmperf_device",
         "auto",
-        _parse_device,
+        device_setting,  # syntax only; the setting becomes a DeviceInfo once, in the session (device.py's resolver)
         "device to run the suites on: auto (GPU if usable, else CPU), cpu, cuda or cuda:N. "
         "A GPU that is asked for and not usable is an error, not a skip. Also spelled --device, unless the "
         "project defines its own --device.",

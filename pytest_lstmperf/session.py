@@ -152,15 +152,11 @@ class LstmPerfSession:
     # ------------------------------------------------------------------------------------ the device
     @property
     def device(self) -> DeviceInfo:
-        """The run's device, resolved from the setting on first use and kept; a GPU asked for and not usable is a
-        usage error."""
+        """The run's device: the setting (resolved with the others, in ``settings``) turned into a DeviceInfo by
+        device.py's one resolver on first use, and kept; a GPU asked for and not usable is a usage error."""
         if self._device is None:
-            dev = options.resolve(self.config, "lstmperf_device")
-            threads = (
-                options.resolve(self.config, "lstmperf_threads").value
-                if options.is_added(self.config, "lstmperf_threads")
-                else None
-            )
+            dev = self.settings.get("lstmperf_device") or resolve_setting(self.config, "lstmperf_device")
+            threads = self.settings["lstmperf_threads"].value if "lstmperf_threads" in self.settings else None
             try:
                 self._device = resolve_device(dev.value, dev.source, threads)
             except DeviceError as exc:
