@@ -11,7 +11,7 @@ import contextlib
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -23,7 +23,10 @@ from .speed.verdict import references_of
 
 if TYPE_CHECKING:
     from .session import LstmPerfSession
+    from .speed.baseline_file import Baseline
     from .speed.gate import GateState
+    from .speed.policy import Decision, GateResult
+    from .speed.records import BenchRecord
     from .speed.verdict import Verdict
 
 
@@ -197,7 +200,7 @@ def _print_gate(tr: _Lines, config: pytest.Config, state: GateState) -> None:
             tr.write_line(f"  {decision.name}: {line}", red=decision.failed, yellow=not decision.failed)
 
 
-def resolution_lines(gate: Any, baseline: Any) -> list[str]:
+def resolution_lines(gate: GateResult, baseline: Baseline) -> list[str]:
     """What the compared benchmarks resolve, and which figures decide (raw or divided by the anchor) and why."""
     lines = []
     resolves = sorted(gate.resolutions())
@@ -225,20 +228,20 @@ def resolution_lines(gate: Any, baseline: Any) -> list[str]:
     return lines
 
 
-def _check_line(decision: Any) -> str:
+def _check_line(decision: Decision) -> str:
     return "; ".join(c.text() for c in decision.checks if c.verdict != "unchanged") or "unchanged"
 
 
-def summary_lines(records: list[dict[str, Any]]) -> list[str]:
+def summary_lines(records: list[BenchRecord]) -> list[str]:
     """Per mode, shape and path: time per call, device time, host share, speedup over generic, kernel, %peak."""
     rows: list[tuple[str, ...]] = [
         ("mode", "shape", "path", "per call", "device", "host", "vs generic (torch)", "kernel", "%peak")
     ]
-    for (mode, shape), group in by_case(records, "mode", "shape"):
+    for (mode, shape), group in by_case(records):
         ref = generic_reference(group)
         for record in group:
             *times, kernel, peak = timing_cells(record, ref)
-            if record.get("failed"):
+            if record.failed:
                 kernel += " (MISMATCH)"
             rows.append((mode, shape, path_cell(record), *times, kernel, peak))
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
@@ -251,13 +254,13 @@ def summary_lines(records: list[dict[str, Any]]) -> list[str]:
 PHASES = ("waited", "prepare", "trace", "rounds", "extended", "device_time", "counters", "peak")
 
 
-def phase_line(records: list[dict[str, Any]], after: dict[str, float]) -> str:
+def phase_line(records: list[BenchRecord], after: dict[str, float]) -> str:
     """Where the speed checks spent their time: the benchmarks' phases summed over the run's benchmarks (in this
     process, and under pytest-xdist in every worker), then the gate's own phases after the tests (``after``)."""
     totals: dict[str, float] = {}
     for record in records:
-        for phase, seconds in (record["extra_info"].get("phase_s") or {}).items():
-            totals[phase] = totals.get(phase, 0.0) + float(seconds)
+        for phase, seconds in record.phase_s.items():
+            totals[phase] = totals.get(phase, 0.0) + seconds
     parts = []
     if totals:
         order = [p for p in PHASES if p in totals] + sorted(set(totals) - set(PHASES))
@@ -267,22 +270,22 @@ def phase_line(records: list[dict[str, Any]], after: dict[str, float]) -> str:
     return f"time by phase: {'; '.join(parts)}" if parts else ""
 
 
-def timing_notes(records: list[dict[str, Any]]) -> list[str]:
+def timing_notes(records: list[BenchRecord]) -> list[str]:
     notes = peak_notes(records)  # why a %peak cell shows no share
-    methods = {r["extra_info"].get("device_time_note") for r in records if r["extra_info"].get("device_time_note")}
-    if any(m and m.startswith("CUDA graph capture failed") for m in methods):
-        count = sum(1 for r in records if str(r["extra_info"].get("device_time_note", "")).startswith("CUDA graph"))
+    methods = {r.device_time_note for r in records if r.device_time_note}
+    if any(m.startswith("CUDA graph capture failed") for m in methods):
+        count = sum(1 for r in records if r.device_time_note.startswith("CUDA graph"))
         notes.append(
             f"device time: CUDA graph capture failed for {count} benchmark(s); event timing used "
             f"(an upper bound), see extra_info.device_time_note"
         )
-    settled = sum(1 for r in records if "start-up transient" in str(r["extra_info"].get("device_time_note", "")))
+    settled = sum(1 for r in records if "start-up transient" in r.device_time_note)
     if settled:
         notes.append(
             f"device time: {settled} benchmark(s) started with a transient (device samples more than 5% above their "
             "steady level); those leading samples were left out and more taken, see extra_info.device_time_note"
         )
-    if any(r["extra_info"].get("timed_by") for r in records):
+    if any(r.timed_by for r in records):
         notes.append(
             "timed by pytest-lstmperf: pytest-benchmark disables itself under pytest-xdist "
             f"({os.environ.get('PYTEST_XDIST_WORKER_COUNT', 'several')} workers shared the machine)"

@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from pytest_lstmperf.speed import policy
-from pytest_lstmperf.speed.baseline import reference_of
+from pytest_lstmperf.speed.baseline_file import reference_of
+from pytest_lstmperf.speed.records import BaselineEntry, BenchRecord
 
 Record = dict[str, Any]
 
@@ -77,14 +78,14 @@ def _baseline_for(variant: str, entries: dict[str, Any]) -> dict[str, Any]:
     """The baseline's references as the variant sees them: without the anchor, figures rebuilt from raw samples
     where the entry has only its latest run's samples (one run)."""
     if variant == "without pooling the spread":
-        return {name: reference_of(e) for name, e in entries.items()}
+        return {name: reference_of(BaselineEntry.from_json(e)) for name, e in entries.items()}
     if variant != "without the anchor":
-        return policy.pooled({name: reference_of(e) for name, e in entries.items()})
+        return policy.pooled({name: reference_of(BaselineEntry.from_json(e)) for name, e in entries.items()})
     refs = {}
     for name, entry in entries.items():
         record = {"fullname": name, "data": entry["stats"]["data"], "extra_info": entry.get("extra_info") or {}}
-        measured = policy.Measurement.from_record(_no_anchor(record))
-        ref = reference_of(entry)
+        measured = policy.Measurement.from_record(BenchRecord.from_json(_no_anchor(record)))
+        ref = reference_of(BaselineEntry.from_json(entry))
         refs[name] = policy.Reference(name, (policy.run_figures(measured),), ref.kernel, ref.versions)
     return policy.pooled(refs)
 
@@ -110,7 +111,9 @@ def replay(baseline: Path, runs: list[tuple[str, Path]]) -> dict[str, dict[str, 
                         continue
                     record = {**record, "data": record.get("stats", {}).get("data") or record.get("data") or []}
                     decision = policy.decide(
-                        policy.Measurement.from_record(transform(record)), references[name], threshold
+                        policy.Measurement.from_record(BenchRecord.from_json(transform(record))),
+                        references[name],
+                        threshold,
                     )
                     hit = targeted(scenario, record.get("extra_info") or {})
                     row[0 if hit else 2] += decision.failed

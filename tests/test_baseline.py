@@ -10,9 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from pytest_lstmperf.device import device_key, hardware_fields
+from pytest_lstmperf.device import device_key, hardware_fields, hardware_key
 from pytest_lstmperf.speed import baseline as bl
 from pytest_lstmperf.speed import baseline_file as bl_file
+from pytest_lstmperf.speed.baseline_file import BaselineError
+from pytest_lstmperf.speed.records import FORMAT, BaselineEntry, BenchRecord, Header, run_to_json
 
 H100 = {
     "gpu": "NVIDIA H100 80GB HBM3",
@@ -65,12 +67,12 @@ def save(
 ) -> bl.SaveReport:
     kind = "cuda" if "gpu" in fp else "cpu"
     return store.save(
-        records,
+        [BenchRecord.from_json(r) for r in records],
         fields=hardware_fields(kind, fp),
         fingerprint=fp,
         versions=versions,
         provenance=PROV,
-        header=HEADER,
+        header=Header.from_json(HEADER),
         update=update,
         add_run=add_run,
         threshold=1.10,
@@ -82,21 +84,21 @@ def fields(fp: dict = H100) -> dict:
 
 
 def test_the_key_is_the_hardware_alone() -> None:
-    key = bl.hardware_key(fields())
+    key = hardware_key(fields())
     assert key == "NVIDIA_H100_80GB_HBM3-cc9.0"
     for name in ("gpu", "capability"):
-        assert bl.hardware_key(fields({**H100, name: "other"})) != key, name
+        assert hardware_key(fields({**H100, name: "other"})) != key, name
     for name in ("driver", "cuda", "cudnn", "torch", "sms"):  # software is recorded per entry, not in the key
-        assert bl.hardware_key(fields({**H100, name: "other"})) == key, name
-    cpu_key = bl.hardware_key(fields(CPU))
+        assert hardware_key(fields({**H100, name: "other"})) == key, name
+    cpu_key = hardware_key(fields(CPU))
     assert cpu_key == "cpu-AMD_EPYC_7B13-25.1.1-2t"
-    assert bl.hardware_key(fields({**CPU, "cpu_id": "25.17.0"})) != cpu_key  # a generic name, another CPU
-    assert bl.hardware_key(fields({**CPU, "threads": "16"})) != cpu_key
-    assert bl.hardware_key(fields({**CPU, "torch": "2.14.0"})) == cpu_key
+    assert hardware_key(fields({**CPU, "cpu_id": "25.17.0"})) != cpu_key  # a generic name, another CPU
+    assert hardware_key(fields({**CPU, "threads": "16"})) != cpu_key
+    assert hardware_key(fields({**CPU, "torch": "2.14.0"})) == cpu_key
 
 
 def test_differences_are_named() -> None:
-    diff = bl.differences(fields(), fields({**H100, "capability": "8.0"}))
+    diff = bl_file.differences(fields(), fields({**H100, "capability": "8.0"}))
     assert diff == ["capability 9.0 (baseline) vs 8.0 (this device)"]
 
 
@@ -111,13 +113,13 @@ def test_record_then_load_is_pytest_benchmark_json(tmp_path: Path) -> None:
     assert bench["stats"]["data"] == record("a")["data"]
     assert bench["stats"]["median"] == pytest.approx(1.045e-3)
     assert bench["recorded"]["commit"] == "abc123"
-    assert data["lstmperf"]["format"] == bl.FORMAT == 2 and data["lstmperf"]["created"]["machine"] == "runner-1"
+    assert data["lstmperf"]["format"] == FORMAT == 2 and data["lstmperf"]["created"]["machine"] == "runner-1"
     assert data["lstmperf"]["hardware"] == fields() and report.path.name == "NVIDIA_H100_80GB_HBM3-cc9.0.json"
     part = bench["lstmperf"]
     assert part["versions"] == VERSIONS and part["kernel"] == "cudnn/fp32" and part["history"] == []
     (run,) = part["runs"]
     assert run["per_call"]["n"] == 10 and run["device"] is None and run["host_counters"]["aten_ops"] == 40
-    reference = bl.reference_of(bench)
+    reference = bl_file.reference_of(BaselineEntry.from_json(bench))
     assert reference.value("per-call") == pytest.approx(run["per_call"]["value"])
     # pytest-benchmark's own loader reads it
     from pytest_benchmark.logger import Logger
@@ -143,7 +145,7 @@ def test_save_never_overwrites_update_does(tmp_path: Path) -> None:
     report = save(store, [record("a", 2e-3)], update=True)
     assert len(report.updated) == 1 and report.untouched == 1
     assert store.find(fields()).samples(record("a")["fullname"])[0] == pytest.approx(2e-3)
-    assert store.find(fields()).entries[record("a")["fullname"]]["lstmperf"]["history"] == []  # same versions
+    assert store.find(fields()).benchmarks[record("a")["fullname"]].lstmperf.history == ()  # same versions
 
 
 def test_update_under_other_versions_keeps_the_old_figures_in_the_history(tmp_path: Path) -> None:
@@ -153,11 +155,11 @@ def test_update_under_other_versions_keeps_the_old_figures_in_the_history(tmp_pa
     save(store, [record("a", 1e-3)])
     newer = {**VERSIONS, "torch": "2.12.0"}
     save(store, [record("a", 1.5e-3)], update=True, versions=newer)
-    entry = store.find(fields()).entries[record("a")["fullname"]]
-    assert entry["lstmperf"]["versions"] == newer
-    (point,) = entry["lstmperf"]["history"]
-    assert point["versions"] == VERSIONS and point["kernel"] == "cudnn/fp32" and point["date"] == PROV["date"]
-    assert point["per_call_s"] == pytest.approx(1.045e-3) and point["per_call"] == pytest.approx(5.2, rel=0.05)
+    entry = store.find(fields()).benchmarks[record("a")["fullname"]]
+    assert entry.lstmperf.versions == newer
+    (point,) = entry.lstmperf.history
+    assert point.versions == VERSIONS and point.kernel == "cudnn/fp32" and point.date == PROV["date"]
+    assert point.per_call_s == pytest.approx(1.045e-3) and point.per_call == pytest.approx(5.2, rel=0.05)
 
 
 def test_missing_baseline_message(tmp_path: Path) -> None:
@@ -200,8 +202,8 @@ def test_missing_baseline_message(tmp_path: Path) -> None:
 def test_bad_files_are_named(tmp_path: Path, content: str, expected: str) -> None:
     path = tmp_path / "b.json"
     path.write_text(content)
-    with pytest.raises(bl.BaselineError, match=expected):
-        bl.load(path, "pytest --lstmperf-save-baseline")
+    with pytest.raises(BaselineError, match=expected):
+        bl_file.load(path, "pytest --lstmperf-save-baseline")
 
 
 def test_bad_existing_file_is_not_overwritten(tmp_path: Path) -> None:
@@ -209,7 +211,7 @@ def test_bad_existing_file_is_not_overwritten(tmp_path: Path) -> None:
     store = bl.BaselineStore(tmp_path, record_hint="pytest suites/ --lstmperf-save-baseline")
     path = store.path_for(fields())
     path.write_text('{"benchmarks": [')
-    with pytest.raises(bl.BaselineError, match=r"not recording: .* truncated.*--lstmperf-update-baseline") as exc:
+    with pytest.raises(BaselineError, match=r"not recording: .* truncated.*--lstmperf-update-baseline") as exc:
         save(store, [record("a")])
     assert "kept as" in str(exc.value) and path.name + ".broken" in str(exc.value)
     assert path.read_text() == '{"benchmarks": ['
@@ -224,7 +226,7 @@ def test_update_replaces_a_broken_file_and_keeps_it_beside(tmp_path: Path) -> No
     broken = path.with_name(path.name + ".broken")
     assert report.broken == broken and "kept as" in report.describe()
     assert broken.read_text() == '{"benchmarks": ['
-    assert list(store.find(fields()).entries) == [record("a")["fullname"]]
+    assert list(store.find(fields()).benchmarks) == [record("a")["fullname"]]
 
 
 def test_written_files_take_their_neighbours_permissions(tmp_path: Path) -> None:
@@ -258,7 +260,7 @@ def test_read_only_folder_is_a_clear_error(tmp_path: Path) -> None:
     before = store.path_for(fields()).read_bytes()
     tmp_path.chmod(0o555)
     try:
-        with pytest.raises(bl.BaselineError, match=r"not recording: cannot write .*Permission denied.*--lstmperf-"):
+        with pytest.raises(BaselineError, match=r"not recording: cannot write .*Permission denied.*--lstmperf-"):
             save(store, [record("b")])
     finally:
         tmp_path.chmod(0o755)
@@ -275,7 +277,7 @@ def test_read_only_folder_error_when_the_write_fails(tmp_path: Path, monkeypatch
         raise PermissionError(13, "Permission denied", str(tmp_path))
 
     monkeypatch.setattr(bl_file.tempfile, "mkstemp", denied)
-    with pytest.raises(bl.BaselineError, match=r"not recording: cannot write .*Permission denied.*baselines=DIR"):
+    with pytest.raises(BaselineError, match=r"not recording: cannot write .*Permission denied.*baselines=DIR"):
         save(store, [record("b")])
     assert store.path_for(fields()).read_bytes() == before
 
@@ -284,7 +286,7 @@ def test_update_replaces_a_file_of_a_format_it_cannot_read(tmp_path: Path) -> No
     store = bl.BaselineStore(tmp_path)
     path = store.path_for(fields())
     path.write_text(json.dumps({"benchmarks": [], "lstmperf": {"format": 0}}))
-    with pytest.raises(bl.BaselineError, match=r"not recording: .*has the format 0, which this version cannot read"):
+    with pytest.raises(BaselineError, match=r"not recording: .*has the format 0, which this version cannot read"):
         save(store, [record("a")])
     report = save(store, [record("a")], update=True)
     assert report.broken == path.with_name(path.name + ".broken") and "kept as" in report.describe()
@@ -295,9 +297,9 @@ def test_renamed_file_of_other_hardware_is_refused(tmp_path: Path) -> None:
     store = bl.BaselineStore(tmp_path)
     other = save(store, [record("a")], fp={**H100, "gpu": "NVIDIA A100-SXM4-40GB"}).path
     other.rename(store.path_for(fields()))
-    with pytest.raises(bl.BaselineError, match="is for other hardware: gpu NVIDIA A100-SXM4-40GB"):
+    with pytest.raises(BaselineError, match="is for other hardware: gpu NVIDIA A100-SXM4-40GB"):
         store.find(fields())
-    with pytest.raises(bl.BaselineError, match=r"not recording: .* is for other hardware: gpu NVIDIA A100"):
+    with pytest.raises(BaselineError, match=r"not recording: .* is for other hardware: gpu NVIDIA A100"):
         save(store, [record("b")])
 
 
@@ -333,12 +335,12 @@ def test_concurrent_savers_lose_nothing(tmp_path: Path) -> None:
         proc.join(60)
         assert proc.exitcode == 0
     found = bl.BaselineStore(tmp_path).find(fields())
-    assert found is not None and len(found.entries) == 45
+    assert found is not None and len(found.benchmarks) == 45
 
 
 def test_add_baseline_run_needs_a_recorded_baseline(tmp_path: Path) -> None:
     store = bl.BaselineStore(tmp_path)
-    with pytest.raises(bl.BaselineError, match="does not exist; record it first with --lstmperf-save-baseline"):
+    with pytest.raises(BaselineError, match="does not exist; record it first with --lstmperf-save-baseline"):
         save(store, [record("a")], add_run=True)
     assert list(tmp_path.iterdir()) == []
 
@@ -368,12 +370,12 @@ def test_a_recording_run_is_added_named_when_outside_and_refused_when_broken(tmp
         "resolution widens), refused for 2 (a figure more than twice the others', or other versions), 1 not in the "
         "baseline (record them with --lstmperf-save-baseline)"
     )
-    entries = store.find(fields()).entries
-    assert [len(entries[names[n]]["lstmperf"]["runs"]) for n in ("a", "b", "c", "d")] == [2, 1, 1, 2]
-    assert entries[names["a"]]["stats"]["data"] == record("a")["data"] and names["new"] not in entries
+    entries = store.find(fields()).benchmarks
+    assert [len(entries[names[n]].lstmperf.runs) for n in ("a", "b", "c", "d")] == [2, 1, 1, 2]
+    assert list(entries[names["a"]].samples) == record("a")["data"] and names["new"] not in entries
     # the run added outside is part of the entry's noise from now on: its resolution widens
-    widened = bl.reference_of(entries[names["d"]])
-    one_run = bl.reference_of(entries[names["b"]])
+    widened = bl_file.reference_of(entries[names["d"]])
+    one_run = bl_file.reference_of(entries[names["b"]])
     assert widened.own_spread("per-call") > 0.25 and one_run.own_spread("per-call") is None
     other = save(store, [record("a")], add_run=True, versions={**VERSIONS, "torch": "2.12.0"})
     assert other.refused == [f"{names['a']}: recorded with other versions; record it anew"]
@@ -387,12 +389,13 @@ def test_a_refused_recording_run_names_how_many_of_its_processes_were_refused(tm
     save(store, [record("a")])
     slow = record("a", 3e-3)
     report = store.save(
-        [slow], fields=fields(), fingerprint=H100, versions=VERSIONS, provenance=PROV, header=HEADER,
-        threshold=1.10, update=False, add_run=True, siblings={slow["fullname"]: [record("a", 3.1e-3)] * 2},
+        [BenchRecord.from_json(slow)], fields=fields(), fingerprint=H100, versions=VERSIONS, provenance=PROV,
+        header=Header.from_json(HEADER), threshold=1.10, update=False, add_run=True,
+        siblings={slow["fullname"]: [BenchRecord.from_json(record("a", 3.1e-3))] * 2},
     )  # fmt: skip
     assert report.refused == [f"{slow['fullname']}: more than 2.0x off (3 of 3 processes): per-call: 3.000x"]
     assert report.updated == [] and report.left_out == []
-    assert len(store.find(fields()).entries[slow["fullname"]]["lstmperf"]["runs"]) == 1  # nothing added
+    assert len(store.find(fields()).benchmarks[slow["fullname"]].lstmperf.runs) == 1  # nothing added
 
 
 def test_check_writable_names_what_stops_a_recording(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -401,10 +404,10 @@ def test_check_writable_names_what_stops_a_recording(tmp_path: Path, monkeypatch
     bl.BaselineStore(tmp_path / "made").check_writable(fields())
     assert (tmp_path / "made").is_dir()
     (tmp_path / "file").write_text("")
-    with pytest.raises(bl.BaselineError, match=r"the baseline folder .*file/baselines cannot be made: .*DIR\."):
+    with pytest.raises(BaselineError, match=r"the baseline folder .*file/baselines cannot be made: .*DIR\."):
         bl.BaselineStore(tmp_path / "file" / "baselines").check_writable(fields())
     monkeypatch.setattr(bl.os, "access", lambda path, mode: False)
-    with pytest.raises(bl.BaselineError, match=r"cannot record: the baseline folder .*made is not writable"):
+    with pytest.raises(BaselineError, match=r"cannot record: the baseline folder .*made is not writable"):
         bl.BaselineStore(tmp_path / "made").check_writable(fields())
 
 
@@ -414,7 +417,7 @@ def _format_1(directory: Path, fp: dict = H100, date: str = "2026-10-01T00:00:00
     kind = "cuda" if "gpu" in fp else "cpu"
     comparable = {"kind": kind, **{k: fp[k] for k in ("gpu", "capability", "driver", "cuda", "cudnn", "torch")}}
     extra = {"kernel": "cudnn", "precision": "fp32", "host_counters": {"aten_ops": 40, "kernels": 12}}
-    bench = bl.bench_entry({**record("a"), "extra_info": extra})
+    bench = bl_file.bench_entry(BenchRecord.from_json({**record("a"), "extra_info": extra})).to_json()
     bench["recorded"] = {"date": date}
     section = {"format": 1, "device_key": device_key(comparable), "comparable": comparable}
     section.update(frameworks={"keras": "3.15.1"}, updated={"date": date})
@@ -429,13 +432,14 @@ def test_a_format_1_file_is_read_as_format_2_and_recording_fills_its_timings(tmp
     store = bl.BaselineStore(tmp_path)
     found = store.find(fields())
     assert found is not None and found.path == old and found.migrated_from == 1 and found.fields == fields()
-    entry = found.entries[record("a")["fullname"]]
-    part = entry["lstmperf"]
-    assert part["kernel"] == "cudnn/fp32" and part["versions"] == {**VERSIONS, "keras": "3.15.1"}
-    assert part["runs"] == [{"per_call": None, "device": None, "host_counters": {"aten_ops": 40, "kernels": 12}}]
-    (point,) = part["history"]
-    assert point["per_call_s"] == pytest.approx(1.045e-3) and point["date"] == "2026-10-01T00:00:00+00:00"
-    reference = bl.reference_of(entry)
+    entry = found.benchmarks[record("a")["fullname"]]
+    part = entry.lstmperf
+    assert part.kernel == "cudnn/fp32" and part.versions == {**VERSIONS, "keras": "3.15.1"}
+    runs = [run_to_json(r) for r in part.runs]
+    assert runs == [{"per_call": None, "device": None, "host_counters": {"aten_ops": 40, "kernels": 12}}]
+    (point,) = part.history
+    assert point.per_call_s == pytest.approx(1.045e-3) and point.date == "2026-10-01T00:00:00+00:00"
+    reference = bl_file.reference_of(entry)
     assert reference.figure("per-call") is None and reference.kernel == "cudnn/fp32"
     # recording fills the entry's timings into this hardware's file; the old file stays, and is named
     report = save(store, [record("a"), record("b")])
@@ -444,8 +448,8 @@ def test_a_format_1_file_is_read_as_format_2_and_recording_fills_its_timings(tmp
     assert "(migrated from the format-1 file" in report.describe() and old.exists()
     again = store.find(fields())
     assert again.path == store.path_for(fields()) and again.migrated_from is None
-    filled = again.entries[record("a")["fullname"]]["lstmperf"]
-    assert filled["runs"][0]["per_call"]["n"] == 10 and filled["history"] == [point]
+    filled = again.benchmarks[record("a")["fullname"]].lstmperf
+    assert filled.runs[0].per_call is not None and filled.runs[0].per_call.n == 10 and filled.history == (point,)
     # and is not filled twice: a recorded entry is kept
     assert save(store, [record("a", 2e-3)]).kept == [record("a")["fullname"]]
 
@@ -463,7 +467,7 @@ def test_a_broken_baseline_is_told_to_restore_from_git_only_where_git_has_it(tmp
     import shutil
     import subprocess
 
-    from pytest_lstmperf.speed.baseline import BaselineError, load
+    from pytest_lstmperf.speed.baseline_file import load
 
     broken = tmp_path / "cpu-x-2t.json"
     broken.write_text('{"benchmarks": [', encoding="utf-8")
@@ -479,3 +483,28 @@ def test_a_broken_baseline_is_told_to_restore_from_git_only_where_git_has_it(tmp
     with pytest.raises(BaselineError) as tracked:
         load(broken)
     assert f"git checkout -- {broken}" in str(tracked.value)
+
+
+def test_the_committed_baselines_read_and_write_back_byte_for_byte() -> None:
+    """Every committed baseline loads as the current format, and its typed form writes the same text back: a
+    kept entry is never rewritten differently."""
+    folder = Path(__file__).resolve().parents[1] / "baselines"
+    paths = sorted(folder.glob("*.json"))
+    assert paths
+    for path in paths:
+        baseline = bl_file.load(path)
+        assert baseline.migrated_from is None and baseline.benchmarks
+        assert baseline.document.dumps() == path.read_text(encoding="utf-8"), path.name
+
+
+def test_a_record_travels_under_one_key_and_reads_back_as_it_was_written() -> None:
+    """What a benchmark attaches to its report (a plain dict, as pytest-xdist carries it) reads back as the same
+    record, under the key the controller collects."""
+    from pytest_lstmperf.speed import records, runner
+
+    assert runner.RECORD_KEY == records.RECORD_KEY
+    raw = {**record("a"), "thresholds": {"ratio": 1.2}, "failed": ""}
+    typed = BenchRecord.from_json(raw)
+    assert typed.threshold == 1.2 and typed.kernel_text == "cudnn/fp32" and typed.anchor.repeat == 8
+    assert BenchRecord.from_json(json.loads(json.dumps(typed.to_json()))) == typed
+    assert records.load_records(records.dump_records([typed, typed])) == [typed, typed]

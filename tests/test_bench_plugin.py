@@ -26,6 +26,7 @@ from pytester_runs import clear_inner_env
 from pytest_lstmperf import graph_replay, meters, run_report
 from pytest_lstmperf.observation import claims
 from pytest_lstmperf.speed import shapes, timing
+from pytest_lstmperf.speed.records import BenchRecord
 
 pytest_plugins = ["pytester"]
 
@@ -735,7 +736,7 @@ def test_a_left_out_transient_is_named_in_the_run_notes() -> None:
     from pytest_lstmperf.run_report import timing_notes
 
     note = "9 leading sample(s) of a start-up transient left out (768 us first, 257 us steady): more taken"
-    records = [{"extra_info": {"device_time_note": note}}, {"extra_info": {"device_time_note": ""}}]
+    records = [BenchRecord("a", extra_info={"device_time_note": note}), BenchRecord("b", extra_info={})]
     assert any(
         line.startswith("device time: 1 benchmark(s) started with a transient") for line in timing_notes(records)
     )
@@ -762,7 +763,7 @@ def test_shape_sets() -> None:
 
 
 def test_summary_lines_speedup_over_generic() -> None:
-    def rec(path: str, kernel: str, t: float) -> dict:
+    def rec(path: str, kernel: str, t: float) -> BenchRecord:
         extra = {
             "mode": "forward",
             "shape": "s",
@@ -775,7 +776,7 @@ def test_summary_lines_speedup_over_generic() -> None:
             "host_overhead": 0.75,
             "device": "cuda:0",
         }
-        return {"name": path, "extra_info": extra}
+        return BenchRecord(path, path, extra_info=extra)
 
     # the reference is the fixed generic path of the device, whatever order the records arrive in
     lines = run_report.summary_lines(
@@ -794,8 +795,7 @@ def test_xdist_json_written_into_the_file_older_pytest_benchmark_opened(pytestco
     """pytest-benchmark before 5.3 hands ``--benchmark-json`` over as an open binary file, not a path."""
     from pytest_lstmperf.hooks.benchmark_json import write_xdist_json
 
-    record = {"fullname": "t.py::test_a[x]", "name": "test_a[x]", "data": [0.002, 0.003, 0.0025],
-              "extra_info": {"device": "cuda:1"}}  # fmt: skip
+    record = BenchRecord("t.py::test_a[x]", "test_a[x]", extra_info={"device": "cuda:1"}, data=(0.002, 0.003, 0.0025))
     with open(tmp_path / "run.json", "wb") as handle:
         message = write_xdist_json(pytestconfig, handle, [record])
     assert message.endswith(f"written to {tmp_path / 'run.json'} (devices: cuda:1)")

@@ -13,7 +13,20 @@ import pytest
 from pytest_lstmperf import meters
 from pytest_lstmperf.speed import gate_table, policy
 from pytest_lstmperf.speed.policy import Measurement, Reference, RunFigures, check, decide
+from pytest_lstmperf.speed.records import (
+    BaselineDocument,
+    BaselineEntry,
+    BaselineSection,
+    BenchRecord,
+    run_from_json,
+    run_to_json,
+)
 from pytest_lstmperf.speed.report_plots import plot_baseline
+
+
+def as_measured(record: dict) -> Measurement:
+    """``record`` (as a benchmark attaches it to its report) as the gate reads it."""
+    return Measurement.from_record(BenchRecord.from_json(record))
 
 
 def record(
@@ -76,8 +89,8 @@ def reference(*records: dict, neighbours: int = 8) -> Reference:
 
     if len(records) == 1:
         records = tuple(processes(records[0]))
-    runs = tuple(policy.run_figures(Measurement.from_record(r)) for r in records)
-    first = Measurement.from_record(records[0])
+    runs = tuple(policy.run_figures(as_measured(r)) for r in records)
+    first = as_measured(records[0])
     own = Reference(first.name, runs, kernel=first.kernel)
     if not neighbours:
         return own
@@ -87,7 +100,7 @@ def reference(*records: dict, neighbours: int = 8) -> Reference:
         others[name] = Reference(
             name,
             tuple(
-                policy.run_figures(Measurement.from_record(r))
+                policy.run_figures(as_measured(r))
                 for r in processes(record(name, seed=k, device="device_samples" in records[0]["extra_info"]))
             ),
         )
@@ -98,7 +111,7 @@ def test_the_anchor_cancels_a_machine_that_is_slower_as_a_whole() -> None:
     """Sentence 1: the same code on a machine twice as slow, and wandering by 50% within each run, is unchanged."""
     base = reference(record(seed=1))
     slow_machine = record(seed=2, machine=2.0)
-    assert decide(Measurement.from_record(slow_machine), base).verdict == "unchanged"
+    assert decide(as_measured(slow_machine), base).verdict == "unchanged"
     raw = [d for d in slow_machine["data"]]
     assert sorted(raw)[len(raw) // 2] > 1.8e-3  # the raw time did double
 
@@ -108,7 +121,7 @@ def test_a_slower_call_is_regressed_on_a_machine_that_also_changed(factor: float
     """Sentence 2: a call slower by ``factor``, measured on a machine 1.7x slower than the recording one, fails."""
     base = reference(record(seed=1))
     now = record(seed=3, call_s=1e-3 * factor, machine=1.7)
-    decision = decide(Measurement.from_record(now), base)
+    decision = decide(as_measured(now), base)
     assert decision.verdict == "regressed"
     assert decision.ratio("per-call") == pytest.approx(factor, rel=0.03)
 
@@ -116,8 +129,8 @@ def test_a_slower_call_is_regressed_on_a_machine_that_also_changed(factor: float
 def test_the_smallest_slowdown_caught_at_one_percent_noise_is_the_threshold() -> None:
     """With 1% noise per sample the resolution lies under the 1.05 threshold: 1.07x fails, 1.03x passes."""
     base = reference(record(seed=1))
-    assert decide(Measurement.from_record(record(seed=4, call_s=1.07e-3)), base).verdict == "regressed"
-    assert decide(Measurement.from_record(record(seed=4, call_s=1.03e-3)), base).verdict == "unchanged"
+    assert decide(as_measured(record(seed=4, call_s=1.07e-3)), base).verdict == "regressed"
+    assert decide(as_measured(record(seed=4, call_s=1.03e-3)), base).verdict == "unchanged"
 
 
 def test_a_noisy_benchmark_says_what_it_resolves_and_is_never_blind_and_green() -> None:
@@ -125,15 +138,15 @@ def test_a_noisy_benchmark_says_what_it_resolves_and_is_never_blind_and_green() 
     gate promises to see: a 1.15x slowdown is inconclusive (which fails the run), never unchanged; a 3x one is
     regressed; the check says the slowdown it resolves."""
     base = reference(record(seed=1, noise=0.3))
-    small = check("per-call", Measurement.from_record(record(seed=5, noise=0.3, call_s=1.15e-3)).first.per_call,
+    small = check("per-call", as_measured(record(seed=5, noise=0.3, call_s=1.15e-3)).first.per_call,
                   base, 1.10)  # fmt: skip
     assert small.resolves > policy.MAX_LIMIT and small.limit == small.resolves
     assert small.verdict == "inconclusive" and "cannot see a 1.5x slowdown" in small.note
-    big = decide(Measurement.from_record(record(seed=5, noise=0.3, call_s=3e-3)), base)
+    big = decide(as_measured(record(seed=5, noise=0.3, call_s=3e-3)), base)
     assert big.verdict == "regressed"
     # a quieter benchmark whose limit lies between the threshold and 1.5x uses it as its limit
     mid = reference(record(seed=1, noise=0.08))
-    within = check("per-call", Measurement.from_record(record(seed=5, noise=0.08)).first.per_call, mid, 1.02)
+    within = check("per-call", as_measured(record(seed=5, noise=0.08)).first.per_call, mid, 1.02)
     assert 1.02 < within.resolves == within.limit < policy.MAX_LIMIT and within.verdict == "unchanged"
 
 
@@ -142,7 +155,7 @@ def test_recording_processes_that_lie_apart_widen_the_resolution() -> None:
     unresolved (and said), where processes that agree catch it."""
     agree = reference(record(seed=1))
     apart = reference(record(seed=1), record(seed=6, call_s=1.08e-3), record(seed=8, call_s=0.94e-3))
-    now = Measurement.from_record(record(seed=7, call_s=1.15e-3))
+    now = as_measured(record(seed=7, call_s=1.15e-3))
     assert decide(now, agree).verdict == "regressed"
     assert decide(now, apart).verdict == "unchanged"
     assert decide(now, apart).checks[0].resolves > 1.15
@@ -154,8 +167,8 @@ def test_an_entry_recorded_in_one_process_is_never_judged_as_if_runs_never_diffe
     spread."""
     from pytest_lstmperf.speed.policy import pooled
 
-    one = Reference("one", (policy.run_figures(Measurement.from_record(record(seed=1))),))
-    now = Measurement.from_record(record(name="one", seed=2))
+    one = Reference("one", (policy.run_figures(as_measured(record(seed=1))),))
+    now = as_measured(record(name="one", seed=2))
     alone = decide(now, one)
     assert alone.verdict == "inconclusive" and "--lstmperf-update-baseline" in alone.checks[0].note
     others = {f"n{k}": reference(record(name=f"n{k}", seed=10 + k)) for k in range(4)}
@@ -168,9 +181,9 @@ def test_an_outlying_process_is_left_out_of_the_recording_and_named() -> None:
     of a loaded VM): left out and named, never trusted; its siblings' figures decide."""
     good = processes(record(seed=1), count=3)
     broken = {**record(seed=3), "data": [x * 30 for x in record(seed=3)["data"]]}
-    runs, left_out = policy.recording_runs([Measurement.from_record(r) for r in [good[0], broken, good[1]]])
+    runs, left_out = policy.recording_runs([as_measured(r) for r in [good[0], broken, good[1]]])
     assert len(runs) == 2 and len(left_out) == 1 and "process 2 of 3 left out" in left_out[0]
-    runs, left_out = policy.recording_runs([Measurement.from_record(r) for r in good])
+    runs, left_out = policy.recording_runs([as_measured(r) for r in good])
     assert len(runs) == 3 and not left_out
 
 
@@ -179,9 +192,9 @@ def test_an_anchor_that_moved_far_makes_the_run_not_comparable_instead_of_improv
     touches no recurrent layer, says the machine is not in its recorded state. Its limit is 3x."""
     base = reference(record(seed=1))
     stalled = record(seed=2, call_s=1.0, anchor_s=0.2 * 1000)
-    decision = decide(Measurement.from_record(stalled), base)
+    decision = decide(as_measured(stalled), base)
     assert decision.verdict == "inconclusive" and "not comparable" in decision.checks[0].note
-    assert decide(Measurement.from_record(record(seed=2, machine=2.0)), base).verdict == "unchanged"
+    assert decide(as_measured(record(seed=2, machine=2.0)), base).verdict == "unchanged"
 
 
 def test_raw_time_decides_where_the_anchor_adds_more_noise_than_it_removes() -> None:
@@ -230,7 +243,7 @@ def test_device_time_is_a_figure_of_its_own() -> None:
     base = reference(record(seed=1, device=True))
     now = record(seed=10, device=True)
     now["extra_info"]["device_samples"] = [x * 1.25 for x in now["extra_info"]["device_samples"]]
-    decision = decide(Measurement.from_record(now), base)
+    decision = decide(as_measured(now), base)
     assert decision.verdict == "regressed"
     assert [(c.metric, c.verdict) for c in decision.checks] == [("device", "regressed")]
 
@@ -241,7 +254,7 @@ def test_where_a_device_figure_exists_the_time_per_call_does_not_decide() -> Non
     base = reference(record(seed=1, device=True))
     now = record(seed=10, device=True)
     now["data"] = [x * 1.4 for x in now["data"]]
-    decision = decide(Measurement.from_record(now), base)
+    decision = decide(as_measured(now), base)
     assert decision.verdict == "unchanged"
     assert [c.metric for c in decision.checks] == ["device"]
 
@@ -250,12 +263,12 @@ def test_kernel_and_host_counts_fail_whatever_the_time() -> None:
     """Sentence 3: a kernel change and one extra ATen op per call fail though the time is unchanged."""
     counts = {"aten_ops": 120, "kernels": 10, "syncs": 1, "alloc_bytes": 1 << 20}
     base = reference(record(seed=1, counters=counts))
-    other_kernel = decide(Measurement.from_record(record(seed=2, counters=counts, kernel="cuda-generic")), base)
+    other_kernel = decide(as_measured(record(seed=2, counters=counts, kernel="cuda-generic")), base)
     assert other_kernel.verdict == "kernel-changed"
-    more_ops = decide(Measurement.from_record(record(seed=2, counters={**counts, "aten_ops": 121})), base)
+    more_ops = decide(as_measured(record(seed=2, counters={**counts, "aten_ops": 121})), base)
     assert more_ops.verdict == "host-work-changed"
     assert "aten_ops 120 -> 121" in more_ops.checks[-1].note
-    same = decide(Measurement.from_record(record(seed=2, counters={**counts, "alloc_bytes": (1 << 20) + 2048})), base)
+    same = decide(as_measured(record(seed=2, counters={**counts, "alloc_bytes": (1 << 20) + 2048})), base)
     assert same.verdict == "unchanged"
 
 
@@ -263,9 +276,9 @@ def test_counts_that_moved_between_recording_runs_are_not_a_rule() -> None:
     a = record(seed=1, counters={"aten_ops": 120, "kernels": 10})
     b = record(seed=2, counters={"aten_ops": 124, "kernels": 10})
     base = reference(a, b)
-    now = Measurement.from_record(record(seed=3, counters={"aten_ops": 130, "kernels": 10}))
+    now = as_measured(record(seed=3, counters={"aten_ops": 130, "kernels": 10}))
     assert decide(now, base).verdict == "unchanged"
-    now = Measurement.from_record(record(seed=3, counters={"aten_ops": 120, "kernels": 11}))
+    now = as_measured(record(seed=3, counters={"aten_ops": 120, "kernels": 11}))
     assert decide(now, base).verdict == "host-work-changed"
 
 
@@ -273,7 +286,7 @@ def test_an_upgrade_is_compared_and_named() -> None:
     """Sentence 5: other versions are compared by the same rule, and the headline counts what moved."""
     base = reference(record(seed=1))
     base = dataclasses.replace(base, versions={"torch": "2.12.0", "keras": "3.15.1"})
-    decisions = [decide(Measurement.from_record(record(seed=2, call_s=1.5e-3)), base)]
+    decisions = [decide(as_measured(record(seed=2, call_s=1.5e-3)), base)]
     upgrade = policy.upgrade_of([base], {"torch": "2.13.0", "keras": "3.15.1"})
     assert upgrade is not None
     assert upgrade.headline(decisions) == "upgrade: torch 2.12.0 -> 2.13.0: 1 slower, 0 faster, 0 kernel changed"
@@ -288,7 +301,7 @@ def test_an_upgrade_counts_every_check_that_moved_whatever_verdict_won() -> None
     base = reference(record(seed=1, device=True, counters=counts))
     base = dataclasses.replace(base, versions={"keras": "3.14.0"})
     now = record(seed=2, device=True, call_s=0.25e-3, counters={"aten_ops": 32, "kernels": 414})
-    decisions = [decide(Measurement.from_record(now), base)]
+    decisions = [decide(as_measured(now), base)]
     assert decisions[0].verdict == "host-work-changed"
     upgrade = policy.upgrade_of([base], {"keras": "3.15.1"})
     assert upgrade is not None
@@ -299,10 +312,10 @@ def test_an_upgrade_counts_every_check_that_moved_whatever_verdict_won() -> None
 
 def test_too_few_samples_or_no_timings_are_inconclusive_never_a_pass() -> None:
     base = reference(record(seed=1))
-    few = decide(Measurement.from_record(record(seed=2, n=3)), base)
+    few = decide(as_measured(record(seed=2, n=3)), base)
     assert few.verdict == "inconclusive"
     empty = Reference("t", (RunFigures(None, None, {"aten_ops": 1}),))
-    migrated = decide(Measurement.from_record(record(seed=2)), empty)
+    migrated = decide(as_measured(record(seed=2)), empty)
     assert migrated.verdict == "inconclusive"
     assert "--lstmperf-save-baseline" in migrated.checks[0].note
 
@@ -310,14 +323,14 @@ def test_too_few_samples_or_no_timings_are_inconclusive_never_a_pass() -> None:
 def test_the_marker_threshold_wins() -> None:
     base = reference(record(seed=1))
     now = record(seed=2, call_s=1.3e-3)
-    assert decide(Measurement.from_record(now), base).verdict == "regressed"
+    assert decide(as_measured(now), base).verdict == "regressed"
     now["thresholds"] = {"ratio": 1.5}
-    assert decide(Measurement.from_record(now), base).verdict == "unchanged"
+    assert decide(as_measured(now), base).verdict == "unchanged"
 
 
 def test_run_figures_round_trip() -> None:
-    run = policy.run_figures(Measurement.from_record(record(seed=1, device=True, counters={"aten_ops": 3})))
-    assert RunFigures.from_dict(run.to_dict()) == run
+    run = policy.run_figures(as_measured(record(seed=1, device=True, counters={"aten_ops": 3})))
+    assert run_from_json(run_to_json(run)) == run
 
 
 # ------------------------------------------------------------------- many reruns: detections and false alarms
@@ -340,8 +353,8 @@ def test_a_planted_slowdown_is_caught_in_every_one_of_200_runs_and_no_clean_reru
         # the benchmark beside five others of its baseline, each recorded in three processes
         base = pooled({k: reference(noisy(2 * seed + 1000 * k, 1e-3, 1.0)) for k in range(6)})[0]
         machine = random.Random(seed).uniform(0.7, 1.3)
-        caught += decide(Measurement.from_record(noisy(2 * seed + 1, 1.25e-3, machine)), base).verdict == "regressed"
-        clean = decide(Measurement.from_record(noisy(2 * seed + 1, 1e-3, machine)), base)
+        caught += decide(as_measured(noisy(2 * seed + 1, 1.25e-3, machine)), base).verdict == "regressed"
+        clean = decide(as_measured(noisy(2 * seed + 1, 1e-3, machine)), base)
         alarms += clean.failed
     assert caught == 200
     assert alarms == 0
@@ -350,7 +363,7 @@ def test_a_planted_slowdown_is_caught_in_every_one_of_200_runs_and_no_clean_reru
 # ---------------------------------------------------------------------------------------- verdicts, edges
 def test_a_faster_call_is_improved_and_does_not_fail() -> None:
     base = reference(record(seed=1))
-    decision = decide(Measurement.from_record(record(seed=2, call_s=0.5e-3)), base)
+    decision = decide(as_measured(record(seed=2, call_s=0.5e-3)), base)
     assert decision.verdict == "improved" and not decision.failed
     assert decision.ratio("per-call") == pytest.approx(0.5, rel=0.03)
 
@@ -359,20 +372,20 @@ def test_tf32_is_fp32_and_other_kernels_or_precisions_are_not() -> None:
     base = reference(record(seed=1, kernel="cudnn"))  # recorded as cudnn/fp32
     tf32 = record(seed=2)
     tf32["extra_info"]["precision"] = "tf32"
-    assert decide(Measurement.from_record(tf32), base).verdict == "unchanged"
+    assert decide(as_measured(tf32), base).verdict == "unchanged"
     half = record(seed=2)
     half["extra_info"]["precision"] = "fp16"
-    decision = decide(Measurement.from_record(half), base)
+    decision = decide(as_measured(half), base)
     assert decision.verdict == "kernel-changed"
     assert decision.checks[-1].note == "cudnn/fp32 in the baseline, cudnn/fp16 now"
     native = reference(record(seed=1, kernel="onednn"))
-    assert decide(Measurement.from_record(record(seed=2, kernel="cpu-native")), native).verdict == "kernel-changed"
+    assert decide(as_measured(record(seed=2, kernel="cpu-native")), native).verdict == "kernel-changed"
 
 
 def test_a_test_that_failed_on_its_kernel_is_kernel_changed_untimed() -> None:
     failed = {"fullname": "t", "data": [], "extra_info": {"kernel": "cuda-generic", "precision": "fp32"},
               "failed": "kernel"}  # fmt: skip
-    decision = decide(Measurement.from_record(failed), reference(record(seed=1)))
+    decision = decide(as_measured(failed), reference(record(seed=1)))
     assert decision.verdict == "kernel-changed" and decision.failed and "not timed" in decision.notes[0]
 
 
@@ -380,7 +393,7 @@ def test_the_most_severe_check_decides_and_every_check_is_kept() -> None:
     counts = {"aten_ops": 120, "kernels": 10, "syncs": 1}
     base = reference(record(seed=1, counters=counts))
     slower_and_more_ops = record(seed=2, call_s=2e-3, counters={**counts, "syncs": 2})
-    decision = decide(Measurement.from_record(slower_and_more_ops), base)
+    decision = decide(as_measured(slower_and_more_ops), base)
     assert decision.verdict == "regressed"
     assert [(c.metric, c.verdict) for c in decision.checks] == [
         ("per-call", "regressed"),
@@ -388,15 +401,15 @@ def test_the_most_severe_check_decides_and_every_check_is_kept() -> None:
     ]
     assert decision.deciding is decision.checks[0]
     other_kernel = record(seed=2, call_s=2e-3, kernel="cuda-generic", counters={**counts, "syncs": 2})
-    assert decide(Measurement.from_record(other_kernel), base).verdict == "kernel-changed"  # above regressed
+    assert decide(as_measured(other_kernel), base).verdict == "kernel-changed"  # above regressed
 
 
 def test_an_untimed_run_a_new_benchmark_and_a_lost_device_figure_are_named() -> None:
     base = reference(record(seed=1, device=True))
-    untimed = decide(Measurement.from_record({**record(seed=2), "data": []}), base)
+    untimed = decide(as_measured({**record(seed=2), "data": []}), base)
     assert untimed.verdict == "inconclusive" and untimed.checks[0].note.startswith("no paired samples in this run")
-    assert decide(Measurement.from_record(record(seed=2)), None).verdict == "new"
-    no_device = decide(Measurement.from_record(record(seed=2)), base)  # the baseline has device time, now none
+    assert decide(as_measured(record(seed=2)), None).verdict == "new"
+    no_device = decide(as_measured(record(seed=2)), base)  # the baseline has device time, now none
     assert no_device.verdict == "unchanged" and [c.metric for c in no_device.checks] == ["per-call"]
     assert no_device.notes == ("device: not compared: the baseline has this figure, this run has none",)
 
@@ -423,8 +436,8 @@ def test_host_counts_exact_bytes_within_allocator_rounding_and_absent_counts_not
 
 def test_the_table_the_summary_and_what_is_not_a_pass() -> None:
     base = reference(record(name="suites/x::a", seed=1))
-    slow = decide(Measurement.from_record(record(name="suites/x::a", seed=2, call_s=1.3e-3)), base)
-    same = decide(Measurement.from_record(record(name="suites/x::b", seed=3)), base)
+    slow = decide(as_measured(record(name="suites/x::a", seed=2, call_s=1.3e-3)), base)
+    same = decide(as_measured(record(name="suites/x::b", seed=3)), base)
     lines = gate_table.format_table([slow, same])
     assert lines[0].split() == ["test", "per", "call", "ratio", "device", "ratio", "resolves", "kernel", "then",
                                 "kernel", "now", "verdict"]  # fmt: skip
@@ -447,8 +460,8 @@ def test_the_table_the_summary_and_what_is_not_a_pass() -> None:
 
 def test_a_check_that_resolves_less_than_the_threshold_is_listed() -> None:
     noisy = reference(record(seed=1, noise=0.08))
-    coarse = decide(Measurement.from_record(record(name="noisy", seed=2, noise=0.08)), noisy)
-    fine = decide(Measurement.from_record(record(name="quiet", seed=2)), reference(record(seed=1)))
+    coarse = decide(as_measured(record(name="noisy", seed=2, noise=0.08)), noisy)
+    fine = decide(as_measured(record(name="quiet", seed=2)), reference(record(seed=1)))
     gate = policy.GateResult([coarse, fine])
     ((name, listed),) = gate.coarse(1.05)
     assert name == "noisy" and listed.resolves > 1.05 and listed is coarse.checks[0]
@@ -458,25 +471,25 @@ def test_a_check_that_resolves_less_than_the_threshold_is_listed() -> None:
 def test_run_gate_decides_every_record_and_names_what_did_not_run() -> None:
     from pathlib import Path
 
-    from pytest_lstmperf.speed.baseline import Baseline, bench_entry
+    from pytest_lstmperf.speed.baseline_file import Baseline, bench_entry
     from pytest_lstmperf.speed.verdict import run_gate
 
     versions = {"torch": "2.12.0"}
 
-    def entry(name: str, path: str, call_s: float = 1e-3) -> dict:
+    def entry(name: str, path: str, call_s: float = 1e-3) -> BaselineEntry:
         rec = {**record(name=name, seed=1, call_s=call_s), "name": name, "extra_info": {}}
         rec["extra_info"] = {**record(name=name, seed=1, call_s=call_s)["extra_info"], "path": path}
-        first, *siblings = processes(rec)
+        first, *siblings = (BenchRecord.from_json(r) for r in processes(rec))
         return bench_entry(first, versions=versions, siblings=siblings)
 
-    data = {"benchmarks": [entry("a", "p"), entry("b", "p"), entry("c", "gone")], "lstmperf": {"hardware": {}}}
-    baseline = Baseline(Path("b.json"), data)
-    result = run_gate(baseline, [record(name="a", seed=2, call_s=3e-3)], 1.10, {"torch": "2.13.0"},
-                      {"gone": "no CUDA device"})  # fmt: skip
+    entries = {e.fullname: e for e in (entry("a", "p"), entry("b", "p"), entry("c", "gone"))}
+    baseline = Baseline(Path("b.json"), BaselineDocument(BaselineSection(hardware={}), entries))
+    now = BenchRecord.from_json(record(name="a", seed=2, call_s=3e-3))
+    result = run_gate(baseline, [now], 1.10, {"torch": "2.13.0"}, {"gone": "no CUDA device"})
     assert [(d.name, d.verdict) for d in result.decisions] == [("a", "regressed"), ("b", "not-run"), ("c", "path-lost")]
     assert result.decisions[2].notes == ("gone is unavailable now: no CUDA device",)
     assert result.upgrade is not None and dict(result.upgrade.changed) == {"torch": ("2.12.0", "2.13.0")}
-    same = run_gate(baseline, [record(name="a", seed=2)], 1.10, versions, {})
+    same = run_gate(baseline, [BenchRecord.from_json(record(name="a", seed=2))], 1.10, versions, {})
     assert same.upgrade is None and same.decisions[0].verdict == "unchanged"
 
 
@@ -484,14 +497,14 @@ def test_the_report_plots_the_ratio_each_benchmark_was_decided_on(tmp_path) -> N
     """The report's baseline plot takes each decision's deciding check (a paired ratio), and without the gate's
     decisions the per-call medians; the report's gate table has the terminal's columns."""
     base = reference(record(name="x::test_a", seed=1))
-    decision = decide(Measurement.from_record(record(name="x::test_a", seed=2, call_s=3e-3)), base)
+    decision = decide(as_measured(record(name="x::test_a", seed=2, call_s=3e-3)), base)
     records = [
-        {"name": "test_a", "fullname": "x::test_a", "extra_info": {"time_per_call_s": 3e-3}},
-        {"name": "test_b", "fullname": "x::test_b", "extra_info": {"time_per_call_s": 2e-3}},
+        BenchRecord("x::test_a", "test_a", extra_info={"time_per_call_s": 3e-3}),
+        BenchRecord("x::test_b", "test_b", extra_info={"time_per_call_s": 2e-3}),
     ]
     baseline = [
-        {"fullname": "x::test_a", "stats": {"data": [1e-3]}},
-        {"fullname": "x::test_b", "stats": {"data": [2e-3]}},
+        BaselineEntry("x::test_a", stats={"data": [1e-3]}),
+        BaselineEntry("x::test_b", stats={"data": [2e-3]}),
     ]
     path = plot_baseline(tmp_path, records, baseline, policy.GateResult([decision, policy.Decision("x::b", "new")]))
     assert path is not None and path.stat().st_size > 1000
@@ -509,7 +522,7 @@ def test_event_timed_device_time_is_no_device_figure() -> None:
     now = record(seed=10, device=True)
     now["extra_info"]["device_time_method"] = "cuda-events"
     now["extra_info"]["device_samples"] = [x * 1.5 for x in now["extra_info"]["device_samples"]]
-    decision = decide(Measurement.from_record(now), base)
+    decision = decide(as_measured(now), base)
     assert [c.metric for c in decision.checks] == ["per-call"]
     assert decision.verdict == "unchanged"
     assert any("device: not compared" in n for n in decision.notes)
@@ -560,16 +573,16 @@ def test_more_processes_of_a_compare_narrow_what_it_resolves() -> None:
     from pytest_lstmperf.speed.policy import undecided
 
     base = reference(*processes(record(seed=1), spread=0.08, machine=0.0), neighbours=8)
-    now = [Measurement.from_record(record(seed=s)) for s in (2, 3, 4, 5)]
+    now = [as_measured(record(seed=s)) for s in (2, 3, 4, 5)]
     one = decide(now[0], base)
     four = decide(now[0], base, more=now[1:])
     assert one.checks[0].resolves > four.checks[0].resolves
     assert four.processes == 4 and "4 processes" in four.checks[0].note
-    slower = [Measurement.from_record(record(seed=s, call_s=2e-3)) for s in (2, 3)]
+    slower = [as_measured(record(seed=s, call_s=2e-3)) for s in (2, 3)]
     assert decide(slower[0], base, more=slower[1:]).verdict == "regressed"
     assert undecided(decide(slower[0], base))
     assert not undecided(four) or four.verdict == "inconclusive"
-    changed = decide(Measurement.from_record(record(seed=2, kernel="native")), reference(record(seed=1)))
+    changed = decide(as_measured(record(seed=2, kernel="native")), reference(record(seed=1)))
     assert changed.verdict == "kernel-changed" and not undecided(changed)
 
 
@@ -580,7 +593,7 @@ def test_a_recording_takes_more_processes_only_where_they_do_not_yet_show_their_
     from pytest_lstmperf.speed.policy import unresolved
 
     def measured(name: str, count: int) -> list[Measurement]:
-        return [Measurement.from_record(r) for r in processes(record(name, seed=1), spread=0.01, count=count)]
+        return [as_measured(r) for r in processes(record(name, seed=1), spread=0.01, count=count)]
 
     assert unresolved({"lone": measured("lone", 3)}) == ["lone"]
     assert unresolved({"lone": measured("lone", 8)}) == []
@@ -606,10 +619,10 @@ def test_the_comparable_bound_takes_in_how_far_the_anchor_itself_lies_apart() ->
     refs = pooled({f"b{k}": reference(*wide(f"b{k}", k), neighbours=0) for k in range(8)})
     base = refs["b0"]
     moved = record(name="b0", seed=9, call_s=3.4e-3, anchor_s=3.4 * 2e-4)
-    assert comparable(Measurement.from_record(moved), base) is None
-    assert decide(Measurement.from_record(moved), base).verdict == "unchanged"
+    assert comparable(as_measured(moved), base) is None
+    assert decide(as_measured(moved), base).verdict == "unchanged"
     stalled = record(name="b0", seed=9, call_s=1.0, anchor_s=0.2)
-    assert "not comparable" in (comparable(Measurement.from_record(stalled), base) or "")
+    assert "not comparable" in (comparable(as_measured(stalled), base) or "")
 
 
 # ------------------------------------------------------------------------------------------ the run's verdict

@@ -12,6 +12,7 @@ import pytest
 from plot_checks import figure_problems
 
 from pytest_lstmperf.ratios import ImplausibleRatio, format_ratio
+from pytest_lstmperf.speed.records import BaselineEntry, entries_from_benchmark_json
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -32,10 +33,11 @@ def test_a_ratio_that_cannot_be_one_is_refused(value) -> None:
 
 
 def test_the_speed_tables_speed_up_column_flags_a_time_that_is_not_positive() -> None:
+    from pytest_lstmperf.speed.records import BenchRecord
     from pytest_lstmperf.speed.report import timing_cells
 
-    def record(per_call: float) -> dict:
-        return {"extra_info": {"time_per_call_s": per_call, "kernel": "onednn", "precision": "fp32"}}
+    def record(per_call: float) -> BenchRecord:
+        return BenchRecord("t", extra_info={"time_per_call_s": per_call, "kernel": "onednn", "precision": "fp32"})
 
     assert timing_cells(record(1e-3), 4e-3)[3] == "4.00x"
     assert timing_cells(record(1e-3), 4e-6)[3] == "0.004x"  # not "0.00x"
@@ -86,9 +88,9 @@ def test_a_disturbed_cell_loop_measurement_is_taken_again(cell_report) -> None:
     assert len(calls) == 1 and row.slowdown == "2.3x"
 
 
-def _h100_records() -> list[dict]:
+def _h100_entries() -> list[BaselineEntry]:
     data = json.loads((ROOT / "baselines" / "NVIDIA_H100_80GB_HBM3-cc9.0.json").read_text(encoding="utf-8"))
-    return data["benchmarks"]
+    return entries_from_benchmark_json(data)
 
 
 def _first_ink_column(png: Path) -> int:
@@ -103,8 +105,9 @@ def test_the_baseline_plot_shows_its_longest_row_labels_whole(
 ) -> None:
     from pytest_lstmperf.speed import report_plots
 
-    records = _h100_records()  # 78 rows, the longest inference[torch-compile-reduce-overhead-...]
-    png = report_plots.plot_baseline(tmp_path, records, records)
+    entries = _h100_entries()  # 78 rows, the longest inference[torch-compile-reduce-overhead-...]
+    records = [e.as_record() for e in entries]
+    png = report_plots.plot_baseline(tmp_path, records, entries)
     assert png is not None and _first_ink_column(png) > 5
     (fig,) = drawn
     assert figure_problems(fig) == []
@@ -117,7 +120,7 @@ def test_the_baseline_plot_shows_its_longest_row_labels_whole(
         fig.set_dpi(110)
 
     monkeypatch.setattr(report_plots, "_fit_row_labels", measured_at_another_dpi)
-    png = report_plots.plot_baseline(tmp_path, records, records)
+    png = report_plots.plot_baseline(tmp_path, records, entries)
     assert png is not None and _first_ink_column(png) == 0
 
 

@@ -11,6 +11,7 @@ import pytest
 from plot_checks import figure_problems, titles
 
 from pytest_lstmperf.speed import report, report_plots
+from pytest_lstmperf.speed.records import BaselineEntry, BenchRecord
 from pytest_lstmperf.workloads import crossover as cx
 from pytest_lstmperf.workloads import report as wr
 
@@ -119,14 +120,13 @@ def test_precision_bucketing_and_scaling_have_titles_and_read_cleanly(drawn: lis
 
 
 def test_speed_report_plots_read_cleanly(drawn: list, tmp_path: Path) -> None:
-    records = [{"fullname": f"t[{p}-B{b}]", "name": f"t[{p}-B{b}]", "extra_info": {
+    records = [BenchRecord(f"t[{p}-B{b}]", f"t[{p}-B{b}]", extra_info={
         "path": p, "device": d, "mode": "forward", "sweeps": ["batch"], "spec": {"batch": b},
-        "time_per_call_s": a * 1e-3 * b**0.7}}
+        "time_per_call_s": a * 1e-3 * b**0.7})
         for p, d, a in (("torch-cpu-onednn", "cpu", 1.0), ("torch-cudnn-default", "cuda:0", 4.0))
         for b in (1, 4, 16, 64, 256)]  # fmt: skip
     assert report_plots.plot_sweep(tmp_path, records, "batch", "batch", "batch size") is not None
-    baseline = [{"fullname": r["fullname"], "stats": {"data": [r["extra_info"]["time_per_call_s"] * 0.8]}}
-                for r in records]  # fmt: skip
+    baseline = [BaselineEntry(r.fullname, stats={"data": [(r.time_per_call_s or 0) * 0.8]}) for r in records]
     assert report_plots.plot_baseline(tmp_path, records, baseline) is not None
     assert len(drawn) == 2
     for fig in drawn:
@@ -157,10 +157,10 @@ def test_the_check_sees_what_used_to_go_wrong(drawn: list) -> None:
 
 
 # ------------------------------------------------------------------------------------------ the index
-def _speed_records() -> list[dict]:
-    return [{"fullname": f"t[B{b}]", "name": f"t[B{b}]", "data": [], "extra_info": {
+def _speed_records() -> list[BenchRecord]:
+    return [BenchRecord(f"t[B{b}]", f"t[B{b}]", extra_info={
         "path": "torch-cpu-native", "device": "cpu", "mode": "forward", "sweeps": ["batch"], "spec": {"batch": b},
-        "shape": f"lstm-B{b}", "time_per_call_s": 1e-3 * b, "kernel": "cpu-native", "precision": "fp32"}}
+        "shape": f"lstm-B{b}", "time_per_call_s": 1e-3 * b, "kernel": "cpu-native", "precision": "fp32"})
         for b in (1, 4, 16)]  # fmt: skip
 
 
@@ -205,10 +205,10 @@ def test_link_pages_is_idempotent(tmp_path: Path) -> None:
 
 
 # ------------------------------------------------------------------------------------------ table cells
-def _user(name: str, label: str = "forward", file: str = "tests/test_model.py") -> dict:
-    return {"fullname": f"{file}::{name}", "name": name, "extra_info": {
+def _user(name: str, label: str = "forward", file: str = "tests/test_model.py") -> BenchRecord:
+    return BenchRecord(f"{file}::{name}", name, extra_info={
         "path": "user", "device": "cpu", "mode": label, "shape": "-", "time_per_call_s": 2e-3, "kernel": "onednn",
-        "precision": "fp32"}}  # fmt: skip
+        "precision": "fp32"})  # fmt: skip
 
 
 def test_user_benchmarks_are_named_by_their_test() -> None:
@@ -240,13 +240,13 @@ def test_user_benchmarks_are_named_by_their_test() -> None:
     ],
 )
 def test_peak_cell(extra: dict, cell: str) -> None:
-    assert report.peak_cell(extra) == cell
+    assert report.peak_cell(BenchRecord("t", extra_info=extra)) == cell
 
 
 def test_peak_notes_say_why_and_what_to_do() -> None:
-    over = {"name": "test_keras[keras-jax-cpu]", "extra_info": {"peak_fraction": 6.0}}
-    shared = {"name": "test_x", "extra_info": {"peak_fraction": 12.69, "timed_by": "pytest-lstmperf"}}
-    fine = {"name": "test_y", "extra_info": {"peak_fraction": 0.4}}
+    over = BenchRecord("t::k", "test_keras[keras-jax-cpu]", extra_info={"peak_fraction": 6.0})
+    shared = BenchRecord("t::x", "test_x", extra_info={"peak_fraction": 12.69, "timed_by": "pytest-lstmperf"})
+    fine = BenchRecord("t::y", "test_y", extra_info={"peak_fraction": 0.4})
     assert report.peak_notes([fine]) == []
     (note,) = report.peak_notes([over, fine])
     assert "test_keras[keras-jax-cpu]" in note and "Run again on a quiet machine" in note
@@ -258,8 +258,8 @@ def test_peak_notes_say_why_and_what_to_do() -> None:
 def test_terminal_notes_explain_the_peak_cells() -> None:
     from pytest_lstmperf.run_report import timing_notes
 
-    over = {"name": "test_keras[keras-jax-cpu]", "extra_info": {"peak_fraction": 6.0}}
-    fine = {"name": "test_y", "extra_info": {"peak_fraction": 0.4}}
+    over = BenchRecord("t::k", "test_keras[keras-jax-cpu]", extra_info={"peak_fraction": 6.0})
+    fine = BenchRecord("t::y", "test_y", extra_info={"peak_fraction": 0.4})
     notes = timing_notes([over, fine])
     assert any(n.startswith("%peak over 100% for 1 benchmark(s) (test_keras[keras-jax-cpu])") for n in notes)
     assert not any("%peak" in n for n in timing_notes([fine]))

@@ -60,11 +60,14 @@ def test_wall_time_comes_after_the_benchmark_tables(output: list[str]) -> None:
 
 def test_time_by_phase_sums_the_benchmarks_phases_and_names_the_gates_own() -> None:
     from pytest_lstmperf.run_report import phase_line
+    from pytest_lstmperf.speed.records import BenchRecord
 
     records = [
-        {"extra_info": {"phase_s": {"prepare": 1.0, "rounds": 2.0, "trace": 0.5}}},
-        {"extra_info": {"phase_s": {"prepare": 0.5, "rounds": 4.0, "device_time": 1.0, "new_phase": 0.25}}},
-        {"extra_info": {}},
+        BenchRecord("a", extra_info={"phase_s": {"prepare": 1.0, "rounds": 2.0, "trace": 0.5}}),
+        BenchRecord(
+            "b", extra_info={"phase_s": {"prepare": 0.5, "rounds": 4.0, "device_time": 1.0, "new_phase": 0.25}}
+        ),
+        BenchRecord("c"),
     ]
     line = phase_line(records, {"recording processes": 30.0})
     assert line == (

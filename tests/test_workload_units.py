@@ -10,6 +10,7 @@ import pytest
 from forked_pytest import runpytest_forked
 from pytester_runs import clear_inner_env
 
+from pytest_lstmperf.speed.records import BaselineEntry, BenchRecord
 from pytest_lstmperf.speed.report_plots import find_crossover
 from pytest_lstmperf.workloads import crossover as cx
 from pytest_lstmperf.workloads import varlen as w
@@ -289,9 +290,9 @@ def test_measured_peak_is_the_best_over_sizes_and_repeats(monkeypatch: pytest.Mo
     assert asked == [(256, "float32"), (512, "float32"), (1024, "float32")]
 
 
-def _bench_record(path: str, seconds: float, device: str = "cpu", kernel: str = "cpu-native") -> dict:
-    return {"fullname": path, "name": path, "extra_info": {"path": path, "device": device, "mode": "forward",
-            "shape": "s", "time_per_call_s": seconds, "expected_kernel": kernel}}  # fmt: skip
+def _bench_record(path: str, seconds: float, device: str = "cpu", kernel: str = "cpu-native") -> BenchRecord:
+    return BenchRecord(path, path, extra_info={"path": path, "device": device, "mode": "forward", "shape": "s",
+                       "time_per_call_s": seconds, "expected_kernel": kernel})  # fmt: skip
 
 
 def test_vs_generic_reference_is_fixed_whatever_arrives_first() -> None:
@@ -417,12 +418,11 @@ def test_every_plot_reads_cleanly(drawn: list, tmp_path) -> None:
               for b in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)]  # fmt: skip
     long_title = "lstm-I64-H256-L2-T100, forward, against onednn\ncuda:0 (" + "NVIDIA H100 80GB HBM3, " * 5 + ")"
     cx.plot_sweep(points, tmp_path / "c.png", long_title, cx.crossovers(points, "native", ["onednn"]))
-    records = [_bench_record(f"torch-cpu-native-B{b}", 1e-3 * b) | {"extra_info": {
+    records = [BenchRecord(f"torch-cpu-native-B{b}", f"torch-cpu-native-B{b}", extra_info={
         "path": "torch-cpu-native", "device": "cpu", "mode": "forward", "sweeps": ["batch"], "spec": {"batch": b},
-        "time_per_call_s": 1e-3 * b ** 0.7}} for b in (1, 4, 16, 64)]  # fmt: skip
+        "time_per_call_s": 1e-3 * b ** 0.7}) for b in (1, 4, 16, 64)]  # fmt: skip
     assert report_plots.plot_sweep(tmp_path, records, "batch", "batch", "batch size") is not None
-    baseline = [{"fullname": r["fullname"], "stats": {"data": [r["extra_info"]["time_per_call_s"] * 0.8]}}
-                for r in records]  # fmt: skip
+    baseline = [BaselineEntry(r.fullname, stats={"data": [(r.time_per_call_s or 0) * 0.8]}) for r in records]
     assert report_plots.plot_baseline(tmp_path, records, baseline) is not None
     assert len(drawn) == 7
     problems = {i: _layout_problems(fig) for i, fig in enumerate(drawn)}

@@ -38,7 +38,8 @@ from ..speed.benchmark_adapter import (
 from ..speed.machine_info import MachineInfo
 from ..speed.machine_lock import MachineLock
 from ..speed.marked import MarkedBenchmark
-from ..speed.runner import BENCH_MARKER, RECORD_KEY, BenchCase, BenchRunner, run_spec
+from ..speed.records import RECORD_KEY, BenchRecord
+from ..speed.runner import BENCH_MARKER, BenchCase, BenchRunner, run_spec
 from ..speed.shapes import bench_set, set_shapes
 from .benchmark_json import json_section, machine_info_section
 from .compare_target import point_compare, take_over_compare
@@ -226,8 +227,9 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> Any:
 
 # ------------------------------------------------------------------------------------- collecting records
 def _collect_record(config: pytest.Config, value: object) -> None:
+    """A benchmark's record as it arrived (from this process or a pytest-xdist worker)."""
     if isinstance(value, dict):
-        gate_state(config).records.append(value)
+        gate_state(config).records.append(BenchRecord.from_json(value))
 
 
 @pytest.hookimpl(optionalhook=True)

@@ -11,15 +11,15 @@ pytest-xdist, where pytest-benchmark writes none.
 from __future__ import annotations
 
 import datetime
-import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from ..device import hardware_key
-from ..speed.baseline import FORMAT, _atomic_write, bench_entry
+from ..speed.baseline_file import atomic_write, bench_entry
 from ..speed.provenance import benchmark_header, provenance
+from ..speed.records import BenchRecord, run_json, run_section
+from ..speed.records import machine_info_section as info_section
 from .gate_context import gate_device, hardware_fields, uses_lstmperf
 
 
@@ -40,7 +40,7 @@ def machine_info_section(config: pytest.Config) -> dict[str, Any] | None:
     if device is None:
         return None
 
-    return {"device_key": hardware_key(hardware_fields(device)), "fingerprint": dict(device.fingerprint)}
+    return info_section(hardware_fields(device), device.fingerprint)
 
 
 def json_section(config: pytest.Config) -> dict[str, Any] | None:
@@ -49,33 +49,18 @@ def json_section(config: pytest.Config) -> dict[str, Any] | None:
     if device is None:
         return None
 
-    fields = hardware_fields(device)
-    return {
-        "format": FORMAT,
-        "device_key": hardware_key(fields),
-        "hardware": fields,
-        "versions": device.versions(),
-        "fingerprint": dict(device.fingerprint),
-        "provenance": provenance(config),
-    }
+    return run_section(hardware_fields(device), device.versions(), device.fingerprint, provenance(config))
 
 
-def write_xdist_json(config: pytest.Config, target: Any, records: list[dict[str, Any]]) -> str:
+def write_xdist_json(config: pytest.Config, target: Any, records: list[BenchRecord]) -> str:
     """pytest-benchmark writes no ``--benchmark-json`` under pytest-xdist (it disables itself there): write
     every worker's records into it, in pytest-benchmark's layout. ``target`` is a path (pytest-benchmark
     5.3 and later: written atomically) or the binary file pytest-benchmark opened (earlier versions)."""
-    header = benchmark_header(config)
-    data: dict[str, Any] = {
-        "machine_info": header["machine_info"],
-        "commit_info": header["commit_info"],
-        "benchmarks": [bench_entry(r) for r in sorted(records, key=lambda r: r["fullname"])],
-        "datetime": datetime.datetime.now(datetime.timezone.utc).isoformat(),
-        "version": header["version"],
-    }
-    section = json_section(config)
-    if section is not None:
-        data["lstmperf"] = section
-    payload = json.dumps(data, indent=1, default=str) + "\n"
+    date = datetime.datetime.now(datetime.timezone.utc).isoformat()
+    records = sorted(records, key=lambda r: r.fullname)
+    entries = [bench_entry(r) for r in records]
+    payload = run_json(benchmark_header(config), entries, date, json_section(config))
+    devices = sorted({r.device for r in records})
     if hasattr(target, "write"):
         target.write(payload.encode())
         target.flush()
@@ -83,8 +68,7 @@ def write_xdist_json(config: pytest.Config, target: Any, records: list[dict[str,
     else:
         path = Path(target)
         path.parent.mkdir(parents=True, exist_ok=True)
-        _atomic_write(path, payload)
-    devices = sorted({str(r["extra_info"].get("device", "?")) for r in records})
+        atomic_write(path, payload)
     return (
         f"--benchmark-json: {len(records)} benchmarks of every pytest-xdist worker written to {path} "
         f"(devices: {', '.join(devices)})"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ..speed.baseline import BaselineError, differences, load
+from ..speed.baseline_file import BaselineError, differences, load
 from ..speed.benchmark_adapter import reload_compare, set_compare, storage_has_run
 from ..speed.provenance import record_command
 from ..speed.verdict import refuse_compare_fail

@@ -6,6 +6,7 @@ stops a recording run whose baseline cannot be written."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -14,10 +15,11 @@ import pytest
 from .. import ci_summary
 from ..run_report import RunReport, build_report
 from ..session import run_session, started_session
-from ..speed.baseline import BaselineError
+from ..speed.baseline_file import BaselineError
 from ..speed.gate import GateState
 from ..speed.policy import COMPARE_PROCESSES, RECORD_PROCESSES_MAX, Measurement, undecided, unresolved
 from ..speed.provenance import benchmark_header, provenance, record_command, rerun_command
+from ..speed.records import BenchRecord
 from ..speed.report import write_report
 from ..speed.verdict import judge, run_gate
 from .benchmark_json import write_xdist_json
@@ -57,7 +59,7 @@ def finish(session: pytest.Session) -> None:
         except pytest.UsageError as exc:
             state.errors.append(str(exc))
             session.exitstatus = pytest.ExitCode.USAGE_ERROR
-    measured = [r for r in state.records if r.get("data")]
+    measured = [r for r in state.records if r.data]
     if process_folder() is not None:  # a recording process: its records go to the recording command
         write_records(measured)
         return
@@ -79,14 +81,14 @@ def finish(session: pytest.Session) -> None:
         versions = gate_device(config).versions()
         state.gate = run_gate(state.baseline, state.records, threshold, versions, unavailable)
         started = time.perf_counter()
-        more: dict[str, list] = {}
+        more: dict[str, list[BenchRecord]] = {}
         for extra in range(2, COMPARE_PROCESSES + 1):  # adaptive: more processes only where noise needs them
             names = {d.name for d in state.gate.decisions if undecided(d)}
             if not names or state.errors or session.exitstatus not in (0, pytest.ExitCode.OK):
                 break
             try:
                 got = record_in_processes(
-                    config, [r for r in measured if r["fullname"] in names], 2, _say(config), index=extra,
+                    config, [r for r in measured if r.fullname in names], 2, _say(config), index=extra,
                     of=COMPARE_PROCESSES, why="undecided on this run's noise",
                 )  # fmt: skip
             except RecordingError as exc:
@@ -112,7 +114,9 @@ def finish(session: pytest.Session) -> None:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
-def _record_baseline(config: pytest.Config, state: GateState, session: pytest.Session, measured: list) -> None:
+def _record_baseline(
+    config: pytest.Config, state: GateState, session: pytest.Session, measured: list[BenchRecord]
+) -> None:
     """Record this run's benchmarks, only when the run completed: an interrupted run (Ctrl-C, -x, a failing
     test) would leave a partial baseline, so it records nothing and says so."""
     status = pytest.ExitCode(session.exitstatus) if isinstance(session.exitstatus, int) else session.exitstatus
@@ -155,7 +159,7 @@ def _record_baseline(config: pytest.Config, state: GateState, session: pytest.Se
         state.errors.append(str(exc))
 
 
-def _record_processes(config: pytest.Config, measured: list) -> dict[str, list]:
+def _record_processes(config: pytest.Config, measured: list[BenchRecord]) -> dict[str, list[BenchRecord]]:
     """The recording's further processes: ``--lstmperf-record-processes`` in all, then one more at a time for the
     benchmarks whose processes do not yet show how far they lie apart well enough to see a 1.5x slowdown (a lone
     benchmark of a user's: Student's t on few processes), up to :data:`RECORD_PROCESSES_MAX` in all."""
@@ -167,14 +171,14 @@ def _record_processes(config: pytest.Config, measured: list) -> dict[str, list]:
     total = processes
     while total < RECORD_PROCESSES_MAX:
         recorded = {
-            r["fullname"]: [Measurement.from_record(x) for x in (r, *siblings.get(r["fullname"], ()))] for r in measured
+            r.fullname: [Measurement.from_record(x) for x in (r, *siblings.get(r.fullname, ()))] for r in measured
         }
         names = set(unresolved(recorded))
         if not names:
             break
         total += 1
         got = record_in_processes(
-            config, [r for r in measured if r["fullname"] in names], 2, say, index=total, of=RECORD_PROCESSES_MAX,
+            config, [r for r in measured if r.fullname in names], 2, say, index=total, of=RECORD_PROCESSES_MAX,
             why=f"{len(names)} benchmark(s) whose processes do not yet show how far they lie apart well enough to "
             "see a 1.5x slowdown",
         )  # fmt: skip
@@ -183,7 +187,7 @@ def _record_processes(config: pytest.Config, measured: list) -> dict[str, list]:
     return siblings
 
 
-def _say(config: pytest.Config) -> Any:
+def _say(config: pytest.Config) -> Callable[[str], None]:
     """A line on the terminal, now (a recording's processes take minutes)."""
     tr = config.pluginmanager.get_plugin("terminalreporter")
 
@@ -216,7 +220,7 @@ def _write_report(config: pytest.Config, state: GateState) -> None:
         state.report_path = write_report(
             Path(report_dir),
             state.records,
-            state.baseline.data["benchmarks"] if state.baseline else None,
+            list(state.baseline.benchmarks.values()) if state.baseline else None,
             gate_device(config).describe(),
             state.gate,
         )

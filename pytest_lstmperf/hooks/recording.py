@@ -23,11 +23,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
 
 import pytest
+
+from ..speed.records import BenchRecord, dump_records, load_records
 
 #: set in a recording process's environment: the folder it reads its benchmarks from and writes its records to
 PROCESS_ENV = "PYTEST_LSTMPERF_RECORDING_PROCESS"
@@ -73,12 +74,12 @@ def keep_benchmarks(config: pytest.Config, items: list[pytest.Item]) -> None:
         items[:] = keep
 
 
-def write_records(records: Sequence[Mapping[str, Any]]) -> None:
+def write_records(records: Sequence[BenchRecord]) -> None:
     """In a recording process: its records, for the recording command that started it."""
     folder = process_folder()
     if folder is not None:
         tmp = folder / f"records.{os.getpid()}.tmp"
-        tmp.write_text(json.dumps(list(records)))
+        tmp.write_text(dump_records(records))
         os.replace(tmp, folder / "records.json")
 
 
@@ -103,21 +104,21 @@ def _command(config: pytest.Config, folder: Path) -> list[str]:
 
 def record_in_processes(
     config: pytest.Config,
-    records: Sequence[Mapping[str, Any]],
+    records: Sequence[BenchRecord],
     processes: int,
-    say: Any,
+    say: Callable[[str], None],
     *,
     index: int | None = None,
     of: int | None = None,
     why: str = "how far processes lie apart is each benchmark's between-run noise",
-) -> dict[str, list[Mapping[str, Any]]]:
+) -> dict[str, list[BenchRecord]]:
     """Time the benchmarks of ``records`` again in ``processes`` - 1 fresh pytest processes; per benchmark, its
     records from them. ``say(line)`` reports progress (``index`` of ``of``: how a lone further process is named).
     Raises :class:`RecordingError` when a process fails or measures fewer benchmarks than this one did."""
     if processes <= 1 or not records:
         return {}
-    names = sorted({str(r["fullname"]) for r in records})
-    siblings: dict[str, list[Mapping[str, Any]]] = {}
+    names = sorted({r.fullname for r in records})
+    siblings: dict[str, list[BenchRecord]] = {}
     folder = Path(tempfile.mkdtemp(prefix="lstmperf-recording-"))
     # the same options as this run (PYTEST_ADDOPTS included), no CI summary of its own
     env = {k: v for k, v in os.environ.items() if k != "GITHUB_STEP_SUMMARY"}
@@ -150,9 +151,9 @@ def record_in_processes(
                     f"not recording: recording process {index} of {total} failed (exit {done.returncode}); "
                     f"nothing was written. Its last lines:\n    " + "\n    ".join(tail)
                 )
-            got = [r for r in json.loads(result.read_text()) if r.get("data")]
+            got = [r for r in load_records(result.read_text()) if r.data]
             result.unlink()
-            missing = sorted(set(names) - {str(r["fullname"]) for r in got})
+            missing = sorted(set(names) - {r.fullname for r in got})
             if missing:
                 raise RecordingError(
                     f"not recording: recording process {index} of {total} measured {len(got)} of the "
@@ -160,7 +161,7 @@ def record_in_processes(
                     + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
                 )
             for record in got:
-                siblings.setdefault(str(record["fullname"]), []).append(record)
+                siblings.setdefault(record.fullname, []).append(record)
             say(f"lstmperf: process {index} of {total} at most done in {time.perf_counter() - started:.0f} s")
     finally:
         shutil.rmtree(folder, ignore_errors=True)

@@ -1,40 +1,43 @@
 """The baseline store: a run's records saved into the hardware's baseline file (``--lstmperf-save-baseline``
 entries the file lacks, ``--lstmperf-update-baseline`` replacing them, ``--lstmperf-add-baseline-run`` one more
 recording run, judged against the runs before it by the gate's rule), and the file a compare reads. The file
-itself (its format, entries, reading, migration, atomic writes and locking) is :mod:`.baseline_file`, whose
-names this module also hands on.
+itself (its entries, reading, atomic writes and locking) is :mod:`.baseline_file`, its JSON, format and
+migration :mod:`.records`.
 """
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
 from ..device import hardware_key
-from .baseline_file import (  # noqa: F401  (handed on: callers import them from here)
+from ..options import THRESHOLD
+from .baseline_file import (
     BROKEN_SUFFIX,
-    FORMAT,
-    LOCK_TIMEOUT_S,
     Baseline,
     BaselineError,
-    _atomic_write,
-    _git_restore,
-    _hint,
-    _median,
-    _old_format,
+    atomic_write,
     bench_entry,
     differences,
-    file_mode,
+    hint,
     history_point,
     load,
     locked,
-    migrate_format_1,
+    old_format,
     reference_of,
-    replace_command,
+)
+from .policy import OUTLIER_FACTOR, Measurement, RunFigures, check, metrics_of, pooled, recording_runs
+from .records import (
+    BaselineDocument,
+    BaselineEntry,
+    BaselineSection,
+    BenchRecord,
+    Header,
+    JSONObject,
+    date_of,
+    recorded_of,
 )
 
 
@@ -52,7 +55,7 @@ class SaveReport:
     left_out: list[str] = field(default_factory=list)  # recording processes left out of an entry (broke)
     outliers: list[str] = field(default_factory=list)  # recording runs added outside the runs before them
     added_run: bool = False  # --lstmperf-add-baseline-run: recording runs added, no entry replaced
-    entries: dict[str, dict[str, Any]] = field(default_factory=dict)  # the file's entries as written
+    entries: dict[str, BaselineEntry] = field(default_factory=dict)  # the file's entries as written
 
     def describe(self) -> str:
         parts = []
@@ -120,14 +123,14 @@ class BaselineStore:
             return None
         found = []
         for candidate in sorted(self.directory.glob("*.json")):
-            if _old_format(candidate) != 1:
+            if old_format(candidate) != 1:
                 continue
             try:
                 old = load(candidate, self.record_hint)
             except BaselineError:
                 continue
             if not differences(old.fields, dict(fields)):
-                found.append((str(old.section.get("updated", {}).get("date", "")), candidate.name, old))
+                found.append((old.document.section.updated_date, candidate.name, old))
         return max(found, key=lambda item: item[:2])[2] if found else None
 
     def others(self, fields: Mapping[str, str]) -> list[tuple[Path, list[str]]]:
@@ -155,7 +158,7 @@ class BaselineStore:
         if closest:
             other, diff = closest[0]
             text += f" The closest, {other.name}, is of other hardware ({'; '.join(diff)}): not comparable."
-        return text + _hint(self.record_hint)
+        return text + hint(self.record_hint)
 
     def check_writable(self, fields: Mapping[str, str]) -> None:
         """Before any test runs: the baseline this run would record can be written (the folder exists or can be
@@ -178,17 +181,17 @@ class BaselineStore:
 
     def save(
         self,
-        records: Iterable[Mapping[str, Any]],
+        records: Iterable[BenchRecord],
         *,
         fields: Mapping[str, str],
         fingerprint: Mapping[str, str],
         versions: Mapping[str, str],
-        provenance: Mapping[str, Any],
-        header: Mapping[str, Any],
+        provenance: JSONObject,
+        header: Header,
         update: bool,
         add_run: bool = False,
         threshold: float | None = None,
-        siblings: Mapping[str, list[Mapping[str, Any]]] | None = None,
+        siblings: Mapping[str, list[BenchRecord]] | None = None,
     ) -> SaveReport:
         """Merge ``records`` into this hardware's file under the lock and write it atomically.
 
@@ -216,24 +219,20 @@ class BaselineStore:
                     self._save(existing, list(records), versions, provenance, update, report, siblings)
                 if not report.created and not report.updated:
                     return report
-                data = existing or {}
-                section = {
-                    "format": FORMAT,
-                    "device_key": hardware_key(fields),
-                    "hardware": dict(fields),
-                    "fingerprint": dict(fingerprint),
-                    "created": data.get("lstmperf", {}).get("created", dict(provenance)),
-                    "updated": dict(provenance),
-                }
-                out = {
-                    "machine_info": header.get("machine_info", data.get("machine_info", {})),
-                    "commit_info": header.get("commit_info", data.get("commit_info", {})),
-                    "benchmarks": [report.entries[name] for name in sorted(report.entries)],
-                    "datetime": provenance.get("date"),
-                    "version": header.get("version", data.get("version")),
-                    "lstmperf": section,
-                }
-                _atomic_write(path, json.dumps(out, indent=1, sort_keys=False, default=str) + "\n")
+                section = BaselineSection(
+                    hardware=dict(fields),
+                    fingerprint=dict(fingerprint),
+                    created=existing.section.created if existing is not None else dict(provenance),
+                    updated=dict(provenance),
+                )
+                if existing is not None:  # this run's header, the file's where this run has none
+                    header = Header(
+                        header.machine_info or existing.header.machine_info,
+                        header.commit_info or existing.header.commit_info,
+                        header.version or existing.header.version,
+                    )
+                out = BaselineDocument(section, report.entries, header, date_of(provenance))
+                atomic_write(path, out.dumps())
                 return report
         except OSError as exc:
             where = exc.filename or path
@@ -242,7 +241,9 @@ class BaselineStore:
                 f"folder writable, or record into another folder with --lstmperf-baselines=DIR."
             ) from None
 
-    def _existing(self, path: Path, fields: Mapping[str, str], update: bool) -> tuple[dict | None, SaveReport]:
+    def _existing(
+        self, path: Path, fields: Mapping[str, str], update: bool
+    ) -> tuple[BaselineDocument | None, SaveReport]:
         """The file's current content (a format-1 file of this hardware where no current one exists); a broken
         file is an error, or (``update``) moved aside."""
         report = SaveReport(path)
@@ -250,10 +251,10 @@ class BaselineStore:
             older = self._older(fields)
             if older is not None:
                 report.migrated = older.path
-            data = older.data if older is not None else None
+            data = older.document if older is not None else None
         else:
             try:
-                data = load(path, self.record_hint).data
+                data = load(path, self.record_hint).document
             except BaselineError as exc:
                 if not update:
                     raise BaselineError(f"not recording: {exc}") from None
@@ -261,57 +262,53 @@ class BaselineStore:
                 os.replace(path, report.broken)
                 data = None
         if data is not None:
-            diff = differences(data["lstmperf"]["hardware"], dict(fields))
+            diff = differences(data.section.hardware, dict(fields))
             if diff:
                 raise BaselineError(f"not recording: {path} is for other hardware: {'; '.join(diff)}")
-            report.entries = {b["fullname"]: b for b in data["benchmarks"]}
+            report.entries = dict(data.entries)
         report.new_file = data is None
         return data, report
 
     def _save(
         self,
-        existing: dict | None,
-        records: list[Mapping[str, Any]],
+        existing: BaselineDocument | None,
+        records: list[BenchRecord],
         versions: Mapping[str, str],
-        provenance: Mapping[str, Any],
+        provenance: JSONObject,
         update: bool,
         report: SaveReport,
-        siblings: Mapping[str, list[Mapping[str, Any]]],
+        siblings: Mapping[str, list[BenchRecord]],
     ) -> None:
-        recorded = {k: provenance.get(k) for k in ("commit", "dirty", "date", "machine")}
+        recorded = recorded_of(provenance)
         entries = report.entries
         for record in records:
-            name = record["fullname"]
+            name = record.fullname
             old = entries.get(name)
-            empty = old is not None and not any(
-                (r.get("per_call") or r.get("device")) for r in (old.get("lstmperf") or {}).get("runs") or []
-            )
+            empty = old is not None and not any((r.per_call or r.device) for r in old.lstmperf.runs)
             if old is not None and not update and not empty:
                 report.kept.append(name)
                 continue
             (report.updated if old is not None else report.created).append(name)
             entry = bench_entry(record, recorded, versions, siblings.get(name, ()))
-            report.left_out += [f"{name}: {why}" for why in entry["lstmperf"].get("left_out", ())]
+            report.left_out += [f"{name}: {why}" for why in entry.lstmperf.left_out]
             if old is not None:
-                history = list((old.get("lstmperf") or {}).get("history") or [])
-                then = (old.get("lstmperf") or {}).get("versions") or {}
-                if not empty and dict(then) != dict(versions):
+                history = list(old.lstmperf.history)
+                if not empty and dict(old.lstmperf.versions) != dict(versions):
                     history.append(history_point(old))
-                entry["lstmperf"]["history"] = history
+                entry = replace(entry, part=replace(entry.lstmperf, history=tuple(history)))
             entries[name] = entry
-        report.untouched = len(set(entries) - {r["fullname"] for r in records})
+        report.untouched = len(set(entries) - {r.fullname for r in records})
 
     def _add_run(
         self,
-        existing: dict | None,
+        existing: BaselineDocument | None,
         path: Path,
-        records: list[Mapping[str, Any]],
+        records: list[BenchRecord],
         versions: Mapping[str, str],
         threshold: float | None,
         report: SaveReport,
-        siblings: Mapping[str, list[Mapping[str, Any]]],
+        siblings: Mapping[str, list[BenchRecord]],
     ) -> None:
-        from .policy import OUTLIER_FACTOR, THRESHOLD, Measurement, check, metrics_of, pooled, recording_runs
 
         if existing is None:
             raise BaselineError(
@@ -321,22 +318,21 @@ class BaselineStore:
         report.added_run = True
         references = pooled({name: reference_of(entry) for name, entry in report.entries.items()})
         for record in records:
-            entry = report.entries.get(record["fullname"])
+            name = record.fullname
+            entry = report.entries.get(name)
             if entry is None:
-                report.kept.append(record["fullname"])  # not in the baseline: nothing to add to
+                report.kept.append(name)  # not in the baseline: nothing to add to
                 continue
-            part = entry.setdefault("lstmperf", {})
-            if dict(part.get("versions") or {}) != dict(versions):
-                report.refused.append(f"{record['fullname']}: recorded with other versions; record it anew")
+            part = entry.lstmperf
+            if dict(part.versions) != dict(versions):
+                report.refused.append(f"{name}: recorded with other versions; record it anew")
                 continue
             measured = Measurement.from_record(record)
-            reference = references[record["fullname"]]
+            reference = references[name]
             limit = measured.threshold or threshold or THRESHOLD
-            runs, left_out = recording_runs(
-                [measured, *(Measurement.from_record(r) for r in siblings.get(record["fullname"], ()))]
-            )
-            report.left_out += [f"{record['fullname']}: {why}" for why in left_out]
-            added: list[dict[str, Any]] = []
+            runs, left_out = recording_runs([measured, *(Measurement.from_record(r) for r in siblings.get(name, ()))])
+            report.left_out += [f"{name}: {why}" for why in left_out]
+            added: list[RunFigures] = []
             refused: list[str] = []
             for run in runs:
                 checks = []
@@ -356,18 +352,18 @@ class BaselineStore:
                 if broken:  # a run more than twice as slow or fast as the entry's figure broke: refused, said
                     refused.append("; ".join(broken))
                     continue
-                added.append(run.to_dict())
+                added.append(run)
             if refused:  # one line per benchmark, however many of its processes were refused
                 count = f" ({len(refused)} of {len(runs)} processes)" if len(runs) > 1 else ""
-                report.refused.append(f"{record['fullname']}: more than {OUTLIER_FACTOR}x off{count}: {refused[0]}")
+                report.refused.append(f"{name}: more than {OUTLIER_FACTOR}x off{count}: {refused[0]}")
             outside = []
             for m, r, c in checks if runs else []:
                 bound = c.limit or limit  # no spread known yet: the threshold
                 if not 1 / bound <= r <= bound:
                     outside.append(c.text() if c.ratio is not None else f"{m}: {r:.3f}x (limit {bound:.3f})")
             if added and outside:  # added: clean runs lie this far apart here, and the resolution says so
-                report.outliers.append(f"{record['fullname']}: {'; '.join(outside)}")
+                report.outliers.append(f"{name}: {'; '.join(outside)}")
             if added:
-                part.setdefault("runs", []).extend(added)
-                report.updated.append(record["fullname"])
+                report.entries[name] = replace(entry, part=replace(part, runs=(*part.runs, *added)))
+                report.updated.append(name)
         report.untouched = len(set(report.entries) - set(report.updated))

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .policy import GateResult
 
 if TYPE_CHECKING:
-    from .baseline import Baseline, SaveReport
+    from .baseline import SaveReport
+    from .baseline_file import Baseline
+    from .records import BenchRecord
     from .timing import Anchor
     from .verdict import Verdict
 
@@ -20,7 +22,7 @@ class GateState:
     compare: str | None = None  # "device" (no argument), "file" (an lstmperf baseline named), None
     compare_requested: bool = False
     baseline: Baseline | None = None
-    records: list[dict[str, Any]] = field(default_factory=list)
+    records: list[BenchRecord] = field(default_factory=list)
     save_report: SaveReport | None = None
     gate: GateResult | None = None
     messages: list[str] = field(default_factory=list)

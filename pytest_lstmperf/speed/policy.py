@@ -37,9 +37,12 @@ import math
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..options import THRESHOLD
+
+if TYPE_CHECKING:
+    from .records import BenchRecord
 
 # ----------------------------------------------------------------------------------------------- constants
 #: a recording process whose figure lies more than this factor from the median of its siblings' is left out and
@@ -129,32 +132,31 @@ class Measurement:
     anchor_s: float | None = None
 
     @classmethod
-    def from_record(cls, record: Mapping[str, Any]) -> Measurement:
-        extra = record.get("extra_info") or {}
+    def from_record(cls, record: BenchRecord) -> Measurement:
+        anchor = record.anchor
         return cls(
-            name=record["fullname"],
-            kernel=kernel_text(extra),
-            failed_kernel=record.get("failed") == "kernel",
-            first=look_of(record.get("data") or (), extra),
-            counters=dict(extra.get("host_counters") or {}),
-            threshold=(record.get("thresholds") or {}).get("ratio"),
-            per_call_s=_median(record.get("data") or ()),
-            device_s=extra.get("device_time_s"),
-            anchor_s=(extra.get("anchor") or {}).get("per_call_s")
-            or _median((extra.get("anchor") or {}).get("samples") or ()),
+            name=record.fullname,
+            kernel=record.kernel_text,
+            failed_kernel=record.failed == "kernel",
+            first=look_of(record),
+            counters=record.host_counters,
+            threshold=record.threshold,
+            per_call_s=_median(record.data),
+            device_s=record.device_time_s,
+            anchor_s=anchor.per_call_s or _median(anchor.samples),
         )
 
 
-def look_of(data: Sequence[float], extra: Mapping[str, Any]) -> Look:
+def look_of(record: BenchRecord) -> Look:
     """The paired ratios of a record: call / anchor, round by round, and device time /
     the anchor's device time, sample by sample; and the raw samples beside them."""
-    anchor = extra.get("anchor") or {}
-    device = extra.get("device_samples") if extra.get("device_time_method") in DEVICE_METHODS else ()
+    data, anchor = record.data, record.anchor
+    device = record.device_samples if record.device_time_method in DEVICE_METHODS else ()
     return Look(
-        per_call=_pairs(data, anchor.get("samples") or ()),
-        device=_pairs(device or (), anchor.get("device_samples") or ()),
+        per_call=_pairs(data, anchor.samples),
+        device=_pairs(device, anchor.device_samples),
         per_call_raw=tuple(float(v) for v in data if v and v > 0),
-        device_raw=tuple(float(v) for v in device or () if v and v > 0),
+        device_raw=tuple(float(v) for v in device if v and v > 0),
     )
 
 
@@ -162,10 +164,6 @@ def _pairs(values: Sequence[float], anchors: Sequence[float]) -> tuple[float, ..
     if len(values) != len(anchors):
         return ()
     return tuple(float(v) / float(a) for v, a in zip(values, anchors, strict=True) if v and a and v > 0 and a > 0)
-
-
-def kernel_text(extra: Mapping[str, Any]) -> str:
-    return f"{extra.get('kernel', '')}/{extra.get('precision', '')}" if extra.get("kernel") else ""
 
 
 # --------------------------------------------------------------------------------------------- figures
@@ -206,36 +204,6 @@ class RunFigures:
         if variant == "raw":
             return self.per_call_raw if metric == "per-call" else self.device_raw
         return self.per_call if metric == "per-call" else self.device
-
-    def to_dict(self) -> dict[str, Any]:
-        def one(f: Figure | None) -> dict[str, float] | None:
-            return None if f is None else {"value": f.value, "se": f.se, "n": f.n}
-
-        out: dict[str, Any] = {
-            "per_call": one(self.per_call),
-            "device": one(self.device),
-            "host_counters": dict(self.counters),
-        }
-        if self.per_call_raw is not None or self.device_raw is not None:
-            out.update(per_call_raw=one(self.per_call_raw), device_raw=one(self.device_raw))
-        if self.anchor_s is not None:
-            out["anchor_s"] = self.anchor_s
-        return out
-
-    @classmethod
-    def from_dict(cls, raw: Mapping[str, Any]) -> RunFigures:
-        def one(f: Any) -> Figure | None:
-            return Figure(float(f["value"]), float(f["se"]), int(f["n"])) if isinstance(f, dict) else None
-
-        anchor = raw.get("anchor_s")
-        return cls(
-            one(raw.get("per_call")),
-            one(raw.get("device")),
-            dict(raw.get("host_counters") or {}),
-            one(raw.get("per_call_raw")),
-            one(raw.get("device_raw")),
-            float(anchor) if anchor else None,
-        )
 
 
 def run_figures(measurement: Measurement) -> RunFigures:
@@ -608,7 +576,7 @@ class Decision:
             (c for c in self.checks if c.ratio is not None), None
         )
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         return {
             "name": self.name,
             "verdict": self.verdict,

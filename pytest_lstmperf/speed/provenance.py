@@ -8,14 +8,16 @@ import platform
 import shlex
 import subprocess
 import sys
-from typing import Any
 
 import pytest
 
+from .records import Header
 
-def provenance(config: pytest.Config) -> dict[str, Any]:
+
+def provenance(config: pytest.Config) -> dict[str, str | bool | None]:
     """Where a recorded run came from: commit (and whether the tree was dirty), date, machine, command."""
-    commit, dirty = "unknown", None
+    commit: str = "unknown"
+    dirty: bool | None = None
     try:
         root = str(config.rootpath)
         commit = (
@@ -62,7 +64,7 @@ def rerun_command(config: pytest.Config) -> str:
     return shlex.join([*pytest_command(), *map(str, config.invocation_params.args)])
 
 
-def benchmark_header(config: pytest.Config) -> dict[str, Any]:
+def benchmark_header(config: pytest.Config) -> Header:
     """pytest-benchmark's machine and commit info (with this plugin's additions) and its version."""
     import pytest_benchmark
 
@@ -70,4 +72,4 @@ def benchmark_header(config: pytest.Config) -> dict[str, Any]:
     config.hook.pytest_benchmark_update_machine_info(config=config, machine_info=machine_info)
     commit_info = config.hook.pytest_benchmark_generate_commit_info(config=config)
     config.hook.pytest_benchmark_update_commit_info(config=config, commit_info=commit_info)
-    return {"machine_info": machine_info, "commit_info": commit_info, "version": pytest_benchmark.__version__}
+    return Header(machine_info, commit_info, str(pytest_benchmark.__version__))

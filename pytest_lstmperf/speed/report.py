@@ -19,12 +19,19 @@ import sys
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
 
 from ..meters import format_seconds
 from ..ratios import ImplausibleRatio, format_ratio
 from .gate_table import TABLE_HEADER, table_rows
-from .report_plots import PLOT_TITLES, median, plot_baseline, plot_sweep
+from .policy import GateResult
+from .records import (
+    BaselineEntry,
+    BenchRecord,
+    device_key_of,
+    entries_from_benchmark_json,
+    records_from_benchmark_json,
+)
+from .report_plots import PLOT_TITLES, plot_baseline, plot_sweep
 from .timing import PEAK_METHOD
 
 SWEEPS = (
@@ -38,93 +45,69 @@ def _fmt(value: float | None) -> str:
     return format_seconds(value)
 
 
-def records_from_json(data: dict[str, Any]) -> list[dict[str, Any]]:
-    """Report records from a pytest-benchmark JSON document written with this plugin active."""
-    out = []
-    for bench in data.get("benchmarks", []):
-        extra = dict(bench.get("extra_info") or {})
-        if "path" not in extra:
-            continue
-        samples = list(bench.get("stats", {}).get("data") or [])
-        extra.setdefault("time_per_call_s", median(samples) or bench.get("stats", {}).get("median"))
-        out.append({"fullname": bench["fullname"], "name": bench["name"], "extra_info": extra, "data": samples})
-    return out
-
-
 #: the fixed reference of the "vs generic" column per device kind: the torch layer on its generic kernel
 GENERIC_REFERENCE = {"cpu": "torch-cpu-native", "cuda": "torch-cuda-generic"}
 
 
-def by_case(records: Iterable[dict[str, Any]], *fields: str) -> list[tuple[tuple[str, ...], list[dict[str, Any]]]]:
-    """Records grouped by the ``extra_info`` ``fields`` that make a case (mode, shape, ...), sorted, each group's
-    records sorted by path."""
-    groups: dict[tuple[str, ...], list[dict[str, Any]]] = defaultdict(list)
+def by_case(records: Iterable[BenchRecord], device: bool = False) -> list[tuple[tuple[str, ...], list[BenchRecord]]]:
+    """Records grouped by the case they measured (mode and shape, and the device with ``device``), sorted, each
+    group's records sorted by path."""
+    groups: dict[tuple[str, ...], list[BenchRecord]] = defaultdict(list)
     for record in records:
-        extra = record["extra_info"]
-        groups[tuple(shape_of(record) if name == "shape" else str(extra.get(name, "?")) for name in fields)].append(
-            record
-        )
-    return [
-        (key, sorted(group, key=lambda r: (r["extra_info"].get("path", ""), r.get("name", ""))))
-        for key, group in sorted(groups.items())
-    ]
+        key = (record.mode, shape_of(record), *((record.device,) if device else ()))
+        groups[key].append(record)
+    return [(key, sorted(group, key=lambda r: (r.path, r.name))) for key, group in sorted(groups.items())]
 
 
-def generic_reference(group: Iterable[dict[str, Any]]) -> float | None:
+def generic_reference(group: Iterable[BenchRecord]) -> float | None:
     """Time per call of :data:`GENERIC_REFERENCE`'s path among ``group`` (records of one mode and shape),
     whatever order the records arrived in (pytest-xdist workers report in any order); None without it."""
     for record in group:
-        extra = record["extra_info"]
-        kind = str(extra.get("device", "?")).split(":")[0]
-        if extra.get("path") == GENERIC_REFERENCE.get(kind) and extra.get("time_per_call_s"):
-            return float(extra["time_per_call_s"])
+        kind = record.device.split(":")[0]
+        if record.path == GENERIC_REFERENCE.get(kind) and record.time_per_call_s:
+            return float(record.time_per_call_s)
     return None
 
 
-def shape_of(record: dict[str, Any]) -> str:
+def shape_of(record: BenchRecord) -> str:
     """The shape column of a record: the suite's shape id, or for a user's own benchmark (which has no shape of
     the suite's) the benchmark's test name, so that two user benchmarks with the same label stay told apart."""
-    shape = str(record["extra_info"].get("shape") or "-")
-    if shape == "-" and record["extra_info"].get("path") == "user":
-        return str(record.get("name") or record.get("fullname") or "-")
+    shape = record.shape or "-"
+    if shape == "-" and record.path == "user":
+        return record.name or record.fullname or "-"
     return shape
 
 
-def peak_cell(extra: dict[str, Any]) -> str:
+def peak_cell(record: BenchRecord) -> str:
     """The ``% of measured peak`` cell: achieved FLOP/s over the GEMM peak measured in the same process.
 
     ``-`` where no FLOP count or peak was recorded; ``n/a under -n`` for a record timed under pytest-xdist (the
     peak GEMM then ran while other workers shared the cores, so the share means nothing); ``>100%: unreliable``
     where the share cannot be one. :func:`peak_notes` explains both."""
-    fraction = extra.get("peak_fraction")
+    fraction = record.peak_fraction
     if fraction is None:
         return "-"
-    if extra.get("timed_by"):
+    if record.timed_by:
         return "n/a under -n"
     if fraction > 1.0:
         return ">100%: unreliable"
     return f"{fraction:.1%}"
 
 
-def peak_notes(records: Iterable[dict[str, Any]]) -> list[str]:
+def peak_notes(records: Iterable[BenchRecord]) -> list[str]:
     """What a reader must know about the ``%peak`` cells :func:`peak_cell` did not print as a share."""
     records = list(records)
     notes = []
-    shared = [
-        r for r in records if r["extra_info"].get("peak_fraction") is not None and r["extra_info"].get("timed_by")
-    ]
+    shared = [r for r in records if r.peak_fraction is not None and r.timed_by]
     if shared:
         notes.append(
             f"%peak not shown for {len(shared)} benchmark(s) timed under pytest-xdist (n/a under -n): the peak GEMM "
             "was measured while other workers used the same cores, so it comes out low and the shares high; run "
             "without -n to see them"
         )
-    over = [
-        r for r in records
-        if (r["extra_info"].get("peak_fraction") or 0) > 1.0 and not r["extra_info"].get("timed_by")
-    ]  # fmt: skip
+    over = [r for r in records if (r.peak_fraction or 0) > 1.0 and not r.timed_by]
     if over:
-        names = ", ".join(r["name"] for r in over[:5]) + (f" and {len(over) - 5} more" if len(over) > 5 else "")
+        names = ", ".join(r.name for r in over[:5]) + (f" and {len(over) - 5} more" if len(over) > 5 else "")
         notes.append(
             f"%peak over 100% for {len(over)} benchmark(s) ({names}): more FLOP/s than the peak GEMM measured "
             "in this process, so the peak was measured low (another process was busy on the machine while it "
@@ -134,30 +117,28 @@ def peak_notes(records: Iterable[dict[str, Any]]) -> list[str]:
     return notes
 
 
-def path_cell(record: dict[str, Any]) -> str:
+def path_cell(record: BenchRecord) -> str:
     """The path column of a timing table: the execution path, or for a user's benchmark (path ``user``) the test
     file it belongs to (the test's name is its shape cell), so that two users' benchmarks of one name in different
     files are told apart."""
-    path = str(record["extra_info"].get("path", "?"))
-    if path == "user" and record.get("fullname"):
-        return f"user:{str(record['fullname']).split('::')[0]}"
-    return path
+    if record.path == "user" and record.fullname:
+        return f"user:{record.fullname.split('::')[0]}"
+    return record.path
 
 
-def timing_cells(record: dict[str, Any], reference: float | None) -> tuple[str, str, str, str, str, str]:
+def timing_cells(record: BenchRecord, reference: float | None) -> tuple[str, str, str, str, str, str]:
     """One benchmark record's timing columns, as the terminal summary and the report print them: time per call,
     device time, host share, speed-up over the generic path (``reference``: its time per call), kernel/precision
     and the share of the measured peak."""
-    extra = record["extra_info"]
-    per_call = extra.get("time_per_call_s")
-    host = extra.get("host_overhead")
+    per_call = record.time_per_call_s
+    host = record.host_overhead
     return (
         _fmt(per_call),
-        _fmt(extra.get("device_time_s")),
+        _fmt(record.device_time_s),
         "-" if host is None else f"{host:.0%}",
         _speedup(reference, per_call),
-        f"{extra.get('kernel', '?')}/{extra.get('precision', '?')}",
-        peak_cell(extra),
+        f"{record.kernel or '?'}/{record.precision or '?'}",
+        peak_cell(record),
     )
 
 
@@ -170,7 +151,7 @@ def _speedup(reference: float | None, per_call: float | None) -> str:
         return f"invalid ({exc})"
 
 
-def _table(records: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
+def _table(records: list[BenchRecord]) -> tuple[list[str], list[list[str]]]:
     header = [
         "mode",
         "shape",
@@ -185,11 +166,11 @@ def _table(records: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
         "% of measured peak",
     ]
     rows = []
-    for (mode, shape, device), group in by_case(records, "mode", "shape", "device"):
+    for (mode, shape, device), group in by_case(records, device=True):
         reference = generic_reference(group)
         for record in group:
             *times, peak = timing_cells(record, reference)
-            flops = record["extra_info"].get("flops_per_s")
+            flops = record.flops_per_s
             gflops = "-" if not flops else f"{flops / 1e9:.1f}"
             rows.append([mode, shape, path_cell(record), device, *times, gflops, peak])
     return header, rows
@@ -209,14 +190,14 @@ def _html_table(header: list[str], rows: list[list[str]]) -> str:
 
 def write_report(
     out: Path,
-    records: list[dict[str, Any]],
-    baseline: list[dict[str, Any]] | None = None,
+    records: list[BenchRecord],
+    baseline: list[BaselineEntry] | None = None,
     device: str = "",
-    gate: Any = None,
+    gate: GateResult | None = None,
 ) -> Path:
     """Write ``index.md``, ``index.html`` and the PNG plots into ``out``; returns the HTML page's path."""
     out.mkdir(parents=True, exist_ok=True)
-    records = [r for r in records if r.get("extra_info", {}).get("time_per_call_s")]
+    records = [r for r in records if r.time_per_call_s]
     plots = [p for p in (plot_sweep(out, records, s, f, label) for s, f, label in SWEEPS) if p is not None]
     if baseline:
         compared = plot_baseline(out, records, baseline, gate)
@@ -243,7 +224,7 @@ def write_report(
         "",
     ]
     md += [f"* {note}" for note in peak_notes(records)] + ([""] if peak_notes(records) else [])
-    if gate_rows:
+    if gate is not None and gate_rows:
         md += ["## Speed gate", "", f"{gate.summary()}", "", _md_table(gate_header, gate_rows), ""]
     if plots:
         md += ["## Plots", ""]
@@ -258,7 +239,7 @@ def write_report(
         _html_table(header, rows),
     ]
     body += [f"<p>{html.escape(note)}</p>" for note in peak_notes(records)]
-    if gate_rows:
+    if gate is not None and gate_rows:
         body += ["<h2>Speed gate</h2>", f"<p>{html.escape(gate.summary())}</p>", _html_table(gate_header, gate_rows)]
     if plots:
         body += ["<h2>Plots</h2>"]
@@ -347,7 +328,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("results", nargs="+", type=Path, help="pytest-benchmark JSON files written by this plugin")
     parser.add_argument("--baseline", type=Path, help="a baseline file to draw baseline vs now against")
     args = parser.parse_args(argv)
-    records: list[dict[str, Any]] = []
+    records: list[BenchRecord] = []
     devices = []
     for path in args.results:
         try:
@@ -355,13 +336,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         except (OSError, ValueError) as exc:
             print(f"{path}: cannot read: {exc}", file=sys.stderr)
             return 2
-        records += records_from_json(data)
-        fp = (data.get("lstmperf") or {}).get("device_key")
+        records += records_from_benchmark_json(data)
+        fp = device_key_of(data)
         if fp:
             devices.append(fp)
     baseline = None
     if args.baseline:
-        baseline = json.loads(args.baseline.read_text(encoding="utf-8")).get("benchmarks", [])
+        baseline = entries_from_benchmark_json(json.loads(args.baseline.read_text(encoding="utf-8")))
     page = write_report(args.out, records, baseline, ", ".join(dict.fromkeys(devices)))
     print(page)
     return 0

@@ -13,7 +13,11 @@ import math
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .policy import GateResult
+    from .records import BaselineEntry, BenchRecord
 
 
 def median(data: Sequence[float]) -> float | None:
@@ -21,21 +25,18 @@ def median(data: Sequence[float]) -> float | None:
     return values[len(values) // 2] if values else None
 
 
-def _series(
-    records: Iterable[dict[str, Any]], sweep: str, field: str
-) -> dict[tuple[str, str], list[tuple[int, float]]]:
+def _series(records: Iterable[BenchRecord], sweep: str, field: str) -> dict[tuple[str, str], list[tuple[int, float]]]:
     """(path, device kind) -> sorted (x, seconds) for forward records of ``sweep``."""
     series: dict[tuple[str, str], dict[int, float]] = defaultdict(dict)
     for record in records:
-        extra = record["extra_info"]
-        if sweep not in (extra.get("sweeps") or []) or extra.get("mode") != "forward":
+        if sweep not in record.sweeps or record.mode != "forward":
             continue
-        value = extra.get("time_per_call_s")
-        spec = extra.get("spec") or {}
-        if not value or field not in spec:
+        value = record.time_per_call_s
+        size = record.spec_size(field)
+        if not value or size is None:
             continue
-        kind = str(extra.get("device", "?")).split(":")[0]
-        series[(extra["path"], kind)][int(spec[field])] = float(value)
+        kind = record.device.split(":")[0]
+        series[(record.path, kind)][size] = float(value)
     return {key: sorted(points.items()) for key, points in series.items() if points}
 
 
@@ -90,7 +91,7 @@ def plain_log_scale(ax: Any, which: str, base: int = 10, suffix: str = "") -> No
     ax.tick_params(axis=which, which="minor", labelsize=7)
 
 
-def plot_sweep(out: Path, records: list[dict[str, Any]], sweep: str, field: str, label: str) -> Path | None:
+def plot_sweep(out: Path, records: list[BenchRecord], sweep: str, field: str, label: str) -> Path | None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -135,7 +136,7 @@ def plot_sweep(out: Path, records: list[dict[str, Any]], sweep: str, field: str,
 
 
 def plot_baseline(
-    out: Path, records: list[dict[str, Any]], baseline: list[dict[str, Any]], gate: Any = None
+    out: Path, records: list[BenchRecord], baseline: list[BaselineEntry], gate: GateResult | None = None
 ) -> Path | None:
     """Now/baseline per benchmark. With the gate's decisions: the paired ratio of the check that decided each
     one (per call or device time, :attr:`.policy.Decision.deciding`), coloured by verdict; without: per-call
@@ -146,26 +147,27 @@ def plot_baseline(
     import matplotlib.pyplot as plt
 
     decided = {
-        d.name: (d.deciding, d.verdict)
-        for d in getattr(gate, "decisions", [])
-        if d.deciding is not None and d.deciding.ratio is not None
+        d.name: (d.deciding, ratio, d.verdict)
+        for d in (gate.decisions if gate is not None else [])
+        if d.deciding is not None and (ratio := d.deciding.ratio) is not None
     }
-    then = {b["fullname"]: median(b.get("stats", {}).get("data") or []) for b in baseline}
+    then = {b.fullname: median(b.samples) for b in baseline}
     rows: list[tuple[str, float, str]] = []
     for r in records:
-        decision = decided.get(r["fullname"])
+        decision = decided.get(r.fullname)
+        before, now = then.get(r.fullname), r.time_per_call_s
         if decision is not None:
-            check, verdict = decision
-            rows.append((r["name"], float(check.ratio), verdict))
-        elif then.get(r["fullname"]) and r["extra_info"].get("time_per_call_s"):
-            ratio = r["extra_info"]["time_per_call_s"] / then[r["fullname"]]
-            rows.append((r["name"], ratio, "regressed" if ratio >= 1.10 else "improved" if ratio <= 1 / 1.10 else ""))
+            _, decided_ratio, verdict = decision
+            rows.append((r.name, float(decided_ratio), verdict))
+        elif before and now:
+            ratio = now / before
+            rows.append((r.name, ratio, "regressed" if ratio >= 1.10 else "improved" if ratio <= 1 / 1.10 else ""))
     if not rows:
         return None
     rows.sort()
-    figures = sorted({(decided[r["fullname"]][0].metric, decided[r["fullname"]][0].variant)
-                      for r in records if r["fullname"] in decided})  # fmt: skip
-    undecided = len(rows) > len([r for r in records if r["fullname"] in decided])
+    figures = sorted({(decided[r.fullname][0].metric, decided[r.fullname][0].variant)
+                      for r in records if r.fullname in decided})  # fmt: skip
+    undecided = len(rows) > len([r for r in records if r.fullname in decided])
     height = max(3.0, 0.28 * len(rows) + 1.4)
     fig, ax = plt.subplots(figsize=(9, height), dpi=110)  # the saved dpi: text is measured as it is drawn
     colors = {

@@ -12,49 +12,50 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from .baseline import reference_of
+from .baseline_file import reference_of
 from .policy import Check, Decision, GateResult, Measurement, Reference, decide, pooled, upgrade_of
 
 if TYPE_CHECKING:
-    from .baseline import Baseline
+    from .baseline_file import Baseline
+    from .records import BenchRecord
 
 
 def references_of(baseline: Baseline) -> dict[str, Reference]:
     """Every entry of ``baseline`` as a :class:`~.policy.Reference`, how far processes lie apart pooled over them."""
-    return pooled({name: reference_of(entry) for name, entry in baseline.entries.items()})
+    return pooled({name: reference_of(entry) for name, entry in baseline.benchmarks.items()})
 
 
 def run_gate(
     baseline: Baseline,
-    records: list[dict[str, Any]],
+    records: Sequence[BenchRecord],
     threshold: float,
     versions: Mapping[str, str],
     unavailable: Mapping[str, str],
-    more: Mapping[str, list[dict[str, Any]]] | None = None,
+    more: Mapping[str, Sequence[BenchRecord]] | None = None,
 ) -> GateResult:
     """Every record against the baseline (:func:`.policy.decide`, with the figures of ``more`` processes where a
     compare timed them); baseline entries this run did not measure are not-run, or path-lost where their path is
     ``unavailable`` now (path name -> why); the upgrade, where the entries' versions differ from ``versions``."""
-    entries = baseline.entries
+    entries = baseline.benchmarks
     references = references_of(baseline)
     more = more or {}
     decisions = [
         decide(
             Measurement.from_record(record),
-            references.get(record["fullname"]),
+            references.get(record.fullname),
             threshold,
-            [Measurement.from_record(r) for r in more.get(record["fullname"], ())],
+            [Measurement.from_record(r) for r in more.get(record.fullname, ())],
         )
         for record in records
     ]
-    seen = {record["fullname"] for record in records}
+    seen = {record.fullname for record in records}
     for name, entry in entries.items():
         if name in seen:
             continue
-        path = entry.get("extra_info", {}).get("path")
-        if path in unavailable:
+        path = entry.path
+        if path is not None and path in unavailable:
             decisions.append(Decision(name, "path-lost", notes=(f"{path} is unavailable now: {unavailable[path]}",)))
         else:
             decisions.append(Decision(name, "not-run"))
