@@ -20,7 +20,7 @@ import pytest
 from . import options
 from . import paths as registry
 from .device import DeviceError, resolve_device
-from .model.profiles import PROFILES
+from .model.profiles import PROFILES, Profile
 from .observation.claims import Finding
 from .speed.gate import GateState
 
@@ -201,11 +201,11 @@ class LstmPerfSession:
 
     @property
     def profile(self) -> str:
-        return self.settings["lstmperf_profile"].value
+        return str(self.settings["lstmperf_profile"].value)
 
     @property
     def seed(self) -> int:
-        return self.settings["lstmperf_seed"].value
+        return int(self.settings["lstmperf_seed"].value)
 
     def unavailable_reason(self, path: ExecutionPath) -> str | None:
         """Why ``path`` cannot run on this device, or None; for a path awaiting its worker, asked now (waits
@@ -229,7 +229,7 @@ class LstmPerfSession:
         return [p for p in self.selected if p.name not in self.unavailable]
 
     @property
-    def hypothesis_profile(self):
+    def hypothesis_profile(self) -> Profile:
         return PROFILES[self.profile]
 
     def header_lines(self) -> list[str]:

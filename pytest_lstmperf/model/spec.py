@@ -7,7 +7,7 @@ take one. It holds no tensors: :mod:`pytest_lstmperf.model.case` turns a spec an
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -71,7 +71,7 @@ class LayerSpec:
         if problems:
             raise SpecError(f"invalid LayerSpec: {'; '.join(problems)}")
 
-    def _problems(self):
+    def _problems(self) -> Iterator[str]:
         if self.cell not in CELLS:
             yield f"cell={self.cell!r} (valid: {', '.join(CELLS)})"
         if self.dtype not in DTYPES:

@@ -81,10 +81,12 @@ def layer_specs(profile: str = "ci", cells: tuple[Cell, ...] = ("lstm", "gru")) 
     return specs(PROFILES[profile].bounds, cells=cells)
 
 
-def lstm_configs(profile: str = "ci", cells: tuple[Cell, ...] = ("lstm", "gru")) -> st.SearchStrategy[dict]:
+def lstm_configs(
+    profile: str = "ci", cells: tuple[Cell, ...] = ("lstm", "gru")
+) -> st.SearchStrategy[dict[str, object]]:
     """Keyword arguments of ``torch.nn.LSTM``/``GRU`` (plus ``cell``, ``batch``, ``seq_len``) within a profile."""
 
-    def to_kwargs(spec: LayerSpec) -> dict:
+    def to_kwargs(spec: LayerSpec) -> dict[str, object]:
         return {"cell": spec.cell, **spec.module_kwargs(), "batch": spec.batch, "seq_len": spec.seq_len}
 
     return layer_specs(profile, cells).map(to_kwargs)

@@ -19,18 +19,22 @@ import dataclasses
 import json
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import pytest
 
 from ..device import DeviceInfo
-from ..model.case import make_case
+from ..model.case import Case, make_case
 from ..model.reference import run_reference
 from ..model.spec import Cell, LayerSpec
 from ..observation.claims import Finding, KnownFinding, current_versions, findings_for, known_error, lookup
 from .checks import Mismatch, check_against, check_finite, format_failure, judge_trace
 from .tolerance import Tolerance, bound_of_what_ran, pairwise_tolerance
+
+if TYPE_CHECKING:
+    import hypothesis
+    from hypothesis.strategies import SearchStrategy
 
 
 class RunSettings(Protocol):
@@ -50,7 +54,7 @@ SHRINK_RUNS = 20
 
 
 # pytest.fail.Exception is an attribute set on a function: the type checker sees no class there
-class PathCheckFailed(pytest.fail.Exception):  # type: ignore[name-defined]
+class PathCheckFailed(pytest.fail.Exception):  # type: ignore[name-defined,misc]
     """A path did not do what it claims; carries the finding."""
 
     def __init__(self, finding: Finding, fatal: bool = False) -> None:
@@ -96,7 +100,7 @@ def run_path(path: Any, case: Any, device: Any, node: pytest.Item | None = None)
     return result
 
 
-def _run(path: Any, spec: LayerSpec, session: RunSettings, node: pytest.Item | None = None):
+def _run(path: Any, spec: LayerSpec, session: RunSettings, node: pytest.Item | None = None) -> tuple[Case, Any]:
     """(case, result) of ``path`` on ``spec``; where a training step fails as a ``"raises"`` known finding
     documents, the forward pass alone is run and returned (its case an inference case), so that what does run
     is still checked; None as the result only where nothing ran."""
@@ -245,7 +249,12 @@ class ExampleCount:
     failed: bool = False
 
 
-def run_examples(strategy: Any, settings: Any, verify: Callable[[LayerSpec], object], count: ExampleCount) -> None:
+def run_examples(
+    strategy: SearchStrategy[LayerSpec],
+    settings: hypothesis.settings,
+    verify: Callable[[LayerSpec], object],
+    count: ExampleCount,
+) -> None:
     """Run ``verify`` on generated specs. A fatal failure (:data:`FATAL`: NaN/Inf, kernel, precision, ...)
     or an exception from the framework ends the run at once, unshrunk; an out-of-bound error is shrunk for at
     most :data:`SHRINK_RUNS` more path runs, then the smallest failing spec found so far is reported."""

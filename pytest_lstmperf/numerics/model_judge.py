@@ -110,7 +110,7 @@ def model_paths(device: str, names: Sequence[str] | None = None) -> list[Any]:
     return [p for p in chosen if p.framework == "torch" and not p.options.get("packed")]
 
 
-def call_claim(path: Any, spec: LayerSpec) -> tuple[str, str] | None:
+def call_claim(path: registry.ExecutionPath, spec: LayerSpec) -> tuple[str, str] | None:
     """What ``path`` claims for one layer call of a user's model, judged per call; ``None`` where the path makes
     no claim for it (a GRU on the oneDNN path: listed, not judged). A packed call (``PackedSequence``) on a
     path of dense tensors runs what PyTorch runs for packed input under that path's switches, as the suites'
@@ -135,7 +135,7 @@ def conclude(
     path: Any,
     run: ModelRun,
     ref: ModelRun,
-    claimed: tuple,
+    claimed: tuple[str, str],
     spec: LayerSpec,
     keras: bool = False,
     sensitivity: Any = None,

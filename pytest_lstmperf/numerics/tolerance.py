@@ -36,6 +36,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -95,12 +96,13 @@ class Tolerance:
 
 
 @lru_cache(maxsize=1)
-def _data() -> dict:
+def _data() -> dict[str, Any]:
     with open(DATA_FILE, encoding="utf-8") as handle:
-        return json.load(handle)
+        data: dict[str, Any] = json.load(handle)
+    return data
 
 
-def fitted(precision: str, pass_: str, family: str | None = None) -> tuple[str, dict]:
+def fitted(precision: str, pass_: str, family: str | None = None) -> tuple[str, dict[str, Any]]:
     """(family the constants belong to, or "*" for the precision-wide fit; the fit entry)."""
     data = _data()
     entry = data.get("by_kernel", {}).get(family or "", {}).get(precision, {}).get(pass_)
@@ -176,7 +178,9 @@ def pairwise_tolerance(precision: str, pass_: str, spec: LayerSpec, family: str 
 
 
 # ---------------------------------------------------------------------------------------------------- the fit
-def fit_group(growths: Sequence[float], normalised_u: Sequence[float], *, seed: int = 0, boots: int = 200) -> dict:
+def fit_group(
+    growths: Sequence[float], normalised_u: Sequence[float], *, seed: int = 0, boots: int = 200
+) -> dict[str, float]:
     """Fit ``err/u ~ a growth^b`` to one group's samples (``normalised_u`` = err / u).
 
     ``b``: least-squares slope of log(err/u) on log(growth), clamped to [0, 1]; exact results (below

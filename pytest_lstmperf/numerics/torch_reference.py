@@ -31,15 +31,18 @@ ENTRY_POINTS = ("lstm", "gru", "lstm_cell", "gru_cell")
 
 
 def _np(t: Any) -> np.ndarray:
-    return t.detach().to("cpu").double().numpy()
+    out: np.ndarray = t.detach().to("cpu").double().numpy()
+    return out
 
 
-def _function(torch: Any) -> Any:
+def _function() -> Any:
+    import torch
+
     class NumpyRecurrence(torch.autograd.Function):
         """Forward and backward of one layer call by the numpy recurrence (float64)."""
 
         @staticmethod
-        def forward(ctx: Any, spec: LayerSpec, x: Any, h0: Any, c0: Any, *weights: Any) -> Any:  # type: ignore[override]
+        def forward(ctx: Any, spec: LayerSpec, x: Any, h0: Any, c0: Any, *weights: Any) -> Any:
             names = param_names(spec)
             w = {n: _np(t) for n, t in zip(names, weights, strict=True)}
             out, h_n, c_n = reference.forward(spec, w, _np(x), _np(h0), None if c0 is None else _np(c0))
@@ -54,7 +57,7 @@ def _function(torch: Any) -> Any:
             return back(out), back(h_n), back(c_n)
 
         @staticmethod
-        def backward(ctx: Any, *grads: Any) -> Any:  # type: ignore[override]
+        def backward(ctx: Any, *grads: Any) -> Any:
             spec: LayerSpec = ctx.spec
             saved = list(ctx.saved_tensors)
             x, h0 = saved[0], saved[1]
@@ -115,7 +118,7 @@ def _layer(torch: Any, cell: str) -> Any:
     """The replacement of ``torch._VF.lstm``/``gru``: both overloads (dense and ``batch_sizes``)."""
     from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
-    function = _function(torch)
+    function = _function()
 
     def call(data: Any, second: Any, third: Any, *rest: Any) -> Any:
         packed = isinstance(second, torch.Tensor) and not second.is_floating_point()  # batch_sizes
@@ -145,7 +148,7 @@ def _layer(torch: Any, cell: str) -> Any:
 
 def _cell(torch: Any, cell: str) -> Any:
     """The replacement of ``torch._VF.lstm_cell``/``gru_cell``: one step of a one-layer layer."""
-    function = _function(torch)
+    function = _function()
 
     def call(x: Any, hx: Any, w_ih: Any, w_hh: Any, b_ih: Any = None, b_hh: Any = None) -> Any:
         flat = [w_ih, w_hh] + ([b_ih, b_hh] if b_ih is not None else [])

@@ -134,7 +134,7 @@ def _keras_jax_run(model: Any, inputs: Any) -> ModelRun:
     if key not in _JAX_STEPS:
         wide = jnp.float64 if x64 else jnp.float32  # float64 where the reference runs, else the path's float32
 
-        def loss(params: list, state: list, data: Any) -> Any:
+        def loss(params: list[Any], state: list[Any], data: Any) -> Any:
             out, _ = model.stateless_call(params, state, data, training=False)
             outs = _keras_outputs(out)
             return _seeded_loss(outs, lambda t: t.astype(wide), lambda a: jnp.asarray(a, dtype=wide)), outs

@@ -99,7 +99,7 @@ def _moved(t: Any, device: str, dtype: Any) -> Any:
     return t.detach().to(device=device, dtype=dtype if t.is_floating_point() else None)
 
 
-def _run(model: Any, inputs: tuple, device: str, dtype: Any, path: Any = None) -> ModelRun:
+def _run(model: Any, inputs: tuple[Any, ...], device: str, dtype: Any, path: Any = None) -> ModelRun:
     """Forward and backward of a copy of ``model`` on ``device`` in ``dtype``, under ``path``'s switches. In
     float64 (the reference) the recurrent layers compute by the plugin's numpy recurrence
     (:func:`.torch_reference.numpy_recurrence`), not by torch's kernels; a path's run (float32) computes the
@@ -176,7 +176,7 @@ def _shape_hooks(model: Any) -> dict[str, Any]:
             index = len(dict.fromkeys(distinct))
             specs[name if index == 1 else f"{name} [call {index}]"] = spec
 
-    def record(mod: Any, args: tuple) -> None:
+    def record(mod: Any, args: tuple[Any, ...]) -> None:
         if id(mod) in mine:
             add(layer_name(mod), torch_layer(mod, args)[1].replace(dtype="float32", initial_state=False))
 
@@ -187,7 +187,7 @@ def _shape_hooks(model: Any) -> dict[str, Any]:
         ):
             continue
 
-        def hook(mod: Any, args: tuple, _name: str = layer_name(module)) -> None:
+        def hook(mod: Any, args: tuple[Any, ...], _name: str = layer_name(module)) -> None:
             data = args[0]
             data = getattr(data, "data", data)
             if isinstance(mod, torch.nn.RNNCellBase):
@@ -203,7 +203,7 @@ def _shape_hooks(model: Any) -> dict[str, Any]:
     return specs
 
 
-def ieee_other_layers(torch: Any, device: str) -> contextlib.AbstractContextManager:
+def ieee_other_layers(torch: Any, device: str) -> contextlib.AbstractContextManager[object]:
     """On CUDA, the layers around the recurrent ones compute in IEEE fp32 during a path's run: matrix products
     (``torch.set_float32_matmul_precision("highest")``, torch's default) and cuDNN convolutions
     (``torch.backends.cudnn.conv.fp32_precision = "ieee"``; torch's default lets them run TF32 on Ampere and
@@ -248,19 +248,19 @@ def _per_layer(shapes: dict[str, LayerSpec]) -> list[LayerSpec]:
     return list(merged.values())
 
 
-def _switches(path: Any) -> contextlib.AbstractContextManager:
+def _switches(path: Any) -> contextlib.AbstractContextManager[object]:
     import torch
 
     return path_switches(torch, {} if path is None else path.options)
 
 
-def _autocast(path: Any, device: str) -> contextlib.AbstractContextManager:
+def _autocast(path: Any, device: str) -> contextlib.AbstractContextManager[object]:
     import torch
 
     return path_autocast(torch, {} if path is None else path.options, device.split(":")[0])
 
 
-def _sensitivity(model: Any, inputs: tuple, ref: ModelRun, spec: LayerSpec, device: str = "cpu") -> Any:
+def _sensitivity(model: Any, inputs: tuple[Any, ...], ref: ModelRun, spec: LayerSpec, device: str = "cpu") -> Any:
     """This model's sensitivity on its own data against the canonical data's (:mod:`.sensitivity`)."""
     import torch
 
@@ -310,7 +310,7 @@ def verify_torch_model(
 
 
 def _verify_path(
-    model: Any, inputs: tuple, info: Any, path: Any, ref: ModelRun, spec: LayerSpec, sensitivity: Any = None
+    model: Any, inputs: tuple[Any, ...], info: Any, path: Any, ref: ModelRun, spec: LayerSpec, sensitivity: Any = None
 ) -> PathOutcome:
     import torch
 

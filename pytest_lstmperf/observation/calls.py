@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..model.keras_options import ACTIVATIONS, KerasOptions
-from ..model.spec import DTYPES, LayerSpec
+from ..model.precision import DTYPES
+from ..model.spec import LayerSpec
 from . import jax_trace
 from .layer_trace import LayerRecorder, torch_layer_trace
 from .tf_trace import tf_trace

@@ -120,7 +120,8 @@ def default_machine_info() -> dict[str, Any]:
     """pytest-benchmark's own machine info (its CPU probe runs py-cpuinfo), without calling the hook."""
     from pytest_benchmark.plugin import pytest_benchmark_generate_machine_info as generate
 
-    return generate()
+    info: dict[str, Any] = generate()  # pytest-benchmark is untyped
+    return info
 
 
 def machine_info_generated_elsewhere(config: pytest.Config, own_module: str) -> bool:
@@ -145,7 +146,8 @@ def statistics(data: Sequence[float]) -> dict[str, Any]:
     stats = Stats()
     for value in data:
         stats.update(value)
-    return stats.as_dict()
+    out: dict[str, Any] = stats.as_dict()  # pytest-benchmark is untyped
+    return out
 
 
 def load_timer(raw: str) -> Any:

@@ -59,7 +59,7 @@ def _lstm(i: int, h: int, b: int, t: int, layers: int = 1, cell: Cell = "lstm") 
         hidden_size=h,
         num_layers=layers,
         batch=b,
-        seq_len=t,  # type: ignore[arg-type]
+        seq_len=t,
         batch_first=True,
         training=True,
     )
