@@ -13,10 +13,13 @@ Each :class:`BenchShape` names the sweeps it belongs to, which the report uses t
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from .. import options
 from ..model.spec import Cell, LayerSpec
+
+if TYPE_CHECKING:
+    import pytest
 
 SETS = ("gate", "thorough")
 MODES = ("forward", "train")
@@ -159,6 +162,6 @@ def set_shapes(name: str, device_kind: str) -> list[BenchShape]:
     return _merge(_gate(device_kind)) if name == "gate" else _thorough(device_kind)
 
 
-def bench_set(config: Any) -> str:
+def bench_set(config: pytest.Config) -> str:
     """The name of the selected benchmark set (``--lstmperf-bench-set``): ``gate`` (quick) or ``thorough``."""
     return str(options.resolve(config, "lstmperf_bench_set").value)

@@ -9,6 +9,7 @@ otherwise (torch's device), and its device time, or why it has none (a call that
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from .. import meters
@@ -16,7 +17,9 @@ from ..model.precision import DTYPE_PRECISION
 from ..observation.torch_trace import gpu_kernel_names, kernel_family, precision_from
 
 
-def user_device_time(fn: Any, torch_device: str, ops: Any) -> Any:
+def user_device_time(
+    fn: Callable[[], object], torch_device: str, ops: Sequence[str]
+) -> Callable[[int], meters.DeviceTime]:
     """``dev_time(samples)`` for a user's ``fn`` that returned no JAX array. A CUDA graph or CUDA events see the
     work of torch's streams only: where one traced call dispatched no ATen op (TensorFlow work, or JAX work whose
     results ``fn`` did not return), a replay would time an empty graph, so there is no device time, and the
@@ -43,7 +46,9 @@ def holds_jax_arrays(result: Any) -> bool:
     return any(isinstance(leaf, jax.Array) for leaf in jax.tree_util.tree_leaves(result))
 
 
-def jax_kernels(fn: Any, wait: Any, torch_device: str, result: Any) -> tuple[str, str, list[str]]:
+def jax_kernels(
+    fn: Callable[[], object], wait: Callable[[object], object], torch_device: str, result: Any
+) -> tuple[str, str, list[str]]:
     """``(family, precision, kernel names)`` of one call of the JAX function ``fn``: on a GPU from the kernels
     CUPTI records (torch's profiler), ``cudnn`` where cuDNN's RNN kernels ran, else ``jax-generic``; the
     precision from the kernel names and the results' dtypes (those of the outputs: a model that computes in
@@ -60,7 +65,7 @@ def jax_kernels(fn: Any, wait: Any, torch_device: str, result: Any) -> tuple[str
     return kernel_family(kernels) or "jax-generic", precision_from(dtypes, kernels), kernels
 
 
-def synchronizer(torch_device: str) -> Any:
+def synchronizer(torch_device: str) -> Callable[[], None]:
     if not torch_device.startswith("cuda"):
         return lambda: None
     import torch
