@@ -268,6 +268,18 @@ BENCH_SETTINGS = [
             "N",
         ),
         Setting(
+            "lstmperf_sweep",
+            "--lstmperf-sweep",
+            "PYTEST_LSTMPERF_SWEEP",
+            "lstmperf_sweep",
+            "5",
+            parse_float(0.0, 600.0),
+            "seconds, at least, over which the benchmarks whose figure is their time per call (every CPU benchmark) "
+            "are timed again in slices as the run ends, where the gate compares or records, so that each figure "
+            "spreads over the machine's changing state; 0: no sweep, each figure is its test's own rounds",
+            "S",
+        ),
+        Setting(
             "lstmperf_accept_inconclusive",
             "--lstmperf-accept-inconclusive",
             "PYTEST_LSTMPERF_ACCEPT_INCONCLUSIVE",

@@ -190,6 +190,9 @@ def test_lifecycle_record_compare_regress_update(gate, gate_recording) -> None:
     assert len(data["benchmarks"]) == 3
     bench = data["benchmarks"][0]
     assert len(bench["stats"]["data"]) >= 15 and bench["extra_info"]["kernel"] == "onednn"
+    # the figure is the sweep's, timed across the run's end (speed/sweep.py), and the run said so
+    result.stdout.fnmatch_lines(["*lstmperf: 3 benchmark(s) timed per call across the run*"])
+    assert bench["extra_info"]["swept"]["rounds"] == len(bench["stats"]["data"])
     assert {"commit", "date", "machine"} <= set(bench["recorded"])
     part = bench["lstmperf"]
     assert part["kernel"] == "onednn/fp32" and part["versions"]["torch"] and part["history"] == []
@@ -410,6 +413,11 @@ def test_xdist_records_every_benchmark(gate) -> None:
     data = json.loads(path.read_text())
     assert len(data["benchmarks"]) == 3
     assert all(len(b["stats"]["data"]) >= 15 for b in data["benchmarks"])
+    # each worker swept its benchmarks as it ended (speed/sweep.py) and handed the samples to the controller:
+    # they are the recorded figures
+    for bench in data["benchmarks"]:
+        swept = bench["extra_info"]["swept"]
+        assert swept["rounds"] == len(bench["stats"]["data"]) and swept["slices"] >= 1, swept
     # pytest-benchmark writes no JSON under xdist; the plugin writes every worker's records into it
     result.stdout.fnmatch_lines(["*--benchmark-json: 3 benchmarks of every pytest-xdist worker written to*run.json*"])
     written = json.loads((gate.path / "run.json").read_text())

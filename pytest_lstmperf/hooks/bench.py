@@ -41,6 +41,7 @@ from ..speed.marked import MarkedBenchmark
 from ..speed.records import RECORD_KEY, BenchRecord
 from ..speed.runner import BENCH_MARKER, BenchCase, BenchRunner, run_spec
 from ..speed.shapes import bench_set, set_shapes
+from ..speed.sweep import Sweep
 from .benchmark_json import json_section, machine_info_section
 from .compare_target import point_compare, take_over_compare
 from .gate_context import (
@@ -52,8 +53,10 @@ from .gate_context import (
     is_worker,
     machine_lock,
     saving,
+    setting,
+    sweeps,
 )
-from .gate_finish import check_writable, finish
+from .gate_finish import check_writable, finish, sweep, take_swept
 from .recording import keep_benchmarks, process_folder, quiet
 from .terminal import print_speed_section
 
@@ -97,6 +100,8 @@ def pytest_configure(config: pytest.Config) -> None:
         run_session(config).machine_probe = MachineInfo.start()  # before the device's set-up, which it overlaps
     if not is_worker(config) and saving(config) is not None:
         check_writable(config)
+    if sweeps(config):
+        gate_state(config).sweep = Sweep(float(setting(config, "lstmperf_sweep").value))
     if compare and is_worker(config):
         set_compare(config, [])  # the controller compares; workers only measure
     elif compare and explicit_lstmperf(config):
@@ -280,9 +285,16 @@ def pytest_benchmark_update_json(config: pytest.Config, benchmarks: Any, output_
 @pytest.hookimpl(tryfirst=True)  # before pytest's junitxml writes its file: the gate's properties go in it
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     config = session.config
+    sweep(config)
     if is_worker(config) or not gate_used(config):
         return
     finish(session)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    """pytest-xdist's controller, as a worker finishes: what its sweep measured."""
+    take_swept(node.config, getattr(node, "workeroutput", None))
 
 
 # ----------------------------------------------------------------------------------------- terminal

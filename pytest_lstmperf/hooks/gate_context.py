@@ -69,6 +69,18 @@ def baseline_store(config: pytest.Config) -> BaselineStore:
     return BaselineStore(baselines_dir(config), record_hint=record_command(config))
 
 
+def sweeps(config: pytest.Config) -> bool:
+    """Whether this process times its benchmarks' time per call again across the run as it ends
+    (:mod:`..speed.sweep`): where the gate compares or records, in a recording's processes too."""
+    from .recording import process_folder
+
+    if not setting(config, "lstmperf_sweep").value:
+        return False
+    return bool(
+        config.getoption("benchmark_compare", None) or saving(config) is not None or process_folder() is not None
+    )
+
+
 def saving(config: pytest.Config) -> str | None:
     """How this run records the baseline: ``update``, ``save``, ``add-run``, or None (a recording process of
     another run's recording records nothing itself)."""

@@ -5,6 +5,7 @@ stops a recording run whose baseline cannot be written."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -21,6 +22,7 @@ from ..speed.policy import COMPARE_PROCESSES, RECORD_PROCESSES_MAX, Measurement,
 from ..speed.provenance import benchmark_header, provenance, record_command, rerun_command
 from ..speed.records import BenchRecord
 from ..speed.report import write_report
+from ..speed.sweep import Swept, apply
 from ..speed.verdict import judge, run_gate
 from .benchmark_json import write_xdist_json
 from .compare_target import take_over_compare
@@ -29,6 +31,8 @@ from .gate_context import (
     gate_device,
     gate_state,
     hardware_fields,
+    is_worker,
+    machine_lock,
     saving,
     saving_flag,
     setting,
@@ -48,6 +52,33 @@ def check_writable(config: pytest.Config) -> None:
         raise pytest.UsageError(f"{saving_flag(config)}: {exc}") from None
 
 
+SWEPT_KEY = "lstmperf_swept"  # a pytest-xdist worker's sweep, in its workeroutput
+
+
+def sweep(config: pytest.Config) -> None:
+    """This process's benchmarks whose figure is the time per call, timed again across the run
+    (:mod:`..speed.sweep`); a pytest-xdist worker hands what it measured to the controller."""
+    state = gate_state(config)
+    if state.sweep is None or not len(state.sweep):
+        return
+    if not is_worker(config):
+        _say(config)(f"lstmperf: {state.sweep.plan().describe()}")
+    lock = machine_lock(config)
+    started = time.perf_counter()
+    swept = state.sweep.run(hold=lock.exclusive if lock is not None else contextlib.nullcontext)
+    state.phase_s["sweep"] = time.perf_counter() - started
+    if is_worker(config):
+        config.workeroutput[SWEPT_KEY] = {name: s.to_json() for name, s in swept.items()}  # type: ignore[attr-defined]  # set by pytest-xdist on its workers
+    else:
+        state.swept.update(swept)
+
+
+def take_swept(config: pytest.Config, workeroutput: Any) -> None:
+    """On the controller: a finished worker's sweep."""
+    raw = (workeroutput or {}).get(SWEPT_KEY) or {}
+    gate_state(config).swept.update({name: Swept.from_json(s) for name, s in raw.items()})
+
+
 def finish(session: pytest.Session) -> None:
     """Record, write, decide; a failed gate (or an error of its own) turns a passing session's exit status to
     TESTS_FAILED."""
@@ -59,6 +90,8 @@ def finish(session: pytest.Session) -> None:
         except pytest.UsageError as exc:
             state.errors.append(str(exc))
             session.exitstatus = pytest.ExitCode.USAGE_ERROR
+    state.records, swept_lines = apply(state.records, state.swept)
+    state.messages.extend(swept_lines)
     measured = [r for r in state.records if r.data]
     if process_folder() is not None:  # a recording process: its records go to the recording command
         write_records(measured)

@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from .baseline import SaveReport
     from .baseline_file import Baseline
     from .records import BenchRecord
+    from .sweep import Sweep, Swept
     from .timing import Anchor
     from .verdict import Verdict
 
@@ -31,5 +32,9 @@ class GateState:
     deferred_compare: object = None  # --benchmark-compare's value, until collection shows lstmperf benchmarks
     verdict: Verdict | None = None  # the run's verdict (:func:`.verdict.judge`); its lines are printed last
     anchor: Anchor | None = None  # the run's anchor workload, made by the first benchmark
+    #: the benchmarks to time again across the run as it ends, where the gate compares or records (:mod:`.sweep`)
+    sweep: Sweep | None = None
+    #: what the sweeps measured, by benchmark: this process's, and under pytest-xdist every worker's
+    swept: dict[str, Swept] = field(default_factory=dict)
     #: wall seconds of the gate's own phases after the tests (the recording's and the compare's further processes)
     phase_s: dict[str, float] = field(default_factory=dict)

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, replace
 
 from ..device import HARDWARE_FIELDS, hardware_key
 from .policy import Figure, RunFigures
+from .timing import batch_medians
 
 #: version of a baseline file's ``lstmperf`` section; bump when its meaning changes (and migrate the older one)
 FORMAT = 2
@@ -250,6 +251,25 @@ class BenchRecord:
         """A size of the layer's spec (``batch``, ``seq_len``, ``hidden_size``), None where it has none."""
         value = _number(_obj(self._info("spec")).get(name))
         return int(value) if value is not None else None
+
+    def with_swept(self, data: Sequence[float], anchors: Sequence[float], swept: JSONObject) -> BenchRecord:
+        """This record with the sweep's paired samples as its figure (:mod:`.sweep`): ``data`` (seconds per call)
+        and the anchor's samples beside them, ``swept`` (what the sweep did) kept in ``extra_info.swept``; an empty
+        ``data`` keeps the samples and records only ``swept`` (why it could not sweep)."""
+        extra: dict[str, object] = {**self.extra_info, "swept": dict(swept)}
+        if not data:
+            return replace(self, extra_info=extra)
+        anchor = dict(_obj(self.extra_info.get("anchor")))
+        anchor.update(samples=[float(a) for a in anchors], per_call_s=statistics.median(anchors))
+        extra.update(
+            anchor=anchor,
+            rounds=len(data),
+            time_per_call_s=statistics.median(data),
+            run_medians=batch_medians(list(data)),
+        )
+        return replace(
+            self, data=tuple(float(d) for d in data), extra_info=extra, options={**self.options, "rounds": len(data)}
+        )
 
     def with_time_per_call(self, seconds: float | None) -> BenchRecord:
         """This record with ``time_per_call_s`` set where it has none (a benchmark read back from a file)."""

@@ -285,7 +285,10 @@ class BenchRunner:
             estimate = timing.estimate_call(timed, plan.warmup, clock)
             anchor = self._anchor()
             repeat = anchor.repeat_for(estimate, self._baseline_anchor_repeat())
-            rounds = timing.RoundPlan(plan.warmup, plan.min_rounds, plan.max_rounds, plan.target_s).rounds_for(
+            # where the gate compares or records, a device figure or the sweep (:mod:`.sweep`) decides: the test's
+            # own stretch of rounds only feeds pytest-benchmark's tables, and takes its fewest
+            target_s = plan.target_s if self.state.sweep is None else 0.0
+            rounds = timing.RoundPlan(plan.warmup, plan.min_rounds, plan.max_rounds, target_s).rounds_for(
                 2 * estimate  # a round is a call and the anchor
             )
             if self.benchmark.enabled:
@@ -312,20 +315,12 @@ class BenchRunner:
             phases["rounds"], started = time.perf_counter() - started, time.perf_counter()
             self._device_time(extra, dev_time, plan.device_samples, data, anchor)
             phases["device_time"], started = time.perf_counter() - started, time.perf_counter()
-            if extra.get("device_time_method") not in DEVICE_METHODS:  # the time per call decides: precise enough
-                added = timing.extend_rounds(timed, anchor, repeat, data, extra["anchor"]["samples"], clock)
-                if added:
-                    if self.benchmark.enabled:  # pytest-benchmark's own statistics hold every round too
-                        own = self.benchmark.stats.stats
-                        for x in data[len(own.data) :]:
-                            own.update(x)
-                        for key in [k for k in vars(own) if k != "data"]:  # its cached statistics, stale now
-                            del vars(own)[key]
-                    extra["rounds"] = len(data)
-                    extra["extended_rounds"] = added
-                    extra["anchor"]["per_call_s"] = statistics.median(extra["anchor"]["samples"])
-                    extra["time_per_call_s"] = sorted(data)[len(data) // 2]
-                phases["extended"], started = time.perf_counter() - started, time.perf_counter()
+            sweep = self.state.sweep
+            if sweep is not None and extra.get("device_time_method") not in DEVICE_METHODS:
+                # the time per call decides: timed again across the run as it ends (:mod:`.sweep`)
+                anchor_s = extra["anchor"]["per_call_s"] or 0.0
+                per_round = statistics.median(data) + anchor_s * repeat
+                sweep.add(self.request.node.nodeid, timed, anchor, repeat, per_round, clock)
             self._counters(extra, counters)
             phases["counters"] = time.perf_counter() - started
             extra["run_medians"] = timing.batch_medians(data)

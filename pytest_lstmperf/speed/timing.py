@@ -205,53 +205,6 @@ def paired_rounds(
     return data, anchors
 
 
-#: a run's time per call is timed until the standard error of its figure (log scale, raw or divided by the anchor,
-#: whichever is smaller) is at most this: the run's own noise then resolves 1.025x at 4 standard errors, and what
-#: remains of a benchmark's resolution is how far processes lie apart
-SE_TARGET = 0.008
-#: ... or until this much more timed work (seconds): a noisy machine says so through the resolution instead (on
-#: the 2-core VM independent processes lie 4% apart even divided by the anchor, so a run's own noise below 1%
-#: per standard error buys little there)
-EXTEND_BUDGET_S = 0.5
-#: ... or this many rounds in all
-MAX_ROUNDS = 2000
-
-
-def extend_rounds(
-    call: Callable[[], object],
-    anchor: Anchor,
-    repeat: int,
-    data: list[float],
-    anchors: list[float],
-    clock: Callable[[], float] = time.perf_counter,
-    budget_s: float = EXTEND_BUDGET_S,
-) -> int:
-    """Adaptive stopping: more paired rounds, appended to ``data`` and ``anchors``, while the figure's standard
-    error is above :data:`SE_TARGET` and the budget lasts (doubling the rounds each time, as nvbench's noise
-    criterion and criterion.rs spend time only where noise needs it). Returns the rounds added."""
-    from .policy import Figure
-
-    def se() -> float:
-        ratios = [d / a for d, a in zip(data, anchors, strict=False) if d > 0 and a > 0]
-        figures = [f for f in (Figure.of(data), Figure.of(ratios)) if f is not None]
-        return min((f.se for f in figures), default=math.inf)
-
-    added, start = 0, clock()
-    per_round = (statistics.median(data) + statistics.median(anchors) * repeat) if data and anchors else 0.0
-    while se() > SE_TARGET and len(data) < MAX_ROUNDS:
-        left = budget_s - (clock() - start)
-        batch = min(len(data), MAX_ROUNDS - len(data))
-        if per_round > 0:
-            batch = min(batch, int(left / per_round))  # the budget holds: no doubling past it
-        if batch < 1:
-            break
-        more, more_anchors = paired_rounds(call, anchor, repeat, batch, clock)
-        data += more
-        anchors += more_anchors
-        added += len(more)
-    return added
-
-
 def benchmark_timer(config: Any) -> Callable[[], float]:
     """The clock pytest-benchmark times with (``--benchmark-timer``, default ``time.perf_counter``), so that
     rounds timed here (under pytest-xdist) use the same one."""
