@@ -37,11 +37,13 @@ CLEARED_ENV = (
 INNER_SWEEP_S = "0.2"
 
 
-def clear_inner_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Clear :data:`CLEARED_ENV` for the inner runs of one test, and shorten their sweep (:data:`INNER_SWEEP_S`)."""
+def clear_inner_env(monkeypatch: pytest.MonkeyPatch, *, short_sweep: bool = False) -> None:
+    """Clear :data:`CLEARED_ENV` for the inner runs of one test; ``short_sweep``: their sweep lasts
+    :data:`INNER_SWEEP_S` (only for runs that are lstmperf runs anyway: the variable makes a run one)."""
     for name in CLEARED_ENV:
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("PYTEST_LSTMPERF_SWEEP", INNER_SWEEP_S)
+    if short_sweep:
+        monkeypatch.setenv("PYTEST_LSTMPERF_SWEEP", INNER_SWEEP_S)
 
 
 @dataclass(frozen=True)

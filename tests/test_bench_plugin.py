@@ -148,7 +148,7 @@ def gate(pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch):
     pytester.makepyfile(spinpath=SPIN_MODULE)
     pytester.makeconftest("import spinpath  # noqa: F401 - registers the spin path\n")
     pytester.makepyfile(test_benchmarks=SUITE.read_text())
-    clear_inner_env(monkeypatch)
+    clear_inner_env(monkeypatch, short_sweep=True)
     monkeypatch.setenv("PYTEST_LSTMPERF_PLANT_CLOCK", "thread")
 
     def run(*args: str) -> pytest.RunResult:

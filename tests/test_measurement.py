@@ -87,7 +87,7 @@ def test_tagger_forward(lstmperf_benchmark, model):
 
 
 def _env(monkeypatch: pytest.MonkeyPatch) -> None:
-    clear_inner_env(monkeypatch)
+    clear_inner_env(monkeypatch, short_sweep=True)
     monkeypatch.setenv("PYTEST_LSTMPERF_PLANT_CLOCK", "thread")
 
 

@@ -116,9 +116,10 @@ def test_the_anchor_cancels_a_machine_that_is_slower_as_a_whole() -> None:
     assert sorted(raw)[len(raw) // 2] > 1.8e-3  # the raw time did double
 
 
-@pytest.mark.parametrize("factor", [1.15, 1.5, 3.0])
+@pytest.mark.parametrize("factor", [1.25, 1.5, 3.0])
 def test_a_slower_call_is_regressed_on_a_machine_that_also_changed(factor: float) -> None:
-    """Sentence 2: a call slower by ``factor``, measured on a machine 1.7x slower than the recording one, fails."""
+    """Sentence 2: a call slower by ``factor``, measured on a machine 1.7x slower than the recording one, fails
+    (a time per call resolves 1.17x at best: how far runs made at different times lie apart, 4%)."""
     base = reference(record(seed=1))
     now = record(seed=3, call_s=1e-3 * factor, machine=1.7)
     decision = decide(as_measured(now), base)
@@ -126,11 +127,25 @@ def test_a_slower_call_is_regressed_on_a_machine_that_also_changed(factor: float
     assert decision.ratio("per-call") == pytest.approx(factor, rel=0.03)
 
 
-def test_the_smallest_slowdown_caught_at_one_percent_noise_is_the_threshold() -> None:
-    """With 1% noise per sample the resolution lies under the 1.05 threshold: 1.07x fails, 1.03x passes."""
+def test_the_smallest_slowdown_caught_at_one_percent_noise() -> None:
+    """With 1% noise per sample and recording processes 0.4% apart, a device figure resolves under the 1.05
+    threshold: 1.07x fails, 1.03x passes. A time per call resolves what runs made at different times allow
+    (:data:`policy.BETWEEN_RUNS`, 4%: exp(4 x 4%) = 1.17x at best): 1.25x fails, 1.12x (a clean compare on the
+    Xeon read up to 1.131x) passes."""
+
+    def device(factor: float) -> dict:
+        now = record(seed=4, device=True)
+        now["extra_info"]["device_samples"] = [x * factor for x in now["extra_info"]["device_samples"]]
+        return now
+
+    base = reference(record(seed=1, device=True))
+    assert decide(as_measured(device(1.07)), base).verdict == "regressed"
+    assert decide(as_measured(device(1.03)), base).verdict == "unchanged"
     base = reference(record(seed=1))
-    assert decide(as_measured(record(seed=4, call_s=1.07e-3)), base).verdict == "regressed"
-    assert decide(as_measured(record(seed=4, call_s=1.03e-3)), base).verdict == "unchanged"
+    assert decide(as_measured(record(seed=4, call_s=1.25e-3)), base).verdict == "regressed"
+    clean = decide(as_measured(record(seed=4, call_s=1.12e-3)), base)
+    assert clean.verdict == "unchanged"
+    assert math.exp(policy.K_SIGMA * policy.BETWEEN_RUNS["per-call"]) < clean.checks[0].resolves < 1.20
 
 
 def test_a_noisy_benchmark_says_what_it_resolves_and_is_never_blind_and_green() -> None:
@@ -155,10 +170,10 @@ def test_recording_processes_that_lie_apart_widen_the_resolution() -> None:
     unresolved (and said), where processes that agree catch it."""
     agree = reference(record(seed=1))
     apart = reference(record(seed=1), record(seed=6, call_s=1.08e-3), record(seed=8, call_s=0.94e-3))
-    now = as_measured(record(seed=7, call_s=1.15e-3))
+    now = as_measured(record(seed=7, call_s=1.25e-3))
     assert decide(now, agree).verdict == "regressed"
-    assert decide(now, apart).verdict == "unchanged"
-    assert decide(now, apart).checks[0].resolves > 1.15
+    assert decide(now, apart).verdict != "regressed"
+    assert decide(now, apart).checks[0].resolves > 1.25
 
 
 def test_an_entry_recorded_in_one_process_is_never_judged_as_if_runs_never_differed() -> None:
@@ -224,16 +239,16 @@ def test_one_outlying_benchmark_does_not_widen_the_others() -> None:
     neighbours' limits (a root mean square over the baseline widened every benchmark to 1.68x)."""
     from pytest_lstmperf.speed.policy import Figure, pooled
 
-    def ref(name: str, *values: float) -> Reference:
-        return Reference(name, tuple(RunFigures(Figure(v, 0.005, 30), None) for v in values))
+    def ref(name: str, *values: float) -> Reference:  # device figures: no between-runs term beside the pool
+        return Reference(name, tuple(RunFigures(None, Figure(v, 0.005, 30)) for v in values))
 
     refs = {f"n{k}": ref(f"n{k}", 1.0, 1.01 + 0.001 * k, 0.99) for k in range(8)}
     refs["wild"] = ref("wild", 1.0, 1.42, 1.0)
     together = pooled(refs)
-    quiet = check("per-call", [1.0] * 30, together["n0"], 1.05)
+    quiet = check("device", [1.0] * 30, together["n0"], 1.05)
     assert quiet.resolves < 1.10
-    assert check("per-call", [1.2] * 30, together["n0"], 1.05).verdict == "regressed"
-    wild = check("per-call", [1.0] * 30, together["wild"], 1.05)
+    assert check("device", [1.2] * 30, together["n0"], 1.05).verdict == "regressed"
+    wild = check("device", [1.0] * 30, together["wild"], 1.05)
     assert wild.resolves > 1.3  # its own processes still count for it
 
 
@@ -459,9 +474,9 @@ def test_the_table_the_summary_and_what_is_not_a_pass() -> None:
 
 
 def test_a_check_that_resolves_less_than_the_threshold_is_listed() -> None:
-    noisy = reference(record(seed=1, noise=0.08))
-    coarse = decide(as_measured(record(name="noisy", seed=2, noise=0.08)), noisy)
-    fine = decide(as_measured(record(name="quiet", seed=2)), reference(record(seed=1)))
+    noisy = reference(record(seed=1, noise=0.08, device=True))
+    coarse = decide(as_measured(record(name="noisy", seed=2, noise=0.08, device=True)), noisy)
+    fine = decide(as_measured(record(name="quiet", seed=2, device=True)), reference(record(seed=1, device=True)))
     gate = policy.GateResult([coarse, fine])
     ((name, listed),) = gate.coarse(1.05)
     assert name == "noisy" and listed.resolves > 1.05 and listed is coarse.checks[0]

@@ -11,6 +11,7 @@ import statistics
 import pytest
 
 from pytest_lstmperf.speed import sweep as sweep_mod
+from pytest_lstmperf.speed.records import BenchRecord
 from pytest_lstmperf.speed.sweep import MIN_ROUNDS, Plan, Sweep, Swept, apply
 
 
@@ -111,17 +112,20 @@ def test_a_call_that_fails_is_left_out_and_named_and_the_rest_go_on() -> None:
     assert "RuntimeError: session closed" in got["broken"].error
     assert not got["fine"].error and len(got["fine"].data) >= MIN_ROUNDS
     records = [
-        {"fullname": "broken", "data": [1.0] * 20, "extra_info": {"anchor": {"samples": [1.0] * 20}}},
-        {"fullname": "fine", "data": [1.0] * 20, "extra_info": {"anchor": {"samples": [1.0] * 20}}},
+        BenchRecord.from_json({"fullname": n, "data": [1.0] * 20, "extra_info": {"anchor": {"samples": [1.0] * 20}}})
+        for n in ("broken", "fine")
     ]
-    lines = list(apply(records, got))
+    changed, lines = apply(records, got)
     assert len(lines) == 1 and "broken: not timed across the run (RuntimeError: session closed)" in lines[0]
-    assert records[0]["data"] == [1.0] * 20  # its test's own rounds stay its figure
-    assert records[1]["data"] == list(got["fine"].data)
-    extra = records[1]["extra_info"]
-    assert extra["anchor"]["samples"] == list(got["fine"].anchors)
-    assert extra["swept"]["test_rounds"] == 20 and extra["swept"]["rounds"] == len(got["fine"].data)
-    assert extra["time_per_call_s"] == statistics.median(got["fine"].data)
+    assert changed[0].data == (1.0,) * 20  # its test's own rounds stay its figure
+    assert changed[0].extra_info["swept"] == {"error": got["broken"].error}
+    fine = changed[1]
+    assert fine.data == got["fine"].data
+    assert fine.anchor.samples == got["fine"].anchors
+    assert fine.extra_info["swept"]["test_rounds"] == 20  # type: ignore[index]
+    assert fine.extra_info["swept"]["rounds"] == len(got["fine"].data)  # type: ignore[index]
+    assert fine.time_per_call_s == statistics.median(got["fine"].data)
+    assert records[1].data == (1.0,) * 20  # the records themselves are not changed
 
 
 def test_swept_json_round_trip() -> None:

@@ -101,7 +101,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if not is_worker(config) and saving(config) is not None:
         check_writable(config)
     if sweeps(config):
-        gate_state(config).sweep = Sweep(float(setting(config, "lstmperf_sweep").value))
+        run_session(config).gate.sweep = Sweep(float(setting(config, "lstmperf_sweep").value))  # not yet "used"
     if compare and is_worker(config):
         set_compare(config, [])  # the controller compares; workers only measure
     elif compare and explicit_lstmperf(config):

@@ -58,7 +58,7 @@ SWEPT_KEY = "lstmperf_swept"  # a pytest-xdist worker's sweep, in its workeroutp
 def sweep(config: pytest.Config) -> None:
     """This process's benchmarks whose figure is the time per call, timed again across the run
     (:mod:`..speed.sweep`); a pytest-xdist worker hands what it measured to the controller."""
-    state = gate_state(config)
+    state = run_session(config).gate  # a run without a benchmark to sweep does not become the gate's
     if state.sweep is None or not len(state.sweep):
         return
     if not is_worker(config):
