@@ -14,6 +14,7 @@ import contextlib
 import json
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +28,7 @@ from ..observation.claims import Finding, kernel_mismatch, known_kernel_finding
 from ..observation.torch_trace import torch_trace
 from . import timing
 from .policy import DEVICE_METHODS
+from .records import RECORD_KEY, BenchRecord
 from .shapes import ROUNDS, bench_set
 from .timing import Anchor
 from .user_call import holds_jax_arrays, jax_kernels, synchronizer, user_device_time
@@ -38,7 +40,6 @@ if TYPE_CHECKING:
     from .shapes import BenchShape
 
 #: the ``user_properties`` key of a benchmark's record
-RECORD_KEY = "lstmperf_bench"
 #: the marker that makes a plain ``benchmark`` test an lstmperf benchmark
 BENCH_MARKER = "lstmperf"
 
@@ -81,7 +82,7 @@ class BenchRunner:
         self.session = session  # the run's LstmPerfSession
         self.state = state
 
-    def measure(self, case: BenchCase) -> dict[str, Any]:
+    def measure(self, case: BenchCase) -> BenchRecord:
         from ..model.case import make_case  # imports numpy: kept out of pytest's start-up
 
         session = self.session
@@ -181,7 +182,7 @@ class BenchRunner:
         self,
         label: str,
         flops: float | None,
-        thresholds: dict,
+        thresholds: dict[str, float],
         observed: dict[str, Any],
         timed: Any,
         dev_time: Any,
@@ -201,7 +202,7 @@ class BenchRunner:
             self._flops(extra, float(flops), observed["precision"])
         self._attach(extra, data or [], thresholds)
 
-    def _call_jax(self, fn: Any, result: Any, label: str, flops: float | None, thresholds: dict) -> Any:
+    def _call_jax(self, fn: Any, result: Any, label: str, flops: float | None, thresholds: dict[str, float]) -> Any:
         """``__call__`` for a ``fn`` that returns JAX arrays (a JAX function, a Keras model on JAX): each timed
         call waits for its results (``jax.block_until_ready``: JAX dispatches asynchronously, so a
         synchronisation of torch's would not wait for it); on a GPU the device time is the GPU work that CUPTI
@@ -211,7 +212,7 @@ class BenchRunner:
         import jax
 
         device = self.session.device
-        wait = jax.block_until_ready
+        wait: Callable[[Any], Any] = jax.block_until_ready
         wait(result)
         family, precision, kernels = jax_kernels(fn, wait, device.torch_device, result)
         observed: dict[str, Any] = {
@@ -242,7 +243,13 @@ class BenchRunner:
         return result
 
     def _check_kernel(
-        self, path: ExecutionPath, spec: Any, device: DeviceInfo, trace: Any, extra: dict, thresholds: dict
+        self,
+        path: ExecutionPath,
+        spec: Any,
+        device: DeviceInfo,
+        trace: Any,
+        extra: dict[str, Any],
+        thresholds: dict[str, float],
     ) -> None:
         """Fail at once, recording the finding, when the kernel that ran is not the path's claim
         (:func:`~pytest_lstmperf.observation.claims.kernel_mismatch`). A difference a known finding documents is
@@ -334,8 +341,9 @@ class BenchRunner:
 
     def _baseline_anchor_repeat(self) -> int | None:
         """The anchor repetitions this benchmark's baseline entry was timed with, where it has one."""
-        entry = self._baseline_entry() or {}
-        return int((entry.get("extra_info", {}).get("anchor") or {}).get("repeat") or 0) or None
+        baseline = self.state.baseline
+        entry = baseline.benchmarks.get(self.request.node.nodeid) if baseline is not None else None
+        return (entry.anchor_repeat or None) if entry is not None else None
 
     @staticmethod
     def _device_time(extra: dict[str, Any], dev_time: Any, samples: int, data: list[float], anchor: Any) -> None:
@@ -390,13 +398,6 @@ class BenchRunner:
             peak_fraction=achieved / peak if achieved and peak else None,
         )
 
-    def _baseline_entry(self) -> dict[str, Any] | None:
-        """This benchmark's entry in the baseline the gate compares against (read-only), else None."""
-        state = self.state
-        if state.baseline is None:
-            return None
-        return state.baseline.entries.get(self.request.node.nodeid)
-
     def _thresholds(self) -> dict[str, float]:
         marker = self.request.node.get_closest_marker("lstmperf_threshold")
         if marker is None:
@@ -419,23 +420,23 @@ class BenchRunner:
 
     def _attach(
         self, extra: dict[str, Any], data: list[float], thresholds: dict[str, float], failed: str = ""
-    ) -> dict[str, Any]:
+    ) -> BenchRecord:
+        """The benchmark's record (:class:`.records.BenchRecord`), attached to its report for the gate."""
         node = self.request.node
         callspec = getattr(node, "callspec", None)
-        record = {
-            "fullname": node.nodeid,
-            "name": node.name,
-            "group": self.benchmark.group,
-            "param": callspec.id if callspec else None,
-            "params": {k: repr(v) for k, v in callspec.params.items()} if callspec else None,
-            "extra_info": _plain(extra),
-            "options": {"rounds": len(data), "warmup": "estimate + 1 round", "timer": "perf_counter"},
-            "data": [float(x) for x in data],
-            "iterations": 1,
-            "thresholds": thresholds,
-            "failed": failed,
-        }
-        node.user_properties.append((RECORD_KEY, record))
+        record = BenchRecord(
+            fullname=node.nodeid,
+            name=node.name,
+            group=self.benchmark.group,
+            param=callspec.id if callspec else None,
+            params={k: repr(v) for k, v in callspec.params.items()} if callspec else None,
+            extra_info=_plain_object(extra),
+            options={"rounds": len(data), "warmup": "estimate + 1 round", "timer": "perf_counter"},
+            data=tuple(float(x) for x in data),
+            threshold=thresholds.get("ratio"),
+            failed=failed,
+        )
+        node.user_properties.append((RECORD_KEY, record.to_json()))
         return record
 
 
@@ -453,7 +454,8 @@ def _meters(run: Any, call: Any, mode: str, device: DeviceInfo) -> tuple[Any, An
 
     def dev_time(samples: int) -> meters.DeviceTime:
         if own_time is not None:
-            return own_time(mode, samples)
+            measured: meters.DeviceTime = own_time(mode, samples)
+            return measured
         return meters.device_time(call, device.torch_device, samples)
 
     def counters() -> dict[str, Any]:
@@ -483,7 +485,7 @@ def _explanation(path: ExecutionPath, spec: Any, device: Any, trace: Any) -> str
         return f"\nexplainer: cannot judge {spec.short()}: {type(exc).__name__}: {exc}"
 
 
-def _plain(value: Any) -> Any:
+def _plain(value: object) -> object:
     """JSON/execnet-safe copy: dicts, lists, str, int, float, bool, None."""
     if isinstance(value, dict):
         return {str(k): _plain(v) for k, v in value.items()}
@@ -492,3 +494,8 @@ def _plain(value: Any) -> Any:
     if value is None or isinstance(value, (str, int, float, bool)):
         return value
     return str(value)
+
+
+def _plain_object(value: dict[str, Any]) -> dict[str, object]:
+    """:func:`_plain` of a record's ``extra_info``."""
+    return {str(k): _plain(v) for k, v in value.items()}

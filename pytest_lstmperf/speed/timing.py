@@ -180,7 +180,7 @@ class Anchor:
                 self._graph.replay()
                 torch.cuda.synchronize(dev)
             self._timer = graph_replay.ReplayTimer(torch, dev, self._graph.replay, replays)
-        return self._timer()
+        return float(self._timer())
 
     def device_time(self, samples: int) -> DeviceTime:
         """``samples`` device samples one after another (where they could not alternate with the benchmark's)."""
@@ -211,7 +211,8 @@ def benchmark_timer(config: Any) -> Callable[[], float]:
     raw = config.getoption("benchmark_timer", None)
     if not raw:
         return time.perf_counter
-    return load_timer(str(raw))
+    clock: Callable[[], float] = load_timer(str(raw))
+    return clock
 
 
 def batch_medians(samples: Sequence[float], batches: int = 3) -> list[float]:
