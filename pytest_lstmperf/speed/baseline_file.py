@@ -158,12 +158,6 @@ class Baseline:
         """The file's entries by benchmark name."""
         return self.document.entries
 
-    @property
-    def entries(self) -> dict[str, dict[str, object]]:
-        """The entries as the file holds them (JSON): kept for speed/runner.py until it reads
-        :attr:`benchmarks` (:attr:`.records.BaselineEntry.anchor_repeat`)."""
-        return {name: entry.to_json() for name, entry in self.document.entries.items()}
-
     def samples(self, fullname: str) -> list[float]:
         return list(self.document.entries[fullname].samples)
 
