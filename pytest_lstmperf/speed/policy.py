@@ -259,9 +259,11 @@ def recording_runs(measurements: Sequence[Measurement]) -> tuple[list[RunFigures
 
 def unresolved(recorded: Mapping[str, Sequence[Measurement]]) -> list[str]:
     """The benchmarks of a recording (name -> its measurements, one per process) that one process of a compare
-    could not see a :data:`MAX_LIMIT` slowdown on because how far their processes lie apart is not yet known well
-    enough (few processes and few neighbours: Student's t), though the estimate itself would see it. A recording
-    times them in more processes."""
+    could not see a :data:`MAX_LIMIT` slowdown on, though the estimate of how far their processes lie apart would
+    let a compare see it once both sides have all the processes they may take (:data:`RECORD_PROCESSES_MAX`
+    recorded, :data:`COMPARE_PROCESSES` compared): what hides 1.5x is then how little is known yet (few processes
+    and few neighbours: Student's t) or too few processes behind the figure. A recording times them in more
+    processes."""
     references = pooled(
         {
             name: Reference(name, tuple(recording_runs(list(ms))[0]), kernel=ms[0].kernel)
@@ -281,12 +283,17 @@ def unresolved(recorded: Mapping[str, Sequence[Measurement]]) -> list[str]:
             ses = [f.se for f in (run.get(metric, ref.variant(metric)) for run in ref.runs) if f is not None]
             se = statistics.median(ses) if ses else 0.0
 
-            def resolves(sigma: float, se: float = se, n: int = n) -> float:
-                return math.exp(K_SIGMA * math.hypot(se, sigma * math.sqrt(1 + 1 / n)))
+            def resolves(sigma: float, m: int, n: int, se: float = se, metric: str = metric) -> float:
+                spread = math.hypot(sigma * math.sqrt(1 / m + 1 / n), BETWEEN_RUNS.get(metric, 0.0))
+                return math.exp(K_SIGMA * math.hypot(se, spread))
 
-            # more processes help where the estimate's uncertainty (Student's t) is what hides 1.5x, not where the
-            # processes lie that far apart: those stay inconclusive when compared, and say why
-            if resolves(sigma_b) > MAX_LIMIT and between is not None and resolves(between[0]) <= MAX_LIMIT:
+            # more processes help where they can: not where the processes lie so far apart that even the most
+            # processes on both sides would not see 1.5x (those stay inconclusive when compared, and say why)
+            if (
+                resolves(sigma_b, 1, n) > MAX_LIMIT
+                and between is not None
+                and resolves(between[0], COMPARE_PROCESSES, RECORD_PROCESSES_MAX) <= MAX_LIMIT
+            ):
                 out.append(name)
                 break
     return sorted(out)
