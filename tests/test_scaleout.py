@@ -222,6 +222,22 @@ def test_failure_report_tells_failed_ranks_from_stopped_ones(exits: dict, first:
     assert "(its output could not be read:" in both  # no log: said so, not an error of the report
 
 
+def test_the_rank_that_failed_first_is_named_first(tmp_path: Path) -> None:
+    """The agent lists ranks whose failure it saw in one check by rank: rank 0, failing as its peer's connection
+    closed, came before rank 1, which had raised first. The rank whose last words came first is named first; a
+    first rank killed by a signal keeps the agent's order."""
+    logs = launcher.RankLogs(str(tmp_path), "run")
+    for rank, written_ns in ((0, 2_000_000_000), (1, 1_000_000_000)):  # rank 1 wrote its last line first
+        (folder := tmp_path / "run_x" / "attempt_0" / str(rank)).mkdir(parents=True)
+        (folder / "stderr.log").write_text(f"rank {rank} last words\n")
+        os.utime(folder / "stderr.log", ns=(written_ns, written_ns))
+    assert list(launcher.first_failed_first({0: 1, 1: 1}, logs)) == [1, 0]
+    assert list(launcher.first_failed_first({0: 1, 1: 1, 2: -signal.SIGTERM}, logs)) == [1, 0, 2]
+    assert list(launcher.first_failed_first({0: -signal.SIGABRT, 1: 1}, logs)) == [0, 1]
+    report = launcher.failure_report("x", launcher.first_failed_first({0: 1, 1: 1}, logs), logs)
+    assert report.splitlines()[0] == "x failed: rank 1 exited with status 1"
+
+
 def test_cpu_figures_carry_the_core_note() -> None:
     sys.path.insert(0, str(ROOT / "suites"))
     try:

@@ -140,10 +140,29 @@ def run_ranks(
         raise TimeoutError(f"{what} did not finish in {timeout_s:.0f} s (stopped ranks {sorted(deadline.stopped)}); "
                            f"last lines of rank 0: {' | '.join(_tail(logs.paths(0), 3))}") from error  # fmt: skip
     if failure is not None:
-        raise RankFailure(failure_report(what, {rank: f.exitcode for rank, f in failure.failures.items()}, logs))
+        exits = {rank: f.exitcode for rank, f in failure.failures.items()}
+        raise RankFailure(failure_report(what, first_failed_first(exits, logs), logs))
 
 
 # --------------------------------------------------------------------------------------------- the report
+def first_failed_first(exits: Mapping[int, int], logs: RankLogs) -> dict[int, int]:
+    """``exits`` (rank -> exit status, in the agent's order) with the ranks that ended by themselves ordered by when
+    their output was last written: the agent lists the ranks whose failure it saw in one check by rank, and a
+    rank whose peer failed fails too moments later (its connection closed), so the rank that failed first is the
+    one whose last words came first. A first rank killed by a signal keeps the agent's order."""
+    ranks = list(exits)
+    stop_codes = (-signal.SIGTERM, -signal.SIGKILL)
+    if not ranks or exits[ranks[0]] < 0:
+        return dict(exits)
+
+    def last_written(rank: int) -> float:
+        times = [os.stat(p).st_mtime_ns for p in logs.paths(rank) if os.path.exists(p)]
+        return max(times) if times else math.inf
+
+    ended = sorted((r for r in ranks if exits[r] not in stop_codes), key=last_written)
+    return {r: exits[r] for r in [*ended, *(r for r in ranks if exits[r] in stop_codes)]}
+
+
 def failure_report(what: str, exits: Mapping[int, int], logs: RankLogs) -> str:
     """The report of a failed run from the exit status of each rank the agent reported (negative: killed by that
     signal), in the agent's order: first the ranks whose failure it saw, then those it stopped (with SIGTERM, or
