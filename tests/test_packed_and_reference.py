@@ -102,6 +102,20 @@ def test_a_packed_call_on_a_onednn_path_claims_the_native_kernels():
     assert call_claim(onednn, several.replace(cell="gru")) is None  # no oneDNN GRU: listed, not judged
 
 
+def test_a_packed_batch_of_one_length_claims_onednn_from_torch_2_13_only(monkeypatch):
+    """torch 2.11 ran such a batch on the native kernels (a 16-core Xeon), 2.13 hands it to oneDNN."""
+    from pytest_lstmperf import paths as registry
+    from pytest_lstmperf.model.spec import LayerSpec
+    from pytest_lstmperf.paths import torch_paths
+
+    one = LayerSpec(batch=1, seq_len=1, input_size=1, hidden_size=1, length_mode="packed", lengths=(1,))
+    packed, onednn = registry.get("torch-cpu-packed"), registry.get("torch-cpu-onednn")
+    for release, kernel in (((2, 11), "cpu-native"), ((2, 12), "cpu-native"), ((2, 13), "onednn"), ((3, 0), "onednn")):
+        monkeypatch.setattr(torch_paths, "_torch_release", lambda release=release: release)
+        assert packed.expected(one) == (kernel, "fp32"), release
+        assert call_claim(onednn, one) == (kernel, "fp32"), release
+
+
 def test_verify_model_passes_a_correct_packed_encoder_on_every_path(inputs, lstmperf_device):
     """Every path of the device (``--device=cuda``: the lengths given on the CPU stay there, the cuDNN paths run
     the packed call)."""

@@ -115,8 +115,8 @@ def call_claim(path: registry.ExecutionPath, spec: LayerSpec) -> tuple[str, str]
     no claim for it (a GRU on the oneDNN path: listed, not judged). A packed call (``PackedSequence``) on a
     path of dense tensors runs what PyTorch runs for packed input under that path's switches, as the suites'
     packed paths claim: on the CPU the native kernel (never oneDNN: ``torch-cpu-packed``), except a packed LSTM
-    whose sequences all have one length, which PyTorch hands to oneDNN like a dense batch; on CUDA the path's own
-    kernel (cuDNN runs packed input, the generic path too)."""
+    whose sequences all have one length, which PyTorch 2.13 on hands to oneDNN like a dense batch; on CUDA the
+    path's own kernel (cuDNN runs packed input, the generic path too)."""
     if spec.length_mode != "packed" or path.options.get("packed"):
         return None if path.supports(spec) is not None else path.expected(spec)
     dense = spec.replace(length_mode="none", lengths=None)

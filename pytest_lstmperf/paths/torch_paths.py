@@ -127,14 +127,31 @@ _entry(
 )
 
 
+#: the first torch that hands a packed LSTM of uniform lengths to oneDNN: 2.13 does; 2.11 runs the native kernels
+#: (a 16-core Xeon, torch 2.11.0). 2.12 was not seen: it is expected native, and a kernel check says so if not
+PACKED_UNIFORM_ONEDNN_FROM = (2, 13)
+
+
 def expect_cpu_packed(path: ExecutionPath, spec: LayerSpec) -> tuple[str, str]:
-    """Packed input on the CPU runs the native kernels, except that PyTorch hands a packed LSTM whose
-    sequences all have one length (uniform batch sizes, i.e. a dense batch) to oneDNN like a padded one
-    (seen with torch 2.13; oneDNN has no projections)."""
+    """Packed input on the CPU runs the native kernels, except that PyTorch from
+    :data:`PACKED_UNIFORM_ONEDNN_FROM` on hands a packed LSTM whose sequences all have one length (uniform batch
+    sizes, i.e. a dense batch) to oneDNN like a padded one (oneDNN has no projections)."""
     uniform = spec.lengths is not None and len(set(spec.lengths)) == 1
-    if spec.cell == "lstm" and not spec.proj_size and uniform and spec.dtype == "float32":
+    dense = spec.cell == "lstm" and not spec.proj_size and uniform and spec.dtype == "float32"
+    if dense and _torch_release() >= PACKED_UNIFORM_ONEDNN_FROM:
         return "onednn", "fp32"
     return path.kernel, path.precision
+
+
+def _torch_release() -> tuple[int, int]:
+    """(major, minor) of the installed torch; (0, 0) where it cannot be read."""
+    import torch
+
+    parts = torch.__version__.split("+")[0].split(".")
+    try:
+        return int(parts[0]), int(parts[1])
+    except (IndexError, ValueError):
+        return 0, 0
 
 
 # ---------------------------------------------------------------------------------------------- checks
