@@ -18,10 +18,13 @@ import argparse
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from pytest_lstmperf.speed.records import BenchRecord, entries_from_benchmark_json
 
 QUIET = {"unchanged", "improved", "new", "not-run"}
 VERDICT_WORDS = QUIET | {"regressed", "kernel-changed", "host-work-changed", "path-lost", "inconclusive"}
@@ -81,6 +84,7 @@ def main() -> int:
     p.add_argument("--default-runs", type=int, default=0, help="compares of the whole default command (suites/)")
     p.add_argument("--faults", default="", help="more planted faults, each run --slow times: cudnn-off ...")
     p.add_argument("--budget", type=float, default=0, help="no run starts after this many seconds (0: none)")
+    p.add_argument("--baseline", type=Path, help="a baseline file recorded earlier: compared with, not recorded")
     a = p.parse_args()
     out = a.out
     (out / "runs").mkdir(parents=True, exist_ok=True)
@@ -101,7 +105,11 @@ def main() -> int:
                                                     indent=1, default=str) + "\n")  # fmt: skip
 
     record_args = [a.record_target, *common] if a.record_target else base
-    go("record", [*record_args, "--lstmperf-save-baseline", "-q"])
+    if a.baseline:
+        (out / "baselines").mkdir(exist_ok=True)
+        shutil.copy(a.baseline, out / "baselines" / a.baseline.name)
+    else:
+        go("record", [*record_args, "--lstmperf-save-baseline", "-q"])
     for k in range(a.default_runs):
         go(f"default-command-{k + 1}", ["suites/", *common, "--benchmark-compare", "-v"])
     for k in range(a.clean):
@@ -123,9 +131,9 @@ def main() -> int:
         go("update", [*base, "--lstmperf-update-baseline", "-q"])
         for k in range(a.after_update):
             go(f"after-update-clean-{k + 1}", compare)
-    entries = {}
+    entries: dict[str, BenchRecord] = {}
     for f in (out / "baselines").glob("*.json"):
-        entries = {b["fullname"]: b.get("extra_info", {}) for b in json.loads(f.read_text())["benchmarks"]}
+        entries = {e.fullname: e.as_record() for e in entries_from_benchmark_json(json.loads(f.read_text()))}
     table = summarise(results, entries)
     (out / "trials.json").write_text(json.dumps({"args": vars(a) | {"out": str(out)}, "runs": results,
                                                  "table": table}, indent=1, default=str) + "\n")  # fmt: skip
@@ -140,7 +148,7 @@ def main() -> int:
     return 0
 
 
-def summarise(results: list[dict], entries: dict) -> list[dict]:
+def summarise(results: list[dict], entries: dict[str, BenchRecord]) -> list[dict]:
     import statistics
 
     groups: dict[str, list[dict]] = {}
@@ -156,10 +164,10 @@ def summarise(results: list[dict], entries: dict) -> list[dict]:
             for name, verdict in r["verdicts"].items():
                 if verdict in ("not-run", "path-lost"):
                     continue
-                extra = entries.get(name, {})
-                hit = bool(fault) and extra.get("framework") == "torch"
+                entry = entries.get(name)
+                hit = bool(fault) and entry is not None and entry.framework == "torch"
                 if fault in ("cudnn-off", "onednn-off"):  # planted in the test process, on torch's kernels
-                    hit = hit and extra.get("expected_kernel") in ("cudnn", "onednn")
+                    hit = hit and entry is not None and entry.expected_kernel in ("cudnn", "onednn")
                 alarm = verdict not in QUIET
                 if hit:
                     targets += 1

@@ -24,15 +24,17 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+from pytest_lstmperf.speed.records import BenchRecord, entries_from_benchmark_json
+
 QUIET = {"unchanged", "improved", "new", "not-run"}
 
 
-def targeted(scenario: str, extra: dict) -> bool:
+def targeted(scenario: str, entry: BenchRecord) -> bool:
     kind = scenario.split("#")[0].split(":")[0]
     if kind == "fallback":  # planted in the test process: Keras's worker process keeps its backends
-        return extra.get("framework") == "torch" and extra.get("expected_kernel") in ("cudnn", "onednn")
+        return entry.framework == "torch" and entry.expected_kernel in ("cudnn", "onednn")
     if kind in ("kernel-slowdown", "device-slowdown", "slowdown", "host-work"):
-        return extra.get("framework") == "torch"
+        return entry.framework == "torch"
     return False
 
 
@@ -52,7 +54,7 @@ def verdicts(log: str, names: list[str]) -> dict[str, str]:
 
 def main(argv: list[str]) -> int:
     baseline, target, runs = Path(argv[0]), Path(argv[1]), argv[2:]
-    entries = {b["fullname"]: b.get("extra_info", {}) for b in json.loads(baseline.read_text())["benchmarks"]}
+    entries = {e.fullname: e.as_record() for e in entries_from_benchmark_json(json.loads(baseline.read_text()))}
     names = sorted(entries)
     rows: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     detail: list[dict] = []

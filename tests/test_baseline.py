@@ -121,6 +121,15 @@ def test_record_then_load_is_pytest_benchmark_json(tmp_path: Path) -> None:
     assert run["per_call"]["n"] == 10 and run["device"] is None and run["host_counters"]["aten_ops"] == 40
     reference = bl_file.reference_of(BaselineEntry.from_json(bench))
     assert reference.value("per-call") == pytest.approx(run["per_call"]["value"])
+    # read back as a typed record (what scripts/gate_trials.py and gate_trust.py read an entry through)
+    back = BaselineEntry.from_json(bench).as_record()
+    assert (back.kernel, back.framework, back.expected_kernel) == ("cudnn", "", "")
+    assert (
+        BaselineEntry.from_json({**bench, "extra_info": {"framework": "torch", "expected_kernel": "cudnn"}})
+        .as_record()
+        .framework
+        == "torch"
+    )
     # pytest-benchmark's own loader reads it
     from pytest_benchmark.logger import Logger
     from pytest_benchmark.storage.file import FileStorage

@@ -169,6 +169,16 @@ class BenchRecord:
         return _text(self._info("path"), "?")
 
     @property
+    def framework(self) -> str:
+        """The path's framework (``torch``, ``keras-torch``, ...), empty where none is recorded."""
+        return _text(self._info("framework"))
+
+    @property
+    def expected_kernel(self) -> str:
+        """The kernel family the path claims for this benchmark, empty where none is recorded."""
+        return _text(self._info("expected_kernel"))
+
+    @property
     def device(self) -> str:
         return _text(self._info("device"), "?")
 
