@@ -11,9 +11,8 @@ named by xdist's ``testrunuid``:
   then ``machine`` exclusively: no test starts, the tests already running end (a test's set-up, call and
   teardown, or a benchmark up to its timing), it times alone, and takes its shared hold back.
 
-One process decides as several do, by construction. Outside pytest-xdist nothing is locked, nor in a run that
-compares and records nothing (its figures are only printed, with a note that other tests ran beside them).
-POSIX only (a no-op where ``fcntl`` is missing).
+One process decides as several do, by construction. Outside pytest-xdist nothing is locked. POSIX only (a no-op
+where ``fcntl`` is missing).
 """
 
 from __future__ import annotations
