@@ -84,7 +84,7 @@ def _baseline_for(variant: str, entries: dict[str, Any]) -> dict[str, Any]:
     refs = {}
     for name, entry in entries.items():
         record = {"fullname": name, "data": entry["stats"]["data"], "extra_info": entry.get("extra_info") or {}}
-        measured = policy.Measurement.from_record(BenchRecord.from_json(_no_anchor(record)))
+        measured = BenchRecord.from_json(_no_anchor(record)).measurement()
         ref = reference_of(BaselineEntry.from_json(entry))
         refs[name] = policy.Reference(name, (policy.run_figures(measured),), ref.kernel, ref.versions)
     return policy.pooled(refs)
@@ -111,7 +111,7 @@ def replay(baseline: Path, runs: list[tuple[str, Path]]) -> dict[str, dict[str, 
                         continue
                     record = {**record, "data": record.get("stats", {}).get("data") or record.get("data") or []}
                     decision = policy.decide(
-                        policy.Measurement.from_record(BenchRecord.from_json(transform(record))),
+                        BenchRecord.from_json(transform(record)).measurement(),
                         references[name],
                         threshold,
                     )

@@ -300,13 +300,13 @@ def test_a_figure_past_its_limit_fails_on_the_pairs_of_one_look(spin, gate_recor
         "--lstmperf-plant=slowdown:3",
     )  # fmt: skip
     assert result.ret == pytest.ExitCode.TESTS_FAILED, result.stdout.str()
-    from pytest_lstmperf.speed.policy import Figure, look_of
+    from pytest_lstmperf.speed.policy import Figure
     from pytest_lstmperf.speed.records import BaselineEntry
 
     (before,), (after,) = _records(clean).values(), _records(slow).values()
     ratio = (
-        Figure.of(look_of(BaselineEntry.from_json(after).as_record()).per_call).value
-        / Figure.of(look_of(BaselineEntry.from_json(before).as_record()).per_call).value
+        Figure.of(BaselineEntry.from_json(after).as_record().look().per_call).value
+        / Figure.of(BaselineEntry.from_json(before).as_record().look().per_call).value
     )
     assert ratio > 1.5
     assert "second_look" not in after["extra_info"]

@@ -26,7 +26,7 @@ from pytest_lstmperf.speed.report_plots import plot_baseline
 
 def as_measured(record: dict) -> Measurement:
     """``record`` (as a benchmark attaches it to its report) as the gate reads it."""
-    return Measurement.from_record(BenchRecord.from_json(record))
+    return BenchRecord.from_json(record).measurement()
 
 
 def record(

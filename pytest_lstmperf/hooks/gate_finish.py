@@ -18,7 +18,7 @@ from ..run_report import RunReport, build_report
 from ..session import run_session, started_session
 from ..speed.baseline_file import BaselineError
 from ..speed.gate import GateState
-from ..speed.policy import COMPARE_PROCESSES, RECORD_PROCESSES_MAX, Measurement, undecided, unresolved
+from ..speed.policy import COMPARE_PROCESSES, RECORD_PROCESSES_MAX, undecided, unresolved
 from ..speed.provenance import benchmark_header, provenance, record_command, rerun_command
 from ..speed.records import BenchRecord
 from ..speed.report import write_report
@@ -203,9 +203,7 @@ def _record_processes(config: pytest.Config, measured: list[BenchRecord]) -> dic
         return siblings
     total = processes
     while total < RECORD_PROCESSES_MAX:
-        recorded = {
-            r.fullname: [Measurement.from_record(x) for x in (r, *siblings.get(r.fullname, ()))] for r in measured
-        }
+        recorded = {r.fullname: [x.measurement() for x in (r, *siblings.get(r.fullname, ()))] for r in measured}
         names = set(unresolved(recorded))
         if not names:
             break

@@ -28,7 +28,7 @@ from .baseline_file import (
     old_format,
     reference_of,
 )
-from .policy import OUTLIER_FACTOR, Measurement, RunFigures, check, metrics_of, pooled, recording_runs
+from .policy import OUTLIER_FACTOR, RunFigures, check, metrics_of, pooled, recording_runs
 from .records import (
     BaselineDocument,
     BaselineEntry,
@@ -327,10 +327,10 @@ class BaselineStore:
             if dict(part.versions) != dict(versions):
                 report.refused.append(f"{name}: recorded with other versions; record it anew")
                 continue
-            measured = Measurement.from_record(record)
+            measured = record.measurement()
             reference = references[name]
             limit = measured.threshold or threshold or THRESHOLD
-            runs, left_out = recording_runs([measured, *(Measurement.from_record(r) for r in siblings.get(name, ()))])
+            runs, left_out = recording_runs([measured, *(r.measurement() for r in siblings.get(name, ()))])
             report.left_out += [f"{name}: {why}" for why in left_out]
             added: list[RunFigures] = []
             refused: list[str] = []

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .benchmark_adapter import statistics as benchmark_statistics
-from .policy import Measurement, Reference, recording_runs
+from .policy import Reference, recording_runs
 from .records import (
     FORMAT,
     BaselineDocument,
@@ -91,8 +91,8 @@ def bench_entry(
         raise ValueError(f"{record.fullname}: no samples")
     part = None
     if versions is not None:
-        measured = Measurement.from_record(record)
-        runs, left_out = recording_runs([measured, *(Measurement.from_record(r) for r in siblings)])
+        measured = record.measurement()
+        runs, left_out = recording_runs([measured, *(r.measurement() for r in siblings)])
         part = EntryPart(dict(versions), measured.kernel, tuple(runs), (), tuple(left_out))
     return BaselineEntry(
         fullname=record.fullname,

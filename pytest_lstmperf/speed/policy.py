@@ -39,12 +39,8 @@ import math
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
 
 from ..options import THRESHOLD
-
-if TYPE_CHECKING:
-    from .records import BenchRecord
 
 # ----------------------------------------------------------------------------------------------- constants
 #: a recording process whose figure lies more than this factor from the median of its siblings' is left out and
@@ -141,36 +137,8 @@ class Measurement:
     device_s: float | None = None
     anchor_s: float | None = None
 
-    @classmethod
-    def from_record(cls, record: BenchRecord) -> Measurement:
-        anchor = record.anchor
-        return cls(
-            name=record.fullname,
-            kernel=record.kernel_text,
-            failed_kernel=record.failed == "kernel",
-            first=look_of(record),
-            counters=record.host_counters,
-            threshold=record.threshold,
-            per_call_s=_median(record.data),
-            device_s=record.device_time_s,
-            anchor_s=anchor.per_call_s or _median(anchor.samples),
-        )
 
-
-def look_of(record: BenchRecord) -> Look:
-    """The paired ratios of a record: call / anchor, round by round, and device time /
-    the anchor's device time, sample by sample; and the raw samples beside them."""
-    data, anchor = record.data, record.anchor
-    device = record.device_samples if record.device_time_method in DEVICE_METHODS else ()
-    return Look(
-        per_call=_pairs(data, anchor.samples),
-        device=_pairs(device, anchor.device_samples),
-        per_call_raw=tuple(float(v) for v in data if v and v > 0),
-        device_raw=tuple(float(v) for v in device if v and v > 0),
-    )
-
-
-def _pairs(values: Sequence[float], anchors: Sequence[float]) -> tuple[float, ...]:
+def pairs(values: Sequence[float], anchors: Sequence[float]) -> tuple[float, ...]:
     if len(values) != len(anchors):
         return ()
     return tuple(float(v) / float(a) for v, a in zip(values, anchors, strict=True) if v and a and v > 0 and a > 0)

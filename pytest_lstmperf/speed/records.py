@@ -22,7 +22,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from ..device import HARDWARE_FIELDS, hardware_key
-from .policy import Figure, RunFigures
+from .policy import DEVICE_METHODS, Figure, Look, Measurement, RunFigures, pairs
 from .timing import batch_medians
 
 #: version of a baseline file's ``lstmperf`` section; bump when its meaning changes (and migrate the older one)
@@ -286,6 +286,34 @@ class BenchRecord:
         if self.time_per_call_s is not None or seconds is None:
             return self
         return replace(self, extra_info={**self.extra_info, "time_per_call_s": seconds})
+
+    # --- what the rule (:mod:`.policy`) reads of it
+    def look(self) -> Look:
+        """The paired ratios of this record: call / anchor, round by round, and device time / the anchor's device
+        time, sample by sample; and the raw samples beside them."""
+        data, anchor = self.data, self.anchor
+        device = self.device_samples if self.device_time_method in DEVICE_METHODS else ()
+        return Look(
+            per_call=pairs(data, anchor.samples),
+            device=pairs(device, anchor.device_samples),
+            per_call_raw=tuple(float(v) for v in data if v and v > 0),
+            device_raw=tuple(float(v) for v in device if v and v > 0),
+        )
+
+    def measurement(self) -> Measurement:
+        """This record as the rule judges it."""
+        anchor = self.anchor
+        return Measurement(
+            name=self.fullname,
+            kernel=self.kernel_text,
+            failed_kernel=self.failed == "kernel",
+            first=self.look(),
+            counters=self.host_counters,
+            threshold=self.threshold,
+            per_call_s=_median(self.data),
+            device_s=self.device_time_s,
+            anchor_s=anchor.per_call_s or _median(anchor.samples),
+        )
 
 
 def dump_records(records: Iterable[BenchRecord]) -> str:

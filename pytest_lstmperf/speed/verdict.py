@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .baseline_file import reference_of
-from .policy import Check, Decision, GateResult, Measurement, Reference, decide, pooled, upgrade_of
+from .policy import Check, Decision, GateResult, Reference, decide, pooled, upgrade_of
 
 if TYPE_CHECKING:
     from .baseline_file import Baseline
@@ -43,10 +43,10 @@ def run_gate(
     more = more or {}
     decisions = [
         decide(
-            Measurement.from_record(record),
+            record.measurement(),
             references.get(record.fullname),
             threshold,
-            [Measurement.from_record(r) for r in more.get(record.fullname, ())],
+            [r.measurement() for r in more.get(record.fullname, ())],
         )
         for record in records
     ]

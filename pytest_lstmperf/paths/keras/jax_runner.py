@@ -11,15 +11,13 @@ compiles for it. Keras's cuDNN test (``keras/src/backend/jax/rnn.py`` ``_is_gpu_
 *default* backend, not for the arrays' device: on a GPU machine with a CUDA build of JAX it answers yes for a
 CPU run too, and the CPU run's LSTM went to the cuDNN primitive, which has no CPU lowering (``NotImplementedError:
 MLIR translation rule for primitive 'rnn_fwd' not found for platform cpu``). A CPU run is therefore pinned to the
-CPU (:func:`pinned`): JAX's default device is the CPU, and Keras's cuDNN test answers no, while the layer is
-built and traced.
+CPU (:func:`.runners.jax_pinned`): JAX's default device is the CPU, and Keras's cuDNN test answers no, while the
+layer is built and traced.
 """
 
 from __future__ import annotations
 
-import contextlib
 import importlib
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -30,7 +28,7 @@ from ...model.case import make_case
 from ...model.keras_options import KerasOptions
 from ...model.spec import LayerSpec
 from ...observation.jax_trace import cudnn_allows_tf32, hlo_trace, tf32_capable
-from .runners import BackendRunner, LocalKerasRun, case_arrays
+from .runners import BackendRunner, LocalKerasRun, case_arrays, jax_pinned
 
 
 def hello() -> dict[str, Any]:
@@ -71,30 +69,6 @@ def _device(kind: str) -> Any:
     import jax
 
     return jax.devices("gpu" if kind == "cuda" else "cpu")[0]
-
-
-@contextlib.contextmanager
-def pinned(kind: str) -> Iterator[None]:
-    """Inside the block, a CPU run (``kind`` ``"cpu"``) is the CPU's whatever JAX's default backend is: JAX's
-    default device is the CPU (arrays Keras makes itself, such as zero initial states, go there), and Keras's
-    cuDNN test (``_is_gpu_available``) answers no, so its LSTM traces its own loop, not the cuDNN primitive
-    that has no CPU lowering. A GPU run (``"cuda"``) is left as it is. The test is put back as it was (the
-    cuDNN decision probe replaces it for its own block)."""
-    if kind == "cuda":
-        yield
-        return
-    import jax
-
-    rnn: Any = importlib.import_module("keras.src.backend.jax.rnn")
-    before = getattr(rnn, "_is_gpu_available", None)
-    if before is not None:
-        rnn._is_gpu_available = lambda: False
-    try:
-        with jax.default_device(jax.devices("cpu")[0]):
-            yield
-    finally:
-        if before is not None:
-            rnn._is_gpu_available = before
 
 
 class JaxRunner(BackendRunner):
@@ -144,7 +118,7 @@ class JaxRunner(BackendRunner):
         """The XLA executable of the forward call or the training step, compiled once: the trace reads the
         same executable that runs and is timed."""
         if phase not in self.compiled:
-            with pinned(self.owner.device):  # tracing runs the layer's Python: Keras's cuDNN test among it
+            with jax_pinned(self.owner.device):  # tracing runs the layer's Python: Keras's cuDNN test among it
                 lowered = self.functions[phase].lower(*self.args)
             self.compiled[phase] = lowered.compile()
             self.lowered_text[phase] = lowered.as_text(dialect="hlo")
@@ -211,7 +185,6 @@ def cudnn_attempts(configs: list[tuple[dict, dict]]) -> list[dict[str, Any]]:
     ``jax.experimental.rnn.lstm`` by a recorder that raises ``RuntimeError`` (which ``lstm()`` turns into its
     fallback), while the forward call is traced (``jax.jit(...).lower``: nothing runs). Returns ``attempted``,
     the error the layer raised (``use_cudnn=True``), and whose loop the lowered module holds."""
-    import importlib
 
     # patched below: the attributes of these modules are not known to the type checker
     backend_rnn: Any = importlib.import_module("keras.src.backend.jax.rnn")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -46,6 +47,30 @@ def case_arrays(case: Any) -> dict[str, Any]:
 def _backend_runner(backend: str) -> type[BackendRunner]:
     module, _, name = BACKEND_RUNNERS.get(backend, BACKEND_RUNNERS["torch"]).partition(":")
     return getattr(importlib.import_module(module, __package__), name)
+
+
+@contextlib.contextmanager
+def jax_pinned(kind: str) -> Iterator[None]:
+    """Inside the block, a CPU run (``kind`` ``"cpu"``) is the CPU's whatever JAX's default backend is: JAX's
+    default device is the CPU (arrays Keras makes itself, such as zero initial states, go there), and Keras's
+    cuDNN test (``_is_gpu_available``) answers no, so its LSTM traces its own loop, not the cuDNN primitive
+    that has no CPU lowering. A GPU run (``"cuda"``) is left as it is. The test is put back as it was (the
+    cuDNN decision probe replaces it for its own block)."""
+    if kind == "cuda":
+        yield
+        return
+    import jax
+
+    rnn: Any = importlib.import_module("keras.src.backend.jax.rnn")
+    before = getattr(rnn, "_is_gpu_available", None)
+    if before is not None:
+        rnn._is_gpu_available = lambda: False
+    try:
+        with jax.default_device(jax.devices("cpu")[0]):
+            yield
+    finally:
+        if before is not None:
+            rnn._is_gpu_available = before
 
 
 class LocalKerasRun:
@@ -94,11 +119,9 @@ class LocalKerasRun:
         if self.options.backend == "torch":
             name = "cuda:0" if self.device == "cuda" else "cpu"
         if self.options.backend == "jax":
-            from .jax_runner import pinned  # a CPU run stays on the CPU on a GPU machine too
-
             stack = contextlib.ExitStack()
             stack.enter_context(self.keras.device("gpu:0" if self.device == "cuda" else "cpu:0"))
-            stack.enter_context(pinned(self.device))
+            stack.enter_context(jax_pinned(self.device))  # a CPU run stays on the CPU on a GPU machine too
             return stack
         return self.keras.device(name)
 
