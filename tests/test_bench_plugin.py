@@ -1124,9 +1124,12 @@ def test_an_upgrade_is_compared_named_first_and_accepted_by_update(gate, gate_re
     lines = result.stdout.lines
     at = next(i for i, line in enumerate(lines) if line.startswith("speed gate against"))
     assert lines[at - 2 : at] == ["", f"upgrade: torch 2.0.0 -> {now}: 0 slower, 0 faster, 0 kernel changed"], lines
-    result.stdout.fnmatch_lines(
-        [f"speed gate passed: 2 benchmark(s) compared, none slower*, across an upgrade: torch 2.0.0 -> {now}: *"]
-    )
+    if result.ret == 0:  # the passing line names the upgrade too
+        result.stdout.fnmatch_lines(
+            [f"speed gate passed: 2 benchmark(s) compared, none slower*, across an upgrade: torch 2.0.0 -> {now}: *"]
+        )
+    else:  # inconclusive on the loaded runner's noise (allowed above): said as not a pass, with the reason
+        result.stdout.fnmatch_lines(["*inconclusive at *cannot see a 1.5x slowdown here*", "SPEED GATE NOT PASSED*"])
     result = gate("--lstmperf-update-baseline", "-k", "test_inference", ONE_PROCESS)
     assert result.ret == 0, result.stdout.str()
     recorded = {b["name"]: b for b in data["benchmarks"]}
