@@ -220,18 +220,35 @@ def test_jax_go_backwards_finding_keeps_stacks_out_and_single_layers_in() -> Non
     path = registry.get("keras-jax-cudnn-backwards")
     if not any(key == "jax+cudnn+backwards+stacked" for bugs in KNOWN_KERAS_BUGS.values() for key, _ in bugs):
         pytest.fail("the stacked go_backwards entry is gone from KNOWN_KERAS_BUGS")
-    import importlib.metadata
+    from pytest_lstmperf.paths.keras.support import keras_version
 
-    # the version as known_bug reads it (in a whole -n 2 run, one worker found no keras metadata at this point:
-    # known_bug then knows no bug, and neither does this check)
-    try:
-        version: str | None = importlib.metadata.version("keras")
-    except importlib.metadata.PackageNotFoundError:
-        version = None
+    version = keras_version()  # the version as known_bug reads it: once, then kept
     if version in KNOWN_KERAS_BUGS:
         assert "different network" in (known_bug(path, SPEC) or "")
     assert known_bug(path, ONE_LAYER) is None
     assert known_bug(registry.get("keras-jax-cudnn"), SPEC) is None
+
+
+def test_a_known_keras_bug_still_applies_when_the_keras_metadata_goes_missing_later(monkeypatch) -> None:
+    """Once read, the keras version is kept: a worker that later finds no keras metadata (seen once in a whole
+    ``-n 2`` run) must not let a spec that hits a known bug through to the layer."""
+    import importlib.metadata
+
+    from pytest_lstmperf.paths.keras import support
+
+    monkeypatch.setattr(support, "_VERSION_SEEN", {})
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "3.15.1")
+    path = registry.get("keras-jax-cpu-mixed-bf16")
+    no_bias = LayerSpec(cell="gru", input_size=6, hidden_size=8, batch=3, seq_len=4, bias=False)
+    assert "GRU(use_bias=False)" in (support.known_bug(path, no_bias) or "")
+
+    def gone(name: str) -> str:
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", gone)
+    assert "GRU(use_bias=False)" in (support.known_bug(path, no_bias) or "")
+    monkeypatch.setattr(support, "_VERSION_SEEN", {})  # never read: no version, no known bug, as before
+    assert support.known_bug(path, no_bias) is None
 
 
 # ------------------------------------------------------------------------------------------ fail fast
@@ -254,6 +271,21 @@ def _count_examples(path, session, fault: tuple[str, float]):
             count,
         )
     return count, info.value
+
+
+def test_a_framework_error_names_the_generated_spec_it_was_raised_on() -> None:
+    from hypothesis import settings
+    from hypothesis import strategies as st
+
+    from pytest_lstmperf.numerics.equivalence import ExampleCount, run_examples
+
+    def verify(spec: LayerSpec) -> None:
+        raise TypeError("scan body function carry input and carry output must have equal types")
+
+    config = settings(max_examples=5, derandomize=True, deadline=None, database=None)
+    with pytest.raises(TypeError) as info:
+        run_examples(st.just(SPEC), config, verify, ExampleCount())
+    assert info.value.__notes__ == [f"lstmperf: raised on the generated spec {SPEC!r}"]
 
 
 def test_a_planted_nan_fails_at_the_first_example_unshrunk(session) -> None:

@@ -274,6 +274,8 @@ def run_examples(
                 raise _StopNow(failure) from None
             raise
         except Exception as exc:
+            # the framework's own error names no spec; the generated one is what reproduces it
+            exc.add_note(f"lstmperf: raised on the generated spec {spec!r}")
             raise _StopNow(exc) from exc
 
     try:
