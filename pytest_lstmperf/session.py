@@ -134,6 +134,10 @@ class LstmPerfSession:
         #: (``plugin.pytest_collection_modifyitems``), so that the workers' imports (6 s for Keras on torch on
         #: the H100) run beside those tests instead of before the first one
         self.awaiting_worker: set[str] = set(awaiting_worker or ())
+        #: paths whose availability is asked on first use rather than at the start: the awaiting workers' paths,
+        #: and those whose check costs seconds of imports a run that never uses them should not pay
+        #: (``options["asked_on_first_use"]``: torch.compile's, which imports Dynamo, 2.7 s on a 2-core VM)
+        self.asked_later: set[str] = set(self.awaiting_worker)
         self.deselected_other_device = 0
         self.tally = RunTally()
         self.gate = GateState()
@@ -192,8 +196,9 @@ class LstmPerfSession:
 
         set_xla_cache(resolve_xla_cache(self.settings["lstmperf_xla_cache"].value))
         self.awaiting_worker = {p.name for p in prestart_workers(selected)}
+        self.asked_later = self.awaiting_worker | {p.name for p in selected if p.options.get("asked_on_first_use")}
         for path in selected:
-            reason = None if path.name in self.awaiting_worker else path.available(self.device)
+            reason = None if path.name in self.asked_later else path.available(self.device)
             if reason:
                 self.unavailable[path.name] = reason
         self.selected, self._started = selected, True
@@ -208,9 +213,10 @@ class LstmPerfSession:
         return int(self.settings["lstmperf_seed"].value)
 
     def unavailable_reason(self, path: ExecutionPath) -> str | None:
-        """Why ``path`` cannot run on this device, or None; for a path awaiting its worker, asked now (waits
-        for the worker's hello) and kept."""
-        if path.name in self.awaiting_worker:
+        """Why ``path`` cannot run on this device, or None; for a path asked on first use (one awaiting its
+        worker waits for the worker's hello), asked now and kept."""
+        if path.name in self.asked_later:
+            self.asked_later.discard(path.name)
             self.awaiting_worker.discard(path.name)
             reason = path.available(self.device)
             if reason:
@@ -218,9 +224,9 @@ class LstmPerfSession:
         return self.unavailable.get(path.name)
 
     def resolve_unavailable(self) -> dict[str, str]:
-        """Every selected path that cannot run here, with the reason: the paths still awaiting their worker
-        are asked now (at the end of a run their workers have long said hello)."""
-        for path in [p for p in self.selected if p.name in self.awaiting_worker]:
+        """Every selected path that cannot run here, with the reason: the paths asked on first use and not used
+        yet are asked now (at the end of a run the workers have long said hello)."""
+        for path in [p for p in self.selected if p.name in self.asked_later]:
             self.unavailable_reason(path)
         return self.unavailable
 

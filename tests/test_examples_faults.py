@@ -222,7 +222,10 @@ def test_word_language_model_fails_with_a_cell_loop(pytester: pytest.Pytester) -
 @needs_torch
 def test_word_language_model_speed_test_fails_with_a_slowed_forward(pytester: pytest.Pytester) -> None:
     _project(pytester, "word_language_model", "")
-    assert _run(pytester, "-k", "speed", "--lstmperf-save-baseline").ret == 0
+    # what fails is the call's host work (its ATen op count), which a recording of one process holds as well as
+    # one of several: the processes that show how far the figures lie apart (up to 8 for a lone benchmark) are
+    # tested in test_bench_plugin and test_measurement
+    assert _run(pytester, "-k", "speed", "--lstmperf-save-baseline", "--lstmperf-record-processes=1").ret == 0
     (pytester.path / "conftest.py").write_text(SLOWED_FORWARD)
     result = _run(pytester, "-k", "speed", "--benchmark-compare")
     assert result.ret == pytest.ExitCode.TESTS_FAILED, result.stdout.str()

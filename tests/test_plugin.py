@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from forked_pytest import runpytest_forked
+from pytester_runs import clear_inner_env
 
 REPO = Path(__file__).resolve().parents[1]
 SUITES = REPO / "suites"
@@ -243,6 +244,35 @@ def test_the_gate_asks_every_path_still_awaiting_its_worker(monkeypatch) -> None
     assert session.resolve_unavailable() == {"torch-cpu-native": "no worker"}
     assert session.resolve_unavailable() == {"torch-cpu-native": "no worker"} and asked == ["torch-cpu-native"]
     assert session.unavailable_reason(path) == "no worker" and asked == ["torch-cpu-native"]
+
+
+def test_a_torch_compile_path_is_asked_at_its_first_test_and_skips_there_with_its_reason(pytester, monkeypatch) -> None:
+    """torch.compile's availability check imports Dynamo (seconds): a run that never uses the path does not
+    import it; one that does asks at the path's first test, which skips with the reason where it cannot run."""
+    pytest.importorskip("torch")
+    pytester.makepyfile(
+        test_dynamo="""
+        import sys
+
+        def test_not_imported(lstmperf):
+            assert "torch._dynamo" not in sys.modules
+        """
+    )
+    pytester.makepyfile(test_kernels=(Path(__file__).parents[1] / "suites" / "test_kernels.py").read_text())
+    clear_inner_env(monkeypatch)
+    monkeypatch.setenv("CXX", "no-such-compiler++")
+    # real subprocesses: a forked run starts with what its server imported
+    result = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "--device=cpu", "--lstmperf-paths=torch-compile-cpu", "-rs", "test_dynamo.py"
+    )
+    assert result.ret == 0, result.stdout.str()
+    assert "unavailable" not in result.stdout.str()  # not asked: nothing to say
+    result = pytester.runpytest_subprocess(
+        "-p", "no:cacheprovider", "--device=cpu", "--lstmperf-paths=torch-compile-cpu", "-rs", "test_kernels.py"
+    )
+    assert result.ret == 0, result.stdout.str()
+    result.stdout.fnmatch_lines(["*SKIPPED*torch-compile-cpu: no C++ compiler on PATH*"])
+    assert "passed" not in result.stdout.str().splitlines()[-1]
 
 
 def test_unused_plugin_resolves_no_device(pytester) -> None:

@@ -274,8 +274,11 @@ def run_examples(
                 raise _StopNow(failure) from None
             raise
         except Exception as exc:
-            # the framework's own error names no spec; the generated one is what reproduces it
-            exc.add_note(f"lstmperf: raised on the generated spec {spec!r}")
+            # the framework's own error names no spec; the generated one is what reproduces it (a note, shown
+            # under the error from Python 3.11)
+            add_note = getattr(exc, "add_note", None)
+            if add_note is not None:
+                add_note(f"lstmperf: raised on the generated spec {spec!r}")
             raise _StopNow(exc) from exc
 
     try:

@@ -44,6 +44,7 @@ WARMUP_CALLS = 3
 
 
 def _entry(name: str, device: str, kernel: str, precision: str, description: str, **options: Any) -> None:
+    options.setdefault("asked_on_first_use", True)
     register_from(
         _HERE, name, "torch-compile", device, kernel, precision, description,
         pair_with=tuple(options.pop("pair_with", ())), in_gate=options.pop("in_gate", True),
@@ -52,7 +53,8 @@ def _entry(name: str, device: str, kernel: str, precision: str, description: str
 
 
 # ---------------------------------------------------------------------------------------------- registry
-# options: mode (torch.compile mode), allow_rnn (torch._dynamo.config.allow_rnn), plus torch_paths' options
+# options: mode (torch.compile mode), allow_rnn (torch._dynamo.config.allow_rnn), plus torch_paths' options;
+# every entry's availability is asked at its first test (``asked_on_first_use``): the check imports Dynamo
 _entry(
     "torch-compile-cpu",
     "cpu",
