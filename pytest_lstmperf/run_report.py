@@ -18,6 +18,7 @@ import pytest
 from . import ci_summary, options
 from .speed.gate_table import format_table
 from .speed.provenance import record_command
+from .speed.records import BESIDE_OTHER_TESTS
 from .speed.report import by_case, generic_reference, path_cell, peak_notes, timing_cells
 from .speed.verdict import references_of
 
@@ -289,5 +290,11 @@ def timing_notes(records: list[BenchRecord]) -> list[str]:
         notes.append(
             "timed by pytest-lstmperf: pytest-benchmark disables itself under pytest-xdist "
             f"({os.environ.get('PYTEST_XDIST_WORKER_COUNT', 'several')} workers shared the machine)"
+        )
+    if any(BESIDE_OTHER_TESTS in r.timed_by for r in records):
+        notes.append(
+            "timed beside the other workers' tests: this run compares and records nothing, so no benchmark held "
+            "the machine to itself, and the figures include the other tests' load (the gate's runs, "
+            "--benchmark-compare and the recordings, hold it)"
         )
     return notes

@@ -146,7 +146,10 @@ class LstmPerfSession:
         self.workload_rows: list[dict[str, object]] = []
         #: pytest-benchmark's machine info, computed in a thread (:class:`~.speed.machine_info.MachineInfo`)
         self.machine_probe: MachineInfo | None = None
-        #: a pytest-xdist worker's machine lock, where it times benchmarks
+        #: whether the run's figures are judged or kept (:func:`.hooks.gate_context.judges`), read at configure
+        #: time (a pytest-xdist worker's ``--benchmark-compare`` is cleared then: the controller compares)
+        self.judges = False
+        #: a pytest-xdist worker's machine lock, where it times benchmarks for a run that judges
         self.machine_lock: MachineLock | None = None
         #: pytest-xdist's controller: the run's id, whose lock folder it removes at the end
         self.xdist_run: str | None = None

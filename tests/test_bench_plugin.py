@@ -26,7 +26,7 @@ from pytester_runs import clear_inner_env
 from pytest_lstmperf import graph_replay, meters, run_report
 from pytest_lstmperf.observation import claims
 from pytest_lstmperf.speed import shapes, timing
-from pytest_lstmperf.speed.records import BenchRecord
+from pytest_lstmperf.speed.records import BESIDE_OTHER_TESTS, BenchRecord
 
 pytest_plugins = ["pytester"]
 
@@ -424,9 +424,18 @@ def test_xdist_records_every_benchmark(gate) -> None:
     assert sorted(b["fullname"] for b in written["benchmarks"]) == sorted(b["fullname"] for b in data["benchmarks"])
     assert written["lstmperf"]["device_key"] == data["lstmperf"]["device_key"]
     assert all(b["stats"]["data"] for b in written["benchmarks"])
+    # a recording holds the machine to itself for each timing (speed/machine_lock.py)
+    assert all(BESIDE_OTHER_TESTS not in b["extra_info"]["timed_by"] for b in written["benchmarks"])
     result = gate("-n", "2", "--benchmark-compare")
     assert result.ret == 0, result.stdout.str()
     result.stdout.fnmatch_lines(["*speed gate against*3 unchanged*"])
+    assert "timed beside the other workers' tests" not in result.stdout.str()
+    # a run that compares and records nothing takes no lock: its figures were timed beside other tests, and it says so
+    result = gate("-n", "2", "-k", "B1-", "--benchmark-json=plain.json")
+    assert result.ret == 0, result.stdout.str()
+    result.stdout.fnmatch_lines(["*timed beside the other workers' tests: this run compares and records nothing*"])
+    plain = json.loads((gate.path / "plain.json").read_text())["benchmarks"]
+    assert plain and all(BESIDE_OTHER_TESTS in b["extra_info"]["timed_by"] for b in plain)
 
 
 def test_report_and_summary(gate) -> None:

@@ -51,6 +51,7 @@ from .gate_context import (
     gate_used,
     is_benchmark,
     is_worker,
+    judges,
     machine_lock,
     saving,
     setting,
@@ -100,6 +101,7 @@ def pytest_configure(config: pytest.Config) -> None:
         run_session(config).machine_probe = MachineInfo.start()  # before the device's set-up, which it overlaps
     if not is_worker(config) and saving(config) is not None:
         check_writable(config)
+    run_session(config).judges = judges(config)  # before a worker's --benchmark-compare is cleared below
     if sweeps(config):
         run_session(config).gate.sweep = Sweep(float(setting(config, "lstmperf_sweep").value))  # not yet "used"
     if compare and is_worker(config):
@@ -137,9 +139,10 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
 def pytest_collection_finish(session: pytest.Session) -> None:
     """A ``--benchmark-compare`` left to pytest-benchmark at configure time becomes the gate's once lstmperf
     benchmarks are collected; pytest-benchmark then reloads what it compares against. A pytest-xdist worker
-    whose collection holds benchmarks opens the run's machine lock."""
+    whose collection holds benchmarks opens the run's machine lock, where the run's figures are judged or kept
+    (:func:`.gate_context.judges`, read at configure time)."""
     config = session.config
-    if is_worker(config) and any(is_benchmark(item) for item in session.items):
+    if is_worker(config) and run_session(config).judges and any(is_benchmark(item) for item in session.items):
         run_session(config).machine_lock = MachineLock(str(config.workerinput["testrunuid"]))  # type: ignore[attr-defined]  # set by pytest-xdist on its workers
     if not gate_used(config) or gate_state(config).deferred_compare is None:
         return

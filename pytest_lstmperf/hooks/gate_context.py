@@ -72,10 +72,16 @@ def baseline_store(config: pytest.Config) -> BaselineStore:
 def sweeps(config: pytest.Config) -> bool:
     """Whether this process times its benchmarks' time per call again across the run as it ends
     (:mod:`..speed.sweep`): where the gate compares or records, in a recording's processes too."""
+    return bool(setting(config, "lstmperf_sweep").value) and judges(config)
+
+
+def judges(config: pytest.Config) -> bool:
+    """Whether this run's figures are judged or kept: the gate compares (``--benchmark-compare``) or records a
+    baseline, or this process is one of a recording's. Only such a run times with the machine to itself under
+    pytest-xdist (:mod:`..speed.machine_lock`) and sweeps; a run that only prints its figures times beside the
+    other workers' tests, and says so."""
     from .recording import process_folder
 
-    if not setting(config, "lstmperf_sweep").value:
-        return False
     return bool(
         config.getoption("benchmark_compare", None) or saving(config) is not None or process_folder() is not None
     )

@@ -29,6 +29,9 @@ from .timing import batch_medians
 FORMAT = 2
 #: the ``user_properties`` key a benchmark's record travels under (pytest-xdist worker to controller)
 RECORD_KEY = "lstmperf_bench"
+#: in a record's ``timed_by``: timed under pytest-xdist in a run that compares and records nothing, so without the
+#: machine lock (:func:`..hooks.gate_context.judges`)
+BESIDE_OTHER_TESTS = "beside the other workers' tests"
 
 #: a JSON object as :mod:`json` reads it
 JSONObject = Mapping[str, object]

@@ -28,7 +28,7 @@ from ..observation.claims import Finding, kernel_mismatch, known_kernel_finding
 from ..observation.torch_trace import torch_trace
 from . import timing
 from .policy import DEVICE_METHODS
-from .records import RECORD_KEY, BenchRecord
+from .records import BESIDE_OTHER_TESTS, RECORD_KEY, BenchRecord
 from .shapes import ROUNDS, bench_set
 from .timing import Anchor
 from .user_call import holds_jax_arrays, jax_kernels, synchronizer, user_device_time
@@ -311,7 +311,9 @@ class BenchRunner:
             else:  # pytest-benchmark disabled itself (pytest-xdist): time the same way ourselves
                 self.benchmark.pedantic(lambda: None)
                 data, anchors = timing.paired_rounds(timed, anchor, repeat, rounds, clock)
-                extra["timed_by"] = "pytest-lstmperf (pytest-benchmark is disabled under pytest-xdist)"
+                extra["timed_by"] = "pytest-lstmperf (pytest-benchmark is disabled under pytest-xdist)" + (
+                    "" if self.lock is not None else "; " + BESIDE_OTHER_TESTS
+                )
             extra["rounds"] = len(data)
             extra["anchor"] = {
                 "kind": anchor.kind,
