@@ -48,6 +48,7 @@ usage: [OUT=dir] bash scripts/validate.sh [--dry-run] [--out DIR] SUBCOMMAND [AR
   ci-recipe             the GPU jobs of examples/ci/lstmperf.yml run as written (JOBS=speed-gate: that one only)
   scaling               workloads/scalebench on every GPU of the host (BENCH_ARGS; SUITE=1: xdist and the suite)
   same-outcome BEFORE   the default command on the tree BEFORE and on this one, per-test outcomes compared
+                        (DEVICE=cpu: the suites on the host's CPU, benchmarks run once, -n XDIST)
 EOF
 }
 
@@ -393,11 +394,16 @@ sub_same_outcome() {  # each tree runs its own plugin against its own committed 
   local before=${1:-${BEFORE:-}} side tree
   [ -n "$before" ] || { echo "same-outcome: name the tree to compare against (BEFORE)" >&2; exit 2; }
   before=$(realpath -m "$before")
+  # DEVICE=cpu: the host's CPU, without a baseline to compare with (none is committed for it), the benchmarks
+  # run once as tests (their kernel checks), under pytest-xdist (XDIST workers, default 14)
+  local how="--device=cuda --benchmark-compare"
+  [ "${DEVICE:-cuda}" = cpu ] && how="--device=cpu --benchmark-disable -n ${XDIST:-14}"
   for side in before after; do
     tree=$ROOT
     [ "$side" = before ] && tree=$before
+    # shellcheck disable=SC2086  # $3: the run's options, split into words
     step "$side" "${RUN_S:-280}" bash -c 'cd "$1" && source scripts/gpu_env.sh && "$PYTHON" -m pytest $PLUGIN suites/ \
-      --device=cuda --benchmark-compare -p no:cacheprovider -rfEx --junitxml="$2"' _ "$tree" "$DIR/$side.xml"
+      $3 -p no:cacheprovider -rfEx --junitxml="$2"' _ "$tree" "$DIR/$side.xml" "$how"
     show "$side" "^lstmperf gate|speed gate|passed|failed" 3
   done
   step compare 60 "$PYTHON" scripts/compare_outcomes.py "$DIR/before.xml" "$DIR/after.xml"
