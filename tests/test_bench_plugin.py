@@ -26,7 +26,7 @@ from pytester_runs import clear_inner_env
 from pytest_lstmperf import graph_replay, meters, run_report
 from pytest_lstmperf.observation import claims
 from pytest_lstmperf.speed import shapes, timing
-from pytest_lstmperf.speed.records import BESIDE_OTHER_TESTS, BenchRecord
+from pytest_lstmperf.speed.records import BESIDE_OTHER_TESTS, BenchRecord, entries_from_benchmark_json
 
 pytest_plugins = ["pytester"]
 
@@ -405,8 +405,10 @@ def test_bad_baseline_files(gate, gate_recording) -> None:
     result.stderr.fnmatch_lines(["*no baseline for this hardware*(the folder nowhere does not exist)*"])
 
 
-def test_xdist_records_every_benchmark(gate) -> None:
-    result = gate("-n", "2", "--lstmperf-save-baseline", "--benchmark-json=run.json")
+def test_xdist_records_every_benchmark(gate, gate_recording) -> None:
+    # one process: the recording's further processes repeat this run's arguments (-n 2 among them) and are
+    # tested where they are the point (ONE_PROCESS above); the compare below reads the session's recording
+    result = gate("-n", "2", "--lstmperf-save-baseline", ONE_PROCESS, "--benchmark-json=run.json")
     assert result.ret == 0, result.stdout.str()
     result.stdout.fnmatch_lines(["*recorded under pytest-xdist*", "*3 recorded*"])
     (path,) = _baseline_files(gate.path)
@@ -426,6 +428,9 @@ def test_xdist_records_every_benchmark(gate) -> None:
     assert all(b["stats"]["data"] for b in written["benchmarks"])
     # a recording holds the machine to itself for each timing (speed/machine_lock.py)
     assert all(BESIDE_OTHER_TESTS not in b["extra_info"]["timed_by"] for b in written["benchmarks"])
+    # compared under -n 2 with a recording of three processes (the session's, made without pytest-xdist)
+    path.unlink()
+    gate_recording.install(gate.path)
     result = gate("-n", "2", "--benchmark-compare")
     assert result.ret == 0, result.stdout.str()
     result.stdout.fnmatch_lines(["*speed gate against*3 unchanged*"])
@@ -920,11 +925,12 @@ def test_bad_input_is_a_clear_error_and_loses_nothing(gate, gate_recording) -> N
     result = gate("--benchmark-compare", "-k", "B1-")
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     result.stderr.fnmatch_lines(["*is truncated*kept as *.json.broken*--lstmperf-update-baseline*"])
-    result = gate("--lstmperf-update-baseline", "-k", "B1-")  # its processes: the compare below needs their spread
+    result = gate("--lstmperf-update-baseline", "-k", "B1-", ONE_PROCESS)
     assert result.ret == 0, result.stdout.str()
     result.stdout.fnmatch_lines(["*replaced an unreadable file, kept as *.json.broken*"])
     assert path.with_name(path.name + ".broken").read_text() == good[:100]
-    assert gate("--benchmark-compare", "-k", "B1-").ret == 0
+    (entry,) = entries_from_benchmark_json(json.loads(path.read_text()))  # a whole baseline again
+    assert "B1-" in entry.name and entry.part is not None and len(entry.part.runs) == 1
     # a recording interrupted by a failing test writes nothing
     after = path.read_bytes()
     root.joinpath("test_zz_fails.py").write_text("def test_fails():\n    assert False, 'planted'\n")
