@@ -693,6 +693,11 @@ def test_verdict_is_decided_in_one_place() -> None:
     assert v.lines[-1].startswith("speed gate passed")
     v = judge(_gate(Decision("e", "not-run")), [], accept_inconclusive=False, **kw)
     assert v.failed and v.unsettled == ("nothing was compared with the baseline",)
+    v = judge(_gate(unsure), [], accept_inconclusive=False, **kw)  # both problems: one line, not two
+    assert v.unsettled == ("1 benchmark(s) inconclusive", "nothing was compared with the baseline")
+    assert [line.split(" (")[0] for line in v.lines] == [
+        "SPEED GATE NOT PASSED: 1 benchmark(s) inconclusive; nothing was compared with the baseline"
+    ]
     v = judge(_gate(unchanged), ["could not write"], accept_inconclusive=False, **kw)
     assert v.failed and not any(line.startswith("speed gate passed") for line in v.lines)
     assert judge(None, [], accept_inconclusive=False, **kw).passed  # nothing compared by design: a recording

@@ -111,7 +111,8 @@ def judge(
             f"SPEED GATE FAILED: {len(regressed)} benchmark(s) {'/'.join(kinds)}. If the change is intended, "
             f"record the new numbers with: {update_command}"
         )
-    for problem in unsettled:
+    if unsettled:  # one line for the run: "2 benchmark(s) inconclusive; nothing was compared with the baseline"
+        problem = "; ".join(unsettled)
         if accept_inconclusive:
             lines.append(f"speed gate: {problem}, accepted ({accept_where})")
         else:
