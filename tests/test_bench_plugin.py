@@ -280,6 +280,27 @@ def test_known_kernel_finding_is_listed_and_the_benchmark_still_timed_and_gated(
         assert record["extra_info"]["kernel"] == "cpu-native" and len(record["stats"]["data"]) >= 15
 
 
+def test_where_a_device_figure_decides_a_recording_takes_the_fewest_rounds(gate) -> None:
+    """The device time is measured first: where it is the GPU's own (a CUDA graph's replays, CUPTI) and the gate
+    records or compares, the per-call rounds only feed the table and the anchor's comparability check, and stop
+    at ``runner.DEVICE_DECIDES_ROUNDS``. (Planted on the CPU: the spin path's run reports a CUDA-graph time.)"""
+    from pytest_lstmperf.speed.runner import DEVICE_DECIDES_ROUNDS
+
+    (gate.path / "conftest.py").write_text(
+        "import spinpath  # noqa: F401\n"
+        "from pytest_lstmperf.meters import DeviceTime\n\n"
+        "spinpath.SpinRun.device_time = lambda self, kind, samples: DeviceTime('cuda-graph', (1e-3,) * samples)\n"
+    )
+    result = gate("--lstmperf-save-baseline", ONE_PROCESS, "-k", "B1-")
+    assert result.ret == 0, result.stdout.str()
+    ((_, entry),) = [(p, b) for p in _baseline_files(gate.path) for b in json.loads(p.read_text())["benchmarks"]]
+    assert entry["extra_info"]["device_time_method"] == "cuda-graph"
+    assert len(entry["stats"]["data"]) == DEVICE_DECIDES_ROUNDS < shapes.ROUNDS["gate"].min_rounds
+    assert len(entry["extra_info"]["anchor"]["samples"]) == DEVICE_DECIDES_ROUNDS
+    # steady device samples: the first half settles the figure (runner._settled_device_time)
+    assert len(entry["extra_info"]["device_samples"]) == shapes.ROUNDS["gate"].device_samples // 2
+
+
 def test_known_kernel_finding_needs_every_difference_explained() -> None:
     from types import SimpleNamespace
 

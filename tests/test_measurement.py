@@ -737,3 +737,38 @@ def test_device_samples_alternate_with_the_anchors_so_shared_interference_cancel
     dev = measure()
     after = [on_gpu(5e-4) for _ in range(12)]
     assert figure(dev.samples, after) == pytest.approx(2.0 * 2**0.5)  # half its samples slow: the median between
+
+
+def test_a_device_figure_takes_its_second_half_of_samples_only_where_the_first_is_noisy() -> None:
+    """Device samples are taken in two halves: a GPU's own time (CUDA graph, CUPTI) whose first half already
+    resolves runner.DEVICE_SETTLED stops there; a noisy one, or a method that is not the GPU's own, takes the
+    rest; the anchor samples taken beside each half pair with that half's samples (a transient's dropped)."""
+    from pytest_lstmperf.speed import runner
+
+    def meter(method: str, noisy: bool, beside: list[float]):
+        calls: list[int] = []
+
+        def dev_time(samples: int) -> meters.DeviceTime:
+            calls.append(samples)
+            beside.append(-1.0)  # the anchor sample beside a start-up transient the meter drops
+            values = tuple(1e-3 * (1 + (0.2 if noisy and i % 2 else 0.0)) for i in range(samples))
+            beside.extend(float(len(calls)) for _ in values)
+            return meters.DeviceTime(method, values)
+
+        return dev_time, calls
+
+    beside: list[float] = []
+    dev_time, calls = meter("cuda-graph", noisy=False, beside=beside)
+    dev, paired = runner._settled_device_time(dev_time, 12, beside)
+    assert calls == [6] and len(dev.samples) == 6 and paired == [1.0] * 6
+    beside = []
+    dev_time, calls = meter("cuda-graph", noisy=True, beside=beside)
+    dev, paired = runner._settled_device_time(dev_time, 12, beside)
+    assert calls == [6, 6] and len(dev.samples) == 12 and paired == [1.0] * 6 + [2.0] * 6
+    assert runner._resolves(dev.samples) > runner.DEVICE_SETTLED
+    beside = []
+    dev_time, calls = meter("pipelined", noisy=False, beside=beside)  # not the GPU's own time: every sample
+    dev, _ = runner._settled_device_time(dev_time, 12, beside)
+    assert calls == [6, 6] and len(dev.samples) == 12
+    dev, paired = runner._settled_device_time(lambda n: meters.DeviceTime("host"), 12, [])  # the CPU: one call
+    assert dev.samples == () and paired == []

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import statistics
 import time
 from collections.abc import Callable
@@ -27,7 +28,7 @@ from ..host_counters import host_counters
 from ..observation.claims import Finding, kernel_mismatch, known_kernel_finding
 from ..observation.torch_trace import torch_trace
 from . import timing
-from .policy import DEVICE_METHODS
+from .policy import DEVICE_METHODS, K_SIGMA
 from .records import BESIDE_OTHER_TESTS, RECORD_KEY, BenchRecord
 from .shapes import ROUNDS, bench_set
 from .timing import Anchor
@@ -42,6 +43,13 @@ if TYPE_CHECKING:
 #: the ``user_properties`` key of a benchmark's record
 #: the marker that makes a plain ``benchmark`` test an lstmperf benchmark
 BENCH_MARKER = "lstmperf"
+#: the rounds of a benchmark whose device figure decides, where the gate compares or records: they hold the time per
+#: call printed beside the device time, and the anchor's time that says whether the machine is comparable
+DEVICE_DECIDES_ROUNDS = 5
+#: device samples taken before asking whether the device figure has settled, at the least
+DEVICE_FIRST_SAMPLES = 6
+#: a device figure whose first samples resolve this slowdown takes no more (the issue's goal for a GPU: 1.05x)
+DEVICE_SETTLED = 1.025
 
 
 @dataclass(frozen=True)
@@ -292,10 +300,19 @@ class BenchRunner:
             estimate = timing.estimate_call(timed, plan.warmup, clock)
             anchor = self._anchor()
             repeat = anchor.repeat_for(estimate, self._baseline_anchor_repeat())
+            # the device time first: whether a device figure (the GPU's own time) decides sets the rounds below
+            self._device_time(extra, dev_time, plan.device_samples, anchor)
+            phases["device_time"], started = time.perf_counter() - started, time.perf_counter()
+            device_decides = extra.get("device_time_method") in DEVICE_METHODS
             # where the gate compares or records, a device figure or the sweep (:mod:`.sweep`) decides: the test's
-            # own stretch of rounds only feeds pytest-benchmark's tables, and takes its fewest
+            # own stretch of rounds only feeds pytest-benchmark's tables, and takes its fewest; where the device
+            # figure decides, they hold the time per call printed beside it and the anchor's time, which says
+            # whether the machine is in the state it was recorded in (a factor of 3): a few rounds do
             target_s = plan.target_s if self.state.sweep is None else 0.0
-            rounds = timing.RoundPlan(plan.warmup, plan.min_rounds, plan.max_rounds, target_s).rounds_for(
+            fewest = plan.min_rounds
+            if self.state.sweep is not None and device_decides:
+                fewest = min(fewest, DEVICE_DECIDES_ROUNDS)
+            rounds = timing.RoundPlan(plan.warmup, fewest, plan.max_rounds, target_s).rounds_for(
                 2 * estimate  # a round is a call and the anchor
             )
             if self.benchmark.enabled:
@@ -315,17 +332,17 @@ class BenchRunner:
                     "" if self.lock is not None else "; " + BESIDE_OTHER_TESTS
                 )
             extra["rounds"] = len(data)
-            extra["anchor"] = {
-                "kind": anchor.kind,
-                "repeat": repeat,
-                "samples": anchors,
-                "per_call_s": statistics.median(anchors) if anchors else None,
-            }
+            extra["anchor"].update(  # beside its device samples (:meth:`_device_time`)
+                kind=anchor.kind,
+                repeat=repeat,
+                samples=anchors,
+                per_call_s=statistics.median(anchors) if anchors else None,
+            )
+            median = sorted(data)[len(data) // 2] if data else None
+            extra.update(time_per_call_s=median, host_overhead=timing.host_overhead(median, extra["device_time_s"]))
             phases["rounds"], started = time.perf_counter() - started, time.perf_counter()
-            self._device_time(extra, dev_time, plan.device_samples, data, anchor)
-            phases["device_time"], started = time.perf_counter() - started, time.perf_counter()
             sweep = self.state.sweep
-            if sweep is not None and extra.get("device_time_method") not in DEVICE_METHODS:
+            if sweep is not None and not device_decides:
                 # the time per call decides: timed again across the run as it ends (:mod:`.sweep`)
                 anchor_s = extra["anchor"]["per_call_s"] or 0.0
                 per_round = statistics.median(data) + anchor_s * repeat
@@ -348,30 +365,29 @@ class BenchRunner:
         return (entry.anchor_repeat or None) if entry is not None else None
 
     @staticmethod
-    def _device_time(extra: dict[str, Any], dev_time: Any, samples: int, data: list[float], anchor: Any) -> None:
+    def _device_time(extra: dict[str, Any], dev_time: Any, samples: int, anchor: Any) -> None:
         """The benchmark's device samples, each followed by one of the anchor's where they are taken in this process
-        (:func:`..meters.paired_with`), else the anchor's taken after them (a Keras worker's device time)."""
+        (:func:`..meters.paired_with`), else the anchor's taken after them (a Keras worker's device time). The
+        anchor's part of ``extra`` is filled here; its rounds' samples join it after the rounds."""
+        extra.setdefault("anchor", {})
         if anchor.kind != "torch-cuda":
-            dev = dev_time(samples)
+            dev, _ = _settled_device_time(dev_time, samples, [])
         else:
             with meters.paired_with(anchor.device_sample) as beside:
-                dev = dev_time(samples)
+                dev, paired = _settled_device_time(dev_time, samples, beside)
             n = len(dev.samples)
-            if n and len(beside) >= n:
-                extra["anchor"]["device_samples"] = beside[-n:]
+            if n and len(paired) == n:
+                extra["anchor"]["device_samples"] = paired
                 extra["anchor"]["device_pairing"] = "alternating"
             elif n:
                 extra["anchor"]["device_samples"] = list(anchor.device_time(n).samples)
                 extra["anchor"]["device_pairing"] = "after"
-        median = sorted(data)[len(data) // 2] if data else None
         extra.update(
-            time_per_call_s=median,
             device_time_s=dev.median,
             device_time_method=dev.method,
             device_time_note=dev.note,
             device_samples=list(dev.samples),
             device_run_medians=timing.batch_medians(dev.samples),
-            host_overhead=timing.host_overhead(median, dev.median),
         )
         if getattr(dev, "dispatch_share", None) is not None:
             extra["device_dispatch_share"] = dev.dispatch_share
@@ -440,6 +456,45 @@ class BenchRunner:
         )
         node.user_properties.append((RECORD_KEY, record.to_json()))
         return record
+
+
+def _settled_device_time(dev_time: Any, samples: int, beside: list[float]) -> tuple[meters.DeviceTime, list[float]]:
+    """``dev_time(samples)``, stopped at half of them where the GPU's own time (:data:`.policy.DEVICE_METHODS`)
+    already resolves :data:`DEVICE_SETTLED` (4 standard errors of its log mean, on both sides of a compare): device
+    figures lie within a few tenths of a percent of each other (on the H200 the default command's median
+    resolution was 1.013x with 12), so the second half is spent only where the first is noisy. With the anchor's
+    samples taken beside each measurement (``beside``, :func:`..meters.paired_with`), those that pair with the
+    returned samples (empty where they do not all pair)."""
+    first = max(DEVICE_FIRST_SAMPLES, samples // 2)
+    dev: meters.DeviceTime = dev_time(first)
+    paired = _last(beside, len(dev.samples))
+    settled = dev.method in DEVICE_METHODS and _resolves(dev.samples) <= DEVICE_SETTLED
+    if first >= samples or not dev.samples or settled:
+        return dev, paired
+    mark = len(beside)
+    more: meters.DeviceTime = dev_time(samples - first)
+    if more.method != dev.method:  # a second measurement that took another method: the first stands alone
+        return dev, paired
+    shares = [x for x in (dev.dispatch_share, more.dispatch_share) if x is not None]
+    merged = meters.DeviceTime(dev.method, dev.samples + more.samples, dev.note,
+                               statistics.mean(shares) if shares else None)  # fmt: skip
+    more_paired = _last(beside[mark:], len(more.samples))
+    return merged, (paired + more_paired if paired and more_paired else [])
+
+
+def _last(taken: list[float], n: int) -> list[float]:
+    """The last ``n`` anchor samples taken beside a measurement of ``n`` samples (the front ones paired with a
+    start-up transient's samples, dropped), or none where fewer were taken."""
+    return list(taken[-n:]) if n and len(taken) >= n else []
+
+
+def _resolves(samples: tuple[float, ...]) -> float:
+    """The slowdown a figure of these samples resolves against one as sure: 4 standard errors of the log mean, on
+    both sides (inf for fewer than 3 samples or a sample that is not a positive time)."""
+    if len(samples) < 3 or min(samples) <= 0:
+        return math.inf
+    logs = [math.log(x) for x in samples]
+    return math.exp(K_SIGMA * statistics.stdev(logs) / math.sqrt(len(logs)) * math.sqrt(2))
 
 
 def _skip_shared_gpu(device: DeviceInfo) -> None:

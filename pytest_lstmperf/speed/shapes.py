@@ -48,7 +48,8 @@ class RoundSettings:
 #: rounds per set: enough for a rank test at p < 0.002 (7 per side at least) and for three run medians (5 rounds
 #: each), bounded for CI. On a GPU the device samples decide (each the mean of 5 graph replays or 5 queued
 #: calls, steady within a few percent): 12 of them, three batches of 4 for the run medians, cost milliseconds;
-#: the per-call rounds stop at 0.25 s of timed work per benchmark.
+#: the per-call rounds stop at 0.25 s of timed work per benchmark, and where the gate compares or records and the device
+#: figure decides, at ``runner.DEVICE_DECIDES_ROUNDS`` (the device time is measured first).
 ROUNDS = {
     "gate": RoundSettings(warmup=3, min_rounds=15, max_rounds=45, target_s=0.25, device_samples=12),
     "thorough": RoundSettings(warmup=5, min_rounds=20, max_rounds=100, target_s=1.0, device_samples=20),
