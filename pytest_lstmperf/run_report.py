@@ -11,7 +11,7 @@ import contextlib
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import pytest
 
@@ -23,7 +23,6 @@ from .speed.report import by_case, generic_reference, path_cell, peak_notes, tim
 from .speed.verdict import references_of
 
 if TYPE_CHECKING:
-    from .session import LstmPerfSession
     from .speed.baseline_file import Baseline
     from .speed.gate import GateState
     from .speed.policy import Decision, GateResult
@@ -69,7 +68,35 @@ class RunReport:
         return self.verdict is not None and self.verdict.failed
 
 
-def build_report(session: LstmPerfSession) -> RunReport:
+class _Tally(Protocol):
+    def summary_lines(self) -> list[str]: ...
+
+
+class _Device(Protocol):
+    def describe(self) -> str: ...
+
+
+class ReportedRun(Protocol):
+    """What the report reads of a run: :class:`..session.LstmPerfSession` is one (this module names the session's
+    parts it reads, not the session, which holds the report)."""
+
+    @property
+    def config(self) -> pytest.Config: ...
+
+    @property
+    def gate(self) -> GateState: ...
+
+    @property
+    def gate_used(self) -> bool: ...
+
+    @property
+    def tally(self) -> _Tally: ...
+
+    @property
+    def device(self) -> _Device: ...
+
+
+def build_report(session: ReportedRun) -> RunReport:
     """The run's report, from its session: the tally's lines, and where the gate took part, its section, its CI
     rows and its verdict (``session.gate.verdict``, judged before)."""
     config = session.config
