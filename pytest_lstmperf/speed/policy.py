@@ -2,13 +2,13 @@
 
 The rule, in five sentences (docs/speed-gate.md states the same):
 
-1. Every benchmark is timed in pairs, one call of the benchmark and one run of a fixed anchor workload on the
-   same device in the same process, with the machine to itself (under pytest-xdist the other workers wait) and a
-   fixed number of CPU threads (``--lstmperf-threads``, 1 by default); its figure is the median of its device
-   time where it has one that leaves the host out (a GPU), else of its time per call, taken where the gate
-   compares or records in slices spread over a sweep of the process's benchmarks as the run ends, divided by the
-   anchor's where the baseline's recording processes lie closer together so, and raw where the anchor adds more
-   noise than it removes.
+1. Every benchmark is timed in pairs, one call of the benchmark and one run of a fixed anchor workload on the same
+   device in the same process, with the machine to itself where the gate compares or records (under pytest-xdist
+   the other workers wait) and a fixed number of CPU threads (``--lstmperf-threads``, 1 by default); its figure is
+   the median of its device time where it has one that leaves the host out (a GPU), else of its time per call,
+   taken where the gate compares or records in slices spread over a sweep of the process's benchmarks as the run
+   ends, divided by the anchor's where the baseline's recording processes lie closer together so, and raw where the
+   anchor adds more noise than it removes.
 2. A recording times every benchmark in independent processes (three, more where they do not yet show their
    spread), and how far they lie apart is its between-run noise: its own, moderated by the baseline's (a median
    over its benchmarks), widened by Student's t for the processes behind it. A figure is slower when it exceeds
