@@ -28,7 +28,7 @@ from ..host_counters import host_counters
 from ..observation.claims import Finding, kernel_mismatch, known_kernel_finding
 from ..observation.torch_trace import torch_trace
 from . import timing
-from .policy import DEVICE_METHODS, K_SIGMA
+from .policy import DEVICE_METHODS, K_SIGMA, Figure
 from .records import BESIDE_OTHER_TESTS, RECORD_KEY, BenchRecord
 from .shapes import ROUNDS, bench_set
 from .timing import Anchor
@@ -460,7 +460,7 @@ class BenchRunner:
 
 def _settled_device_time(dev_time: Any, samples: int, beside: list[float]) -> tuple[meters.DeviceTime, list[float]]:
     """``dev_time(samples)``, stopped at half of them where the GPU's own time (:data:`.policy.DEVICE_METHODS`)
-    already resolves :data:`DEVICE_SETTLED` (4 standard errors of its log mean, on both sides of a compare): device
+    already resolves :data:`DEVICE_SETTLED` (:func:`_resolves`): device
     figures lie within a few tenths of a percent of each other (on the H200 the default command's median
     resolution was 1.013x with 12), so the second half is spent only where the first is noisy. With the anchor's
     samples taken beside each measurement (``beside``, :func:`..meters.paired_with`), those that pair with the
@@ -489,12 +489,11 @@ def _last(taken: list[float], n: int) -> list[float]:
 
 
 def _resolves(samples: tuple[float, ...]) -> float:
-    """The slowdown a figure of these samples resolves against one as sure: 4 standard errors of the log mean, on
-    both sides (inf for fewer than 3 samples or a sample that is not a positive time)."""
-    if len(samples) < 3 or min(samples) <= 0:
-        return math.inf
-    logs = [math.log(x) for x in samples]
-    return math.exp(K_SIGMA * statistics.stdev(logs) / math.sqrt(len(logs)) * math.sqrt(2))
+    """The slowdown a figure of these samples resolves against one as sure, by the rule's own estimate
+    (:meth:`.policy.Figure.of`: the median's standard error from the MAD, on the log scale): 4 standard errors on
+    both sides; inf where the samples make no figure."""
+    figure = Figure.of(samples)
+    return math.inf if figure is None else math.exp(K_SIGMA * figure.se * math.sqrt(2))
 
 
 def _skip_shared_gpu(device: DeviceInfo) -> None:
