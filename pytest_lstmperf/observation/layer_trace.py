@@ -122,6 +122,9 @@ def _layer_dispatch_mode(recorder: LayerRecorder):
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_flatten
 
+    from ..host_counters import without_dynamo_import
+
+    @without_dynamo_import
     class _LayerOpRecorder(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             name = short_op(str(func))

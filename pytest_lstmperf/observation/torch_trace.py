@@ -22,7 +22,7 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
-from ..host_counters import cuda_profile, profiled_events
+from ..host_counters import cuda_profile, profiled_events, without_dynamo_import
 from ..model.precision import DTYPE_PRECISION, narrowest
 
 
@@ -171,6 +171,7 @@ def _dispatch_mode(recorder: _Recorder):
     from torch.utils._python_dispatch import TorchDispatchMode
     from torch.utils._pytree import tree_flatten
 
+    @without_dynamo_import
     class _OpRecorder(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             name = short_op(str(func))
