@@ -123,10 +123,10 @@ def test_the_recipes_cpu_job_runs_as_written(fresh_python: Path, tmp_path: Path)
     env = _runner_env(fresh_python, text, "tests-cpu")
     _run(install, checkout, env)
     assert _imported_from(fresh_python, tmp_path, env).is_relative_to(checkout.resolve())
-    collected = _run(tests, checkout, env, " --collect-only -q")
-    assert "error" not in collected.stdout.lower().split("\n")[-2:][0], collected.stdout[-2000:]
-    (checkout / "junit-cpu.xml").unlink()
+    # the step as written, narrowed to a few tests: each pytest-xdist worker still collects every test of the
+    # job (tests, suites, examples), so an import or collection error anywhere fails the step (exit 0 asserted)
     ran = _run(tests, checkout, env, f" -k '{SELECTION}'")
+    assert "error" not in ran.stdout.lower().strip().split("\n")[-1], ran.stdout[-2000:]
     counts = _junit(checkout / "junit-cpu.xml")
     assert counts["tests"] - counts["skipped"] >= 4 and counts["failures"] == counts["errors"] == 0, ran.stdout[-3000:]
 
