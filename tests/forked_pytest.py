@@ -14,6 +14,12 @@ not use the plugin imports, keep real subprocesses). The objects those imports m
 garbage collector (``gc.freeze``): a run's collections walk only what the run made, and never free them. The
 plugin itself is imported by each child, as in a subprocess. ``PYTEST_LSTMPERF_TEST_FORK=0`` turns forking off
 (every run a subprocess); a machine without ``os.fork`` never forks.
+
+A recording or compare of an inner run starts further pytest processes (``hooks/recording.py``): the server
+forks those too. An inner run forked from it gets ``PYTEST_LSTMPERF_PROCESS_COMMAND`` naming
+``tests/fork_client.py``, which hands its arguments, folder and environment to the server over a socket and exits
+with the forked run's status. These tests check what the plugin does with its processes' figures, not how far a
+machine's processes lie apart (the rule's own tests and the gate trials measure that).
 """
 
 from __future__ import annotations
@@ -36,12 +42,18 @@ import pytest
 PRELOAD = ("numpy", "torch", "torch._dynamo", "torch.profiler", "scipy.stats", "pytest", "_pytest.pytester",
            "pytest_benchmark.plugin")  # fmt: skip
 ENABLED = hasattr(os, "fork") and os.environ.get("PYTEST_LSTMPERF_TEST_FORK", "1") != "0"
+#: the server's socket, for the further processes an inner run starts (tests/fork_client.py reads it)
+SOCKET_ENV = "PYTEST_LSTMPERF_TEST_FORK_SOCKET"
+#: the plugin's variable for the command that starts a further pytest process (hooks/recording.py)
+COMMAND_ENV = "PYTEST_LSTMPERF_PROCESS_COMMAND"
+CLIENT = str(Path(__file__).with_name("fork_client.py"))
 
 
 # ------------------------------------------------------------------------------------------------ server
 def _serve() -> int:  # pragma: no cover - runs in the server process
     import gc
     import importlib
+    import socket
     import threading
 
     replies = os.fdopen(os.dup(1), "w", buffering=1)
@@ -58,17 +70,53 @@ def _serve() -> int:  # pragma: no cover - runs in the server process
     base_path = [p for p in sys.path[1:] if p not in own_pythonpath]
     # a fork copies one thread: with another one running (a thread pool started by an import) a child could
     # inherit a held lock; the client then runs subprocesses instead
+    # the further processes of the runs' recordings and compares ask over this socket (tests/fork_client.py)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(os.environ[SOCKET_ENV])
+    listener.listen(16)
     replies.write(json.dumps({"ready": threading.active_count() == 1, "threads": threading.active_count()}) + "\n")
-    for line in sys.stdin:
-        request = json.loads(line)
+    waiting: dict[int, socket.socket | None] = {}  # a running child -> who asked for it (None: the test process)
+
+    def fork(request: dict) -> int:
         sys.stdout.flush()
         sys.stderr.flush()
         pid = os.fork()
         if pid == 0:
+            listener.close()
+            for asker in waiting.values():
+                if asker is not None:
+                    asker.close()
             _child(request, base_path)
-        replies.write(json.dumps({"pid": pid}) + "\n")
-        _, status = os.waitpid(pid, 0)
-        replies.write(json.dumps({"status": os.waitstatus_to_exitcode(status)}) + "\n")
+        return pid
+
+    stdin_open = True
+    while stdin_open or waiting:
+        while waiting:  # the children that ended, each one's status to who asked for it
+            pid, status = os.waitpid(-1, os.WNOHANG)
+            if pid == 0:
+                break
+            asker = waiting.pop(pid, None)
+            reply = (json.dumps({"status": os.waitstatus_to_exitcode(status)}) + "\n").encode()
+            if asker is None:
+                replies.write(reply.decode())
+            else:
+                with contextlib.suppress(OSError):
+                    asker.sendall(reply)
+                asker.close()
+        readable, _, _ = select.select([sys.stdin, listener] if stdin_open else [listener], [], [], 0.05)
+        if sys.stdin in readable:
+            line = sys.stdin.readline()  # one request at a time: the test process waits for its run's status
+            if not line:
+                stdin_open = False
+            else:
+                pid = fork(json.loads(line))
+                waiting[pid] = None
+                replies.write(json.dumps({"pid": pid}) + "\n")
+        if listener in readable:
+            asker, _ = listener.accept()
+            with asker.makefile("r") as stream:
+                request = json.loads(stream.readline())
+            waiting[fork(request)] = asker
     return 0
 
 
@@ -110,7 +158,12 @@ class ForkServer:
     """The test session's server (started on first use, one per pytest-xdist worker)."""
 
     def __init__(self) -> None:
+        import tempfile
+
         env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "COV_"))}
+        self.folder = tempfile.mkdtemp(prefix="lstmperf-fork-")
+        self.socket = os.path.join(self.folder, "server")
+        env[SOCKET_ENV] = self.socket
         self.log = open(os.devnull, "w")  # noqa: SIM115 - the server's own stderr, for its lifetime
         self.process = subprocess.Popen(
             [sys.executable, __file__], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log,
@@ -129,6 +182,8 @@ class ForkServer:
 
     def run(self, args: list[str], cwd: Path, env: dict[str, str], timeout: float) -> pytest.RunResult:
         out, err = cwd / "stdout", cwd / "stderr"
+        # the run's further processes (a recording's, a compare's) are forked by this server too
+        env = {**env, SOCKET_ENV: self.socket, COMMAND_ENV: f"{sys.executable} {CLIENT}"}
         request = {"args": list(args), "cwd": str(cwd), "env": env, "stdout": str(out), "stderr": str(err)}
         assert self.process.stdin is not None
         start = time.perf_counter()
@@ -147,10 +202,13 @@ class ForkServer:
         return pytest.RunResult(done["status"], *lines, duration)
 
     def close(self) -> None:
+        import shutil
+
         if self.process.poll() is None:
             self.process.kill()
             self.process.wait(timeout=10)
         self.log.close()
+        shutil.rmtree(self.folder, ignore_errors=True)
 
 
 _SERVER: list[ForkServer] = []

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -32,6 +33,10 @@ from ..speed.records import BenchRecord, dump_records, load_records
 
 #: set in a recording process's environment: the folder it reads its benchmarks from and writes its records to
 PROCESS_ENV = "PYTEST_LSTMPERF_RECORDING_PROCESS"
+#: the command that starts pytest in a further process, where ``python -m pytest`` (this interpreter) will not do:
+#: a wrapper the runner needs, or a launcher that starts it from a process that imported the frameworks once (the
+#: project's own tests do: their recordings test the rule, not the machine)
+COMMAND_ENV = "PYTEST_LSTMPERF_PROCESS_COMMAND"
 #: the pytest-benchmark and pytest options whose files the recording processes must not write
 _QUIET_OPTIONS = {
     "xmlpath": None,
@@ -84,8 +89,8 @@ def write_records(records: Sequence[BenchRecord]) -> None:
 
 
 def _command(config: pytest.Config, folder: Path) -> list[str]:
-    """This run's command for a further process: its own temporary folder (pytest wipes a ``--basetemp`` as it
-    starts) and its own cache folder."""
+    """This run's command for a further process (``python -m pytest``, or :data:`COMMAND_ENV`'s): its own temporary
+    folder (pytest wipes a ``--basetemp`` as it starts) and its own cache folder."""
     args: list[str] = []
     skip = False
     for arg in map(str, config.invocation_params.args):
@@ -98,8 +103,8 @@ def _command(config: pytest.Config, folder: Path) -> list[str]:
         if arg.startswith("--basetemp="):
             continue
         args.append(arg)
-    return [sys.executable, "-m", "pytest", *args, f"--basetemp={folder / 'basetemp'}", "-o",
-            f"cache_dir={folder / 'cache'}"]  # fmt: skip
+    start = shlex.split(os.environ.get(COMMAND_ENV, "")) or [sys.executable, "-m", "pytest"]
+    return [*start, *args, f"--basetemp={folder / 'basetemp'}", "-o", f"cache_dir={folder / 'cache'}"]
 
 
 def record_in_processes(
