@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from forked_pytest import runpytest_forked
 from pytester_runs import clear_inner_env
 
 torch = pytest.importorskip("torch")
@@ -310,7 +311,7 @@ def test_suite_equivalence_fails_when_workers_compute_wrong(
     _suite(pytester, monkeypatch)
     for name, value in rank_fault_env("perturb:1e-3").items():
         monkeypatch.setenv(name, value)
-    result = pytester.runpytest_subprocess("--device=cpu", "-p", "no:cacheprovider", "-k", "match_single", timeout=600)
+    result = runpytest_forked(pytester, "--device=cpu", "-p", "no:cacheprovider", "-k", "match_single", timeout=600)
     assert result.ret == pytest.ExitCode.TESTS_FAILED, result.stdout.str()
     result.stdout.fnmatch_lines(["*ddp on 2 ranks (gloo): weight updates differ from the single-process run by*"])
     result.stdout.fnmatch_lines(["*pipeline on 2 ranks (gloo): weight updates differ*"])
