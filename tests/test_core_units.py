@@ -201,3 +201,41 @@ def test_tolerance_page_is_its_prose_then_what_the_data_hold(tmp_path) -> None:
     assert "A new sentence." in render_doc(data, sharpness, doc_intro(edited))
     data["model"]["margin"] = 3.5
     assert "`a` = 3.5 x" in render_doc(data, sharpness, doc_intro(page)).partition(GENERATED_FROM)[2]
+
+
+DISPATCH_MODES_PROBE = """
+import sys
+import torch
+from pytest_lstmperf.host_counters import host_counters
+from pytest_lstmperf.observation.layer_trace import LayerRecorder, torch_layer_trace
+from pytest_lstmperf.observation.torch_trace import torch_trace
+
+lstm, x = torch.nn.LSTM(4, 8), torch.randn(3, 2, 4)
+seen = []
+with torch_trace("cpu", "forward") as traced:
+    lstm(x)
+seen.append(("kernel trace", traced[0].family != "unknown", "torch._dynamo" in sys.modules))
+with torch_layer_trace(LayerRecorder()) as recorder:
+    lstm(x)
+seen.append(("layer trace", len(recorder.calls), "torch._dynamo" in sys.modules))
+counts = host_counters(lambda: lstm(x)[0].sum().backward(), "cpu")
+seen.append(("host counters", counts["aten_ops"] > 0, "torch._dynamo" in sys.modules))
+print(seen)
+"""
+
+
+def test_tracing_and_counting_a_torch_call_does_not_import_dynamo() -> None:
+    """The kernel trace, the layer trace and the host counters dispatch through a ``TorchDispatchMode`` without
+    the ``torch._dynamo`` import torch's wrapper of a mode makes on its first op (2.5 s of every fresh process on
+    2 cores, a recording's further processes among them). Checked in a fresh interpreter, after each of the
+    three: this one imported Dynamo long ago, and where it is imported the wrapper runs as torch made it (every
+    other trace and counter test here)."""
+    import subprocess
+    import sys
+
+    pytest.importorskip("torch")
+    done = subprocess.run([sys.executable, "-c", DISPATCH_MODES_PROBE], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == str(
+        [("kernel trace", True, False), ("layer trace", 1, False), ("host counters", True, False)]
+    ), done.stdout
