@@ -215,6 +215,29 @@ def test_bad_files_are_named(tmp_path: Path, content: str, expected: str) -> Non
         bl_file.load(path, "pytest --lstmperf-save-baseline")
 
 
+def test_a_file_cut_anywhere_is_named_truncated_and_one_damaged_inside_corrupt(tmp_path: Path) -> None:
+    """Wherever a recording's file is cut, it is reported as truncated, also where the cut ends on a closing brace
+    or bracket, or after a whole number (an end-of-text heuristic called such a cut corrupt: one run in a few of a
+    test that cuts a real recording in half); a character damaged before the end is corrupt."""
+    store = bl.BaselineStore(tmp_path)
+    save(store, [record("a"), record("b")])
+    (path,) = sorted(tmp_path.glob("*.json"))
+    good = path.read_text()
+    ends: dict[str, list[int]] = {}  # cuts after each kind of character the file holds: 3 of each, and the middle
+    for cut in range(1, len(good.rstrip()) - 1):
+        ends.setdefault(good[cut - 1], []).append(cut)
+    cuts = sorted({c for found in ends.values() for c in found[:2] + found[-1:]} | {len(good) // 2})
+    assert len(ends) > 15  # braces, brackets, digits, points, quotes, letters, commas, colons, white space
+    for cut in cuts:
+        path.write_text(good[:cut])
+        with pytest.raises(BaselineError, match="is truncated: not valid JSON"):
+            bl_file.load(path)
+    middle = len(good) // 2
+    path.write_text(good[:middle] + "\x01" + good[middle + 1 :])
+    with pytest.raises(BaselineError, match="is corrupt: not valid JSON"):
+        bl_file.load(path)
+
+
 def test_bad_existing_file_is_not_overwritten(tmp_path: Path) -> None:
     """Recording missing entries never touches a broken file; the advice names the option that replaces it."""
     store = bl.BaselineStore(tmp_path, record_hint="pytest suites/ --lstmperf-save-baseline")

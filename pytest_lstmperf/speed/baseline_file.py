@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import stat
 import tempfile
 import time
@@ -193,7 +194,10 @@ def load(path: Path, record_hint: str = "") -> Baseline:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
-        what = "truncated" if not text.rstrip().endswith(("}", "]")) else "corrupt"
+        # a file cut short fails in its last token (a number, a literal or a string the cut ended, or at the end
+        # itself); one with a damaged middle fails where the structure after the damage still follows
+        cut = exc.msg.startswith("Unterminated string") or not re.search(r"[{}\[\],:]", text[exc.pos :])
+        what = "truncated" if cut else "corrupt"
         raise BaselineError(
             f"baseline {path} is {what}: not valid JSON ({exc.msg} at line {exc.lineno} column {exc.colno})." + restore
         ) from None
