@@ -44,8 +44,6 @@ PRELOAD = ("numpy", "torch", "torch._dynamo", "torch.profiler", "scipy.stats", "
 ENABLED = hasattr(os, "fork") and os.environ.get("PYTEST_LSTMPERF_TEST_FORK", "1") != "0"
 #: the server's socket, for the further processes an inner run starts (tests/fork_client.py reads it)
 SOCKET_ENV = "PYTEST_LSTMPERF_TEST_FORK_SOCKET"
-#: the plugin's variable for the command that starts a further pytest process (hooks/recording.py)
-COMMAND_ENV = "PYTEST_LSTMPERF_PROCESS_COMMAND"
 CLIENT = str(Path(__file__).with_name("fork_client.py"))
 
 
@@ -68,12 +66,12 @@ def _serve() -> int:  # pragma: no cover - runs in the server process
     gc.freeze()
     own_pythonpath = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     base_path = [p for p in sys.path[1:] if p not in own_pythonpath]
-    # a fork copies one thread: with another one running (a thread pool started by an import) a child could
-    # inherit a held lock; the client then runs subprocesses instead
     # the further processes of the runs' recordings and compares ask over this socket (tests/fork_client.py)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(os.environ[SOCKET_ENV])
     listener.listen(16)
+    # a fork copies one thread: with another one running (a thread pool started by an import) a child could
+    # inherit a held lock; the client then runs subprocesses instead
     replies.write(json.dumps({"ready": threading.active_count() == 1, "threads": threading.active_count()}) + "\n")
     waiting: dict[int, socket.socket | None] = {}  # a running child -> who asked for it (None: the test process)
 
@@ -96,12 +94,12 @@ def _serve() -> int:  # pragma: no cover - runs in the server process
             if pid == 0:
                 break
             asker = waiting.pop(pid, None)
-            reply = (json.dumps({"status": os.waitstatus_to_exitcode(status)}) + "\n").encode()
+            reply = json.dumps({"status": os.waitstatus_to_exitcode(status)}) + "\n"
             if asker is None:
-                replies.write(reply.decode())
+                replies.write(reply)
             else:
                 with contextlib.suppress(OSError):
-                    asker.sendall(reply)
+                    asker.sendall(reply.encode())
                 asker.close()
         readable, _, _ = select.select([sys.stdin, listener] if stdin_open else [listener], [], [], 0.05)
         if sys.stdin in readable:
@@ -182,6 +180,8 @@ class ForkServer:
 
     def run(self, args: list[str], cwd: Path, env: dict[str, str], timeout: float) -> pytest.RunResult:
         out, err = cwd / "stdout", cwd / "stderr"
+        from pytest_lstmperf.hooks.recording import COMMAND_ENV  # not at the top: the server never imports the plugin
+
         # the run's further processes (a recording's, a compare's) are forked by this server too
         env = {**env, SOCKET_ENV: self.socket, COMMAND_ENV: f"{sys.executable} {CLIENT}"}
         request = {"args": list(args), "cwd": str(cwd), "env": env, "stdout": str(out), "stderr": str(err)}
