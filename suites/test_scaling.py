@@ -106,47 +106,64 @@ def check_tokens(result: dist.RunResult, expected: int) -> None:
     )
 
 
-@pytest.mark.parametrize("data", ["fixed-length", "padded", "bucketed"])
+DATA = ("fixed-length", "padded", "bucketed")
+
+
 @pytest.mark.parametrize("strategy", dist.STRATEGIES)
 def test_scaling_throughput(
-    lstmperf: Any, pytestconfig: pytest.Config, request: pytest.FixtureRequest, strategy: str, data: str
+    lstmperf: Any, pytestconfig: pytest.Config, request: pytest.FixtureRequest, strategy: str
 ) -> None:
     """Fixed-length batches; variable-length (long-tailed) batches padded in arrival order; the same data in
-    automatically generated length buckets."""
+    automatically generated length buckets. The three are trained one after the other in each launch (the ranks
+    start and join once), and each gets its rows."""
     backend, worlds, reason = _worlds(lstmperf)
     if reason:
         pytest.skip(reason)
     kind, bset = lstmperf.device.kind, bench_set(pytestconfig)
     layers, input_size, hidden, seq, batch, sequences = THROUGHPUT[(kind, bset)]
     micro_batches, balance = SCHEDULE[bset]
-    cfg = dist.TrainConfig(layers=layers, input_size=input_size, hidden=hidden, seq_len=seq, batch=batch,
-                           steps=STEPS[kind], micro_batches=micro_batches, balance=balance, seed=lstmperf.seed,
-                           bucketing=data == "bucketed", timed_passes=_timed_passes(lstmperf),
-                           sequences=0 if data == "fixed-length" else sequences)  # fmt: skip
-    expected = int(sum(int(n.sum()) for _, _, n in dist.make_batches(cfg)))
+    cfgs = {
+        data: dist.TrainConfig(layers=layers, input_size=input_size, hidden=hidden, seq_len=seq, batch=batch,
+                               steps=STEPS[kind], micro_batches=micro_batches, balance=balance, seed=lstmperf.seed,
+                               bucketing=data == "bucketed", timed_passes=_timed_passes(lstmperf),
+                               sequences=0 if data == "fixed-length" else sequences)
+        for data in DATA
+    }  # fmt: skip
+    expected = {data: int(sum(int(n.sum()) for _, _, n in dist.make_batches(cfg))) for data, cfg in cfgs.items()}
     # plain training in this process (the whole model, the whole batch, no micro-batches): what either
     # strategy has to beat to be worth its GPUs
-    plain = dist.single_process(cfg, "cuda:0" if backend == "nccl" else "cpu")
-    check_tokens(plain, expected)
-    runs = []
+    plain = {data: dist.single_process(cfg, "cuda:0" if backend == "nccl" else "cpu") for data, cfg in cfgs.items()}
+    for data in DATA:
+        check_tokens(plain[data], expected[data])
+    runs: dict[str, list[dist.RunResult]] = {data: [] for data in DATA}
     for world in [1, *worlds]:
-        result = _launch(pytestconfig, strategy, world, cfg, backend, f"{data} data")
-        check_tokens(result, expected)
-        runs.append(result)
+        results = _launch_jobs(pytestconfig, [(strategy, cfgs[data]) for data in DATA], world, backend, DATA)
+        for data, result in zip(DATA, results, strict=True):
+            check_tokens(result, expected[data])
+            runs[data].append(result)
     model = f"{layers}x LSTM {input_size}->{hidden}, batch {batch}, T<={seq}"
     if strategy == "pipeline":
         model += f", {micro_batches} micro-batches, {balance} stages"
-    _rows(request, runs, plain, data, model)
+    for data in DATA:
+        _rows(request, runs[data], plain[data], data, model)
 
 
 def _launch(config: pytest.Config, strategy: str, world: int, cfg: dist.TrainConfig, backend: str,
             what: str) -> dist.RunResult:  # fmt: skip
+    return _launch_jobs(config, [(strategy, cfg)], world, backend, (what,))[0]
+
+
+def _launch_jobs(config: pytest.Config, jobs: list[tuple[str, dist.TrainConfig]], world: int, backend: str,
+                 whats: tuple[str, ...]) -> list[dist.RunResult]:  # fmt: skip
+    """One launch of ``world`` ranks for ``jobs``; a progress line per job (``whats``: what each one is)."""
     start = time.monotonic()
-    result = launcher.launch(strategy, world, cfg, backend)
-    stages = f", stages {result.stages}" if result.stages and world > 1 else ""
-    progress(config, f"{strategy}, {what}, {world} rank{'s' if world > 1 else ''} ({backend}): "
-                     f"{result.throughput:.3g} steps/s{stages} [{time.monotonic() - start:.0f} s]")  # fmt: skip
-    return result
+    results = launcher.launch_jobs(jobs, world, backend)
+    took = f"[{time.monotonic() - start:.0f} s{f' for {len(jobs)} runs' if len(jobs) > 1 else ''}]"
+    for (strategy, _), what, result in zip(jobs, whats, results, strict=True):
+        stages = f", stages {result.stages}" if result.stages and world > 1 else ""
+        progress(config, f"{strategy}, {what}{' data' if what in DATA else ''}, {world} rank{'s' if world > 1 else ''} "
+                         f"({backend}): {result.throughput:.3g} steps/s{stages} {took}")  # fmt: skip
+    return results
 
 
 def progress(config: pytest.Config, message: str) -> None:

@@ -272,6 +272,23 @@ def test_torchrun_entry_point(tmp_path: Path) -> None:
     assert result.world == 2 and err < 1e-4
 
 
+def test_jobs_of_one_launch_are_written_read_back_and_a_bad_one_named(tmp_path: Path) -> None:
+    """Several runs in one launch (the suite's three kinds of data): the jobs file round-trips, in order; an
+    unknown strategy or setting is named (the rank's argument parser reports it, as for a bad flag)."""
+    jobs = [("ddp", dist.TrainConfig(layers=2, sequences=0)), ("pipeline", dist.TrainConfig(layers=4, sequences=64))]
+    path = str(tmp_path / "jobs.json")
+    rank_entry.write_jobs(path, jobs)
+    assert rank_entry.read_jobs(path) == jobs
+    Path(path).write_text('[{"strategy": "zero", "config": {}}]')
+    with pytest.raises(ValueError, match="unknown strategy 'zero' \\(valid: ddp, pipeline\\)"):
+        rank_entry.read_jobs(path)
+    Path(path).write_text('[{"strategy": "ddp", "config": {"layerz": 2}}]')
+    with pytest.raises(TypeError, match="layerz"):
+        rank_entry.read_jobs(path)
+    with pytest.raises(ValueError, match="no jobs"):
+        launcher.launch_jobs([], 2)
+
+
 def test_rank_setup_hook_is_called_and_its_undo_returned(monkeypatch: pytest.MonkeyPatch) -> None:
     """The ranks' setup hook is named by the environment: the launcher imports no test helper itself."""
     monkeypatch.delenv(dist.RANK_SETUP_ENV, raising=False)

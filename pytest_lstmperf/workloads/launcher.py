@@ -27,7 +27,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from .distributed import RunResult, TrainConfig
-from .rank import rank_arguments
+from .rank import write_jobs
 
 RANK_MODULE = "pytest_lstmperf.workloads.rank"
 TAIL_LINES = 8
@@ -52,20 +52,34 @@ def launch(strategy: str, world: int, cfg: TrainConfig, backend: str = "gloo", t
     """Run ``strategy`` on ``world`` processes (gloo: CPU; nccl: one GPU each) and return rank 0's result.
     A rank that fails raises :class:`RankFailure` with that rank's own error; a run past ``timeout_s`` raises
     :class:`TimeoutError` after its ranks are stopped."""
+    return launch_jobs([(strategy, cfg)], world, backend, timeout_s)[0]
+
+
+def launch_jobs(
+    jobs: Sequence[tuple[str, TrainConfig]], world: int, backend: str = "gloo", timeout_s: float = 600
+) -> list[RunResult]:
+    """Run several jobs (a strategy and its configuration each) one after the other in one launch of ``world``
+    ranks, and return rank 0's results in their order: the ranks start, import torch and join the process group
+    once for all of them. Failures and the deadline as for :func:`launch` (the deadline covers every job)."""
     import torch
 
-    cfg.check_world(strategy, world)
+    if not jobs:
+        raise ValueError("no jobs to launch")
+    for strategy, cfg in jobs:
+        cfg.check_world(strategy, world)
     if backend not in ("gloo", "nccl"):
         raise ValueError(f"unknown backend {backend!r} (valid: gloo, nccl)")
     if backend == "nccl" and torch.cuda.device_count() < world:
         raise ValueError(f"nccl with {world} ranks needs {world} GPUs, {torch.cuda.device_count()} usable")
-    what = f"{strategy} on {world} rank{'s' if world > 1 else ''} ({backend})"
+    names = "+".join(dict.fromkeys(strategy for strategy, _ in jobs))
+    what = f"{names} on {world} rank{'s' if world > 1 else ''} ({backend})"
     with tempfile.TemporaryDirectory(prefix="lstmperf-dist-") as tmp:
-        out = os.path.join(tmp, "result.pt")
-        command = [sys.executable, "-m", RANK_MODULE, *rank_arguments(strategy, cfg, backend, out)]
+        out, jobs_file = os.path.join(tmp, "result.pt"), os.path.join(tmp, "jobs.json")
+        write_jobs(jobs_file, jobs)
+        command = [sys.executable, "-m", RANK_MODULE, "--jobs", jobs_file, "--backend", backend, "--out", out]
         run_ranks(command, world, what, tmp, timeout_s, env=_rank_env(world, backend))
         data = torch.load(out, weights_only=False)
-    return RunResult(**data)
+    return [RunResult(**d) for d in data]
 
 
 def _rank_env(world: int, backend: str) -> dict[str, str]:

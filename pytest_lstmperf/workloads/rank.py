@@ -17,10 +17,11 @@ import argparse
 import contextlib
 import gc
 import importlib
+import json
 import os
 import sys
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from typing import Any
 
@@ -45,33 +46,38 @@ def _setup_from_env() -> Callable[[], None] | None:
     return undo if callable(undo) else None
 
 
-def run_rank(rank: int, world: int, strategy: str, cfg: TrainConfig, backend: str, init: str, out: str) -> None:
-    """One rank's whole life in the process group: train, merge every rank's weights into rank 0's result file,
-    wait for every rank, destroy the group. Raises on any failure (the caller ends the process)."""
-    import torch
+def run_rank(
+    rank: int, world: int, jobs: Sequence[tuple[str, TrainConfig]], backend: str, init: str, out: str
+) -> list[RunResult]:
+    """One rank's whole life in the process group: train each job (a strategy and its configuration) in turn,
+    merge every rank's weights into rank 0's results, wait for every rank, destroy the group. Rank 0 returns the
+    results (one per job) and the others an empty list. Raises on any failure (the caller ends the process)."""
     import torch.distributed as dist
 
     undo = _setup_from_env()
     dist.init_process_group(backend, init_method=init, rank=rank, world_size=world)
     if os.environ.get(WORKER_RAISE_ENV) == str(rank):
         raise RuntimeError(f"planted failure in rank {rank} ({WORKER_RAISE_ENV}={rank})")
-    result = WORKERS[strategy](rank, world, cfg, backend)
-    # every rank's weights reach rank 0 (pipeline stages hold different layers; DDP replicas agree)
-    gathered: list[Any] = [None] * world
-    if cfg.keep_weights:
-        dist.all_gather_object(gathered, result.weights)
-    if rank == 0:
-        merged: dict[str, np.ndarray] = {}
-        for part in gathered if cfg.keep_weights else []:
-            for name, value in part.items():
-                merged.setdefault(name, value)
-        result.weights = merged
-        torch.save(asdict(result), out)
+    results = []
+    for strategy, cfg in jobs:
+        result = WORKERS[strategy](rank, world, cfg, backend)
+        # every rank's weights reach rank 0 (pipeline stages hold different layers; DDP replicas agree)
+        gathered: list[Any] = [None] * world
+        if cfg.keep_weights:
+            dist.all_gather_object(gathered, result.weights)
+        if rank == 0:
+            merged: dict[str, np.ndarray] = {}
+            for part in gathered if cfg.keep_weights else []:
+                for name, value in part.items():
+                    merged.setdefault(name, value)
+            result.weights = merged
+            results.append(result)
+        gc.collect()
     dist.barrier()  # every rank done with the group before any destroys it
-    gc.collect()
     dist.destroy_process_group()
     if undo is not None:
         undo()
+    return results
 
 
 def _end_process(status: int) -> None:
@@ -98,12 +104,22 @@ def _record_error(exc: BaseException) -> None:
         get_error_handler().record_exception(exc)
 
 
-def rank_arguments(strategy: str, cfg: TrainConfig, backend: str, out: str) -> list[str]:
-    """The command-line arguments of :func:`main` for one run (every rank gets the same)."""
-    args = ["--strategy", strategy, "--backend", backend, "--out", out]
-    for name, value in asdict(cfg).items():
-        args += [f"--{name.replace('_', '-')}", str(value).lower() if isinstance(value, bool) else str(value)]
-    return args
+def write_jobs(path: str, jobs: Sequence[tuple[str, TrainConfig]]) -> None:
+    """Write the jobs of one launch for :func:`main`'s ``--jobs`` (a JSON list of strategy and configuration)."""
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump([{"strategy": strategy, "config": asdict(cfg)} for strategy, cfg in jobs], f)
+
+
+def read_jobs(path: str) -> list[tuple[str, TrainConfig]]:
+    """The jobs :func:`write_jobs` wrote; raises ValueError naming a strategy or setting that is not known."""
+    with open(path, encoding="utf-8") as f:
+        raw = json.load(f)
+    jobs = []
+    for job in raw:
+        if job.get("strategy") not in STRATEGIES:
+            raise ValueError(f"unknown strategy {job.get('strategy')!r} (valid: {', '.join(STRATEGIES)})")
+        jobs.append((job["strategy"], TrainConfig(**job["config"])))
+    return jobs
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -112,6 +128,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--strategy", choices=STRATEGIES, default="ddp")
     parser.add_argument("--backend", choices=("gloo", "nccl"), default=None, help="default: nccl with GPUs, else gloo")
     parser.add_argument("--out", required=True, help="rank 0 writes its result here (torch.save of a dict)")
+    parser.add_argument(
+        "--jobs",
+        help="a JSON file of several runs, each a strategy and its settings, trained in turn in one process group "
+        "(instead of --strategy and the settings); rank 0 writes a list of results",
+    )
     for name, value in asdict(TrainConfig()).items():
         kind = (lambda s: s.lower() in ("1", "true", "yes")) if isinstance(value, bool) else type(value)
         parser.add_argument(f"--{name.replace('_', '-')}", type=kind, default=value)
@@ -120,23 +141,27 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("run under torchrun (RANK and WORLD_SIZE unset)")
     world, rank = int(os.environ["WORLD_SIZE"]), int(os.environ["RANK"])
     try:
-        cfg = TrainConfig(**{k: getattr(args, k) for k in asdict(TrainConfig())})
-        cfg.check_world(args.strategy, world)
-    except ValueError as exc:
+        jobs = read_jobs(args.jobs) if args.jobs else [
+            (args.strategy, TrainConfig(**{k: getattr(args, k) for k in asdict(TrainConfig())}))
+        ]  # fmt: skip
+        for strategy, cfg in jobs:
+            cfg.check_world(strategy, world)
+    except (OSError, ValueError, TypeError) as exc:
         parser.error(str(exc))
     import torch
 
     backend = args.backend or ("nccl" if torch.cuda.is_available() else "gloo")
     try:
-        run_rank(rank, world, args.strategy, cfg, backend, "env://", args.out)
+        results = run_rank(rank, world, jobs, backend, "env://", args.out)
+        if rank == 0:
+            torch.save([asdict(r) for r in results] if args.jobs else asdict(results[0]), args.out)
     except BaseException as exc:
         traceback.print_exc()
         _record_error(exc)
         _end_process(1)
-    if rank == 0:
-        result = RunResult(**torch.load(args.out, weights_only=False))
+    for result in results:
         comm = "" if result.comm_share is None else f", communication {100 * result.comm_share:.0f}% of the step time"
-        print(f"{args.strategy} on {world} ranks ({backend}): {result.tokens} time steps in {result.seconds:.3f} s "
+        print(f"{result.strategy} on {world} ranks ({backend}): {result.tokens} time steps in {result.seconds:.3f} s "
               f"= {result.throughput:.4g} steps/s{comm}; result written to {args.out}", flush=True)  # fmt: skip
     _end_process(0)
     return 0
