@@ -51,7 +51,7 @@ class SpinLSTM(torch.nn.LSTM):
     def check_forward_args(self, *args, **kwargs):  # inside LSTM.forward: a fixed amount of host work
         with torch.no_grad():
             h = _H
-            for _ in range(600):  # small ATen ops, as a host-bound layer runs: they slow with the machine
+            for _ in range(300):  # small ATen ops (about 5 ms), as a host-bound layer runs: they slow with the machine
                 h = torch.tanh(h @ _W)
         return super().check_forward_args(*args, **kwargs)
 
