@@ -141,7 +141,13 @@ def test_scaling_throughput(
     groups = [DATA] if backend == "gloo" else [(data,) for data in DATA]
     for world in [1, *worlds]:
         for group in groups:
-            results = _launch_jobs(pytestconfig, [(strategy, cfgs[data]) for data in group], world, backend, group)
+            results = _launch_jobs(
+                pytestconfig,
+                [(strategy, cfgs[data]) for data in group],
+                world,
+                backend,
+                tuple(f"{data} data" for data in group),
+            )
             for data, result in zip(group, results, strict=True):
                 check_tokens(result, expected[data])
                 runs[data].append(result)
@@ -165,7 +171,7 @@ def _launch_jobs(config: pytest.Config, jobs: list[tuple[str, dist.TrainConfig]]
     took = f"[{time.monotonic() - start:.0f} s{f' for {len(jobs)} runs' if len(jobs) > 1 else ''}]"
     for (strategy, _), what, result in zip(jobs, whats, results, strict=True):
         stages = f", stages {result.stages}" if result.stages and world > 1 else ""
-        progress(config, f"{strategy}, {what}{' data' if what in DATA else ''}, {world} rank{'s' if world > 1 else ''} "
+        progress(config, f"{strategy}, {what}, {world} rank{'s' if world > 1 else ''} "
                          f"({backend}): {result.throughput:.3g} steps/s{stages} {took}")  # fmt: skip
     return results
 

@@ -114,10 +114,14 @@ def read_jobs(path: str) -> list[tuple[str, TrainConfig]]:
     """The jobs :func:`write_jobs` wrote; raises ValueError naming a strategy or setting that is not known."""
     with open(path, encoding="utf-8") as f:
         raw = json.load(f)
+    known = set(asdict(TrainConfig()))
     jobs = []
     for job in raw:
         if job.get("strategy") not in STRATEGIES:
             raise ValueError(f"unknown strategy {job.get('strategy')!r} (valid: {', '.join(STRATEGIES)})")
+        unknown = sorted(set(job.get("config", {})) - known)
+        if unknown:
+            raise ValueError(f"unknown setting(s) {', '.join(unknown)} (valid: {', '.join(sorted(known))})")
         jobs.append((job["strategy"], TrainConfig(**job["config"])))
     return jobs
 
@@ -146,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         ]  # fmt: skip
         for strategy, cfg in jobs:
             cfg.check_world(strategy, world)
-    except (OSError, ValueError, TypeError) as exc:
+    except (OSError, ValueError) as exc:
         parser.error(str(exc))
     import torch
 
