@@ -17,6 +17,7 @@ import pytest
 
 from . import ci_summary, options
 from .speed.gate_table import format_table
+from .speed.policy import COMPARE_PROCESSES, MAX_LIMIT
 from .speed.provenance import record_command
 from .speed.records import BESIDE_OTHER_TESTS
 from .speed.report import by_case, generic_reference, path_cell, peak_notes, timing_cells
@@ -166,6 +167,15 @@ def speed_lines(config: pytest.Config, state: GateState, device: Callable[[], st
             tr.write_line(f"RECORDING RUN REFUSED for {flag}", yellow=True, bold=True)
         for flag in state.save_report.left_out:
             tr.write_line(f"RECORDING PROCESS LEFT OUT of {flag}", yellow=True, bold=True)
+        for name, resolves in sorted(state.save_report.blind.items()):
+            tr.write_line(
+                f"RECORDED BLIND to a {MAX_LIMIT}x slowdown: {name}: its recording processes lie so far apart that "
+                f"a compare of {COMPARE_PROCESSES} processes resolves {resolves:.3g}x; every compare will call it "
+                "inconclusive (which fails the run) unless that run is quieter: record it again on a quiet machine "
+                "(--lstmperf-update-baseline), or leave it out of the gated run",
+                yellow=True,
+                bold=True,
+            )
     if state.report_path is not None:
         tr.write_line(f"speed report written to {state.report_path}")
     if state.gate is not None:

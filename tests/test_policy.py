@@ -7,6 +7,7 @@ import dataclasses
 import math
 import random
 import zlib
+from collections.abc import Sequence
 
 import pytest
 
@@ -629,6 +630,77 @@ def test_a_recording_takes_more_processes_where_the_most_processes_would_see_1_5
     quiet = {f"b{k}": measured(f"b{k}", 0.01) for k in range(8)}
     assert unresolved({**quiet, "wide": measured("wide", 0.2)}) == ["wide"]
     assert unresolved({**quiet, "wide": measured("wide", 0.6)}) == []
+
+
+def _scaled(one: dict, factors: Sequence[float]) -> list[dict]:
+    """``one`` as recorded in one process per factor: each process's calls take that factor of ``one``'s time, its
+    anchor none (the figure divided by the anchor moves by the factor)."""
+    return [{**one, "data": [x * f for x in one["data"]]} for f in factors]
+
+
+@pytest.mark.parametrize("spread", [0.02, 0.06, 0.1, 0.14, 0.18, 0.25, 0.4])
+def test_a_recording_stops_where_the_compare_judges_as_it_predicted(spread: float) -> None:
+    """The recording's loop, as `_record_processes` runs it (three processes, then one more while
+    :func:`policy.unresolved` names the benchmark, up to RECORD_PROCESSES_MAX), beside eight quiet neighbours, for
+    spreads between processes from 2% to 40%. Where it stops, a compare of COMPARE_PROCESSES processes judges as the
+    recording foresaw: a benchmark not named by :func:`policy.blind` resolves a 1.5x slowdown, and one named is
+    inconclusive. Before, the recording judged by the spread before Student's t widened it and the compare after,
+    so a recording could stop at 8 processes sure that a compare resolves 1.5x that then never did (the fifth
+    Xeon)."""
+    from pytest_lstmperf.speed.policy import (
+        COMPARE_PROCESSES,
+        MAX_LIMIT,
+        RECORD_PROCESSES_MAX,
+        blind,
+        pooled,
+        unresolved,
+    )
+
+    def measured(name: str, spread: float, count: int) -> list[Measurement]:
+        return [as_measured(r) for r in processes(record(name, seed=1), spread=spread, count=count, machine=0.0)]
+
+    quiet = {f"b{k}": measured(f"b{k}", 0.01, 3) for k in range(8)}
+    count = 3
+    while count < RECORD_PROCESSES_MAX and unresolved({**quiet, "wide": measured("wide", spread, count)}):
+        count += 1
+    recorded = {**quiet, "wide": measured("wide", spread, count)}
+    named = blind(recorded)
+    refs = pooled({n: Reference(n, tuple(policy.run_figures(m) for m in ms)) for n, ms in recorded.items()})
+    now = [as_measured(r) for r in processes(record("wide", seed=5), spread=0.0, count=COMPARE_PROCESSES)]
+    got = check("per-call", now[0].first.samples("per-call"), refs["wide"], 1.05,
+                more=[m.first.samples("per-call") for m in now[1:]])  # fmt: skip
+    assert (got.resolves > MAX_LIMIT) == ("wide" in named), (spread, count, got.text(), named)
+    assert (got.verdict == "inconclusive") == ("wide" in named), (spread, count, got.text())
+    if "wide" in named:
+        assert named["wide"] == pytest.approx(got.resolves, rel=1e-3)  # the recording's own standard error
+    assert not any(n in named for n in quiet)
+
+
+def test_the_fifth_xeons_bimodal_benchmark_is_named_blind_when_recorded() -> None:
+    """The figures divided by the anchor of the oneDNN LSTM at batch 1 in its 8 recording processes on the fifth
+    16-core Xeon (1.888, 1.527, 1.779, 1.448, 2.015, 1.351, 1.347, 1.353): every compare of it was inconclusive.
+    The recording now says so when it ends, and stops adding processes once they show that more would not help."""
+    from pytest_lstmperf.speed.policy import RECORD_PROCESSES_MAX, blind, unresolved
+
+    base = record("onednn-b1", seed=3, noise=0.003)
+    figures = (1.888, 1.527, 1.779, 1.448, 2.015, 1.351, 1.347, 1.353)
+    quiet = {
+        f"b{k}": [as_measured(r) for r in processes(record(f"b{k}", seed=k, noise=0.003), spread=0.007, machine=0.0)]
+        for k in range(10)
+    }
+
+    def recorded(count: int) -> dict[str, list[Measurement]]:
+        return {**quiet, "onednn-b1": [as_measured(r) for r in _scaled(base, figures[:count])]}
+
+    count = 3
+    while count < RECORD_PROCESSES_MAX and unresolved(recorded(count)):
+        count += 1
+    # its first processes lie 11% apart beside quiet neighbours: more look as if they would help, until 7 show
+    # that even the most processes would leave a compare blind (the rule before took all 8 and named nothing)
+    assert count == 7
+    assert list(blind(recorded(count))) == ["onednn-b1"]
+    assert 1.5 < blind(recorded(count))["onednn-b1"] < 1.6
+    assert blind(recorded(3)) == {}  # what 3 processes showed: a compare would resolve it
 
 
 def test_the_comparable_bound_takes_in_how_far_the_anchor_itself_lies_apart() -> None:

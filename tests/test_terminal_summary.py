@@ -76,3 +76,22 @@ def test_time_by_phase_sums_the_benchmarks_phases_and_names_the_gates_own() -> N
     )
     assert phase_line([], {}) == ""
     assert phase_line([], {"compare processes": 4.0}) == "time by phase: compare processes 4.0 s"
+
+
+def test_a_recording_names_each_benchmark_no_compare_will_resolve(tmp_path) -> None:
+    """A benchmark whose recording processes lie too far apart for a compare of COMPARE_PROCESSES processes to see
+    1.5x (:func:`policy.blind`) is named when the recording ends, with what it resolves and what to do; a
+    recording with none says nothing of it."""
+    from pytest_lstmperf.run_report import speed_lines
+    from pytest_lstmperf.speed.baseline import SaveReport
+    from pytest_lstmperf.speed.gate import GateState
+
+    state = GateState(save_report=SaveReport(tmp_path / "cpu.json", created=["a", "b"], new_file=True))
+    quiet = [line.text for line in speed_lines(None, state, lambda: "cpu")]  # type: ignore[arg-type]
+    assert not any("BLIND" in line for line in quiet), quiet
+    state.save_report.blind = {"test_inference[b]": 1.537}
+    lines = [line.text for line in speed_lines(None, state, lambda: "cpu")]  # type: ignore[arg-type]
+    blind = [line for line in lines if "RECORDED BLIND" in line]
+    assert len(blind) == 1, lines
+    assert "test_inference[b]" in blind[0] and "resolves 1.54x" in blind[0] and "4 processes" in blind[0]
+    assert "inconclusive" in blind[0] and "--lstmperf-update-baseline" in blind[0]

@@ -18,7 +18,7 @@ from ..run_report import RunReport, build_report
 from ..session import run_session, started_session
 from ..speed.baseline_file import BaselineError
 from ..speed.gate import GateState
-from ..speed.policy import COMPARE_PROCESSES, RECORD_PROCESSES_MAX, undecided, unresolved
+from ..speed.policy import COMPARE_PROCESSES, RECORD_PROCESSES_MAX, blind, undecided, unresolved
 from ..speed.provenance import benchmark_header, provenance, record_command, rerun_command
 from ..speed.records import BenchRecord
 from ..speed.report import write_report
@@ -172,6 +172,7 @@ def _record_baseline(
     except RecordingError as exc:
         state.errors.append(str(exc))
         return
+    recorded = {r.fullname: [x.measurement() for x in (r, *siblings.get(r.fullname, ()))] for r in measured}
     try:
         device = gate_device(config)
         state.save_report = baseline_store(config).save(
@@ -186,6 +187,8 @@ def _record_baseline(
             add_run=saving(config) == "add-run",
             siblings=siblings,
         )
+        if saving(config) != "add-run" and setting(config, "lstmperf_record_processes").value > 1:
+            state.save_report.blind = blind(recorded)
         if xdist_active(config):
             state.messages.append("recorded under pytest-xdist: workers shared the machine while timing")
     except BaselineError as exc:

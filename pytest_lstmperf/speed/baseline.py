@@ -54,6 +54,8 @@ class SaveReport:
     refused: list[str] = field(default_factory=list)  # recording runs not added (another version, a broken run)
     left_out: list[str] = field(default_factory=list)  # recording processes left out of an entry (broke)
     outliers: list[str] = field(default_factory=list)  # recording runs added outside the runs before them
+    #: benchmarks no compare will see a 1.5x slowdown on (their processes lie too far apart): name -> resolution
+    blind: dict[str, float] = field(default_factory=dict)
     added_run: bool = False  # --lstmperf-add-baseline-run: recording runs added, no entry replaced
     entries: dict[str, BaselineEntry] = field(default_factory=dict)  # the file's entries as written
 

@@ -225,13 +225,32 @@ def recording_runs(measurements: Sequence[Measurement]) -> tuple[list[RunFigures
     return kept, left_out
 
 
-def unresolved(recorded: Mapping[str, Sequence[Measurement]]) -> list[str]:
-    """The benchmarks of a recording (name -> its measurements, one per process) that one process of a compare
-    could not see a :data:`MAX_LIMIT` slowdown on, though the estimate of how far their processes lie apart would
-    let a compare see it once both sides have all the processes they may take (:data:`RECORD_PROCESSES_MAX`
-    recorded, :data:`COMPARE_PROCESSES` compared): what hides 1.5x is then how little is known yet (few processes
-    and few neighbours: Student's t) or too few processes behind the figure. A recording times them in more
-    processes."""
+@dataclass(frozen=True)
+class Outlook:
+    """What a compare can resolve of one recorded benchmark, judged by the rule of :func:`check` itself: its
+    resolution in one compare process against what is recorded now, and the best any compare can reach, with
+    :data:`COMPARE_PROCESSES` compared and :data:`RECORD_PROCESSES_MAX` recorded, if the spread stays as estimated
+    (Student's t on the degrees of freedom those processes would give it)."""
+
+    name: str
+    metric: str
+    one: float  # a compare of one process against the processes recorded so far
+    now: float  # a compare of COMPARE_PROCESSES processes against the processes recorded so far
+    best: float  # a compare of COMPARE_PROCESSES processes against RECORD_PROCESSES_MAX recorded
+    processes: int  # recorded so far
+
+
+def resolution(sigma_b: float, m: int, n: int, se: float, metric: str) -> float:
+    """The smallest slowdown a compare of ``m`` processes (``se``: its own standard error, log scale) resolves
+    against ``n`` recorded processes whose figures lie ``sigma_b`` apart (widened, :meth:`Reference.figure`):
+    exp(:data:`K_SIGMA` x the standard error of the ratio). :func:`check` and a recording's outlook both use it."""
+    spread = math.hypot(sigma_b * math.sqrt(1 / m + 1 / n), BETWEEN_RUNS.get(metric, 0.0))
+    return math.exp(K_SIGMA * math.hypot(se, spread))
+
+
+def outlook(recorded: Mapping[str, Sequence[Measurement]]) -> list[Outlook]:
+    """The outlook of every benchmark of a recording (name -> its measurements, one per process), on each metric
+    that decides it; a benchmark whose processes' spread is not known at all resolves nothing (infinity)."""
     references = pooled(
         {
             name: Reference(name, tuple(recording_runs(list(ms))[0]), kernel=ms[0].kernel)
@@ -242,29 +261,48 @@ def unresolved(recorded: Mapping[str, Sequence[Measurement]]) -> list[str]:
     out = []
     for name, ref in references.items():
         for metric in metrics_of(ref, recorded[name][0].first):
-            figure = ref.figure(metric)
-            if figure is None:
-                out.append(name)
-                break
-            _, sigma_b, n = figure
             between = ref.between(metric)
+            n = len(ref._logs(metric, ref.variant(metric)))
+            if between is None or n == 0:
+                out.append(Outlook(name, metric, math.inf, math.inf, math.inf, n))
+                continue
+            sigma, dof = between
             ses = [f.se for f in (run.get(metric, ref.variant(metric)) for run in ref.runs) if f is not None]
             se = statistics.median(ses) if ses else 0.0
+            widened = sigma * tail_factor(dof)  # as the compare will judge it, with what is recorded now
+            later = sigma * tail_factor(dof + max(RECORD_PROCESSES_MAX - n, 0))  # with every process recorded
+            out.append(
+                Outlook(
+                    name,
+                    metric,
+                    one=resolution(widened, 1, n, se, metric),
+                    now=resolution(widened, COMPARE_PROCESSES, n, se, metric),
+                    best=resolution(later, COMPARE_PROCESSES, max(n, RECORD_PROCESSES_MAX), se, metric),
+                    processes=n,
+                )
+            )
+    return out
 
-            def resolves(sigma: float, m: int, n: int, se: float = se, metric: str = metric) -> float:
-                spread = math.hypot(sigma * math.sqrt(1 / m + 1 / n), BETWEEN_RUNS.get(metric, 0.0))
-                return math.exp(K_SIGMA * math.hypot(se, spread))
 
-            # more processes help where they can: not where the processes lie so far apart that even the most
-            # processes on both sides would not see 1.5x (those stay inconclusive when compared, and say why)
-            if (
-                resolves(sigma_b, 1, n) > MAX_LIMIT
-                and between is not None
-                and resolves(between[0], COMPARE_PROCESSES, RECORD_PROCESSES_MAX) <= MAX_LIMIT
-            ):
-                out.append(name)
-                break
-    return sorted(out)
+def unresolved(recorded: Mapping[str, Sequence[Measurement]]) -> list[str]:
+    """The benchmarks of a recording (name -> its measurements, one per process) that one process of a compare
+    could not see a :data:`MAX_LIMIT` slowdown on, though a compare would see it once both sides have all the
+    processes they may take (:data:`RECORD_PROCESSES_MAX` recorded, :data:`COMPARE_PROCESSES` compared), judged
+    as the compare judges (:func:`outlook`): what hides 1.5x is then how little is known yet (few processes and
+    few neighbours: Student's t) or too few processes behind the figure. A recording times them in more
+    processes; not those that even the most processes would leave blind (:func:`blind` names them)."""
+    return sorted({o.name for o in outlook(recorded) if o.one > MAX_LIMIT and o.best <= MAX_LIMIT})
+
+
+def blind(recorded: Mapping[str, Sequence[Measurement]]) -> dict[str, float]:
+    """The benchmarks of a finished recording that no compare will see a :data:`MAX_LIMIT` slowdown on, not even
+    with :data:`COMPARE_PROCESSES` processes (name -> the best resolution it reaches): every compare will call
+    them inconclusive, which fails the run, unless that run is quieter than the recording's processes were."""
+    out: dict[str, float] = {}
+    for o in outlook(recorded):
+        if o.now > MAX_LIMIT:
+            out[o.name] = max(out.get(o.name, 0.0), o.now)
+    return out
 
 
 def _chi2_median_ratio(dof: int) -> float:
@@ -472,8 +510,7 @@ def check(
     now_value = math.exp(statistics.fmean(math.log(f.value) for f in nows))
     now_se = math.sqrt(sum(f.se**2 for f in nows)) / m
     sigma_ref = math.hypot(sigma_b * math.sqrt(1 / m + 1 / recorded), BETWEEN_RUNS.get(metric, 0.0))
-    sigma = math.hypot(now_se, sigma_ref)
-    resolves = math.exp(K_SIGMA * sigma)
+    resolves = resolution(sigma_b, m, recorded, now_se, metric)
     limit = max(threshold, resolves)
     ratio = now_value / value
     verdict = "regressed" if ratio > limit else "improved" if ratio < 1 / limit else "unchanged"
