@@ -256,13 +256,22 @@ def resolution_lines(gate: GateResult, baseline: Baseline) -> list[str]:
             a, r = any_ref.spread.get((metric, "anchored")), any_ref.spread.get((metric, "raw"))
             if a is None or r is None:
                 continue
-            chosen = any_ref.variant(metric)
+            chosen = any_ref.variants.get(metric, any_ref.variant(metric))
             why = ": the anchor adds more noise than it removes here" if chosen == "raw" else ""
             lines.append(
                 f"{metric} figures: {'divided by the anchor' if chosen == 'anchored' else 'raw time'} (recording "
                 f"processes lie {a.sigma:.1%} apart divided by the anchor, {r.sigma:.1%} raw, median over "
                 f"{r.benchmarks} benchmarks{why})"
             )
+            others = sorted(
+                n for n, ref in references.items() if ref.has_figure(metric) and ref.variant(metric) != chosen
+            )
+            if others:  # a time per call is chosen per benchmark (:meth:`Reference.variant`)
+                other = "raw time" if chosen == "anchored" else "divided by the anchor"
+                named = ", ".join(others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
+                lines.append(
+                    f"  {other} for {len(others)} of them, whose own processes lie closer together so: {named}"
+                )
     return lines
 
 

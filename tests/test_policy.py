@@ -703,6 +703,78 @@ def test_the_fifth_xeons_bimodal_benchmark_is_named_blind_when_recorded() -> Non
     assert blind(recorded(3)) == {}  # what 3 processes showed: a compare would resolve it
 
 
+def _gpu_bound(
+    anchor_factors: Sequence[float], call_factors: Sequence[float], call_s: float = 1e-3, seed: int = 3
+) -> list[dict]:
+    """A GPU-bound benchmark as recorded in one process per pair of factors: its host-bound anchor wanders with
+    the host (by 50% within a process, as :func:`record`'s) and moves by the first factor (the host's state), its
+    call takes ``call_s`` (0.3% noise) times the second alone (the GPU's state)."""
+    rng = random.Random(seed)
+    one = record("gpu", call_s=call_s, seed=seed, noise=0.003)
+    out = []
+    for a, c in zip(anchor_factors, call_factors, strict=True):
+        extra = {**one["extra_info"], "anchor": {**one["extra_info"]["anchor"]}}
+        extra["anchor"]["samples"] = [x * a for x in extra["anchor"]["samples"]]
+        extra["anchor"]["per_call_s"] *= a
+        data = [call_s * c * math.exp(rng.gauss(0, 0.003)) for _ in one["data"]]
+        out.append({**one, "data": data, "extra_info": extra})
+    return out
+
+
+def _host_and_gpu_bound() -> dict[str, Reference]:
+    """Eight host-bound benchmarks (their calls and anchor move with the host) and one GPU-bound one, as one
+    baseline pools them."""
+    from pytest_lstmperf.speed.policy import pooled
+
+    refs: dict[str, Reference] = {
+        f"host-{k}": Reference(
+            f"host-{k}",
+            tuple(
+                policy.run_figures(as_measured(r))
+                for r in processes(record(f"host-{k}", seed=k), spread=0.01, count=4, machine=0.2)
+            ),
+        )
+        for k in range(8)
+    }
+    gpu = _gpu_bound((1.0, 1.25, 0.85, 1.15), (1.0, 1.01, 0.99, 1.005))  # the anchor's time in each process
+    refs["gpu"] = Reference("gpu", tuple(policy.run_figures(as_measured(r)) for r in gpu))
+    return pooled(refs)
+
+
+def test_the_run_names_the_benchmarks_judged_otherwise_than_the_baseline(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pytest_lstmperf import run_report
+    from pytest_lstmperf.speed.policy import GateResult
+
+    monkeypatch.setattr(run_report, "references_of", lambda baseline: _host_and_gpu_bound())
+    lines = run_report.resolution_lines(GateResult(), None)  # type: ignore[arg-type]
+    assert lines[0].startswith("per-call figures: divided by the anchor (recording processes lie "), lines
+    assert lines[1] == "  raw time for 1 of them, whose own processes lie closer together so: gpu", lines
+
+
+def test_a_time_per_call_that_follows_the_gpu_is_judged_raw_beside_calls_that_follow_the_host() -> None:
+    """Each benchmark's time per call is judged divided by the anchor or raw by its own recording processes: on
+    the H200 a GPU-bound compiled training step lay 1.0% apart raw and 18% divided by the host-bound anchor, whose
+    time moved with the host. Beside eight host-bound neighbours (anchored), that one is judged raw: a compare whose
+    host is 1.4x slower leaves it unchanged and a 1.5x slower call regresses. Judged by the baseline's choice for
+    all (anchored) it read 0.71x and resolved worse than 1.5x: blind."""
+    from pytest_lstmperf.speed.policy import MAX_LIMIT
+
+    refs = _host_and_gpu_bound()
+    assert refs["gpu"].variant("per-call") == "raw"
+    assert all(refs[f"host-{k}"].variant("per-call") == "anchored" for k in range(8))
+    assert refs["gpu"].variants["per-call"] == "anchored"  # the baseline's choice, which the others follow
+    busy_host = _gpu_bound((1.4,), (1.0,), seed=9)[0]
+    clean = decide(as_measured(busy_host), refs["gpu"])
+    assert clean.verdict == "unchanged" and clean.checks[0].variant == "raw", clean.checks[0].text()
+    assert clean.checks[0].resolves < MAX_LIMIT
+    slower = _gpu_bound((1.4,), (1.0,), call_s=1.5e-3, seed=9)[0]
+    assert decide(as_measured(slower), refs["gpu"]).verdict == "regressed"
+    # the same benchmark judged as the baseline chose for all: the anchor's move reads as a speed-up, and blind
+    anchored = check("per-call", as_measured(busy_host).first.samples("per-call", "anchored"), refs["gpu"], 1.05,
+                     variant="anchored")  # fmt: skip
+    assert anchored.ratio is not None and anchored.ratio < 0.8 and anchored.resolves > MAX_LIMIT, anchored.text()
+
+
 def test_the_comparable_bound_takes_in_how_far_the_anchor_itself_lies_apart() -> None:
     """On the 16-core Xeon the anchor's own time lay 2x apart between clean recording processes, and a clean run's
     anchor took 3.36x its recorded time: with that spread measured, 3.4x is comparable there, 1000x never is."""

@@ -8,7 +8,8 @@ The rule, in five sentences (docs/speed-gate.md states the same):
    the median of its device time where it has one that leaves the host out (a GPU), else of its time per call,
    taken where the gate compares or records in slices spread over a sweep of the process's benchmarks as the run
    ends, divided by the anchor's where the baseline's recording processes lie closer together so, and raw where the
-   anchor adds more noise than it removes.
+   anchor adds more noise than it removes (a time per call whose own processes say otherwise beyond doubt, a
+   GPU-bound call beside host-bound ones, is judged as they say, on its own processes' spread).
 2. A recording times every benchmark in independent processes (three, more where they do not yet show their
    spread), and how far they lie apart is its between-run noise: its own, moderated by the baseline's (a median
    over its benchmarks), widened by Student's t for the processes behind it. A figure is slower when it exceeds
@@ -76,6 +77,9 @@ COMPARE_PROCESSES = 4
 #: (docs/gate-evidence.md). A device figure (the GPU's own time) has none: 0 false alarms in 234 benchmark-runs
 #: across H100 hosts and days with the processes' spread alone.
 BETWEEN_RUNS = {"per-call": 0.04, "device": 0.0}
+#: how sure a benchmark's own recording processes must be that its time per call lies closer together in the
+#: other variant than the baseline's choice before it is judged in that one (:meth:`Reference.variant`)
+VARIANT_CONFIDENCE = 0.99
 #: the two figures a benchmark can have: per call (host included) and device time (GPU only)
 METRICS = ("per-call", "device")
 #: each figure divided by the anchor's beside it, or raw; the baseline's recording processes decide which
@@ -353,9 +357,27 @@ class Reference:
     variants: Mapping[str, str] = field(default_factory=dict)
 
     def variant(self, metric: str) -> str:
-        if metric in self.variants:
-            return self.variants[metric]
-        return "anchored" if self._logs(metric, "anchored") else "raw"
+        """The figure that decides this benchmark's ``metric``: divided by the anchor, or raw.
+
+        The baseline's choice (:func:`pooled`: the variant whose processes lie closer together over all its
+        benchmarks), but for a time per call whose own recording processes say otherwise beyond doubt (an F test
+        of their two variances at :data:`VARIANT_CONFIDENCE`): a time per call follows the host or the GPU by the
+        benchmark's own size. On the H200 a GPU-bound compiled training step lay 1.0% apart raw and 18% divided by
+        the host-bound anchor, while the small calls beside it lay closer divided by it. A device figure's two
+        variants are both GPU time (the anchor's is timed on the same GPU): the baseline's choice decides it. With
+        no choice of the baseline's, the anchored figure where there is one."""
+        chosen = self.variants.get(metric) or ("anchored" if self._logs(metric, "anchored") else "raw")
+        if metric != "per-call":
+            return chosen
+        other = "raw" if chosen == "anchored" else "anchored"
+        mine, theirs = self.own_variance(metric, chosen), self.own_variance(metric, other)
+        if mine is None or theirs is None or theirs[0] <= 0:
+            return chosen
+        from scipy.stats import f
+
+        if mine[0] / theirs[0] > f.ppf(VARIANT_CONFIDENCE, mine[1], theirs[1]):
+            return other
+        return chosen
 
     def _logs(self, metric: str, variant: str) -> list[float]:
         return [math.log(f.value) for f in (run.get(metric, variant) for run in self.runs) if f is not None]
@@ -377,6 +399,8 @@ class Reference:
         variant = variant or self.variant(metric)
         own = self.own_variance(metric, variant)
         pool = self.spread.get((metric, variant))
+        if own is not None and self.variants.get(metric, variant) != variant:
+            pool = None  # judged otherwise than the baseline's benchmarks (:meth:`variant`): theirs is no prior
         pool_dof = min(pool.dof, POOL_DOF_CAP) if pool is not None else 0
         if own is None:
             return (pool.sigma, pool_dof) if pool is not None else None
