@@ -45,6 +45,9 @@ from pytest_lstmperf.observation.torch_trace import torch_trace
 # spread sets the resolution: 1.23-1.45x either way beside a busy process, against the 1.5 threshold) at a quarter
 # of the time of every round
 WORK_STEPS = int(float(os.environ.get("SPIN_MS", "5")) * 60)
+# planted: a recording's further processes do SPIN_FURTHER times the work (its processes lie that far apart)
+if os.environ.get("PYTEST_LSTMPERF_RECORDING_PROCESS"):
+    WORK_STEPS = int(WORK_STEPS * float(os.environ.get("SPIN_FURTHER", "1")))
 _H = torch.randn(16, 32) / 8
 _W = torch.randn(32, 32) / 8
 
@@ -168,6 +171,29 @@ def _count_settled(index: str) -> int:
 
 def _baseline_files(root: Path) -> list[Path]:
     return sorted((root / "baselines").glob("*.json"))
+
+
+def test_a_recording_whose_processes_lie_far_apart_names_its_benchmarks_blind(gate, monkeypatch) -> None:
+    """Planted: the recording's further processes do 1.6x the work of its first (within the 2x beyond which a
+    process is left out as broken), so no compare could see a 1.5x slowdown on the benchmark. The recording stops
+    adding processes (more would not help), writes the baseline and names it as it ends; the compare that follows
+    fails it as inconclusive. The same recording without the plant names nothing (the session's recording)."""
+    monkeypatch.setenv("SPIN_FURTHER", "1.6")
+    select = ("-k", "test_inference and B1-")
+    result = gate("--lstmperf-save-baseline", *select)
+    assert result.ret == 0, result.stdout.str()
+    out = result.stdout.str()
+    assert "process 4 of" not in out, out  # three processes: a fourth would not have helped
+    result.stdout.fnmatch_lines(
+        ["RECORDED BLIND to a 1.5x slowdown: *test_inference[[]spin-onednn-lstm-*B1*: its recording processes lie "
+         "so far apart that a compare of 4 processes resolves *x; every compare will call it inconclusive*"]
+    )  # fmt: skip
+    monkeypatch.delenv("SPIN_FURTHER")
+    result = gate("--benchmark-compare", *select)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED, result.stdout.str()
+    result.stdout.fnmatch_lines(
+        ["*speed gate against*1 inconclusive*", "SPEED GATE NOT PASSED: 1 benchmark(s) inconclusive*"]
+    )
 
 
 def test_lifecycle_record_compare_regress_update(gate, gate_recording) -> None:
