@@ -146,3 +146,28 @@ def test_a_case_crosses_the_worker_pipe_narrowed_and_comes_back_bit_for_bit() ->
                 assert back[key].dtype == np.float64 and np.array_equal(back[key], value), key
     wide = {"x": np.array([0.1, 1.0 / 3.0]), "n": None}  # float32 cannot hold these: sent unchanged
     assert narrow(wide)["x"] is wide["x"] and widen(narrow(wide))["x"] is wide["x"]
+
+
+def test_the_workers_pipe_carries_typed_requests_and_replies() -> None:
+    """A request and a reply round-trip the pipe as themselves; a reply where a request is read (or the reverse)
+    is an error naming what came, and a pipe closed mid-message is EOFError."""
+    import io
+
+    from pytest_lstmperf.paths.keras.transport import Reply, Request, recv_reply, recv_request, send
+
+    pipe = io.BytesIO()
+    send(pipe, Request("build", {"handle": 3}))
+    send(pipe, Reply.failed(ValueError("bad shape"), "Traceback ..."))
+    pipe.seek(0)
+    assert recv_request(pipe) == Request("build", {"handle": 3})
+    failed = recv_reply(pipe)
+    assert (failed.ok, failed.error, failed.kind, failed.traceback) == (
+        False, "ValueError: bad shape", "ValueError", "Traceback ...",
+    )  # fmt: skip
+    pipe = io.BytesIO()
+    send(pipe, Reply(True, {"gpus": []}))
+    pipe.seek(0)
+    with pytest.raises(TypeError, match="not a request of the Keras worker's pipe: Reply"):
+        recv_request(pipe)
+    with pytest.raises(EOFError):
+        recv_reply(io.BytesIO(pipe.getvalue()[:-3]))

@@ -20,7 +20,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from .transport import KerasUnavailable, KerasWorkerError, recv, send
+from .transport import KerasUnavailable, KerasWorkerError, Request, recv_reply, send
 
 
 class WorkerClient:
@@ -57,13 +57,13 @@ class WorkerClient:
         """Wait for the worker's hello (sent once its imports are done); its info, or KerasUnavailable."""
         if self.info is None:
             try:
-                hello = recv(self.process.stdout)
+                hello = recv_reply(self.process.stdout)
             except EOFError:
                 raise KerasUnavailable(f"Keras worker ({self.backend}) exited at start: {self.log_tail()}") from None
-            if not hello["ok"]:
+            if not hello.ok:
                 self.close()
-                raise KerasUnavailable(f"Keras on the {self.backend} backend cannot start: {hello['error']}")
-            self.info = hello["result"]
+                raise KerasUnavailable(f"Keras on the {self.backend} backend cannot start: {hello.error}")
+            self.info = hello.result
         return self.info
 
     def log_tail(self, chars: int = 2000) -> str:
@@ -83,29 +83,29 @@ class WorkerClient:
         with self.lock:
             if self.pending_release and self.alive:
                 handles, self.pending_release[:] = list(self.pending_release), []
-                send(self.process.stdin, {"cmd": "release", "args": {"handles": handles}})
-                recv(self.process.stdout)
+                send(self.process.stdin, Request("release", {"handles": handles}))
+                recv_reply(self.process.stdout)
             if not self.alive or self.exit_asked:
                 why = "was told to exit" if self.alive else "is not running"
                 raise KerasWorkerError(f"Keras worker ({self.backend}) {why}: {self.log_tail()}")
             try:
-                send(self.process.stdin, {"cmd": cmd, "args": args})
-                reply = recv(self.process.stdout)
+                send(self.process.stdin, Request(cmd, args))
+                reply = recv_reply(self.process.stdout)
             except (EOFError, BrokenPipeError, OSError):
                 raise KerasWorkerError(
                     f"Keras worker ({self.backend}) died during {cmd!r} (exit {self.process.poll()}): {self.log_tail()}"
                 ) from None
-        if not reply["ok"]:
-            detail = reply.get("traceback", "")
-            raise KerasWorkerError(f"{reply['error']}" + (f"\n--- worker traceback ---\n{detail}" if detail else ""))
-        return reply["result"]
+        if not reply.ok:
+            detail = reply.traceback
+            raise KerasWorkerError(reply.error + (f"\n--- worker traceback ---\n{detail}" if detail else ""))
+        return reply.result
 
     def ask_to_exit(self) -> None:
         """Tell the worker to exit, without waiting for it (:meth:`close` waits)."""
         if self.process.poll() is None and not self.exit_asked:
             try:
                 with self.lock:
-                    send(self.process.stdin, {"cmd": "exit"})
+                    send(self.process.stdin, Request("exit"))
                 self.exit_asked = True
             except (OSError, EOFError):
                 pass

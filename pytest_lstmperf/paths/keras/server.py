@@ -17,7 +17,7 @@ from ...model.spec import LayerSpec
 from ...observation.tf_trace import function_trace
 from . import jax_runner
 from .runners import LocalKerasRun
-from .transport import recv, send, widen
+from .transport import Reply, recv_request, send, widen
 
 
 class Server:
@@ -171,35 +171,29 @@ def serve(backend: str) -> int:
     try:
         info = server.hello()
     except BaseException as exc:
-        send(channel, {"ok": False, "error": f"{type(exc).__name__}: {exc}"})
+        send(channel, Reply.failed(exc))
         return 1
     gc.freeze()  # the imports' objects: long-lived, never scanned again by a collection (see Server.release)
-    send(channel, {"ok": True, "result": info})
+    send(channel, Reply(True, info))
     if backend == "jax" and info.get("gpus"):
         jax_runner.preload_device_timing()  # before the first request is read: the session runs other tests meanwhile
         gc.freeze()
     while True:
         try:
-            message = recv(inbox)
+            message = recv_request(inbox)
         except EOFError:
             return 0
-        if message.get("cmd") == "exit":
-            send(channel, {"ok": True, "result": None})
+        if message.cmd == "exit":
+            send(channel, Reply(True))
             return 0
         try:
-            result = getattr(server, message["cmd"])(**message.get("args", {}))
-            reply = {"ok": True, "result": result}
+            reply = Reply(True, getattr(server, message.cmd)(**message.args))
         except BaseException as exc:
-            reply = {
-                "ok": False,
-                "error": f"{type(exc).__name__}: {exc}",
-                "kind": type(exc).__name__,
-                "traceback": traceback.format_exc()[-4000:],
-            }
+            reply = Reply.failed(exc, traceback.format_exc()[-4000:])
         try:
             send(channel, reply)
         except (pickle.PicklingError, TypeError) as exc:
-            send(channel, {"ok": False, "error": f"unpicklable reply: {exc}", "kind": "PicklingError"})
+            send(channel, Reply(False, error=f"unpicklable reply: {exc}", kind="PicklingError"))
 
 
 if __name__ == "__main__":

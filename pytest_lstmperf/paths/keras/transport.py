@@ -1,16 +1,40 @@
 """The pipe between the test process and a Keras worker: length-prefixed pickles, and the errors a worker reports.
 
-One message is an 8-byte little-endian length followed by a pickle; requests are ``{"cmd": ..., "args": {...}}``,
-replies ``{"ok": True, "result": ...}`` or ``{"ok": False, "error": ..., "kind": ..., "traceback": ...}``.
+One message is an 8-byte little-endian length followed by a pickle of a :class:`Request` (test process to worker)
+or a :class:`Reply` (worker to test process): the two records of the pipe, written and read here alone.
 """
 
 from __future__ import annotations
 
 import pickle
 import struct
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
+
+@dataclass(frozen=True)
+class Request:
+    """A call of the worker's ``cmd`` method with ``args``; ``exit`` ends the worker."""
+
+    cmd: str
+    args: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Reply:
+    """What the worker answers: its result, or the error it raised (its type's name and its traceback's tail)."""
+
+    ok: bool
+    result: Any = None
+    error: str = ""
+    kind: str = ""
+    traceback: str = ""
+
+    @classmethod
+    def failed(cls, exc: BaseException, traceback: str = "") -> Reply:
+        return cls(False, error=f"{type(exc).__name__}: {exc}", kind=type(exc).__name__, traceback=traceback)
 
 
 class KerasUnavailable(RuntimeError):
@@ -21,7 +45,7 @@ class KerasWorkerError(RuntimeError):
     """The worker raised while running a request; the message carries its error and traceback tail."""
 
 
-def send(stream: Any, message: Any) -> None:
+def send(stream: Any, message: Request | Reply) -> None:
     data = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
     stream.write(struct.pack("<Q", len(data)))
     stream.write(data)
@@ -29,6 +53,7 @@ def send(stream: Any, message: Any) -> None:
 
 
 def recv(stream: Any) -> Any:
+    """The next message on ``stream`` (a :class:`Request` or a :class:`Reply`); EOFError where the pipe closed."""
     header = stream.read(8)
     if len(header) < 8:
         raise EOFError("worker pipe closed")
@@ -37,6 +62,20 @@ def recv(stream: Any) -> Any:
     if len(data) < size:
         raise EOFError("worker pipe closed mid-message")
     return pickle.loads(data)
+
+
+def recv_request(stream: Any) -> Request:
+    message = recv(stream)
+    if not isinstance(message, Request):
+        raise TypeError(f"not a request of the Keras worker's pipe: {type(message).__name__}")
+    return message
+
+
+def recv_reply(stream: Any) -> Reply:
+    message = recv(stream)
+    if not isinstance(message, Reply):
+        raise TypeError(f"not a reply of the Keras worker's pipe: {type(message).__name__}")
+    return message
 
 
 class Narrowed:
