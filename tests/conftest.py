@@ -125,5 +125,6 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     from forked_pytest import close_server
 
     close_server()
+    interrupted = session.shouldstop or session.shouldfail or session.exitstatus == pytest.ExitCode.INTERRUPTED
     for run in SessionRun.runs.values():
-        run.stop()
+        run.stop(wait=not interrupted)

@@ -44,7 +44,7 @@ PRELOAD = ("numpy", "torch", "torch._dynamo", "torch.profiler", "scipy.stats", "
 #: of about 150 runs), they are not rewritten in a child, as in a subprocess that imports them late: the
 #: warning says nothing of the run, and each child ignores it (appended, so it wins over a run's own ``-W``)
 PRELOAD_WARNINGS = tuple(
-    f"-Wignore:Module already imported so cannot be rewritten; {name}$:pytest.PytestAssertRewriteWarning"
+    f"-Wignore:Module already imported so cannot be rewritten; {name}:pytest.PytestAssertRewriteWarning"
     for name in ("hypothesis", "_hypothesis_globals")
 )
 ENABLED = hasattr(os, "fork") and os.environ.get("PYTEST_LSTMPERF_TEST_FORK", "1") != "0"

@@ -3,6 +3,7 @@ they run: the speed gate's spin project, the suites on the CPU torch paths."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -120,6 +121,7 @@ class SessionRun:
         self.root = shared / name
         self.result_file = shared / f"{name}.json"
         self.process: subprocess.Popen[bytes] | None = None
+        self.timeout = 0.0
 
     def start(
         self, args: Sequence[str], env: Mapping[str, str], timeout: float, prepare: Callable[[Path], None]
@@ -130,6 +132,7 @@ class SessionRun:
         except FileExistsError:
             return
         prepare(self.root)
+        self.timeout = timeout
         request = {"args": list(args), "env": dict(env), "timeout": timeout, "result": str(self.result_file)}
         (self.root / "request.json").write_text(json.dumps(request))
         with open(self.root / "runner.log", "wb") as log:
@@ -158,9 +161,17 @@ class SessionRun:
         data = json.loads(self.result_file.read_text())
         return pytest.RunResult(data["ret"], data["out"], data["err"], data["duration"])
 
-    def stop(self) -> None:
-        """At the session's end: a run this worker started and nobody waited for is not left behind."""
-        if self.process is not None and self.process.poll() is None:
+    def stop(self, wait: bool) -> None:
+        """At this worker's session end. A run it started is needed by a test that collection kept, maybe one that
+        another worker runs and waits for (pytest-xdist ends a worker's session once it has no more tests to
+        run): with ``wait`` it is waited for, up to its own time limit. Else (an interrupted session, or past
+        that limit) it is not left behind."""
+        if self.process is None or self.process.poll() is not None:
+            return
+        if wait:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(self.timeout + 60)
+        if self.process.poll() is None:
             os.killpg(self.process.pid, signal.SIGKILL)  # its process group: the pytest run and what it started
             self.process.wait(30)
 

@@ -45,9 +45,14 @@ from pytest_lstmperf.observation.torch_trace import torch_trace
 # spread sets the resolution: 1.23-1.45x either way beside a busy process, against the 1.5 threshold) at a quarter
 # of the time of every round
 WORK_STEPS = int(float(os.environ.get("SPIN_MS", "5")) * 60)
-# planted: a recording's further processes do SPIN_FURTHER times the work (its processes lie that far apart)
-if os.environ.get("PYTEST_LSTMPERF_RECORDING_PROCESS"):
-    WORK_STEPS = int(WORK_STEPS * float(os.environ.get("SPIN_FURTHER", "1")))
+# planted: the processes of a run (the run itself, then each recording process, one after another) do 1 and
+# SPIN_ALTERNATE times the work in turn, counted in the file SPIN_COUNTER names: processes that lie that far apart
+if os.environ.get("SPIN_COUNTER"):
+    with open(os.environ["SPIN_COUNTER"], "a+") as counter:
+        counter.seek(0)
+        if len(counter.read().splitlines()) % 2:
+            WORK_STEPS = int(WORK_STEPS * float(os.environ.get("SPIN_ALTERNATE", "1")))
+        counter.write("process\\n")
 _H = torch.randn(16, 32) / 8
 _W = torch.randn(32, 32) / 8
 
@@ -174,21 +179,21 @@ def _baseline_files(root: Path) -> list[Path]:
 
 
 def test_a_recording_whose_processes_lie_far_apart_names_its_benchmarks_blind(gate, monkeypatch) -> None:
-    """Planted: the recording's further processes do 1.6x the work of its first (within the 2x beyond which a
-    process is left out as broken), so no compare could see a 1.5x slowdown on the benchmark. The recording stops
-    adding processes (more would not help), writes the baseline and names it as it ends; the compare that follows
-    fails it as inconclusive. The same recording without the plant names nothing (the session's recording)."""
-    monkeypatch.setenv("SPIN_FURTHER", "1.6")
+    """Planted: the recording's processes do 1x and 1.6x the work in turn (within the 2x beyond which a process is
+    left out as broken), so no compare could see a 1.5x slowdown on the benchmark: the recording writes the
+    baseline and names it as it ends, however many processes it took; the compare that follows fails it as
+    inconclusive."""
+    monkeypatch.setenv("SPIN_COUNTER", str(gate.path / "processes.txt"))
+    monkeypatch.setenv("SPIN_ALTERNATE", "1.6")
     select = ("-k", "test_inference and B1-")
     result = gate("--lstmperf-save-baseline", *select)
     assert result.ret == 0, result.stdout.str()
-    out = result.stdout.str()
-    assert "process 4 of" not in out, out  # three processes: a fourth would not have helped
+    assert "PytestAssertRewriteWarning" not in result.stdout.str()  # the fork server's own imports say nothing
     result.stdout.fnmatch_lines(
         ["RECORDED BLIND to a 1.5x slowdown: *test_inference[[]spin-onednn-lstm-*B1*: its recording processes lie "
          "so far apart that a compare of 4 processes resolves *x; every compare will call it inconclusive*"]
     )  # fmt: skip
-    monkeypatch.delenv("SPIN_FURTHER")
+    monkeypatch.delenv("SPIN_COUNTER")
     result = gate("--benchmark-compare", *select)
     assert result.ret == pytest.ExitCode.TESTS_FAILED, result.stdout.str()
     result.stdout.fnmatch_lines(
