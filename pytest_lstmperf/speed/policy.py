@@ -265,16 +265,16 @@ def outlook(recorded: Mapping[str, Sequence[Measurement]]) -> list[Outlook]:
     out = []
     for name, ref in references.items():
         for metric in metrics_of(ref, recorded[name][0].first):
-            between = ref.between(metric)
-            n = len(ref._logs(metric, ref.variant(metric)))
-            if between is None or n == 0:
-                out.append(Outlook(name, metric, math.inf, math.inf, math.inf, n))
+            variant = ref.variant(metric)
+            figure, between = ref.figure(metric, variant), ref.between(metric, variant)
+            if figure is None or between is None:
+                out.append(Outlook(name, metric, math.inf, math.inf, math.inf, 0))
                 continue
+            _, widened, n = figure  # as the compare will judge it, with what is recorded now
             sigma, dof = between
-            ses = [f.se for f in (run.get(metric, ref.variant(metric)) for run in ref.runs) if f is not None]
-            se = statistics.median(ses) if ses else 0.0
-            widened = sigma * tail_factor(dof)  # as the compare will judge it, with what is recorded now
             later = sigma * tail_factor(dof + max(RECORD_PROCESSES_MAX - n, 0))  # with every process recorded
+            ses = [f.se for f in (run.get(metric, variant) for run in ref.runs) if f is not None]
+            se = statistics.median(ses) if ses else 0.0
             out.append(
                 Outlook(
                     name,
