@@ -261,3 +261,40 @@ def test_a_fault_in_torchs_gru_kernel_fails_verify_model(monkeypatch, inputs):
     model = torch.nn.Sequential(torch.nn.GRU(3, 6, batch_first=True))
     with pytest.raises(ModelCheckFailed, match=r"path torch-cpu-native .*\n.*\[tolerance\] output 0"):
         verify_model(model, inputs[0], device="cpu", paths=["torch-cpu-native"])
+
+
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
+def test_a_packed_paths_timed_calls_run_the_layer_alone_on_a_batch_packed_once(cell, monkeypatch):
+    """The packed benchmarks time the recurrent call: forward() and train_step() run the layer on the batch packed
+    when the run was prepared, and neither packs nor pads (on the 2-core VM packing and padding took about a third
+    of the packed gate benchmark, and a 1.5x slower LSTM call read 1.23x there). They compute what run() computes,
+    which packs and pads on every call as a model does: the packed output's data, and the same parameter
+    gradients."""
+    from pytest_lstmperf import paths as registry
+    from pytest_lstmperf.device import resolve_device
+    from pytest_lstmperf.model.case import make_case
+    from pytest_lstmperf.model.spec import LayerSpec
+
+    spec = LayerSpec(cell=cell, input_size=3, hidden_size=4, batch=3, seq_len=5, length_mode="packed",
+                     lengths=(5, 2, 4), training=True, batch_first=True)  # fmt: skip
+    run = registry.get("torch-cpu-packed").prepare(make_case(spec, 0), resolve_device("cpu"))
+    whole = run.run()
+    import torch.nn.utils.rnn as rnn
+
+    called: list[str] = []
+    for name in ("pack_padded_sequence", "pad_packed_sequence"):
+        real = getattr(rnn, name)
+        monkeypatch.setattr(rnn, name, lambda *a, _real=real, _name=name, **k: called.append(_name) or _real(*a, **k))
+    out, h_n, _ = run.forward()
+    padded = torch.from_numpy(whole.output)
+    expected = pack_padded_sequence(padded, torch.tensor([5, 2, 4]), batch_first=True, enforce_sorted=False).data
+    torch.testing.assert_close(out.double(), expected, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(h_n.double(), torch.from_numpy(whole.h_n), rtol=1e-6, atol=1e-6)
+    run.module.zero_grad(set_to_none=True)
+    run.train_step()
+    for name, param in run.module.named_parameters():
+        torch.testing.assert_close(param.grad.double(), torch.from_numpy(whole.grads[name]), rtol=1e-5, atol=1e-6)
+    assert called == []
+    # the check can fail: run() packs and pads, and the patched functions see it
+    run.run()
+    assert called == ["pack_padded_sequence", "pad_packed_sequence"]
