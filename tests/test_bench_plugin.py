@@ -363,7 +363,7 @@ _real = cpuinfo.get_cpu_info
 
 def _counted():
     with open(os.path.join(os.path.dirname(__file__), "probes.txt"), "a") as fh:
-        fh.write("probe\\n")
+        fh.write(f"probe {os.getpid()}\\n")
     return _real()
 
 
@@ -382,7 +382,11 @@ def test_pytest_benchmarks_cpu_probe_runs_once_beside_the_set_up(gate, gate_reco
     one = ("-k", "B1-")  # one benchmark compared (the baseline's others: not run): the probes are per run
     result = gate("--benchmark-compare", "--benchmark-json=out.json", *one)
     assert result.ret == 0, result.stdout.str()
-    assert probes.read_text().splitlines() == ["probe"]
+    # once per pytest process: the run's own, and one more for each further process that timed an undecided
+    # benchmark again (a loaded machine leaves the one benchmark undecided in one process now and then)
+    pids = [line.split()[1] for line in probes.read_text().splitlines()]
+    again = [ln for ln in result.stdout.lines if ln.startswith("lstmperf: process ") and " again " in ln]
+    assert len(pids) == len(set(pids)) == 1 + len(again), (pids, again)
     info = json.loads((gate.path / "out.json").read_text())["machine_info"]
     assert info["cpu"] and info["python_version"] and info["lstmperf"]["device_key"]
     probes.unlink()
