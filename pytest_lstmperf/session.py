@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from .run_report import RunReport
     from .speed.machine_info import MachineInfo
     from .speed.machine_lock import MachineLock
+    from .workloads.rows import WorkloadRow
 
 
 @dataclass(eq=False)  # registered as a plugin: must stay hashable
@@ -143,7 +144,7 @@ class LstmPerfSession:
         self.gate = GateState()
         #: whether the speed gate took part in this run (a benchmark, a compare, a recording)
         self.gate_used = False
-        self.workload_rows: list[dict[str, object]] = []
+        self.workload_rows: list[WorkloadRow] = []
         #: pytest-benchmark's machine info, computed in a thread (:class:`~.speed.machine_info.MachineInfo`)
         self.machine_probe: MachineInfo | None = None
         #: whether the run's figures are judged or kept (:func:`.hooks.gate_context.judges`), read at configure

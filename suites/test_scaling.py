@@ -33,6 +33,7 @@ import pytest
 
 from pytest_lstmperf.hooks.workloads import add_row
 from pytest_lstmperf.speed.shapes import bench_set
+from pytest_lstmperf.workloads.rows import ScalingRow
 
 torch = pytest.importorskip("torch")
 
@@ -200,12 +201,12 @@ def core_note(result: dist.RunResult, cores: int | None = None) -> str:
 def _rows(request: pytest.FixtureRequest, runs: list, plain: dist.RunResult, data: str, model: str) -> None:
     one = runs[0].throughput
     for result in runs:
-        add_row(request, "scaling", strategy=result.strategy, data=data,
-                world=result.world, backend=result.backend, throughput=result.throughput,
-                speedup=result.throughput / one, efficiency=result.throughput / one / result.world,
-                vs_plain=result.throughput / plain.throughput,
-                comm_share=result.comm_share if result.world > 1 else None, model=model,
-                note=core_note(result))  # fmt: skip
+        add_row(request, ScalingRow(strategy=result.strategy, data=data,
+                                    world=result.world, backend=result.backend, throughput=result.throughput,
+                                    speedup=result.throughput / one, efficiency=result.throughput / one / result.world,
+                                    vs_plain=result.throughput / plain.throughput,
+                                    comm_share=result.comm_share if result.world > 1 else None, model=model,
+                                    note=core_note(result)))  # fmt: skip
 
 
 def test_ddp_weak_scaling(lstmperf: Any, pytestconfig: pytest.Config, request: pytest.FixtureRequest) -> None:

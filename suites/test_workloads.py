@@ -31,6 +31,7 @@ import pytest
 from pytest_lstmperf import paths as registry
 from pytest_lstmperf.hooks.workloads import add_row
 from pytest_lstmperf.speed.shapes import bench_set
+from pytest_lstmperf.workloads.rows import BucketingRow, CrossoverRow, OverheadRow, PrecisionRow
 
 torch = pytest.importorskip("torch")
 
@@ -188,9 +189,9 @@ def test_padding_packing_bucketing_speed(
     else:  # pytest-benchmark disables itself under pytest-xdist or --benchmark-disable
         benchmark.pedantic(epoch)
         seconds = timing.median_time(epoch, wl.synchronize, repeats=5, warmup=0)
-    add_row(request, "bucketing", workload=_workload_name(wl, distribution), mode=varlen_mode,
-            work_ratio=work.ratio, wasted=work.wasted, seconds=seconds,
-            buckets=len(wl.bounds) if varlen_mode == "bucketed" else "-")  # fmt: skip
+    add_row(request, BucketingRow(workload=_workload_name(wl, distribution), mode=varlen_mode,
+                                  work_ratio=work.ratio, wasted=work.wasted, seconds=seconds,
+                                  buckets=len(wl.bounds) if varlen_mode == "bucketed" else "-"))  # fmt: skip
 
 
 # ------------------------------------------------------------------------------------------- crossover
@@ -220,8 +221,8 @@ def test_crossover(lstmperf: Any, pytestconfig: pytest.Config, request: pytest.F
         Path(report_dir).mkdir(parents=True, exist_ok=True)
         title = f"{crossover.sweep_label(spec)}, forward, against {slow}\n{lstmperf.device.describe()}"
         plot = str(crossover.plot_sweep(points, Path(report_dir) / f"crossover-{kind}.png", title, marks))
-    add_row(request, "crossover", shape=crossover.sweep_label(spec), against=slow, crossover=marks, plot=plot,
-            points=[p.__dict__ for p in points])  # fmt: skip
+    add_row(request, CrossoverRow(shape=crossover.sweep_label(spec), against=slow, crossover=marks, plot=plot,
+                                  points=tuple(p.__dict__ for p in points)))  # fmt: skip
     assert not problems, "\n".join(problems)
 
 
@@ -249,9 +250,10 @@ def test_framework_overhead(lstmperf: Any, overhead_shape: tuple, request: pytes
     result = _raw_cost(overhead_shape, device)
     if lstmperf.device.kind == "cuda":
         assert result.graph_s is not None, "CUDA-graph capture of the module call failed: no device-only cost"
-    add_row(request, "overhead", shape=f"{cell}-H{hidden}-B{batch}-T{seq}", device=lstmperf.device.name,
-            framework="torch", ran=result.ran, module_s=result.module_s, op_s=result.op_s, graph_s=result.graph_s,
-            raw_s=result.raw_s, ratio=result.ratio, host_s=result.host_s, kernels=result.kernels)  # fmt: skip
+    add_row(request, OverheadRow(shape=f"{cell}-H{hidden}-B{batch}-T{seq}", device=lstmperf.device.name,
+                                 framework="torch", ran=result.ran, module_s=result.module_s, op_s=result.op_s,
+                                 graph_s=result.graph_s, raw_s=result.raw_s, ratio=result.ratio,
+                                 host_s=result.host_s, kernels=result.kernels))  # fmt: skip
 
 
 _RAW_COSTS: dict[tuple, overhead.Overhead] = {}
@@ -286,10 +288,10 @@ def _overhead_row(
     """The overhead row, then the path's kernel claim (checked after the row, so a failure still reports it)."""
     cell, hidden, batch, seq = shape
     kernels = len(trace.kernels) if lstmperf.device.kind == "cuda" else len(trace.ops)
-    add_row(request, "overhead", shape=f"{cell}-H{hidden}-B{batch}-T{seq}", device=lstmperf.device.name,
-            framework=framework, ran=f"{trace.family}/{trace.precision}", module_s=seconds, op_s=None,
-            graph_s=raw.graph_s, raw_s=raw.raw_s, ratio=seconds / raw.raw_s, host_s=max(seconds - raw.raw_s, 0.0),
-            kernels=kernels, **extra)  # fmt: skip
+    add_row(request, OverheadRow(shape=f"{cell}-H{hidden}-B{batch}-T{seq}", device=lstmperf.device.name,
+                                 framework=framework, ran=f"{trace.family}/{trace.precision}", module_s=seconds,
+                                 op_s=None, graph_s=raw.graph_s, raw_s=raw.raw_s, ratio=seconds / raw.raw_s,
+                                 host_s=max(seconds - raw.raw_s, 0.0), kernels=kernels, **extra))  # fmt: skip
     problems = check_trace(path.expected(spec), trace, "forward")
     assert not problems, f"{path.name} on {spec.short()}: " + "; ".join(m.message for m in problems)
 
@@ -368,8 +370,8 @@ def test_precision_speed_and_error(lstmperf: Any, precision_case: tuple, request
     observed = f"{result.forward_trace.family}/{result.forward_trace.precision}"
     forward_err = max((e for q, e in errors.items() if not q.startswith("grad")), default=float("nan"))
     bound = tolerance(claimed[1], "forward", case.spec).rel
-    add_row(request, "precision", shape=spec.short(), path=name, claimed="/".join(claimed), observed=observed,
-            seconds=seconds, fp32_path=fp32_path.name, fp32_s=fp32_s[0] if fp32_s else None, device_s=device_s,
-            error=forward_err, bound=bound,
-            kernel_ok=not check_trace(claimed, result.forward_trace, "forward"))  # fmt: skip
+    add_row(request, PrecisionRow(shape=spec.short(), path=name, claimed="/".join(claimed), observed=observed,
+                                  seconds=seconds, fp32_path=fp32_path.name, fp32_s=fp32_s[0] if fp32_s else None,
+                                  device_s=device_s, error=forward_err, bound=bound,
+                                  kernel_ok=not check_trace(claimed, result.forward_trace, "forward")))  # fmt: skip
     verify_path(path, case.spec, lstmperf, request.node)

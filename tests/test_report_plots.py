@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from plot_checks import figure_problems, titles
@@ -14,6 +15,7 @@ from pytest_lstmperf.speed import report, report_plots
 from pytest_lstmperf.speed.records import BaselineEntry, BenchRecord
 from pytest_lstmperf.workloads import crossover as cx
 from pytest_lstmperf.workloads import report as wr
+from pytest_lstmperf.workloads.rows import BucketingRow, OverheadRow, WorkloadRow, row_from_json
 
 DATA = Path(__file__).resolve().parents[1] / "docs" / "data"
 CPU = "CPU: AMD EPYC, 2 threads"
@@ -29,21 +31,22 @@ def _cpu_sweep() -> tuple[list[cx.SweepPoint], dict[str, int | None]]:
     return points, cx.crossovers(points, names[0], names[1:])
 
 
-def _cpu_overhead_rows() -> list[dict]:
+def _cpu_overhead_rows() -> list[OverheadRow]:
     """A CPU gate run's overhead rows: every framework shares each shape's raw cost (one x per shape)."""
     rows = []
     for framework, ratio in (("torch", 0.9), ("keras-torch", 36.8), ("keras-tensorflow", 4.6), ("keras-jax", 2.1),
                              ("torch-compile-cpu", 1.02), ("onnxruntime-cpu", 0.98)):  # fmt: skip
         for shape, raw in (("lstm-H64-B1-T20", 0.31e-3), ("lstm-H64-B16-T20", 0.41e-3), ("gru-H64-B1-T20", 0.30e-3),
                            ("gru-H64-B16-T20", 0.44e-3)):  # fmt: skip
-            rows.append({"kind": "overhead", "shape": shape, "framework": framework, "raw_s": raw, "ratio": ratio,
-                         "device": "cpu", "hardware": CPU, "module_s": raw * ratio, "op_s": raw, "graph_s": None,
-                         "host_s": raw * max(ratio - 1, 0), "kernels": 5, "ran": "onednn/fp32"})  # fmt: skip
+            rows.append(OverheadRow(shape=shape, framework=framework, raw_s=raw, ratio=ratio, device="cpu",
+                                    hardware=CPU, module_s=raw * ratio, op_s=raw, graph_s=None,
+                                    host_s=raw * max(ratio - 1, 0), kernels=5, ran="onednn/fp32"))  # fmt: skip
     return rows
 
 
-def _committed(kind: str, name: str) -> list[dict]:
-    return [r for r in json.loads((DATA / name).read_text(encoding="utf-8")) if r["kind"] == kind]
+def _committed(kind: str, name: str) -> list[Any]:
+    """A committed report's rows of one kind (``workloads.json`` as a run wrote it), read as the report reads them."""
+    return [row_from_json(r) for r in json.loads((DATA / name).read_text(encoding="utf-8")) if r["kind"] == kind]
 
 
 # ------------------------------------------------------------------------------------------ each plot
@@ -94,7 +97,7 @@ def test_overhead_names_each_shape_once_and_nothing_overlaps(drawn: list, tmp_pa
 
 def test_overhead_with_many_shapes_plots_against_the_raw_cost(drawn: list, tmp_path: Path) -> None:
     rows = _committed("overhead", "h200-overhead-precision.json")
-    assert len({r["shape"] for r in rows}) > wr.NAMED_SHAPES
+    assert len({r.shape for r in rows}) > wr.NAMED_SHAPES
     assert wr.plot_overhead(tmp_path, rows) is not None
     (fig,) = drawn
     assert figure_problems(fig) == []
@@ -104,12 +107,12 @@ def test_overhead_with_many_shapes_plots_against_the_raw_cost(drawn: list, tmp_p
 def test_precision_bucketing_and_scaling_have_titles_and_read_cleanly(drawn: list, tmp_path: Path) -> None:
     precision = _committed("precision", "h200-overhead-precision.json")
     assert wr.plot_precision(tmp_path, precision) is not None
-    bucketing = [{"kind": "bucketing", "workload": f"{d} n=96 max=50 B=16 H=64", "mode": m, "work_ratio": r,
-                  "seconds": s, "hardware": CPU}
+    bucketing = [BucketingRow(workload=f"{d} n=96 max=50 B=16 H=64", mode=m, work_ratio=r, wasted=1 - 1 / r,
+                              seconds=s, hardware=CPU)
                  for d in ("uniform", "long-tailed")
                  for m, r, s in (("padded", 3.6, 0.026), ("packed", 1.0, 0.092), ("bucketed", 1.09, 0.15))]  # fmt: skip
     assert wr.plot_bucketing(tmp_path, bucketing) is not None
-    scaling = json.loads((DATA / "h200x2-scaling.json").read_text(encoding="utf-8"))
+    scaling = _committed("scaling", "h200x2-scaling.json")
     assert wr.plot_scaling(tmp_path, scaling) is not None
     assert len(drawn) == 3
     expected = ("precision (forward)", "padding vs packing vs bucketing", "scale-out training")
@@ -164,10 +167,10 @@ def _speed_records() -> list[BenchRecord]:
         for b in (1, 4, 16)]  # fmt: skip
 
 
-def _workload_rows() -> list[dict]:
-    rows = _cpu_overhead_rows()
-    rows += [{"kind": "bucketing", "workload": "uniform n=96", "mode": m, "work_ratio": r, "wasted": 0.1,
-              "seconds": s, "buckets": 8, "hardware": CPU}
+def _workload_rows() -> list[WorkloadRow]:
+    rows: list[WorkloadRow] = list(_cpu_overhead_rows())
+    rows += [BucketingRow(workload="uniform n=96", mode=m, work_ratio=r, wasted=0.1, seconds=s, buckets=8,
+                          hardware=CPU)
              for m, r, s in (("padded", 1.9, 0.04), ("packed", 1.0, 0.1), ("bucketed", 1.08, 0.02))]  # fmt: skip
     return rows
 

@@ -15,6 +15,14 @@ from pytest_lstmperf.speed.report_plots import find_crossover
 from pytest_lstmperf.workloads import crossover as cx
 from pytest_lstmperf.workloads import varlen as w
 from pytest_lstmperf.workloads.overhead import measure_overhead
+from pytest_lstmperf.workloads.rows import (
+    BucketingRow,
+    OverheadRow,
+    PrecisionRow,
+    ScalingRow,
+    WorkloadRow,
+    row_from_json,
+)
 from pytest_lstmperf.workloads.timing import paired_median_times
 
 pytest_plugins = ["pytester"]
@@ -314,10 +322,10 @@ def test_paired_times_alternate_the_calls() -> None:
     assert order == ["a", "b"] * 4 and a >= 0 and b >= 0
 
 
-def _precision_row(path: str, seconds: float, fp32_s: float, workers: int = 1) -> dict:
-    return {"kind": "precision", "shape": "s", "path": path, "claimed": "onednn/" + ("fp32" if "bf16" not in path
-            else "bf16"), "observed": "x", "seconds": seconds, "fp32_s": fp32_s, "fp32_path": "torch-cpu-onednn",
-            "device_s": None, "error": 1e-3, "bound": 1e-2, "workers": workers, "cores": 2}  # fmt: skip
+def _precision_row(path: str, seconds: float, fp32_s: float, workers: int = 1, observed: str = "x") -> PrecisionRow:
+    return PrecisionRow(shape="s", path=path, claimed="onednn/" + ("fp32" if "bf16" not in path else "bf16"),
+                        observed=observed, seconds=seconds, fp32_s=fp32_s, fp32_path="torch-cpu-onednn", device_s=None,
+                        error=1e-3, bound=1e-2, workers=workers, cores=2)  # fmt: skip
 
 
 def test_precision_ratio_is_the_paired_one_and_xdist_is_noted() -> None:
@@ -340,9 +348,10 @@ def test_keras_overhead_rows_say_what_their_ratio_holds() -> None:
 
     base = {"kind": "overhead", "shape": "lstm-H64-B1-T20", "device": "cpu", "module_s": 1e-3, "op_s": 1e-3,
             "raw_s": 1e-3, "ratio": 1.0, "host_s": 0.0, "kernels": 4}  # fmt: skip
-    rows = [{**base, "framework": "torch", "ran": "onednn/fp32"},
-            {**base, "framework": "keras-torch", "ran": "cpu-native/fp32", "ratio": 137.47},
-            {**base, "framework": "keras-tensorflow", "ran": "tf-generic/fp32"}]  # fmt: skip
+    rows = [row_from_json(r) for r in (
+        {**base, "framework": "torch", "ran": "onednn/fp32"},
+        {**base, "framework": "keras-torch", "ran": "cpu-native/fp32", "ratio": 137.47},
+        {**base, "framework": "keras-tensorflow", "ran": "tf-generic/fp32"})]  # fmt: skip
     remarks = notes(rows)["overhead"]
     assert any("timed inside the backend's worker process" in r and "no pipe round trip" in r for r in remarks)
     differ = [r for r in remarks if "includes the difference of kernels" in r]
@@ -388,19 +397,18 @@ def _layout_problems(fig) -> list[str]:
     return problems
 
 
-def _workload_rows() -> list[dict]:
-    rows = [_precision_row(p, s, 0.45e-3) | {"observed": o}
+def _workload_rows() -> list[WorkloadRow]:
+    rows: list[WorkloadRow] = [_precision_row(p, s, 0.45e-3, observed=o)
             for p, s, o in (("torch-cpu-onednn", 0.45e-3, "onednn/fp32"), ("torch-cpu-autocast-bf16", 0.8e-3,
                             "onednn/bf16"), ("torch-cpu-native-autocast-bf16", 0.04, "cpu-native/bf16"))]  # fmt: skip
     for fw, ratio in (("torch", 0.9), ("keras-torch", 36.8), ("keras-tensorflow", 4.6)):
         for shape, raw in (("lstm-H64-B1-T20", 0.31e-3), ("lstm-H64-B16-T20", 0.41e-3)):
-            rows.append({"kind": "overhead", "shape": shape, "framework": fw, "raw_s": raw, "ratio": ratio})
+            rows.append(OverheadRow(shape=shape, framework=fw, raw_s=raw, ratio=ratio))
     for mode, ratio, sec in (("padded", 3.6, 0.21), ("packed", 1.0, 2.4), ("bucketed", 1.09, 0.56)):
-        rows.append({"kind": "bucketing", "workload": "long-tailed n=96", "mode": mode, "work_ratio": ratio,
-                     "seconds": sec})  # fmt: skip
+        rows.append(BucketingRow(workload="long-tailed n=96", mode=mode, work_ratio=ratio, wasted=1 - 1 / ratio,
+                                 seconds=sec))  # fmt: skip
     for world, speedup in ((1, 1.0), (2, 0.4)):
-        rows.append({"kind": "scaling", "strategy": "ddp", "data": "fixed", "world": world, "speedup": speedup,
-                     "vs_plain": speedup * 0.9})  # fmt: skip
+        rows.append(ScalingRow(strategy="ddp", data="fixed", world=world, speedup=speedup, vs_plain=speedup * 0.9))
     return rows
 
 
@@ -413,7 +421,7 @@ def test_every_plot_reads_cleanly(drawn: list, tmp_path) -> None:
 
     rows = _workload_rows()
     for plot in (wr.plot_precision, wr.plot_overhead, wr.plot_bucketing, wr.plot_scaling):
-        assert plot(tmp_path, [r for r in rows if r["kind"] == plot.__name__.split("_")[-1]]) is not None
+        assert plot(tmp_path, [r for r in rows if r.kind == plot.__name__.split("_")[-1]]) is not None
     points = [cx.SweepPoint(p, b, s * b ** e * 1e-3, "k") for p, s, e in (("native", 16, 0.5), ("onednn", 0.4, 1.0))
               for b in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)]  # fmt: skip
     long_title = "lstm-I64-H256-L2-T100, forward, against onednn\ncuda:0 (" + "NVIDIA H100 80GB HBM3, " * 5 + ")"
@@ -542,10 +550,10 @@ def test_parts_announced_headers_shown_and_no_stray_warning(
 
 
 # ------------------------------------------------------------------------------------------- figures that cannot be
-def _scaling_row(world: int, speedup: float) -> dict:
-    return {"kind": "scaling", "strategy": "ddp", "data": "fixed-length", "backend": "gloo", "world": world,
-            "throughput": 1e4 * speedup, "speedup": speedup, "efficiency": speedup / world, "vs_plain": speedup,
-            "comm_share": None, "model": "4x LSTM 16->32"}  # fmt: skip
+def _scaling_row(world: int, speedup: float) -> ScalingRow:
+    return ScalingRow(strategy="ddp", data="fixed-length", backend="gloo", world=world, throughput=1e4 * speedup,
+                      speedup=speedup, efficiency=speedup / world, vs_plain=speedup, comm_share=None,
+                      model="4x LSTM 16->32")  # fmt: skip
 
 
 def test_scale_out_table_flags_an_implausible_speedup(drawn: list, tmp_path) -> None:
@@ -575,10 +583,9 @@ def test_overhead_below_one_is_flagged(drawn: list, tmp_path) -> None:
     """A call faster than its raw cost (a negative overhead) is marked in the table, the notes and the plot."""
     from pytest_lstmperf.workloads import report as wr
 
-    def row(ratio: float) -> dict:
-        return {"kind": "overhead", "shape": "lstm-H64-B1-T20", "device": "cpu", "framework": "torch", "ran": "x",
-                "module_s": 1e-3 * ratio, "op_s": 1e-3, "raw_s": 1e-3, "graph_s": None, "ratio": ratio,
-                "host_s": 0.0, "kernels": 3}  # fmt: skip
+    def row(ratio: float) -> OverheadRow:
+        return OverheadRow(shape="lstm-H64-B1-T20", device="cpu", framework="torch", ran="x", module_s=1e-3 * ratio,
+                           op_s=1e-3, raw_s=1e-3, graph_s=None, ratio=ratio, host_s=0.0, kernels=3)  # fmt: skip
 
     header, table = wr.sections([row(0.9)])["overhead"]
     assert dict(zip(header, table[0], strict=True))["call/raw"] == "0.90x (below 1x)"
@@ -592,3 +599,35 @@ def test_overhead_below_one_is_flagged(drawn: list, tmp_path) -> None:
     assert not any(n.startswith("below 1x") for n in wr.notes([row(1.2)])["overhead"])
     wr.plot_overhead(tmp_path, [row(1.2)])
     assert not any(t.get_text().startswith("below 1x") for t in drawn[-1].axes[0].get_legend().get_texts())
+
+
+def test_workload_rows_round_trip_through_json_and_bad_ones_are_named() -> None:
+    """The rows travel as JSON (pytest-xdist workers' user_properties, workloads.json): each kind reads back as
+    written, an older report's derived fields are derived again, and a row of no known kind, with a field its
+    kind does not have, or without one it needs, is refused with what is wrong."""
+    import json
+
+    from pytest_lstmperf.workloads.rows import CrossoverRow, row_to_json
+
+    rows = [
+        OverheadRow(shape="lstm-H64-B1-T20", framework="keras-jax", ran="jax-generic/fp32", raw_s=3e-4, ratio=2.5),
+        CrossoverRow(
+            shape="lstm-I32-H64-L1-T20",
+            against="torch-cpu-native",
+            crossover={"onednn": 4, "b": None},
+            points=({"path": "onednn", "batch": 1, "seconds": 1e-3},),
+        ),
+        _precision_row("torch-cpu-autocast-bf16", 0.5e-3, 0.6e-3, workers=2),
+        _scaling_row(2, 1.9),
+        BucketingRow(workload="uniform n=96", mode="bucketed", work_ratio=1.08, wasted=0.07, buckets=8),
+    ]
+    for row in rows:
+        assert row_from_json(json.loads(json.dumps(row_to_json(row)))) == row
+    older = {**row_to_json(rows[2]), "speedup": 1.2, "device_speedup": None}  # written by earlier reports
+    assert row_from_json(older) == rows[2] and rows[2].speedup == pytest.approx(1.2)
+    with pytest.raises(ValueError, match="unknown workload row kind 'nope' \\(valid: bucketing, crossover"):
+        row_from_json({"kind": "nope"})
+    with pytest.raises(ValueError, match=r"overhead row: no field\(s\) colour"):
+        row_from_json({**row_to_json(rows[0]), "colour": "red"})
+    with pytest.raises(ValueError, match=r"scaling row: .*world"):
+        row_from_json({"kind": "scaling", "strategy": "ddp", "data": "fixed", "speedup": 1.0})

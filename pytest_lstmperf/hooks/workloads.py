@@ -3,12 +3,13 @@ pytest-xdist workers, through the reports' ``user_properties``), printed as tabl
 written with plots into ``--lstmperf-report=DIR`` (``workloads.md`` and PNGs); the tables, notes and plots are
 made by :mod:`pytest_lstmperf.workloads.report`.
 
-A test adds a row with :func:`add_row`; ``kind`` is one of ``bucketing``, ``crossover``, ``overhead``,
-``precision``.
+A test adds a typed row (:mod:`pytest_lstmperf.workloads.rows`: ``BucketingRow``, ``CrossoverRow``,
+``OverheadRow``, ``PrecisionRow``, ``ScalingRow``) with :func:`add_row`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections import defaultdict
@@ -19,19 +20,23 @@ import pytest
 
 from ..session import PropertyCollector, run_session, started_session
 from ..workloads.report import TITLES, notes, sections, table, write_workload_report
+from ..workloads.rows import Row, WorkloadRow, row_from_json, row_to_json
 
 PROPERTY = "lstmperf_workload"
-KINDS = ("bucketing", "crossover", "overhead", "precision", "scaling")
 
 
-def add_row(request: pytest.FixtureRequest, kind: str, **row: Any) -> None:
-    """Add a row to the summary; ``workers``/``cores`` record how many pytest-xdist workers shared the cores."""
-    if kind not in KINDS:
-        raise ValueError(f"unknown workload row kind {kind!r} (valid: {', '.join(KINDS)})")
-    row.setdefault("hardware", _hardware(request.config))
-    row.setdefault("workers", int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1))
-    row.setdefault("cores", os.cpu_count() or 1)
-    request.node.user_properties.append((PROPERTY, json.dumps({"kind": kind, **row}, default=str)))
+def add_row(request: pytest.FixtureRequest, row: WorkloadRow) -> None:
+    """Add a row to the summary, with where it was measured (unless the row says) and how many pytest-xdist
+    workers shared the machine's cores while it was."""
+    if not isinstance(row, Row):
+        raise TypeError(f"a workload row is one of pytest_lstmperf.workloads.rows' records, not {type(row).__name__}")
+    row = dataclasses.replace(
+        row,
+        hardware=row.hardware or _hardware(request.config),
+        workers=int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1),
+        cores=os.cpu_count() or 1,
+    )
+    request.node.user_properties.append((PROPERTY, json.dumps(row_to_json(row), default=str)))
 
 
 def _hardware(config: pytest.Config) -> str:
@@ -47,7 +52,7 @@ def _hardware(config: pytest.Config) -> str:
 
 def pytest_configure(config: pytest.Config) -> None:
     rows = run_session(config).workload_rows
-    collector = PropertyCollector(PROPERTY, lambda value: rows.append(json.loads(str(value))))
+    collector = PropertyCollector(PROPERTY, lambda value: rows.append(row_from_json(json.loads(str(value)))))
     config.pluginmanager.register(collector, "lstmperf-workloads")
     if not hasattr(config, "workerinput"):
         config.pluginmanager.register(PartProgress(config), "lstmperf-workload-progress")

@@ -11,11 +11,25 @@ import json
 import math
 import statistics
 from collections import defaultdict
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from ..speed.report import link_pages
 from ..speed.report_plots import plain_log_scale
+from .rows import (
+    KINDS,
+    BucketingRow,
+    CrossoverRow,
+    OverheadRow,
+    PrecisionRow,
+    ScalingRow,
+    WorkloadRow,
+    ratio,
+    row_to_json,
+)
+
+R = TypeVar("R", BucketingRow, CrossoverRow, OverheadRow, PrecisionRow, ScalingRow)
 
 
 def _ms(seconds: float | None) -> str:
@@ -30,105 +44,110 @@ def table(header: list[str], rows: list[list[str]]) -> list[str]:
     return lines
 
 
-def _ratio(reference: float | None, value: float | None) -> float | None:
-    return reference / value if reference and value else None
+def _of(rows: Sequence[WorkloadRow], cls: type[R]) -> list[R]:
+    return [r for r in rows if isinstance(r, cls)]
 
 
-def sections(rows: list[dict[str, Any]]) -> dict[str, tuple[list[str], list[list[str]]]]:
+def _fmt(value: float | None, spec: str, suffix: str = "") -> str:
+    return "-" if value is None else f"{value:{spec}}{suffix}"
+
+
+def sections(rows: Sequence[WorkloadRow]) -> dict[str, tuple[list[str], list[list[str]]]]:
     """Per kind, (header, rows) of the summary tables."""
-    by_kind: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for row in rows:
-        by_kind[row["kind"]].append(row)
     out: dict[str, tuple[list[str], list[list[str]]]] = {}
-    if by_kind["bucketing"]:
-        groups: dict[str, dict[str, dict[str, Any]]] = defaultdict(dict)
-        for r in by_kind["bucketing"]:
-            groups[r["workload"]][r["mode"]] = r
-        table = []
+    bucketing = _of(rows, BucketingRow)
+    if bucketing:
+        groups: dict[str, dict[str, BucketingRow]] = defaultdict(dict)
+        for b in bucketing:
+            groups[b.workload][b.mode] = b
+        cells = []
         for workload, modes in sorted(groups.items()):
-            padded = modes.get("padded", {}).get("seconds")
+            padded = modes["padded"].seconds if "padded" in modes else None
             for mode in ("padded", "packed", "bucketed"):
                 entry = modes.get(mode)
                 if not entry:
                     continue
-                speedup = f"{padded / entry['seconds']:.2f}x" if padded and entry.get("seconds") else "-"
-                table.append([workload, mode, f"{entry['work_ratio']:.2f}", f"{100 * entry['wasted']:.0f}%",
-                              _ms(entry.get("seconds")), speedup, str(entry.get("buckets", "-"))])  # fmt: skip
+                speedup = f"{padded / entry.seconds:.2f}x" if padded and entry.seconds else "-"
+                cells.append([workload, mode, f"{entry.work_ratio:.2f}", f"{100 * entry.wasted:.0f}%",
+                              _ms(entry.seconds), speedup, str(entry.buckets)])  # fmt: skip
         header = ["workload", "mode", "work/ideal", "wasted", "epoch ms", "vs padded", "buckets"]
-        out["bucketing"] = (header, table)
-    if by_kind["crossover"]:
-        table = []
-        for r in by_kind["crossover"]:
-            for name, batch in r["crossover"].items():
-                table.append([r["shape"], name, r["against"], "never" if batch is None else str(batch)])
-        out["crossover"] = (["shape", "path", "against", "wins from batch"], table)
-    if by_kind["overhead"]:
-        table = [
-            [r["shape"], r["device"], r.get("framework", "torch"), r.get("ran", "-"), _ms(r["module_s"]),
-             _ms(r["op_s"]), _ms(r.get("raw_s", r.get("graph_s") or r["op_s"])),
-             f"{r['ratio']:.2f}x" + (" (below 1x)" if below_raw(r) else ""), _ms(r["host_s"]), str(r["kernels"])]
-            for r in sorted(by_kind["overhead"], key=lambda r: (r["shape"], r.get("framework", "torch")))
+        out["bucketing"] = (header, cells)
+    crossover = _of(rows, CrossoverRow)
+    if crossover:
+        cells = []
+        for c in crossover:
+            for name, batch in c.crossover.items():
+                cells.append([c.shape, name, c.against, "never" if batch is None else str(batch)])
+        out["crossover"] = (["shape", "path", "against", "wins from batch"], cells)
+    overhead = _of(rows, OverheadRow)
+    if overhead:
+        cells = [
+            [o.shape, o.device, o.framework, o.ran, _ms(o.module_s), _ms(o.op_s), _ms(o.raw_or_op_s),
+             _fmt(o.ratio, ".2f", "x") + (" (below 1x)" if o.below_raw else ""), _ms(o.host_s),
+             "-" if o.kernels is None else str(o.kernels)]
+            for o in sorted(overhead, key=lambda o: (o.shape, o.framework))
         ]  # fmt: skip
         header = ["shape", "device", "framework", "ran", "call ms", "aten op ms", "raw ms", "call/raw",
                   "above raw ms", "distinct kernels"]  # fmt: skip
-        out["overhead"] = (header, table)
-    if by_kind["precision"]:
-        fp32 = {r["shape"]: r for r in by_kind["precision"] if r["claimed"].endswith("/fp32")}
-        for r in by_kind["precision"]:
-            r["speedup"] = _ratio(r.get("fp32_s"), r.get("seconds"))  # paired: timed in alternation
-            r["device_speedup"] = _ratio(fp32.get(r["shape"], {}).get("device_s"), r.get("device_s"))
-        table = [
-            [r["shape"], r["path"], r["observed"], _ms(r["seconds"]), _ms(r.get("fp32_s")),
-             f"{r['speedup']:.2f}x" if r.get("speedup") else "-", _ms(r.get("device_s")),
-             f"{r['device_speedup']:.2f}x" if r.get("device_speedup") else "-", f"{r['error']:.2e}",
-             f"{r['bound']:.2e}"]
-            for r in sorted(by_kind["precision"], key=lambda r: (r["shape"], r["path"]))
-        ]  # fmt: skip
+        out["overhead"] = (header, cells)
+    precision = _of(rows, PrecisionRow)
+    if precision:
+        fp32 = {r.shape: r for r in precision if r.claimed.endswith("/fp32")}
+        cells = []
+        for r in sorted(precision, key=lambda r: (r.shape, r.path)):
+            reference = fp32.get(r.shape)
+            device_speedup = ratio(reference.device_s if reference else None, r.device_s)
+            cells.append([r.shape, r.path, r.observed, _ms(r.seconds), _ms(r.fp32_s), _fmt(r.speedup, ".2f", "x"),
+                          _ms(r.device_s), _fmt(device_speedup, ".2f", "x"), _fmt(r.error, ".2e"),
+                          _fmt(r.bound, ".2e")])  # fmt: skip
         header = ["shape", "path", "ran", "forward ms", "fp32 ms (paired)", "vs fp32", "device ms",
                   "device vs fp32", "max rel error", "bound"]  # fmt: skip
-        out["precision"] = (header, table)
-    if by_kind["scaling"]:
-        table = []
-        for r in sorted(by_kind["scaling"], key=lambda r: (r["strategy"], r["data"], r["world"])):
-            flag = speedup_flag(r["speedup"], r["world"])
+        out["precision"] = (header, cells)
+    scaling = _of(rows, ScalingRow)
+    if scaling:
+        cells = []
+        for sc in sorted(scaling, key=lambda x: (x.strategy, x.data, x.world)):
+            flag = speedup_flag(sc.speedup, sc.world)
             mark = " (implausible)" if flag else ""
-            note = "; ".join(n for n in (r.get("note"), flag) if n) or "-"
-            table.append([r["strategy"], r["data"], r["backend"], str(r["world"]), f"{r['throughput']:.4g}",
-                          f"{r['speedup']:.2f}x{mark}", f"{100 * r['efficiency']:.0f}%{mark}",
-                          f"{r['vs_plain']:.2f}x" if r.get("vs_plain") else "-",
-                          "-" if r.get("comm_share") is None else f"{100 * r['comm_share']:.0f}%", r["model"],
-                          note])  # fmt: skip
+            note = "; ".join(n for n in (sc.note, flag) if n) or "-"
+            cells.append([sc.strategy, sc.data, sc.backend, str(sc.world), _fmt(sc.throughput, ".4g"),
+                          f"{sc.speedup:.2f}x{mark}", _fmt(None if sc.efficiency is None else 100 * sc.efficiency,
+                                                          ".0f", f"%{mark}"),
+                          _fmt(sc.vs_plain, ".2f", "x"), _fmt(None if sc.comm_share is None else 100 * sc.comm_share,
+                                                             ".0f", "%"), sc.model, note])  # fmt: skip
         header = ["strategy", "data", "backend", "ranks", "steps/s", "speedup", "efficiency", "vs plain", "comm",
                   "model", "note"]  # fmt: skip
-        out["scaling"] = (header, table)
+        out["scaling"] = (header, cells)
     return out
 
 
-def notes(rows: list[dict[str, Any]]) -> dict[str, list[str]]:
+def notes(rows: Sequence[WorkloadRow]) -> dict[str, list[str]]:
     """Per kind, what a reader must know to read the figures right (how they were measured, what differs)."""
-    by_kind: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for row in rows:
-        by_kind[row["kind"]].append(row)
     out: dict[str, list[str]] = defaultdict(list)
-    if by_kind["precision"]:
-        ref = by_kind["precision"][0].get("fp32_path", "the fp32 path")
+    precision = _of(rows, PrecisionRow)
+    if precision:
+        ref = precision[0].fp32_path or "the fp32 path"
         out["precision"].append(
             f"forward ms: median of 15 forward calls without autograd, each path timed in alternation with {ref} "
             "on the same inputs (fp32 ms); vs fp32 is the ratio of that pair. Device ms: CUDA-graph replay."
         )
-        if any(r["path"].startswith("onnxruntime") for r in by_kind["precision"]):
+        if any(r.path.startswith("onnxruntime") for r in precision):
             out["precision"].append(
                 "onnxruntime-* rows: the path and the fp32 path timed one after the other, not in alternation "
                 "(ONNX Runtime's thread pool and torch's OpenMP threads slow each other when alternated in one "
                 "process); the rows are for inference specs (-eval), ONNX Runtime having no backward pass."
             )
-    if by_kind["overhead"]:
-        out["overhead"] += _overhead_notes(by_kind["overhead"])
-    for kind, mine in [(kind, mine) for kind, mine in by_kind.items() if mine]:
-        shared = max(mine, key=lambda r: r.get("workers", 1))
-        if shared.get("workers", 1) > 1:
+    overhead = _of(rows, OverheadRow)
+    if overhead:
+        out["overhead"] += _overhead_notes(overhead)
+    for kind in KINDS:
+        mine = [r for r in rows if r.kind == kind]
+        if not mine:
+            continue
+        shared = max(mine, key=lambda r: r.workers)
+        if shared.workers > 1:
             out[kind].append(
-                f"measured under pytest-xdist: {shared['workers']} workers on {shared['cores']} cores ran tests "
+                f"measured under pytest-xdist: {shared.workers} workers on {shared.cores} cores ran tests "
                 "at the same time, so these times include their contention and differ from a serial run "
                 "(run without -n for figures to compare)."
             )
@@ -154,43 +173,36 @@ def speedup_flag(speedup: float | None, world: int) -> str:
     return ""
 
 
-def below_raw(row: dict[str, Any]) -> bool:
-    """An overhead row whose call was faster than its raw cost: a negative overhead, which the call cannot have
-    (it does the raw work and more): timing noise, or a different kernel than the raw cost's."""
-    return bool(row.get("ratio")) and row["ratio"] < 1.0
-
-
-def _overhead_notes(rows: list[dict[str, Any]]) -> list[str]:
+def _overhead_notes(rows: list[OverheadRow]) -> list[str]:
     lines = ["call ms and aten op ms: median of 15 calls each, the module and the op timed in alternation."]
-    below = [r for r in rows if below_raw(r)]
+    below = [r for r in rows if r.below_raw]
     if below:
-        names = ", ".join(f"{r.get('framework', 'torch')} {r['shape']} {r['ratio']:.2f}x" for r in below[:6])
+        names = ", ".join(f"{r.framework} {r.shape} {r.ratio:.2f}x" for r in below[:6])
         lines.append(
             f"below 1x ({len(below)} row{'s' if len(below) != 1 else ''}: {names}): the call measured faster than its "
             "raw cost, a negative overhead that a call doing the raw work cannot have. Read it as no measurable "
             "overhead within the timing noise, or (where the ran column differs from the raw op's) a different "
             "kernel; the plot marks these points with an open triangle."
         )
-    if any(r.get("framework", "torch").startswith("torch-compile") or r.get("framework", "").startswith("onnx")
-           for r in rows):  # fmt: skip
+    if any(r.framework.startswith(("torch-compile", "onnx")) for r in rows):
         lines.append(
             "torch-compile-* and onnxruntime-* rows: median of 15 synchronised forward calls in the test process, "
             "after the path's warm-up (compiling and exporting are not timed); ONNX Runtime's call includes its "
             "copies from and to host arrays. A torch.compile row that ran the eager kernel (Dynamo graph-breaks "
             "on the layer) measures what compiling adds around it: guard checks, the graph break, no CUDA graph."
         )
-    if any(r.get("framework", "torch").startswith("keras") for r in rows):
+    if any(r.framework.startswith("keras") for r in rows):
         lines.append(
             "Keras rows: the call is timed inside the backend's worker process (15 synchronised calls after 3 "
             "warm-up calls, no pipe round trip in the figure); the raw cost is the torch layer's, measured in the "
             "test process."
         )
-    torch_ran = {r["shape"]: r.get("ran", "") for r in rows if r.get("framework", "torch") == "torch"}
+    torch_ran = {r.shape: r.ran for r in rows if r.framework == "torch"}
     differ: dict[tuple[str, str, str], list[str]] = defaultdict(list)
     for r in rows:
-        raw = torch_ran.get(r["shape"], "")
-        if r.get("framework", "torch") != "torch" and raw and r.get("ran", "").split("/")[0] != raw.split("/")[0]:
-            differ[(r["framework"], r.get("ran", ""), raw)].append(r["shape"])
+        raw = torch_ran.get(r.shape, "")
+        if r.framework != "torch" and raw and r.ran.split("/")[0] != raw.split("/")[0]:
+            differ[(r.framework, r.ran, raw)].append(r.shape)
     for (framework, ran, raw), shapes in sorted(differ.items()):
         why = {
             "keras-torch": " (Keras on the torch backend calls torch's fused kernel only on CUDA; on the CPU it runs "
@@ -215,32 +227,34 @@ TITLES = {
 }
 
 
-def write_workload_report(out: Path, rows: list[dict[str, Any]]) -> Path:
+def write_workload_report(out: Path, rows: Sequence[WorkloadRow]) -> Path:
     """``workloads.md`` with the tables, the crossover plots the suite wrote, and a bucketing bar chart."""
     out.mkdir(parents=True, exist_ok=True)
     lines = ["# Seed workloads", ""]
     remarks = notes(rows)
-    for kind, (header, table) in sections(rows).items():
+    plotters: dict[str, Callable[[Path, Sequence[WorkloadRow]], Path | None]] = {
+        "bucketing": lambda o, rs: plot_bucketing(o, _of(rs, BucketingRow)),
+        "scaling": lambda o, rs: plot_scaling(o, _of(rs, ScalingRow)),
+        "overhead": lambda o, rs: plot_overhead(o, _of(rs, OverheadRow)),
+        "precision": lambda o, rs: plot_precision(o, _of(rs, PrecisionRow)),
+    }
+    for kind, (header, cells) in sections(rows).items():
         lines += [f"## {TITLES[kind]}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-        lines += ["| " + " | ".join(r) + " |" for r in table]
+        lines += ["| " + " | ".join(r) + " |" for r in cells]
         lines.append("")
         lines += [f"* {remark}" for remark in remarks.get(kind, [])] + ([""] if remarks.get(kind) else [])
-        if kind == "bucketing":
-            png = plot_bucketing(out, [r for r in rows if r["kind"] == "bucketing"])
-            if png:
-                lines += [f"![{TITLES[kind]}]({png.name})", ""]
-        plotter = {"scaling": plot_scaling, "overhead": plot_overhead, "precision": plot_precision}.get(kind)
+        plotter = plotters.get(kind)
         if plotter:
-            png = plotter(out, [r for r in rows if r["kind"] == kind])
+            png = plotter(out, rows)
             if png:
                 lines += [f"![{TITLES[kind]}]({png.name})", ""]
         if kind == "crossover":
-            for r in rows:
-                if r["kind"] == "crossover" and r.get("plot"):
-                    lines += [f"![crossover {r['shape']}]({Path(r['plot']).name})", ""]
+            for c in _of(rows, CrossoverRow):
+                if c.plot:
+                    lines += [f"![crossover {c.shape}]({Path(c.plot).name})", ""]
     path = out / "workloads.md"
     path.write_text("\n".join(lines), encoding="utf-8")
-    (out / "workloads.json").write_text(json.dumps(rows, indent=1), encoding="utf-8")
+    (out / "workloads.json").write_text(json.dumps([row_to_json(r) for r in rows], indent=1), encoding="utf-8")
     link_pages(out)  # the folder's index links this page and shows its plots
     return path
 
@@ -261,21 +275,17 @@ def _save(plt: Any, fig: Any, path: Path) -> Path:
     return path
 
 
-def plot_bucketing(out: Path, rows: list[dict[str, Any]]) -> Path | None:
+def plot_bucketing(out: Path, rows: Sequence[BucketingRow]) -> Path | None:
     plt = _pyplot()
 
-    workloads = sorted({r["workload"] for r in rows})
+    workloads = sorted({r.workload for r in rows})
     if not workloads:
         return None
     fig, axes = plt.subplots(1, 2, figsize=(10, 4.6))
     width = 0.25
     for i, mode in enumerate(("padded", "packed", "bucketed")):
-        ratios = [
-            next((r["work_ratio"] for r in rows if r["workload"] == w and r["mode"] == mode), 0) for w in workloads
-        ]
-        times = [
-            next((r["seconds"] or 0 for r in rows if r["workload"] == w and r["mode"] == mode), 0) for w in workloads
-        ]
+        ratios = [next((r.work_ratio for r in rows if r.workload == w and r.mode == mode), 0.0) for w in workloads]
+        times = [next((r.seconds or 0.0 for r in rows if r.workload == w and r.mode == mode), 0.0) for w in workloads]
         xs = [x + (i - 1) * width for x in range(len(workloads))]
         axes[0].bar(xs, ratios, width, label=mode)
         axes[1].bar(xs, [t * 1e3 for t in times], width, label=mode)
@@ -291,7 +301,7 @@ def plot_bucketing(out: Path, rows: list[dict[str, Any]]) -> Path | None:
     return _save(plt, fig, out / "bucketing.png")
 
 
-def plot_scaling(out: Path, rows: list[dict[str, Any]]) -> Path | None:
+def plot_scaling(out: Path, rows: Sequence[ScalingRow]) -> Path | None:
     """Speedup against the number of ranks per strategy and data, with the ideal line; and throughput over
     plain single-device training of the same batch (above 1: the GPUs paid off)."""
     plt = _pyplot()
@@ -299,19 +309,19 @@ def plot_scaling(out: Path, rows: list[dict[str, Any]]) -> Path | None:
     if not rows:
         return None
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 5.4))
-    worlds = sorted({r["world"] for r in rows})
+    worlds = sorted({r.world for r in rows})
     ax.plot(worlds, worlds, linestyle="--", color="grey", label="ideal")
     ax2.axhline(1.0, linestyle="--", color="grey", label="plain single device")
     flagged = False
-    for strategy, data in sorted({(r["strategy"], r["data"]) for r in rows}):
-        mine = sorted((r for r in rows if r["strategy"] == strategy and r["data"] == data), key=lambda r: r["world"])
+    for strategy, data in sorted({(r.strategy, r.data) for r in rows}):
+        mine = sorted((r for r in rows if r.strategy == strategy and r.data == data), key=lambda r: r.world)
         label = f"{strategy}, {data}"
-        line = ax.plot([r["world"] for r in mine], [r["speedup"] for r in mine], marker="o", label=label)
-        bad = [(r["world"], r["speedup"]) for r in mine if speedup_flag(r["speedup"], r["world"])]
+        line = ax.plot([r.world for r in mine], [r.speedup for r in mine], marker="o", label=label)
+        bad = [(r.world, r.speedup) for r in mine if speedup_flag(r.speedup, r.world)]
         if bad:
             ax.scatter(*zip(*bad, strict=True), marker="x", s=120, color="red", zorder=5)
             flagged = True
-        plain = [(r["world"], r["vs_plain"]) for r in mine if r.get("vs_plain")]
+        plain = [(r.world, r.vs_plain) for r in mine if r.vs_plain]
         if plain:
             ax2.plot(*zip(*plain, strict=True), marker="o", color=line[0].get_color(), label=label)
     if flagged:
@@ -326,7 +336,7 @@ def plot_scaling(out: Path, rows: list[dict[str, Any]]) -> Path | None:
         a.legend(fontsize=7)
     ax.set_title("speedup (strong scaling)", fontsize=9)
     ax2.set_title("against plain single-device training", fontsize=9)
-    backends = ", ".join(sorted({str(r.get("backend")) for r in rows if r.get("backend")}))
+    backends = ", ".join(sorted({r.backend for r in rows if r.backend}))
     fig.suptitle("scale-out training: throughput per number of ranks" + (f" ({backends})" if backends else "")
                  + (f"\n{_device_of(rows)}" if _device_of(rows) else ""), fontsize=10)  # fmt: skip
     fig.tight_layout()
@@ -337,18 +347,18 @@ def plot_scaling(out: Path, rows: list[dict[str, Any]]) -> Path | None:
 NAMED_SHAPES = 8
 
 
-def _device_of(rows: list[dict[str, Any]]) -> str:
+def _device_of(rows: Sequence[WorkloadRow]) -> str:
     """The device the rows were measured on, for a plot's title ("" when the rows do not say)."""
-    devices = sorted({str(r.get("hardware") or r["device"]) for r in rows if r.get("hardware") or r.get("device")})
-    return ", ".join(devices)
+    named = (r.hardware or (r.device if isinstance(r, (BucketingRow, OverheadRow)) else "") for r in rows)
+    return ", ".join(sorted({name for name in named if name}))
 
 
-def _titled(fig: Any, title: str, rows: list[dict[str, Any]]) -> None:
+def _titled(fig: Any, title: str, rows: Sequence[WorkloadRow]) -> None:
     device = _device_of(rows)
     fig.suptitle(title + (f"\n{device}" if device else ""), fontsize=10)
 
 
-def plot_overhead(out: Path, rows: list[dict[str, Any]]) -> Path | None:
+def plot_overhead(out: Path, rows: Sequence[OverheadRow]) -> Path | None:
     """Each framework's forward call time over the raw cost (1x = no overhead), log scale.
 
     Up to :data:`NAMED_SHAPES` shapes: one column per shape, ordered by raw cost and named with it, the
@@ -357,16 +367,16 @@ def plot_overhead(out: Path, rows: list[dict[str, Any]]) -> Path | None:
     overhead falls as the device work grows); the table beside the plot names them."""
     plt = _pyplot()
 
-    rows = [r for r in rows if r.get("raw_s") and r.get("ratio")]
-    if not rows:
+    drawn = [r for r in rows if r.raw_s and r.ratio]
+    if not drawn:
         return None
-    frameworks = sorted({r.get("framework", "torch") for r in rows}, key=lambda f: (f != "torch", f))
+    frameworks = sorted({r.framework for r in drawn}, key=lambda f: (f != "torch", f))
     colors = {name: f"C{i % 10}" for i, name in enumerate(frameworks)}
     raw: dict[str, list[float]] = defaultdict(list)
-    for r in rows:
-        raw[r["shape"]].append(r["raw_s"])
+    for r in drawn:
+        raw[r.shape].append(r.raw_s or 0.0)
     shapes = sorted(raw, key=lambda shape: (sorted(raw[shape])[len(raw[shape]) // 2], shape))
-    on_gpu = any(r.get("graph_s") for r in rows)
+    on_gpu = any(r.graph_s for r in drawn)
     raw_name = "CUDA-graph replay of the cuDNN call" if on_gpu else "ATen op"
     named = len(shapes) <= NAMED_SHAPES
     fig, ax = plt.subplots(figsize=(max(8.0, 1.25 * len(shapes) + 3.5) if named else 8.0, 5.2))
@@ -374,9 +384,9 @@ def plot_overhead(out: Path, rows: list[dict[str, Any]]) -> Path | None:
     if named:
         width = 0.6 / max(len(frameworks), 1)
         for i, framework in enumerate(frameworks):
-            mine = [r for r in rows if r.get("framework", "torch") == framework]
-            xs = [shapes.index(r["shape"]) + (i - (len(frameworks) - 1) / 2) * width for r in mine]
-            ax.scatter(xs, [r["ratio"] for r in mine], color=colors[framework], s=36, alpha=0.85, label=framework)
+            mine = [r for r in drawn if r.framework == framework]
+            xs = [shapes.index(r.shape) + (i - (len(frameworks) - 1) / 2) * width for r in mine]
+            ax.scatter(xs, [r.ratio for r in mine], color=colors[framework], s=36, alpha=0.85, label=framework)
             _mark_below_raw(ax, xs, mine)
         ax.set_xticks(range(len(shapes)))
         ax.set_xticklabels(
@@ -386,17 +396,18 @@ def plot_overhead(out: Path, rows: list[dict[str, Any]]) -> Path | None:
         ax.set_xlabel(f"shape, by raw cost ({raw_name})")
     else:
         for framework in frameworks:
-            mine = [r for r in rows if r.get("framework", "torch") == framework]
-            for cell in sorted({r["shape"].split("-")[0] for r in mine}):
-                pts = [r for r in mine if r["shape"].startswith(cell + "-")]
-                ax.scatter([r["raw_s"] * 1e3 for r in pts], [r["ratio"] for r in pts], color=colors[framework],
-                           marker=markers.get(cell, "o"), s=30, alpha=0.8, label=f"{framework} ({cell})")  # fmt: skip
-                _mark_below_raw(ax, [r["raw_s"] * 1e3 for r in pts], pts)
+            mine = [r for r in drawn if r.framework == framework]
+            for cell in sorted({r.shape.split("-")[0] for r in mine}):
+                pts = [r for r in mine if r.shape.startswith(cell + "-")]
+                xs = [(r.raw_s or 0.0) * 1e3 for r in pts]
+                ax.scatter(xs, [r.ratio for r in pts], color=colors[framework], marker=markers.get(cell, "o"), s=30,
+                           alpha=0.8, label=f"{framework} ({cell})")  # fmt: skip
+                _mark_below_raw(ax, xs, pts)
         plain_log_scale(ax, "x")
         ax.margins(x=0.08, y=0.08)
         ax.set_xlabel(f"raw cost, ms ({raw_name})")
     ax.axhline(1.0, color="grey", linestyle="--", label="1x: no overhead")
-    if any(below_raw(r) for r in rows):
+    if any(r.below_raw for r in drawn):
         ax.scatter([], [], marker="v", s=90, facecolors="none", edgecolors="red",
                    label="below 1x: faster than raw,\nnot an overhead (noise)")  # fmt: skip
     plain_log_scale(ax, "y", suffix="x")
@@ -406,26 +417,26 @@ def plot_overhead(out: Path, rows: list[dict[str, Any]]) -> Path | None:
     ax.grid(True, which="both", alpha=0.25)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0, title="framework",
               title_fontsize=8)  # fmt: skip
-    _titled(fig, "framework overhead (forward): call time over the raw cost", rows)
+    _titled(fig, "framework overhead (forward): call time over the raw cost", drawn)
     fig.tight_layout()
     return _save(plt, fig, out / "overhead.png")
 
 
-def _mark_below_raw(ax: Any, xs: list[float], rows: list[dict[str, Any]]) -> None:
-    """An open red triangle around each point below 1x (a negative overhead: see :func:`below_raw`)."""
-    flagged = [(x, r["ratio"]) for x, r in zip(xs, rows, strict=True) if below_raw(r)]
+def _mark_below_raw(ax: Any, xs: list[float], rows: list[OverheadRow]) -> None:
+    """An open red triangle around each point below 1x (a negative overhead: :attr:`.OverheadRow.below_raw`)."""
+    flagged = [(x, r.ratio) for x, r in zip(xs, rows, strict=True) if r.below_raw]
     if flagged:
         ax.scatter(*zip(*flagged, strict=True), marker="v", s=90, facecolors="none", edgecolors="red", zorder=5)
 
 
-def plot_precision(out: Path, rows: list[dict[str, Any]]) -> Path | None:
+def plot_precision(out: Path, rows: Sequence[PrecisionRow]) -> Path | None:
     """Per shape, forward time against error for every precision path (what precision buys and costs); the
     legend below the panels, so that it takes no width from them."""
     plt = _pyplot()
-    shapes = sorted({r["shape"] for r in rows})
+    shapes = sorted({r.shape for r in rows})
     if not shapes:
         return None
-    paths = sorted({r["path"] for r in rows})
+    paths = sorted({r.path for r in rows})
     ncol = 1 if len(shapes) == 1 else 2
     legend_rows = math.ceil(len(paths) / ncol) + 1  # + the legend's title
     height = 4.7 + 0.22 * legend_rows
@@ -433,19 +444,19 @@ def plot_precision(out: Path, rows: list[dict[str, Any]]) -> Path | None:
     colors = {name: f"C{i % 10}" for i, name in enumerate(paths)}
     labelled: set[str] = set()
     for ax, shape in zip(axes[0], shapes, strict=True):
-        for r in (r for r in rows if r["shape"] == shape):
-            seconds = r.get("device_s") or r.get("seconds")  # the device cost where a GPU measured it
-            if not seconds or not r.get("error"):
+        for r in (r for r in rows if r.shape == shape):
+            seconds = r.device_s or r.seconds  # the device cost where a GPU measured it
+            if not seconds or not r.error:
                 continue
-            label = f"{r['path']} (ran {r['observed']})"
-            ax.scatter(seconds * 1e3, r["error"], s=50, color=colors[r["path"]], alpha=0.8,
-                       marker="o" if r.get("kernel_ok", True) else "X",
+            label = f"{r.path} (ran {r.observed})"
+            ax.scatter(seconds * 1e3, r.error, s=50, color=colors[r.path], alpha=0.8,
+                       marker="o" if r.kernel_ok else "X",
                        label=None if label in labelled else label)  # fmt: skip
             labelled.add(label)
         ax.set_yscale("log")
         plain_log_scale(ax, "x")
         ax.margins(x=0.2, y=0.2)
-        on_gpu = any(r.get("device_s") for r in rows if r["shape"] == shape)
+        on_gpu = any(r.device_s for r in rows if r.shape == shape)
         ax.set_xlabel("forward ms, device time (CUDA-graph replay)" if on_gpu else "forward ms per call")
         ax.set_ylabel("max relative error vs float64")
         ax.set_title(shape, fontsize=9)
