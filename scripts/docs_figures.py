@@ -15,6 +15,7 @@ describes them), today's date and pytest's last line; the table in ``docs/valida
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import json
 import shutil
@@ -52,6 +53,7 @@ def draw(name: str, folder: Path = IMG) -> Path:
     sys.path.insert(0, str(ROOT))
     from pytest_lstmperf.workloads import crossover as cx
     from pytest_lstmperf.workloads import report as wr
+    from pytest_lstmperf.workloads.rows import row_from_json
 
     source, kind, device, date = FIGURES[name]
     target = folder / name
@@ -64,8 +66,11 @@ def draw(name: str, folder: Path = IMG) -> Path:
         cx.plot_sweep(points, target, f"{label}, forward, against {reference}\n{where}",
                       cx.crossovers(points, reference, others))  # fmt: skip
         return target
-    rows: list[dict[str, Any]] = json.loads((DATA / source).read_text(encoding="utf-8"))
-    rows = [{**r, "hardware": where} for r in rows if r.get("kind") == kind]
+    rows = [
+        dataclasses.replace(row_from_json(r), hardware=where)
+        for r in json.loads((DATA / source).read_text(encoding="utf-8"))
+        if r.get("kind") == kind
+    ]
     plotter = {"overhead": wr.plot_overhead, "precision": wr.plot_precision, "scaling": wr.plot_scaling,
                "bucketing": wr.plot_bucketing}[kind]  # fmt: skip
     with tempfile.TemporaryDirectory() as folder:
