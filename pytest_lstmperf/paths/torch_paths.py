@@ -278,22 +278,22 @@ class TorchRun:
     def _autocast(self) -> contextlib.AbstractContextManager:
         return path_autocast(self.torch, self.path.options, self.dev.type)
 
-    def _call(self, x: Any, h0: Any, c0: Any) -> tuple[Any, Any, Any]:
+    def _layer(self, x: Any, h0: Any, c0: Any) -> tuple[Any, Any, Any]:
+        """The layer on ``x`` (a tensor or a PackedSequence): (output, h_n, c_n or None)."""
         hx = None
         if h0 is not None:
             hx = (h0, c0) if self.spec.cell == "lstm" else h0
-        if self.lengths is not None:
-            from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+        out, state = self.layer(x, hx)
+        return (out, *state) if self.spec.cell == "lstm" else (out, state, None)
 
-            packed = pack_padded_sequence(x, self.lengths, batch_first=self.spec.batch_first, enforce_sorted=False)
-            out, state = self.layer(packed, hx)
-            out, _ = pad_packed_sequence(out, batch_first=self.spec.batch_first, total_length=self.spec.seq_len)
-        else:
-            out, state = self.layer(x, hx)
-        if self.spec.cell == "lstm":
-            h_n, c_n = state
-        else:
-            h_n, c_n = state, None
+    def _call(self, x: Any, h0: Any, c0: Any) -> tuple[Any, Any, Any]:
+        if self.lengths is None:
+            return self._layer(x, h0, c0)
+        from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+        packed = pack_padded_sequence(x, self.lengths, batch_first=self.spec.batch_first, enforce_sorted=False)
+        out, h_n, c_n = self._layer(packed, h0, c0)
+        out, _ = pad_packed_sequence(out, batch_first=self.spec.batch_first, total_length=self.spec.seq_len)
         return out, h_n, c_n
 
     def _tracer(self) -> Any:
@@ -341,11 +341,7 @@ class TorchRun:
         output left packed: the PackedSequence's data)."""
         if self.lengths is None:
             return self._call(self.x, self.h0, self.c0)
-        hx = None
-        if self.h0 is not None:
-            hx = (self.h0, self.c0) if self.spec.cell == "lstm" else self.h0
-        out, state = self.layer(self.timed_x, hx)
-        h_n, c_n = state if self.spec.cell == "lstm" else (state, None)
+        out, h_n, c_n = self._layer(self.timed_x, self.h0, self.c0)
         return out.data, h_n, c_n
 
     def forward(self) -> object:
