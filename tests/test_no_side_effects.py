@@ -68,6 +68,34 @@ def test_any(lstmperf_path):
     result.stdout.fnmatch_lines(["*none of this test's 2 paths (keras-tf-cpu, keras-torch-cpu) is in the selection*"])
 
 
+def test_a_benchmark_set_with_no_shape_for_the_selected_paths_is_a_skip_that_says_why(
+    pytester: pytest.Pytester,
+) -> None:
+    """The CPU gate set times the packed path forward only: its training benchmark is one skip naming the path
+    and the set that has more shapes, not pytest's "got empty parameter set"."""
+    pytester.makepyfile(
+        test_bench="""
+from pytest_lstmperf.hooks.bench import bench_params
+
+def pytest_generate_tests(metafunc):
+    metafunc.parametrize("bench_case", bench_params(metafunc.config, "train"))
+
+def test_training(bench_case):
+    pass
+"""
+    )
+    result = pytester.runpytest_inprocess(
+        "-p", "no:cacheprovider", "--device=cpu", "--lstmperf-paths=torch-cpu-packed", "-rs"
+    )
+    assert result.ret == pytest.ExitCode.OK, result.stdout.str()
+    result.stdout.fnmatch_lines(
+        [
+            "*none of the gate set's train shapes runs on torch-cpu-packed; --lstmperf-bench-set=thorough has more shapes*"
+        ]
+    )
+    assert "empty parameter set" not in result.stdout.str()
+
+
 def test_public_api_imports_no_framework() -> None:
     code = (
         "import sys, pytest_lstmperf as p; "

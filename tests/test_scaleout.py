@@ -512,3 +512,21 @@ def test_scalebench_plot_draws_the_modes_and_the_bubble(tmp_path: Path) -> None:
     path = sb.plot(rows, tmp_path / "s.png", "title")
     assert path is not None and path.stat().st_size > 0
     assert sb.plot([r for r in rows if r["part"] == "sizing"], tmp_path / "none.png", "t") is None
+
+
+def test_a_shared_gpu_times_under_the_machine_lock_and_is_skipped_without_it(
+    two_gpus: None, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """More workers than GPUs: a run that compares or records holds the machine lock, so its benchmark times
+    with the GPU to itself; a run without the lock (it only prints its figures) skips it, saying why."""
+    from pytest_lstmperf.speed.machine_lock import MachineLock
+    from pytest_lstmperf.speed.runner import _skip_shared_gpu
+
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw3")
+    monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "4")
+    info = device_mod.resolve_device("cuda")
+    _skip_shared_gpu(info, MachineLock("run", tmp_path))  # timed: no skip
+    with pytest.raises(pytest.skip.Exception, match="4 pytest-xdist workers share 2 GPUs, and this run neither"):
+        _skip_shared_gpu(info, None)
+    monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "2")
+    _skip_shared_gpu(device_mod.resolve_device("cuda"), None)  # one GPU each: timed without a lock too

@@ -174,6 +174,16 @@ def bench_params(config: pytest.Config, mode: str) -> list[Any]:
             case = BenchCase(path.name, shape, mode, set_name)
             marks = [pytest.mark.skip(reason=f"{path.name}: {not_run}")] if not_run else []
             params.append(pytest.param(case, id=case.id, marks=marks))
+    if not params and session.selected:
+        # said instead of pytest's "got empty parameter set": which paths, which set, and what runs them
+        names = ", ".join(p.name for p in session.selected)
+        if set_name == "gate" and not any(getattr(p, "in_gate", True) for p in session.selected):
+            reason = f"{names}: not in the gate set of benchmarks; --lstmperf-bench-set=thorough times them"
+        else:
+            reason = f"none of the {set_name} set's {mode} shapes runs on {names}" + (
+                "; --lstmperf-bench-set=thorough has more shapes" if set_name == "gate" else ""
+            )
+        params.append(pytest.param(None, id="no-shape", marks=[pytest.mark.skip(reason=reason)]))
     return params
 
 

@@ -100,7 +100,7 @@ class BenchRunner:
         reason = session.unavailable_reason(path) or path.available(device)
         if reason:
             pytest.skip(f"{path.name}: {reason}")
-        _skip_shared_gpu(device)
+        _skip_shared_gpu(device, self.lock)
         spec = case.shape.spec
         thresholds = self._thresholds()
         phases = self.benchmark.extra_info.setdefault("phase_s", {})
@@ -153,7 +153,7 @@ class BenchRunner:
         the benchmark synchronises after each timed call. ``flops`` (per call), when given, adds achieved
         FLOP/s; none is made up otherwise. Returns what one call of ``fn`` returned."""
         device = self.session.device
-        _skip_shared_gpu(device)
+        _skip_shared_gpu(device, self.lock)
         thresholds = self._thresholds()
         sync = synchronizer(device.torch_device)
         result = fn()
@@ -496,10 +496,19 @@ def _resolves(samples: tuple[float, ...]) -> float:
     return math.inf if figure is None else math.exp(K_SIGMA * figure.se * math.sqrt(2))
 
 
-def _skip_shared_gpu(device: DeviceInfo) -> None:
+def _skip_shared_gpu(device: DeviceInfo, lock: Any) -> None:
+    """Skip a benchmark on a GPU that other pytest-xdist workers use, unless the run holds the machine lock.
+
+    Where the run judges or keeps its figures (a compare, a recording), every worker holds the machine lock
+    (:mod:`.machine_lock`): a benchmark times with the machine to itself, GPU included, since no other worker's
+    test runs while it does. A run that only prints its figures takes no lock, and its benchmarks would time
+    beside another worker's GPU work: they are skipped with the reason."""
     shared = shared_gpu(device)
-    if shared:
-        pytest.skip(f"not timed: {shared}; a benchmark needs a GPU of its own (use -n auto or fewer workers)")
+    if shared and lock is None:
+        pytest.skip(
+            f"not timed: {shared}, and this run neither compares nor records, so no benchmark holds the machine "
+            "to itself (use -n auto, fewer workers, or --benchmark-compare)"
+        )
 
 
 def _meters(run: Any, call: Any, mode: str, device: DeviceInfo) -> tuple[Any, Any]:
