@@ -19,7 +19,6 @@ from .session import (
     LstmPerfSession,
     ensure_session,
     requested_device,
-    resolve_setting,
     run_session,
     started_session,
 )
@@ -80,9 +79,8 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers",
         "lstmperf_paths(*names): run this test only on the named execution paths (others are deselected)",
     )
-    # validate every explicitly given setting now (syntax, and path names against the registry; no framework import)
-    for name in CORE_SETTINGS:
-        resolve_setting(config, name)
+    # the run's session resolves every setting once, now: a bad value (syntax, a path name the registry lacks) is a
+    # usage error before collection, and no framework is imported
     config.pluginmanager.register(run_session(config).tally, "lstmperf-tally")
 
 
@@ -109,14 +107,14 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     config = metafunc.config
     if PATH_FIXTURE in metafunc.fixturenames:
-        names = resolve_setting(config, "lstmperf_paths").value or registry.default_names()
+        names = run_session(config).settings["lstmperf_paths"].value or registry.default_names()
         marker = metafunc.definition.get_closest_marker("lstmperf_paths")
         if marker is not None:
             names = [n for n in names if n in marker.args]
         if not names:
             reason = (
                 f"none of this test's {len(marker.args)} paths ({_short_list(marker.args)}) is in the selection "
-                f"{resolve_setting(config, 'lstmperf_paths').where()}"
+                f"{run_session(config).settings['lstmperf_paths'].where()}"
                 if marker is not None
                 else "no execution path selected"
             )
@@ -124,7 +122,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
             return
         metafunc.parametrize(PATH_FIXTURE, names, indirect=True, ids=names)
     if PAIR_FIXTURE in metafunc.fixturenames:
-        names = resolve_setting(config, "lstmperf_paths").value or registry.default_names()
+        names = run_session(config).settings["lstmperf_paths"].value or registry.default_names()
         pairs = [(a, b) for a in names for b in registry.get(a).pair_with if b in names]
         if not pairs:
             reason = "no two selected paths claim the same arithmetic (see ExecutionPath.pair_with)"

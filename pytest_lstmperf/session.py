@@ -163,7 +163,7 @@ class LstmPerfSession:
         """The run's device: the setting (resolved with the others, in ``settings``) turned into a DeviceInfo by
         device.py's one resolver on first use, and kept; a GPU asked for and not usable is a usage error."""
         if self._device is None:
-            dev = self.settings.get("lstmperf_device") or resolve_setting(self.config, "lstmperf_device")
+            dev = self.settings["lstmperf_device"]
             threads = self.settings["lstmperf_threads"].value if "lstmperf_threads" in self.settings else None
             try:
                 self._device = resolve_device(dev.value, dev.source, threads)
@@ -302,8 +302,8 @@ def resolve_setting(config: pytest.Config, name: str) -> options.Resolved:
 # ------------------------------------------------------------------------------------------ the device
 def requested_device(config: pytest.Config) -> str:
     """The run's device setting as given (``auto``, ``cpu``, ``cuda``, ``cuda:N``), nothing resolved; a malformed
-    one is a usage error."""
-    return str(options.resolve(config, "lstmperf_device").value)
+    one is a usage error (the session resolves it with the other settings, once)."""
+    return str(run_session(config).settings["lstmperf_device"].value)
 
 
 def run_device(config: pytest.Config) -> DeviceInfo:

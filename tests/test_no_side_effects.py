@@ -89,9 +89,7 @@ def test_training(bench_case):
     )
     assert result.ret == pytest.ExitCode.OK, result.stdout.str()
     result.stdout.fnmatch_lines(
-        [
-            "*none of the gate set's train shapes runs on torch-cpu-packed; --lstmperf-bench-set=thorough has more shapes*"
-        ]
+        ["*none of the gate set's train shapes runs on torch-cpu-packed; --lstmperf-bench-set=thorough has more*"]
     )
     assert "empty parameter set" not in result.stdout.str()
 

@@ -5,11 +5,15 @@ pytest-xdist's one-worker-per-GPU pinning."""
 from __future__ import annotations
 
 import itertools
+import json
 import os
+import re
 import signal
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 from forked_pytest import runpytest_forked
@@ -380,13 +384,11 @@ def test_shared_gpus_are_named(two_gpus: None, monkeypatch: pytest.MonkeyPatch) 
 
 
 def test_n_auto_is_one_worker_per_gpu(two_gpus: None, monkeypatch: pytest.MonkeyPatch) -> None:
-    from types import SimpleNamespace
-
     from pytest_lstmperf import plugin
 
-    monkeypatch.setattr(plugin.options, "resolve", lambda config, name: SimpleNamespace(value="cuda"))
+    monkeypatch.setattr(plugin, "requested_device", lambda config: "cuda")
     assert plugin.pytest_xdist_auto_num_workers(None) == 2  # type: ignore[arg-type]
-    monkeypatch.setattr(plugin.options, "resolve", lambda config, name: SimpleNamespace(value="cpu"))
+    monkeypatch.setattr(plugin, "requested_device", lambda config: "cpu")
     assert plugin.pytest_xdist_auto_num_workers(None) is None  # type: ignore[arg-type]
 
 
@@ -445,16 +447,12 @@ def test_bucketed_data_holds_every_sequence_the_padded_data_holds() -> None:
             assert sum(x.shape[1] for x, _, _ in bucketed) < sum(x.shape[1] for x, _, _ in padded)
 
 
-def _sizing(size: str, layer: float, issue: float, transfer: float | None) -> dict:
-    return {
-        "part": "sizing",
-        "size": size,
-        "layer_s": layer,
-        "issue_s": issue,
-        "transfer_s": transfer,
-        "layer_over_issue": layer / issue,
-        "layer_over_transfer": layer / transfer if transfer else None,
-    }
+def _sizing(size: str, layer: float, issue: float, transfer: float | None) -> sb.SizingRow:
+    return sb.SizingRow(
+        size=size, model=size, micro_batch=4, world=2, backend="gloo", layer_seconds=[layer],
+        issue_seconds=[issue], layer_s=layer, issue_s=issue, transfer_s=transfer, layer_over_issue=layer / issue,
+        layer_over_transfer=layer / transfer if transfer else None, transfer_bytes=0, stages=None,
+    )  # fmt: skip
 
 
 def test_the_size_picked_is_the_first_where_compute_dominates() -> None:
@@ -466,10 +464,16 @@ def test_the_size_picked_is_the_first_where_compute_dominates() -> None:
     assert sb.pick_size([]) is None
 
 
-def _scaling(mode: str, world: int, seq_per_s: float, sequences: int = 2048, data: str = "padded") -> dict:
-    return {"part": "scaling", "mode": mode, "data": data, "world": world, "seq_per_s": seq_per_s,
-            "seq_per_s_passes": [seq_per_s * 0.98, seq_per_s, seq_per_s * 1.01], "sequences": sequences,
-            "comm_share": None, "idle_shares": None, "profile": None}  # fmt: skip
+def _scaling(
+    mode: str, world: int, seq_per_s: float, sequences: int = 2048, data: str = "padded", **changes: Any
+) -> sb.RunRow:
+    row = sb.RunRow(
+        part="scaling", mode=mode, data=data, size="s", model="m", world=world, backend="gloo", seconds=1.0,
+        pass_seconds=[1.0, 1.0, 1.0], sequences=sequences, tokens=0, seq_per_s=seq_per_s,
+        seq_per_s_passes=[seq_per_s * 0.98, seq_per_s, seq_per_s * 1.01], comm_share=None, stages=None,
+        micro_batches=None, idle_shares=None, ideal_bubble=None, profile=None,
+    )  # fmt: skip
+    return replace(row, **changes)
 
 
 def test_summary_flags_what_cannot_be_a_result() -> None:
@@ -504,14 +508,34 @@ def test_scalebench_bad_input_is_named(capsys: pytest.CaptureFixture, tmp_path: 
 
 
 def test_scalebench_plot_draws_the_modes_and_the_bubble(tmp_path: Path) -> None:
-    rows = [_scaling("plain", 1, 1000.0), _scaling("ddp", 1, 1000.0), _scaling("ddp", 2, 1700.0),
-            {**_scaling("pipeline", 2, 900.0), "part": "micro-batches", "micro_batches": 4, "world": 2,
-             "idle_shares": [0.4, 0.23], "ideal_bubble": 0.2},
-            {**_scaling("pipeline", 2, 700.0), "part": "micro-batches", "micro_batches": 16, "world": 2,
-             "idle_shares": [0.19, 0.11], "ideal_bubble": 1 / 17}]  # fmt: skip
+    rows: list[sb.BenchRow] = [
+        _scaling("plain", 1, 1000.0), _scaling("ddp", 1, 1000.0), _scaling("ddp", 2, 1700.0),
+        _scaling("pipeline", 2, 900.0, part="micro-batches", micro_batches=4, idle_shares=[0.4, 0.23],
+                 ideal_bubble=0.2),
+        _scaling("pipeline", 2, 700.0, part="micro-batches", micro_batches=16, idle_shares=[0.19, 0.11],
+                 ideal_bubble=1 / 17),
+    ]  # fmt: skip
     path = sb.plot(rows, tmp_path / "s.png", "title")
     assert path is not None and path.stat().st_size > 0
-    assert sb.plot([r for r in rows if r["part"] == "sizing"], tmp_path / "none.png", "t") is None
+    assert sb.plot([r for r in rows if isinstance(r, sb.SizingRow)], tmp_path / "none.png", "t") is None
+
+
+def test_scalebench_rows_round_trip_and_a_bad_row_is_named(tmp_path: Path) -> None:
+    """The published multi-GPU results (docs/data) read back into typed rows and write back unchanged; a row
+    of an unknown part, with an unknown field or without a field is refused with its file and line."""
+    for name in ("h200x2-scalebench-2026-11-28.jsonl", "h200x4-scalebench-2026-11-28.jsonl"):
+        raw = [json.loads(line) for line in (ROOT / "docs" / "data" / name).read_text().splitlines() if line.strip()]
+        assert [sb.row_to_json(sb.row_from_json(r)) for r in raw] == raw
+        assert len(sb.load(ROOT / "docs" / "data" / name)) == sum(1 for r in raw if not r.get("excluded"))
+    good = sb.row_to_json(_scaling("ddp", 2, 1700.0))
+    for bad, message in (
+        ({**good, "part": "warp"}, "unknown part 'warp' (valid: sizing, scaling, micro-batches, error)"),
+        ({**good, "speed": 1}, "unknown field(s) speed"),
+        ({k: v for k, v in good.items() if k != "world"}, "missing field(s) world"),
+    ):
+        (tmp_path / "s.jsonl").write_text(json.dumps(good) + "\n" + json.dumps(bad) + "\n")
+        with pytest.raises(ValueError, match=re.escape("s.jsonl:2: ") + ".*" + re.escape(message)):
+            sb.load(tmp_path / "s.jsonl")
 
 
 def test_a_shared_gpu_times_under_the_machine_lock_and_is_skipped_without_it(

@@ -20,6 +20,7 @@ import json
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import TypedDict
 
 from ..device import HARDWARE_FIELDS, hardware_key
 from .policy import DEVICE_METHODS, Figure, Look, Measurement, RunFigures, pairs
@@ -35,6 +36,63 @@ BESIDE_OTHER_TESTS = "beside the other workers' tests"
 
 #: a JSON object as :mod:`json` reads it
 JSONObject = Mapping[str, object]
+
+
+class AnchorInfo(TypedDict, total=False):
+    """A record's ``extra_info.anchor``, as the runner writes it (:class:`Anchor` reads it)."""
+
+    kind: str
+    repeat: int
+    samples: list[float]
+    per_call_s: float | None
+    device_samples: list[float]
+    device_pairing: str  # alternating (each device sample followed by one of the anchor's) or after
+
+
+class MeasuredInfo(TypedDict, total=False):
+    """Every field the runner (:mod:`.runner`) writes into a benchmark's ``extra_info``, pytest-benchmark's free-form
+    dict, typed: a key misspelt or a value of the wrong type where it is written is a mypy error. The
+    properties of :class:`BenchRecord` read them back."""
+
+    # what was benchmarked
+    path: str  # ``user`` for a user's own benchmark
+    framework: str
+    device: str
+    mode: str
+    shape: str
+    spec: dict[str, object]
+    set: str
+    sweeps: list[str]
+    expected_kernel: str
+    expected_precision: str
+    # what one traced call ran
+    kernel: str
+    precision: str
+    kernels: list[str]
+    ops: list[str]
+    kernel_note: str
+    known_finding: str
+    # how it was timed
+    phase_s: dict[str, float]
+    timer: str
+    timed_by: str
+    rounds: int
+    anchor: AnchorInfo
+    time_per_call_s: float | None
+    host_overhead: float | None
+    run_medians: list[float]
+    device_time_s: float | None
+    device_time_method: str
+    device_time_note: str
+    device_samples: list[float]
+    device_run_medians: list[float]
+    device_dispatch_share: float
+    host_counters: dict[str, object]
+    host_counters_note: str
+    flops: float
+    flops_per_s: float | None
+    peak_flops: float | None
+    peak_fraction: float | None
 
 
 # ------------------------------------------------------------------------------------------- reading helpers

@@ -29,7 +29,7 @@ from ..observation.claims import Finding, kernel_mismatch, known_kernel_finding
 from ..observation.torch_trace import torch_trace
 from . import timing
 from .policy import DEVICE_METHODS, K_SIGMA, Figure
-from .records import BESIDE_OTHER_TESTS, RECORD_KEY, BenchRecord
+from .records import BESIDE_OTHER_TESTS, RECORD_KEY, BenchRecord, MeasuredInfo
 from .shapes import ROUNDS, bench_set
 from .timing import Anchor
 from .user_call import holds_jax_arrays, jax_kernels, synchronizer, user_device_time
@@ -103,22 +103,24 @@ class BenchRunner:
         _skip_shared_gpu(device, self.lock)
         spec = case.shape.spec
         thresholds = self._thresholds()
-        phases = self.benchmark.extra_info.setdefault("phase_s", {})
+        extra = _measured(self.benchmark)
+        phases = extra.setdefault("phase_s", {})
         started = time.perf_counter()
         run = path.prepare(make_case(run_spec(path, spec, case.mode), session.seed), device)
         call = run.forward if case.mode == "forward" else run.train_step
-        extra = self.benchmark.extra_info
         extra.update(
-            path=path.name,
-            framework=path.framework,
-            device=device.name,
-            mode=case.mode,
-            shape=spec.short(),
-            spec=spec.to_dict(),
-            set=case.set_name,
-            sweeps=list(case.shape.sweeps),
-            expected_kernel=path.kernel,
-            expected_precision=path.precision,
+            {
+                "path": path.name,
+                "framework": path.framework,
+                "device": device.name,
+                "mode": case.mode,
+                "shape": spec.short(),
+                "spec": spec.to_dict(),
+                "set": case.set_name,
+                "sweeps": list(case.shape.sweeps),
+                "expected_kernel": path.kernel,
+                "expected_precision": path.precision,
+            }
         )
         self.benchmark.group = f"{case.mode} {spec.short()}"
         phases["prepare"] = time.perf_counter() - started
@@ -126,7 +128,12 @@ class BenchRunner:
         trace = run.trace_forward()
         phases["trace"] = time.perf_counter() - started
         extra.update(
-            kernel=trace.family, precision=trace.precision, kernels=list(trace.kernels[:8]), ops=list(trace.ops[:16])
+            {
+                "kernel": trace.family,
+                "precision": trace.precision,
+                "kernels": list(trace.kernels[:8]),
+                "ops": list(trace.ops[:16]),
+            }
         )
         self.request.node.user_properties.append(("lstmperf_observed", f"{case.mode} {trace.family}/{trace.precision}"))
         self._check_kernel(path, spec, device, trace, extra, thresholds)
@@ -163,7 +170,7 @@ class BenchRunner:
         with torch_trace(device.torch_device, "forward") as traced:
             fn()
         trace = traced[0]
-        observed = {
+        observed: MeasuredInfo = {
             "framework": "torch",
             "kernel": trace.family,
             "precision": trace.precision,
@@ -191,7 +198,7 @@ class BenchRunner:
         label: str,
         flops: float | None,
         thresholds: dict[str, float],
-        observed: dict[str, Any],
+        observed: MeasuredInfo,
         timed: Any,
         dev_time: Any,
         counters: Any,
@@ -199,15 +206,23 @@ class BenchRunner:
         """What a user's benchmark records and measures, whichever framework ran it: ``observed`` (the framework
         and what one call ran), the per-call time of ``timed``, ``dev_time(samples)``, ``counters()``, FLOP/s
         where ``flops`` is given, and the record the gate reads."""
-        extra = self.benchmark.extra_info
-        extra.update(path="user", device=self.session.device.name, mode=label, shape="-", set=bench_set(self.config))
+        extra = _measured(self.benchmark)
+        extra.update(
+            {
+                "path": "user",
+                "device": self.session.device.name,
+                "mode": label,
+                "shape": "-",
+                "set": bench_set(self.config),
+            }
+        )
         extra.update(observed)
         self.benchmark.group = f"user {label}"
-        seen = f"{label} {observed['kernel']}/{observed['precision']}"
+        seen = f"{label} {observed.get('kernel', '')}/{observed.get('precision', '')}"
         self.request.node.user_properties.append(("lstmperf_observed", seen))
         data = self._time(timed, ROUNDS[bench_set(self.config)], extra, dev_time, counters)
         if data and flops:
-            self._flops(extra, float(flops), observed["precision"])
+            self._flops(extra, float(flops), observed.get("precision", ""))
         self._attach(extra, data or [], thresholds)
 
     def _call_jax(self, fn: Any, result: Any, label: str, flops: float | None, thresholds: dict[str, float]) -> Any:
@@ -223,7 +238,7 @@ class BenchRunner:
         wait: Callable[[Any], Any] = jax.block_until_ready
         wait(result)
         family, precision, kernels = jax_kernels(fn, wait, device.torch_device, result)
-        observed: dict[str, Any] = {
+        observed: MeasuredInfo = {
             "framework": "jax",
             "kernel": family,
             "precision": precision,
@@ -256,7 +271,7 @@ class BenchRunner:
         spec: Any,
         device: DeviceInfo,
         trace: Any,
-        extra: dict[str, Any],
+        extra: MeasuredInfo,
         thresholds: dict[str, float],
     ) -> None:
         """Fail at once, recording the finding, when the kernel that ran is not the path's claim
@@ -276,7 +291,7 @@ class BenchRunner:
         self._attach(extra, [], thresholds, failed="kernel")
         pytest.fail(mismatch + _explanation(path, spec, device, trace), pytrace=False)
 
-    def _time(self, timed: Any, plan: Any, extra: dict[str, Any], dev_time: Any, counters: Any) -> list[float] | None:
+    def _time(self, timed: Any, plan: Any, extra: MeasuredInfo, dev_time: Any, counters: Any) -> list[float] | None:
         """Time ``timed`` (which synchronises) in rounds paired with the anchor, then device time beside the
         anchor's (``dev_time(samples)``) and the host counters (``counters()``, one untimed call), with the machine
         to itself (under pytest-xdist: :mod:`.machine_lock`). Fills ``extra``; returns the per-call samples, or
@@ -332,19 +347,26 @@ class BenchRunner:
                     "" if self.lock is not None else "; " + BESIDE_OTHER_TESTS
                 )
             extra["rounds"] = len(data)
-            extra["anchor"].update(  # beside its device samples (:meth:`_device_time`)
-                kind=anchor.kind,
-                repeat=repeat,
-                samples=anchors,
-                per_call_s=statistics.median(anchors) if anchors else None,
+            extra.setdefault("anchor", {}).update(  # beside its device samples (:meth:`_device_time`)
+                {
+                    "kind": anchor.kind,
+                    "repeat": repeat,
+                    "samples": anchors,
+                    "per_call_s": statistics.median(anchors) if anchors else None,
+                }
             )
             median = sorted(data)[len(data) // 2] if data else None
-            extra.update(time_per_call_s=median, host_overhead=timing.host_overhead(median, extra["device_time_s"]))
+            extra.update(
+                {
+                    "time_per_call_s": median,
+                    "host_overhead": timing.host_overhead(median, extra.get("device_time_s")),
+                }
+            )
             phases["rounds"], started = time.perf_counter() - started, time.perf_counter()
             sweep = self.state.sweep
             if sweep is not None and not device_decides:
                 # the time per call decides: timed again across the run as it ends (:mod:`.sweep`)
-                anchor_s = extra["anchor"]["per_call_s"] or 0.0
+                anchor_s = extra.get("anchor", {}).get("per_call_s") or 0.0
                 per_round = statistics.median(data) + anchor_s * repeat
                 sweep.add(self.request.node.nodeid, timed, anchor, repeat, per_round, clock)
             self._counters(extra, counters)
@@ -365,11 +387,11 @@ class BenchRunner:
         return (entry.anchor_repeat or None) if entry is not None else None
 
     @staticmethod
-    def _device_time(extra: dict[str, Any], dev_time: Any, samples: int, anchor: Any) -> None:
+    def _device_time(extra: MeasuredInfo, dev_time: Any, samples: int, anchor: Any) -> None:
         """The benchmark's device samples, each followed by one of the anchor's where they are taken in this process
         (:func:`..meters.paired_with`), else the anchor's taken after them (a Keras worker's device time). The
         anchor's part of ``extra`` is filled here; its rounds' samples join it after the rounds."""
-        extra.setdefault("anchor", {})
+        part = extra.setdefault("anchor", {})
         if anchor.kind != "torch-cuda":
             dev, _ = _settled_device_time(dev_time, samples, [])
         else:
@@ -377,23 +399,26 @@ class BenchRunner:
                 dev, paired = _settled_device_time(dev_time, samples, beside)
             n = len(dev.samples)
             if n and len(paired) == n:
-                extra["anchor"]["device_samples"] = paired
-                extra["anchor"]["device_pairing"] = "alternating"
+                part["device_samples"] = paired
+                part["device_pairing"] = "alternating"
             elif n:
-                extra["anchor"]["device_samples"] = list(anchor.device_time(n).samples)
-                extra["anchor"]["device_pairing"] = "after"
+                part["device_samples"] = list(anchor.device_time(n).samples)
+                part["device_pairing"] = "after"
         extra.update(
-            device_time_s=dev.median,
-            device_time_method=dev.method,
-            device_time_note=dev.note,
-            device_samples=list(dev.samples),
-            device_run_medians=timing.batch_medians(dev.samples),
+            {
+                "device_time_s": dev.median,
+                "device_time_method": dev.method,
+                "device_time_note": dev.note,
+                "device_samples": list(dev.samples),
+                "device_run_medians": timing.batch_medians(dev.samples),
+            }
         )
-        if getattr(dev, "dispatch_share", None) is not None:
-            extra["device_dispatch_share"] = dev.dispatch_share
+        share: float | None = getattr(dev, "dispatch_share", None)
+        if share is not None:
+            extra["device_dispatch_share"] = share
 
     @staticmethod
-    def _counters(extra: dict[str, Any], counters: Any) -> None:
+    def _counters(extra: MeasuredInfo, counters: Any) -> None:
         try:
             counted = counters()
         except Exception as exc:  # counting must never cost the benchmark its timings
@@ -405,15 +430,17 @@ class BenchRunner:
         if note:
             extra["host_counters_note"] = note
 
-    def _flops(self, extra: dict[str, Any], flops: float, precision: str) -> None:
+    def _flops(self, extra: MeasuredInfo, flops: float, precision: str) -> None:
         busy = extra.get("device_time_s") or extra.get("time_per_call_s")
         peak = timing.measured_peak_flops(self.session.device.torch_device, precision)
         achieved = flops / busy if busy else None
         extra.update(
-            flops=flops,
-            flops_per_s=achieved,
-            peak_flops=peak,
-            peak_fraction=achieved / peak if achieved and peak else None,
+            {
+                "flops": flops,
+                "flops_per_s": achieved,
+                "peak_flops": peak,
+                "peak_fraction": achieved / peak if achieved and peak else None,
+            }
         )
 
     def _thresholds(self) -> dict[str, float]:
@@ -437,7 +464,7 @@ class BenchRunner:
         return out
 
     def _attach(
-        self, extra: dict[str, Any], data: list[float], thresholds: dict[str, float], failed: str = ""
+        self, extra: MeasuredInfo, data: list[float], thresholds: dict[str, float], failed: str = ""
     ) -> BenchRecord:
         """The benchmark's record (:class:`.records.BenchRecord`), attached to its report for the gate."""
         node = self.request.node
@@ -561,6 +588,13 @@ def _plain(value: object) -> object:
     return str(value)
 
 
-def _plain_object(value: dict[str, Any]) -> dict[str, object]:
+def _plain_object(value: MeasuredInfo) -> dict[str, object]:
     """:func:`_plain` of a record's ``extra_info``."""
     return {str(k): _plain(v) for k, v in value.items()}
+
+
+def _measured(benchmark: Any) -> MeasuredInfo:
+    """pytest-benchmark's ``extra_info`` dict of ``benchmark``, which this module fills: the one place it is
+    taken as :class:`.records.MeasuredInfo`."""
+    info: MeasuredInfo = benchmark.extra_info
+    return info

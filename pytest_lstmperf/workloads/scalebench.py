@@ -27,9 +27,10 @@ import json
 import statistics
 import sys
 import time
-from dataclasses import dataclass, replace
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from .distributed import RunResult, TrainConfig, single_process
 
@@ -68,51 +69,157 @@ class Size:
         return f"{self.layers}x LSTM {self.input_size}->{self.hidden}, batch {self.batch}, T<={self.seq_len}"
 
 
-def pick_size(rows: list[dict[str, Any]], factor: float = DOMINATES) -> str | None:
+# ------------------------------------------------------------------------------------- the rows and their JSON
+@dataclass(frozen=True)
+class SizingRow:
+    """One candidate size's probe: a layer's forward and backward time on one micro-batch, the host's time to
+    issue those calls and one activation transfer between ranks 0 and 1 (seconds; the ``*_seconds`` lists hold
+    every repetition, the ``*_s`` fields their medians)."""
+
+    part: ClassVar[str] = "sizing"
+    size: str
+    model: str
+    micro_batch: int
+    world: int
+    backend: str
+    layer_seconds: list[float] | None
+    issue_seconds: list[float] | None
+    layer_s: float | None
+    issue_s: float | None
+    transfer_s: float | None
+    layer_over_issue: float | None
+    layer_over_transfer: float | None
+    transfer_bytes: int
+    stages: Sequence[Sequence[int]] | None
+    at: str = ""  # UTC time the row was written
+    call: int | None = None  # which call of a multi-call record it came from (added to a published file)
+
+
+@dataclass(frozen=True)
+class RunRow:
+    """One training run of the scaling part or the micro-batch sweep (``part``: ``scaling`` or
+    ``micro-batches``): its throughput per timed pass, and where measured the DDP communication share, each
+    rank's idle share, GPipe's ideal bubble and one profiled step's NCCL time per rank."""
+
+    part: str
+    mode: str
+    data: str
+    size: str
+    model: str
+    world: int
+    backend: str
+    seconds: float | None
+    pass_seconds: list[float]
+    sequences: int | None
+    tokens: int | None
+    seq_per_s: float | None
+    seq_per_s_passes: list[float]
+    comm_share: float | None
+    stages: Sequence[Sequence[int]] | None
+    micro_batches: int | None
+    idle_shares: list[float] | None
+    ideal_bubble: float | None
+    profile: list[dict[str, float]] | None
+    at: str = ""
+    call: int | None = None
+    excluded: str | None = None  # why a published row is left out of the tables (:func:`load`)
+
+
+@dataclass(frozen=True)
+class ErrorRow:
+    """A run that failed or was cut short: what it was and why (its figures are missing, not zero)."""
+
+    part: ClassVar[str] = "error"
+    what: str
+    error: str
+    at: str = ""
+    call: int | None = None
+
+
+BenchRow = SizingRow | RunRow | ErrorRow
+_KINDS: dict[str, type[SizingRow] | type[RunRow] | type[ErrorRow]] = {
+    "sizing": SizingRow, "scaling": RunRow, "micro-batches": RunRow, "error": ErrorRow,
+}  # fmt: skip
+_OPTIONAL = ("at", "call", "excluded")
+
+
+def row_to_json(row: BenchRow) -> dict[str, Any]:
+    """A row as one line of ``scalebench.jsonl`` holds it (``part`` first; ``at``, ``call`` and ``excluded`` only
+    where set)."""
+    out: dict[str, Any] = {"part": row.part, **asdict(row)}
+    for name in _OPTIONAL:
+        if out.get(name) in (None, ""):
+            out.pop(name, None)
+    return out
+
+
+def row_from_json(raw: dict[str, Any]) -> BenchRow:
+    """A row read back from ``scalebench.jsonl``; a ValueError names an unknown part, an unknown field or a
+    missing one."""
+    part = raw.get("part")
+    kind = _KINDS.get(str(part))
+    if kind is None:
+        raise ValueError(f"scalebench row of unknown part {part!r} (valid: {', '.join(_KINDS)})")
+    names = {f.name for f in fields(kind)}
+    unknown = sorted(set(raw) - names - {"part"})
+    missing = sorted(names - set(raw) - set(_OPTIONAL))
+    if unknown or missing:
+        raise ValueError(
+            f"scalebench {part} row: "
+            + "; ".join(
+                ([f"unknown field(s) {', '.join(unknown)}"] if unknown else [])
+                + ([f"missing field(s) {', '.join(missing)}"] if missing else [])
+            )
+            + f" (valid: {', '.join(sorted(names))})"
+        )
+    values = {k: v for k, v in raw.items() if k in names}  # ``part`` is the class of a sizing or error row
+    return kind(**values)
+
+
+def pick_size(rows: list[BenchRow], factor: float = DOMINATES) -> str | None:
     """The first sizing row whose median layer time is ``factor`` times its issue and transfer times; else the
     one with the largest smaller ratio (None without rows)."""
-    sized = [r for r in rows if r.get("part") == "sizing" and r.get("layer_s")]
+    sized = [r for r in rows if isinstance(r, SizingRow) and r.layer_s and r.issue_s]
     for r in sized:
-        transfer_ok = r["transfer_s"] is None or r["layer_s"] >= factor * r["transfer_s"]
-        if r["layer_s"] >= factor * r["issue_s"] and transfer_ok:
-            return str(r["size"])
+        layer, issue = r.layer_s or 0.0, r.issue_s or 0.0
+        transfer_ok = r.transfer_s is None or layer >= factor * r.transfer_s
+        if layer >= factor * issue and transfer_ok:
+            return r.size
     if not sized:
         return None
-    return str(max(sized, key=lambda r: min(r["layer_over_issue"], r["layer_over_transfer"] or float("inf")))["size"])
+    return max(sized, key=lambda r: min(r.layer_over_issue or 0.0, r.layer_over_transfer or float("inf"))).size
 
 
 def _median(values: list[float] | None) -> float | None:
     return float(statistics.median(values)) if values else None
 
 
-def run_row(part: str, mode: str, data: str, size: Size, result: RunResult, **extra: Any) -> dict[str, Any]:
-    """One run as a JSON-ready row."""
+def run_row(part: str, mode: str, data: str, size: Size, result: RunResult) -> RunRow:
+    """One run as a row."""
     per_pass = [result.sequences / s for s in result.pass_seconds if s] if result.sequences else []
-    row: dict[str, Any] = {
-        "part": part, "mode": mode, "data": data, "size": size.name, "model": size.label(), "world": result.world,
-        "backend": result.backend, "seconds": result.seconds, "pass_seconds": result.pass_seconds,
-        "sequences": result.sequences, "tokens": result.tokens, "seq_per_s": result.sequence_throughput,
-        "seq_per_s_passes": per_pass, "comm_share": result.comm_share, "stages": result.stages,
-        "micro_batches": result.micro_batches or None, "idle_shares": result.idle_shares,
-        "ideal_bubble": result.ideal_bubble, "profile": result.profile,
-    }  # fmt: skip
-    row.update(extra)
-    return row
+    return RunRow(
+        part=part, mode=mode, data=data, size=size.name, model=size.label(), world=result.world,
+        backend=result.backend, seconds=result.seconds, pass_seconds=list(result.pass_seconds),
+        sequences=result.sequences, tokens=result.tokens, seq_per_s=result.sequence_throughput,
+        seq_per_s_passes=per_pass, comm_share=result.comm_share, stages=result.stages,
+        micro_batches=result.micro_batches or None, idle_shares=result.idle_shares,
+        ideal_bubble=result.ideal_bubble, profile=result.profile,
+    )  # fmt: skip
 
 
-def sizing_row(size: Size, result: RunResult) -> dict[str, Any]:
+def sizing_row(size: Size, result: RunResult) -> SizingRow:
     layer = _median(result.layer_seconds)
     issue = _median(result.issue_seconds)
     transfer = result.transfer_seconds
-    return {
-        "part": "sizing", "size": size.name, "model": size.label(), "micro_batch": size.batch // size.micro_batches,
-        "world": result.world, "backend": result.backend, "layer_seconds": result.layer_seconds,
-        "issue_seconds": result.issue_seconds, "layer_s": layer, "issue_s": issue, "transfer_s": transfer,
-        "layer_over_issue": layer / issue if layer and issue else None,
-        "layer_over_transfer": layer / transfer if layer and transfer else None,
-        "transfer_bytes": 4 * (size.batch // size.micro_batches) * size.seq_len * size.hidden,
-        "stages": result.stages,
-    }  # fmt: skip
+    return SizingRow(
+        size=size.name, model=size.label(), micro_batch=size.batch // size.micro_batches,
+        world=result.world, backend=result.backend, layer_seconds=result.layer_seconds,
+        issue_seconds=result.issue_seconds, layer_s=layer, issue_s=issue, transfer_s=transfer,
+        layer_over_issue=layer / issue if layer and issue else None,
+        layer_over_transfer=layer / transfer if layer and transfer else None,
+        transfer_bytes=4 * (size.batch // size.micro_batches) * size.seq_len * size.hidden,
+        stages=result.stages,
+    )  # fmt: skip
 
 
 class Recorder:
@@ -121,25 +228,29 @@ class Recorder:
     def __init__(self, out: Path) -> None:
         out.mkdir(parents=True, exist_ok=True)
         self.path = out / "scalebench.jsonl"
-        self.rows: list[dict[str, Any]] = []
+        self.rows: list[BenchRow] = []
 
-    def add(self, row: dict[str, Any]) -> None:
-        row["at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    def add(self, row: BenchRow) -> None:
+        row = replace(row, at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
         self.rows.append(row)
         with self.path.open("a", encoding="utf-8") as fh:
-            fh.write(json.dumps(row) + "\n")
+            fh.write(json.dumps(row_to_json(row)) + "\n")
         print(describe(row), flush=True)
 
 
-def describe(row: dict[str, Any]) -> str:
-    if row["part"] == "sizing":
-        transfer = "-" if row["transfer_s"] is None else f"{row['transfer_s'] * 1e3:.3f} ms"
-        return (f"sizing {row['size']}: layer fwd+bwd {row['layer_s'] * 1e3:.3f} ms per micro-batch of "
-                f"{row['micro_batch']}, issue {row['issue_s'] * 1e3:.3f} ms, transfer {transfer}")  # fmt: skip
-    if row["part"] == "error":
-        return f"{row['what']} failed: {row['error']}"
-    return (f"{row['part']} {row['mode']} {row['data']} x{row['world']}: {row['seq_per_s']:.4g} seq/s "
-            f"({row['seconds']:.3f} s per pass)")  # fmt: skip
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{seconds * 1e3:.3f} ms"
+
+
+def describe(row: BenchRow) -> str:
+    if isinstance(row, SizingRow):
+        return (f"sizing {row.size}: layer fwd+bwd {_ms(row.layer_s)} per micro-batch of {row.micro_batch}, "
+                f"issue {_ms(row.issue_s)}, transfer {_ms(row.transfer_s)}")  # fmt: skip
+    if isinstance(row, ErrorRow):
+        return f"{row.what} failed: {row.error}"
+    per_s = "-" if row.seq_per_s is None else f"{row.seq_per_s:.4g}"
+    per_pass = "-" if row.seconds is None else f"{row.seconds:.3f}"
+    return f"{row.part} {row.mode} {row.data} x{row.world}: {per_s} seq/s ({per_pass} s per pass)"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -192,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             return fn()
         except Exception as exc:  # one failed run must not lose the others' figures
-            rec.add({"part": "error", "what": what, "error": f"{type(exc).__name__}: {str(exc)[-1500:]}"})
+            rec.add(ErrorRow(what=what, error=f"{type(exc).__name__}: {str(exc)[-1500:]}"))
             return None
 
     probe_world = min(2, max(worlds))
@@ -251,65 +362,70 @@ def spread(values: list[float]) -> str:
     return f"{statistics.median(values):.4g} ({min(values):.4g}-{max(values):.4g})"
 
 
-def baseline(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+def _runs(rows: list[BenchRow], part: str) -> list[RunRow]:
+    return [r for r in rows if isinstance(r, RunRow) and r.part == part]
+
+
+def baseline(rows: list[BenchRow]) -> RunRow | None:
     """Plain single-device training of the padded data: what every mode's speed-up is over."""
-    return next((r for r in rows if r.get("part") == "scaling" and r["mode"] == "plain" and r["data"] == "padded"),
-                None)  # fmt: skip
+    return next((r for r in _runs(rows, "scaling") if r.mode == "plain" and r.data == "padded"), None)
 
 
-def summary(rows: list[dict[str, Any]]) -> list[str]:
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def summary(rows: list[BenchRow]) -> list[str]:
     """Markdown tables of the three parts (with the implausible speed-ups flagged)."""
     from .report import SUPERLINEAR_LIMIT, speedup_flag
 
     lines: list[str] = []
-    sized = [r for r in rows if r.get("part") == "sizing"]
+    sized = [r for r in rows if isinstance(r, SizingRow)]
     if sized:
         lines += ["| size | micro-batch | layer fwd+bwd ms | issue ms | transfer ms | layer/issue | layer/transfer |",
                   "|---|---|---|---|---|---|---|"]  # fmt: skip
-        for r in sized:
-            tr, over = r["transfer_s"], r["layer_over_transfer"]
-            tr_cell = "-" if tr is None else f"{tr * 1e3:.3f}"
-            over_cell = "-" if over is None else f"{over:.1f}"
-            lines.append(f"| {r['model']} | {r['micro_batch']} | {r['layer_s'] * 1e3:.3f} | {r['issue_s'] * 1e3:.3f} | "
-                         f"{tr_cell} | {r['layer_over_issue']:.1f} | {over_cell} |")  # fmt: skip
+        for z in sized:
+            cells = [_ms(x).removesuffix(" ms") for x in (z.layer_s, z.issue_s, z.transfer_s)]
+            overs = ["-" if x is None else f"{x:.1f}" for x in (z.layer_over_issue, z.layer_over_transfer)]
+            lines.append(f"| {z.model} | {z.micro_batch} | {' | '.join(cells)} | {' | '.join(overs)} |")
         lines.append("")
     base = baseline(rows)
-    scaled = [r for r in rows if r.get("part") == "scaling"]
+    scaled = _runs(rows, "scaling")
     if scaled:
         lines += ["| mode | data | GPUs | sequences/s, median (min-max of passes) | speed-up over plain padded | "
                   "speed-up over own 1-rank | DDP comm | idle per rank | NCCL / all kernels, one step |",
                   "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
         for r in scaled:
-            over = f"{r['seq_per_s'] / base['seq_per_s']:.2f}x" if base else "-"
-            if base and r["sequences"] != base["sequences"]:  # another dataset: no speed-up to read
-                over = f"not comparable: {r['sequences']} of the baseline's {base['sequences']} sequences"
-            own = next((o for o in scaled if o["mode"] == r["mode"] and o["data"] == r["data"] and o["world"] == 1),
-                       None)  # fmt: skip
-            own_speedup = r["seq_per_s"] / own["seq_per_s"] if own and r["mode"] != "plain" else None
-            flag = speedup_flag(own_speedup, r["world"]) if own_speedup else ""
+            over_base = _ratio(r.seq_per_s, base.seq_per_s) if base else None
+            over = "-" if over_base is None else f"{over_base:.2f}x"
+            if base and r.sequences != base.sequences:  # another dataset: no speed-up to read
+                over = f"not comparable: {r.sequences} of the baseline's {base.sequences} sequences"
+            own = next((o for o in scaled if o.mode == r.mode and o.data == r.data and o.world == 1), None)
+            own_speedup = _ratio(r.seq_per_s, own.seq_per_s) if own and r.mode != "plain" else None
+            flag = speedup_flag(own_speedup, r.world) if own_speedup else ""
             own_cell = "-" if own_speedup is None else f"{own_speedup:.2f}x" + (" (implausible)" if flag else "")
-            comm = "-" if r.get("comm_share") is None or r["world"] < 2 else f"{100 * r['comm_share']:.0f}%"
-            idle = "-" if not r.get("idle_shares") or r["world"] < 2 else ", ".join(
-                f"{100 * s:.0f}%" for s in r["idle_shares"])  # fmt: skip
-            lines.append(f"| {r['mode']} | {r['data']} | {r['world']} | {spread(r['seq_per_s_passes'])} | {over} | "
-                         f"{own_cell} | {comm} | {idle} | {nccl_cell(r.get('profile'))} |")  # fmt: skip
+            comm = "-" if r.comm_share is None or r.world < 2 else f"{100 * r.comm_share:.0f}%"
+            idle = "-" if not r.idle_shares or r.world < 2 else ", ".join(f"{100 * s:.0f}%" for s in r.idle_shares)
+            lines.append(f"| {r.mode} | {r.data} | {r.world} | {spread(r.seq_per_s_passes)} | {over} | "
+                         f"{own_cell} | {comm} | {idle} | {nccl_cell(r.profile)} |")  # fmt: skip
         lines.append("")
-    swept = [r for r in rows if r.get("part") == "micro-batches"]
+    swept = _runs(rows, "micro-batches")
     if swept:
         lines += ["| micro-batches | GPUs | stages | sequences/s | idle per rank (measured) | "
                   "GPipe bubble (S-1)/(M+S-1) |", "|---|---|---|---|---|---|"]  # fmt: skip
-        for r in swept:
-            idle = ", ".join(f"{100 * s:.0f}%" for s in r["idle_shares"] or [])
-            lines.append(f"| {r['micro_batches']} | {r['world']} | {r['stages']} | {spread(r['seq_per_s_passes'])} | "
-                         f"{idle} | {100 * r['ideal_bubble']:.0f}% |")  # fmt: skip
+        for m in swept:
+            idle = ", ".join(f"{100 * s:.0f}%" for s in m.idle_shares or [])
+            bubble = "-" if m.ideal_bubble is None else f"{100 * m.ideal_bubble:.0f}%"
+            stages = None if m.stages is None else [list(st) for st in m.stages]
+            lines.append(f"| {m.micro_batches} | {m.world} | {stages} | {spread(m.seq_per_s_passes)} | "
+                         f"{idle} | {bubble} |")  # fmt: skip
         lines.append("")
     if any("(implausible)" in line for line in lines):
         lines.append(
             f"* (implausible): a speed-up over the own 1-rank run above {SUPERLINEAR_LIMIT:g} x the rank "
             "count: the 1-rank reference ran slowed (e.g. oversubscribed CPU cores), not a scaling result."
         )
-    errors = [r for r in rows if r.get("part") == "error"]
-    lines += [f"* {r['what']} failed: {r['error'][-300:]}" for r in errors]
+    lines += [f"* {r.what} failed: {r.error[-300:]}" for r in rows if isinstance(r, ErrorRow)]
     return lines
 
 
@@ -321,38 +437,45 @@ def nccl_cell(profile: list[dict[str, float]] | None) -> str:
     return ", ".join(f"{p['nccl_s'] * 1e3:.1f} of {p['device_s'] * 1e3:.0f} ms" for p in profile)
 
 
-def load(path: Path) -> list[dict[str, Any]]:
-    """The rows of a ``scalebench.jsonl``, without those marked ``excluded`` (with the reason) after the fact."""
-    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    return [r for r in rows if not r.get("excluded")]
+def load(path: Path) -> list[BenchRow]:
+    """The rows of a ``scalebench.jsonl``, without those marked ``excluded`` (with the reason) after the fact; a
+    line that is no row of a known part and fields is a ValueError naming its line."""
+    rows: list[BenchRow] = []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if line.strip():
+            try:
+                rows.append(row_from_json(json.loads(line)))
+            except (ValueError, TypeError) as exc:
+                raise ValueError(f"{path}:{number}: {exc}") from None
+    return [r for r in rows if not (isinstance(r, RunRow) and r.excluded)]
 
 
-def plot(rows: list[dict[str, Any]], path: Path, title: str) -> Path | None:
+def plot(rows: list[BenchRow], path: Path, title: str) -> Path | None:
     """Sequences per second per mode against GPUs (median, min-max bars over the passes), plain padded and
     plain bucketed training as horizontal lines; and the micro-batch sweep's idle share against GPipe's."""
     from .report import _pyplot, _save
 
-    scaled = [r for r in rows if r.get("part") == "scaling"]
+    scaled = [r for r in _runs(rows, "scaling") if r.seq_per_s is not None]
     if not scaled:
         return None
     plt = _pyplot()
-    swept = [r for r in rows if r.get("part") == "micro-batches"]
+    swept = _runs(rows, "micro-batches")
     fig, axes = plt.subplots(1, 2 if swept else 1, figsize=(12 if swept else 7, 5), squeeze=False)
     ax = axes[0][0]
-    worlds = sorted({r["world"] for r in scaled if r["mode"] != "plain"})
+    worlds = sorted({r.world for r in scaled if r.mode != "plain"})
     labelled: set[str] = set()
-    for r in (r for r in scaled if r["mode"] == "plain"):
-        label = f"plain 1 GPU, {r['data']}"
-        ax.axhline(r["seq_per_s"], color="grey", linestyle="--" if r["data"] == "padded" else ":",
+    for r in (r for r in scaled if r.mode == "plain"):
+        label = f"plain 1 GPU, {r.data}"
+        ax.axhline(r.seq_per_s, color="grey", linestyle="--" if r.data == "padded" else ":",
                    label=None if label in labelled else label)  # fmt: skip
         labelled.add(label)
-    for mode in sorted({r["mode"] for r in scaled if r["mode"] != "plain"}):
-        mine = sorted((r for r in scaled if r["mode"] == mode), key=lambda r: r["world"])
-        meds = [r["seq_per_s"] for r in mine]
-        lows = [m - min(r["seq_per_s_passes"] or [m]) for m, r in zip(meds, mine, strict=True)]
-        highs = [max(r["seq_per_s_passes"] or [m]) - m for m, r in zip(meds, mine, strict=True)]
-        ax.errorbar([r["world"] for r in mine], meds, yerr=[lows, highs], marker="o", capsize=4,
-                    label=f"{mode} ({mine[0]['data']})")  # fmt: skip
+    for mode in sorted({r.mode for r in scaled if r.mode != "plain"}):
+        mine = sorted((r for r in scaled if r.mode == mode), key=lambda r: r.world)
+        meds = [r.seq_per_s or 0.0 for r in mine]
+        lows = [m - min(r.seq_per_s_passes or [m]) for m, r in zip(meds, mine, strict=True)]
+        highs = [max(r.seq_per_s_passes or [m]) - m for m, r in zip(meds, mine, strict=True)]
+        ax.errorbar([r.world for r in mine], meds, yerr=[lows, highs], marker="o", capsize=4,
+                    label=f"{mode} ({mine[0].data})")  # fmt: skip
     ax.set_xticks(worlds)
     ax.set_xlabel("GPUs")
     ax.set_ylabel("sequences / s (median of passes, bars: min-max)")
@@ -362,16 +485,16 @@ def plot(rows: list[dict[str, Any]], path: Path, title: str) -> Path | None:
     ax.set_title("throughput per mode", fontsize=9)
     if swept:
         ax2 = axes[0][1]
-        ms = [r["micro_batches"] for r in swept]
-        for rank in range(len(swept[0]["idle_shares"] or [])):
-            ax2.plot(ms, [100 * (r["idle_shares"] or [0] * (rank + 1))[rank] for r in swept], marker="o",
+        ms = [r.micro_batches or 0 for r in swept]
+        for rank in range(len(swept[0].idle_shares or [])):
+            ax2.plot(ms, [100 * (r.idle_shares or [0.0] * (rank + 1))[rank] for r in swept], marker="o",
                      label=f"rank {rank}: measured idle")  # fmt: skip
-        ax2.plot(ms, [100 * r["ideal_bubble"] for r in swept], linestyle="--", color="grey",
+        ax2.plot(ms, [100 * (r.ideal_bubble or 0.0) for r in swept], linestyle="--", color="grey",
                  label="GPipe (S-1)/(M+S-1)")  # fmt: skip
         ax2.set_xscale("log", base=2)
         ax2.set_xticks(ms)
         ax2.set_xticklabels([str(m) for m in ms])
-        ax2.set_xlabel(f"micro-batches (pipeline on {swept[0]['world']} GPUs, {swept[0]['data']} data)")
+        ax2.set_xlabel(f"micro-batches (pipeline on {swept[0].world} GPUs, {swept[0].data} data)")
         ax2.set_ylabel("% of the step not computing")
         ax2.set_ylim(bottom=0)
         ax2.grid(True, alpha=0.3)
