@@ -207,7 +207,7 @@ def _driver_version() -> str:
 
         # torch reports the driver's CUDA version only through NVML / the runtime; try NVML first
         try:
-            import pynvml  # type: ignore[import-not-found]
+            import pynvml  # type: ignore[import-not-found,unused-ignore]
 
             pynvml.nvmlInit()
             return str(pynvml.nvmlSystemGetDriverVersion())
@@ -231,7 +231,7 @@ def fingerprint(kind: str, index: int | None) -> dict[str, str]:
     fp = {"torch": torch.__version__.split("+")[0], "python": platform.python_version()}
     if kind == "cuda":
         props = torch.cuda.get_device_properties(index or 0)
-        cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+        cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None  # type: ignore[no-untyped-call]
         fp.update(
             gpu=props.name,
             capability=f"{props.major}.{props.minor}",
@@ -242,7 +242,7 @@ def fingerprint(kind: str, index: int | None) -> dict[str, str]:
             driver=_driver_version(),
         )
     else:
-        onednn = torch.backends.mkldnn.is_available()
+        onednn = torch.backends.mkldnn.is_available()  # type: ignore[no-untyped-call]
         fp.update(
             cpu=_cpu_name(), cpu_id=_cpu_id(), threads=str(torch.get_num_threads()), onednn="yes" if onednn else "no"
         )

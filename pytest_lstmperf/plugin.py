@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from collections.abc import Generator
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -22,6 +24,9 @@ from .session import (
     run_session,
     started_session,
 )
+
+if TYPE_CHECKING:
+    from .paths import ExecutionPath
 
 pytest_plugins = [
     name
@@ -64,7 +69,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 @pytest.hookimpl(wrapper=True)
-def pytest_load_initial_conftests(early_config: pytest.Config, parser: pytest.Parser, args: list[str]):
+def pytest_load_initial_conftests(
+    early_config: pytest.Config, parser: pytest.Parser, args: list[str]
+) -> Generator[None, object, object]:
     """``--device`` is the plugin's only where the project's conftests (loaded inside this hook) do not
     declare their own: a project with its own ``--device`` keeps it, and reaches the plugin's device
     setting as ``--lstmperf-device``."""
@@ -219,7 +226,7 @@ def lstmperf(pytestconfig: pytest.Config) -> LstmPerfSession:
 
 
 @pytest.fixture
-def lstmperf_path(request: pytest.FixtureRequest, lstmperf: LstmPerfSession):
+def lstmperf_path(request: pytest.FixtureRequest, lstmperf: LstmPerfSession) -> ExecutionPath:
     """One execution path (parametrised by the plugin); skips with the reason when it cannot run here."""
     path = registry.get(request.param)
     request.node.user_properties.append(("lstmperf_path", path.name))
@@ -230,7 +237,7 @@ def lstmperf_path(request: pytest.FixtureRequest, lstmperf: LstmPerfSession):
 
 
 @pytest.fixture
-def lstmperf_pair(request: pytest.FixtureRequest, lstmperf: LstmPerfSession):
+def lstmperf_pair(request: pytest.FixtureRequest, lstmperf: LstmPerfSession) -> tuple[ExecutionPath, ...]:
     """Two paths of one precision whose results should agree closely (``ExecutionPath.pair_with``)."""
     pair = tuple(registry.get(n) for n in request.param)
     request.node.user_properties.append(("lstmperf_path", "~".join(request.param)))
@@ -250,14 +257,16 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         run.report = build_report(run)
 
 
-def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, exitstatus: int, config: pytest.Config) -> None:
     run = run_session(config)
     for line in run.report.paths if run.report is not None else run.tally.summary_lines():
         terminalreporter.write_line(line)
 
 
 @pytest.hookimpl(trylast=True, specname="pytest_terminal_summary")  # after pytest-benchmark's tables
-def pytest_terminal_summary_wall_time(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+def pytest_terminal_summary_wall_time(
+    terminalreporter: pytest.TerminalReporter, exitstatus: int, config: pytest.Config
+) -> None:
     tally = run_session(config).tally
     if tally.outcomes:
         terminalreporter.write_line(tally.wall_time_line())

@@ -207,7 +207,9 @@ class NoClaimForDevice(Exception):
     is skipped; one that runs fails with this message."""
 
 
-def _expected(args: tuple, kwargs: Mapping[str, Any], where: str, device: str = "cpu") -> tuple[Claim, str | None]:
+def _expected(
+    args: tuple[Any, ...], kwargs: Mapping[str, Any], where: str, device: str = "cpu"
+) -> tuple[Claim, str | None]:
     """The claim for ``device`` (the positional one, or ``cpu=``/``cuda=``: a family, a tuple of families or a
     mapping ``{call pattern: families}``, :func:`claim_of`) and the precision."""
     unknown = set(kwargs) - {"precision", *DEVICES}

@@ -94,9 +94,10 @@ class PathOptions(TypedDict, total=False):
     known_findings: dict[tuple[str, str], str]  # {(check, observed): why}, see observation/claims.py
 
 
-def _resolve(ref: str) -> Callable:
+def _resolve(ref: str) -> Callable[..., Any]:
     module, _, name = ref.partition(":")
-    return getattr(importlib.import_module(module, __name__), name)
+    function: Callable[..., Any] = getattr(importlib.import_module(module, __name__), name)
+    return function
 
 
 @dataclass(frozen=True)
@@ -129,19 +130,23 @@ class ExecutionPath:
     def available(self, device: DeviceInfo) -> str | None:
         if device.kind != self.device:
             return f"path runs on {self.device}, selected device is {device.name}"
-        return _resolve(self.available_ref)(self, device)
+        reason: str | None = _resolve(self.available_ref)(self, device)
+        return reason
 
     def supports(self, spec: LayerSpec) -> str | None:
-        return _resolve(self.supports_ref)(self, spec)
+        reason: str | None = _resolve(self.supports_ref)(self, spec)
+        return reason
 
     def expected(self, spec: LayerSpec) -> tuple[str, str]:
         """The kernel family and precision this path must run for ``spec``."""
         if self.expect_ref:
-            return _resolve(self.expect_ref)(self, spec)
+            family, precision = _resolve(self.expect_ref)(self, spec)
+            return str(family), str(precision)
         return self.kernel, self.precision
 
     def prepare(self, case: Case, device: DeviceInfo) -> PreparedRun:
-        return _resolve(self.prepare_ref)(self, case, device)
+        run: PreparedRun = _resolve(self.prepare_ref)(self, case, device)
+        return run
 
 
 REGISTRY: dict[str, ExecutionPath] = {}
