@@ -8,6 +8,7 @@ Pure text and records: no terminal writer, no file. :class:`Line` carries the ma
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ import pytest
 
 from . import ci_summary, options
 from .speed.gate_table import format_table
-from .speed.policy import COMPARE_PROCESSES, MAX_LIMIT
+from .speed.policy import BETWEEN_RUNS, COMPARE_PROCESSES, K_SIGMA, MAX_LIMIT
 from .speed.provenance import record_command
 from .speed.records import BESIDE_OTHER_TESTS
 from .speed.report import by_case, generic_reference, path_cell, peak_notes, timing_cells
@@ -212,10 +213,20 @@ def _print_gate(tr: _Lines, config: pytest.Config, state: GateState) -> None:
     threshold = state.verdict.threshold if state.verdict is not None else options.THRESHOLD
     coarse = state.verdict.coarse if state.verdict is not None else ()
     if coarse:
+        between = BETWEEN_RUNS["per-call"]
+        floor = math.exp(K_SIGMA * between)
+        per_call = any(check.metric == "per-call" for _, check in coarse)
         tr.write_line(
             f"{len(coarse)} check(s) resolve less than the threshold {threshold:.2f} on this machine (their limit "
-            "is the slowdown they resolve: 4 standard errors of the figures; more rounds or a quieter machine "
-            "narrow it):",
+            f"is the slowdown they resolve: {K_SIGMA:g} standard errors of the figures and of how far runs lie "
+            "apart; "
+            + (
+                f"a time per call resolves no better than {floor:.2f}x, since a compare made minutes or days "
+                f"after its recording lies about {100 * between:.0f}% from it on a quiet machine; "
+                if per_call
+                else ""
+            )
+            + "more rounds or a quieter machine narrow the rest):",
             yellow=True,
         )
         for name, check in coarse:

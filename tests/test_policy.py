@@ -858,3 +858,16 @@ def test_compare_fail_is_refused_beside_the_gate() -> None:
     assert why is not None
     assert why.startswith("--benchmark-compare-fail=median:5%,mean:0.001: pytest-benchmark's rule on raw means")
     assert "threshold 1.10" in why and "--benchmark-compare=NNNN" in why
+
+
+def test_no_per_call_check_resolves_better_than_the_between_runs_floor_the_report_prints() -> None:
+    """The report says a time per call resolves no better than exp(K_SIGMA x BETWEEN_RUNS): true of every
+    process count, spread and standard error the rule can see; a device figure has no such floor."""
+    floor = math.exp(policy.K_SIGMA * policy.BETWEEN_RUNS["per-call"])
+    rng = random.Random(7)
+    for _ in range(500):
+        sigma_b, se = rng.uniform(0, 0.2), rng.uniform(0, 0.1)
+        m, n = rng.randint(1, policy.COMPARE_PROCESSES), rng.randint(1, policy.RECORD_PROCESSES_MAX)
+        assert policy.resolution(sigma_b, m, n, se, "per-call") >= floor
+    assert policy.resolution(0.0, 1, 3, 0.001, "device") < 1.01
+    assert round(floor, 2) == 1.17
