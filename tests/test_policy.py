@@ -828,6 +828,7 @@ def test_verdict_is_decided_in_one_place() -> None:
     v = judge(_gate(unchanged, unsure), [], accept_inconclusive=False, **kw)
     assert v.failed and v.unsettled == ("1 benchmark(s) inconclusive",)
     assert v.lines[0].startswith("SPEED GATE NOT PASSED: 1 benchmark(s) inconclusive") and "RERUN" in v.lines[0]
+    assert "Rerun on a quiet machine: RERUN" in v.lines[0]  # noise: a quiet machine cures it
     v = judge(
         _gate(unchanged, unsure), [], accept_inconclusive=True, accept_where="--lstmperf-accept-inconclusive", **kw
     )
@@ -837,6 +838,8 @@ def test_verdict_is_decided_in_one_place() -> None:
     assert v.lines[-1].startswith("speed gate passed")
     v = judge(_gate(Decision("e", "not-run")), [], accept_inconclusive=False, **kw)
     assert v.failed and v.unsettled == ("nothing was compared with the baseline",)
+    # nothing timed (every benchmark skipped, each saying why): a quiet machine would not change that
+    assert "quiet machine" not in v.lines[0] and "Rerun once the benchmarks listed above run here" in v.lines[0]
     v = judge(_gate(unsure), [], accept_inconclusive=False, **kw)  # both problems: one line, not two
     assert v.unsettled == ("1 benchmark(s) inconclusive", "nothing was compared with the baseline")
     assert [line.split(" (")[0] for line in v.lines] == [

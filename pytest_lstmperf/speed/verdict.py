@@ -116,10 +116,16 @@ def judge(
         if accept_inconclusive:
             lines.append(f"speed gate: {problem}, accepted ({accept_where})")
         else:
+            # noise is what a quiet machine cures; a run in which nothing was timed (every benchmark skipped or
+            # deselected, each with its reason) would fail the same way again there
+            rerun = (
+                f"Rerun on a quiet machine: {rerun_command}"
+                if gate.inconclusive
+                else f"Rerun once the benchmarks listed above run here (each line says why it did not): {rerun_command}"
+            )
             lines.append(
-                f"SPEED GATE NOT PASSED: {problem} (listed above: each says why); this is not a pass. Rerun on a "
-                f"quiet machine: {rerun_command}; or accept it with --lstmperf-accept-inconclusive "
-                "(env PYTEST_LSTMPERF_ACCEPT_INCONCLUSIVE=1)"
+                f"SPEED GATE NOT PASSED: {problem} (listed above: each says why); this is not a pass. {rerun}; or "
+                "accept it with --lstmperf-accept-inconclusive (env PYTEST_LSTMPERF_ACCEPT_INCONCLUSIVE=1)"
             )
     if not failed:
         listed = f" ({len(coarse)} check(s) resolving less than the threshold, listed above)" if coarse else ""
