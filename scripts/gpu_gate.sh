@@ -30,7 +30,7 @@ trap finish EXIT
 case "${1:-cuda}" in
   cuda)
     timeout $((BUDGET_S + 150)) "$PYTHON" scripts/gate_trials.py --device=cuda --out="$WORK" --extra="$PLUGIN" \
-      --paths=torch-cudnn-fp32,torch-cuda-generic,keras-torch-cudnn --clean=2 --xdist=0 --slow=1 \
+      --paths=torch-cudnn-fp32,torch-cuda-generic,keras-torch-cudnn --clean=2 --xdist=1 --slow=1 \
       --faults="cudnn-off kernel-slowdown:1.25 kernel-slowdown:1.10" --busy=1 --after-update=0 --default-runs=0 \
       --budget="$BUDGET_S" 2>&1 | tee "$OUT/trials.log"
     ;;
