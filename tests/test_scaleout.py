@@ -529,8 +529,8 @@ def test_scalebench_rows_round_trip_and_a_bad_row_is_named(tmp_path: Path) -> No
         assert len(sb.load(ROOT / "docs" / "data" / name)) == sum(1 for r in raw if not r.get("excluded"))
     good = sb.row_to_json(_scaling("ddp", 2, 1700.0))
     for bad, message in (
-        ({**good, "part": "warp"}, "unknown part 'warp' (valid: sizing, scaling, micro-batches, error)"),
-        ({**good, "speed": 1}, "unknown field(s) speed"),
+        ({**good, "part": "warp"}, "unknown scalebench row part 'warp' (valid: sizing, scaling, micro-batches, error)"),
+        ({**good, "speed": 1}, "no field(s) speed"),
         ({k: v for k, v in good.items() if k != "world"}, "missing field(s) world"),
     ):
         (tmp_path / "s.jsonl").write_text(json.dumps(good) + "\n" + json.dumps(bad) + "\n")

@@ -10,9 +10,11 @@ pytest-xdist workers shared the machine's cores while it was (``workers``, ``cor
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any, ClassVar, TypeAlias
+from collections.abc import Collection, Mapping
+from dataclasses import MISSING, dataclass, field
+from typing import Any, ClassVar, TypeAlias, TypeVar
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -145,21 +147,35 @@ def row_to_json(row: WorkloadRow) -> dict[str, Any]:
     return out
 
 
+def tagged_from_json(
+    classes: Mapping[str, type[T]], data: Mapping[str, Any], *, tag: str, what: str, skip: Collection[str] = ()
+) -> T:
+    """A dataclass read back from JSON whose ``tag`` field names its class among ``classes`` (the tag is passed on
+    where the class has it as a field); ``skip``: fields dropped unread. Raises ``ValueError`` naming an unknown
+    tag, an unknown field or a missing one. The workload rows and scalebench's rows are both read so."""
+    name = data.get(tag)
+    cls = classes.get(str(name))
+    if cls is None:
+        raise ValueError(f"unknown {what} {tag} {name!r} (valid: {', '.join(classes)})")
+    fields = dataclasses.fields(cls)  # type: ignore[arg-type]  # every class of ``classes`` is a dataclass
+    names = {f.name for f in fields}
+    values = {k: v for k, v in data.items() if (k != tag or k in names) and k not in skip}
+    unknown = sorted(set(values) - names)
+    missing = [f.name for f in fields if f.name not in values and f.default is MISSING and f.default_factory is MISSING]
+    if unknown or missing:
+        problems = ([f"no field(s) {', '.join(unknown)}"] if unknown else []) + (
+            [f"missing field(s) {', '.join(missing)}"] if missing else []
+        )
+        raise ValueError(f"{name} row: {'; '.join(problems)} (its fields: {', '.join(sorted(names))})")
+    return cls(**values)
+
+
 def row_from_json(data: Mapping[str, Any]) -> WorkloadRow:
     """A row read back from :func:`row_to_json`'s JSON (or an older report's). Raises ``ValueError`` naming an
     unknown kind, an unknown field or a missing one."""
-    kind = data.get("kind")
-    cls = KINDS.get(str(kind))
-    if cls is None:
-        raise ValueError(f"unknown workload row kind {kind!r} (valid: {', '.join(KINDS)})")
-    names = {f.name for f in dataclasses.fields(cls)}
-    values = {k: v for k, v in data.items() if k != "kind" and k not in DERIVED.get(cls.kind, ())}
-    unknown = sorted(set(values) - names)
-    if unknown:
-        raise ValueError(f"{cls.kind} row: no field(s) {', '.join(unknown)} (its fields: {', '.join(sorted(names))})")
-    if "points" in values:
-        values["points"] = tuple(values["points"])
-    try:
-        return cls(**values)
-    except TypeError as exc:
-        raise ValueError(f"{cls.kind} row: {exc}") from None
+    kind = str(data.get("kind"))
+    values = {k: v for k, v in data.items() if k != "points"}
+    if "points" in data:
+        values["points"] = tuple(data["points"])
+    row: WorkloadRow = tagged_from_json(KINDS, values, tag="kind", what="workload row", skip=DERIVED.get(kind, ()))
+    return row

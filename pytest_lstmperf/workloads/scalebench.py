@@ -28,11 +28,12 @@ import statistics
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, ClassVar
 
 from .distributed import RunResult, TrainConfig, single_process
+from .rows import tagged_from_json
 
 #: the chosen size's layer time must be this many times its issue time and its transfer time
 DOMINATES = 10.0
@@ -140,7 +141,7 @@ BenchRow = SizingRow | RunRow | ErrorRow
 _KINDS: dict[str, type[SizingRow] | type[RunRow] | type[ErrorRow]] = {
     "sizing": SizingRow, "scaling": RunRow, "micro-batches": RunRow, "error": ErrorRow,
 }  # fmt: skip
-_OPTIONAL = ("at", "call", "excluded")
+_OPTIONAL = ("at", "call", "excluded")  # written only where set
 
 
 def row_to_json(row: BenchRow) -> dict[str, Any]:
@@ -156,24 +157,8 @@ def row_to_json(row: BenchRow) -> dict[str, Any]:
 def row_from_json(raw: dict[str, Any]) -> BenchRow:
     """A row read back from ``scalebench.jsonl``; a ValueError names an unknown part, an unknown field or a
     missing one."""
-    part = raw.get("part")
-    kind = _KINDS.get(str(part))
-    if kind is None:
-        raise ValueError(f"scalebench row of unknown part {part!r} (valid: {', '.join(_KINDS)})")
-    names = {f.name for f in fields(kind)}
-    unknown = sorted(set(raw) - names - {"part"})
-    missing = sorted(names - set(raw) - set(_OPTIONAL))
-    if unknown or missing:
-        raise ValueError(
-            f"scalebench {part} row: "
-            + "; ".join(
-                ([f"unknown field(s) {', '.join(unknown)}"] if unknown else [])
-                + ([f"missing field(s) {', '.join(missing)}"] if missing else [])
-            )
-            + f" (valid: {', '.join(sorted(names))})"
-        )
-    values = {k: v for k, v in raw.items() if k in names}  # ``part`` is the class of a sizing or error row
-    return kind(**values)
+    row: BenchRow = tagged_from_json(_KINDS, raw, tag="part", what="scalebench row")
+    return row
 
 
 def pick_size(rows: list[BenchRow], factor: float = DOMINATES) -> str | None:
