@@ -90,7 +90,7 @@ def main() -> int:
     from pytest_lstmperf.model.spec import LayerSpec
     from pytest_lstmperf.observation.explain import context_for, explain
     from pytest_lstmperf.paths.keras.layer import KerasOptions
-    from pytest_lstmperf.paths.keras.runners import LocalKerasRun, case_arrays
+    from pytest_lstmperf.paths.keras.runners import LocalKerasRun
 
     if args.device == "cuda" and not torch.cuda.is_available():
         print("no CUDA device visible to torch (run on a GPU machine or pass --device cpu)", file=sys.stderr)
@@ -132,13 +132,13 @@ def main() -> int:
                 kernel_only = kernel_only or not options.return_sequences
                 case = make_case(spec)
                 try:
-                    result = LocalKerasRun(spec, options, case_arrays(case), args.device).run()
+                    result = LocalKerasRun(options, case, args.device).run()
                 except Exception as exc:
                     row["observed"] = f"raises {type(exc).__name__}"
                     row["error"] = str(exc).splitlines()[0][:200]
                     row["match"] = bool(verdict.raises) and type(exc).__name__ in verdict.raises
                 else:
-                    fwd, bwd = result["forward_trace"], result["backward_trace"]
+                    fwd, bwd = result.forward_trace, result.backward_trace
                     row["observed"] = f"{fwd.family}/{fwd.precision}" + (f" | {bwd.family}" if bwd else "")
                     row["observed_ops"] = list(fwd.ops[:8])
                     row["observed_kernels"] = list(fwd.kernels[:6])
@@ -150,19 +150,17 @@ def main() -> int:
                     row["precision_match"] = fwd.precision == verdict.precision
                     if not kernel_only:
                         ref = run_reference(case)
-                        errors = [rel_error(result["output"], ref.output), rel_error(result["h_n"], ref.h_n)]
+                        errors = [rel_error(result.output, ref.output), rel_error(result.h_n, ref.h_n)]
                         if ref.c_n is not None:
-                            errors.append(rel_error(result["c_n"], ref.c_n))
-                        errors += [rel_error(result["grads"][k], ref.grads[k]) for k in ref.grads]
+                            errors.append(rel_error(result.c_n, ref.c_n))
+                        errors += [rel_error(result.grads[k], ref.grads[k]) for k in ref.grads]
                         row["rel_error"] = max(errors)
                     if time.perf_counter() - started < args.budget_s:
                         timed_lengths = {}
                         if spec_changes.get("length_mode") == "packed":
                             timed_lengths = {"lengths": tuple(int(x) for x in np.linspace(100, 40, 32))}
                         big = LayerSpec(cell=cell, **TIMED, **{**spec_changes, **timed_lengths})
-                        timer = LocalKerasRun(
-                            big, options.replace(call_training=True), case_arrays(make_case(big)), args.device
-                        )
+                        timer = LocalKerasRun(options.replace(call_training=True), make_case(big), args.device)
                         first = timer.time("train_step", 1, warmup=1)[0]
                         repeats = max(3, min(30, int(0.4 / max(first, 1e-4))))
                         row["ms_per_train_call"] = 1e3 * statistics.median(timer.time("train_step", repeats, 0))

@@ -112,13 +112,13 @@ def supports(path, spec):
 
 registry.all_paths()
 if "spin-onednn" not in registry.REGISTRY:
-    registry.register(ExecutionPath(
+    registry.register_path(ExecutionPath(
         name="spin-onednn", framework="torch", device="cpu", kernel="onednn", precision="fp32",
         description="nn.LSTM on oneDNN plus a fixed spin", prepare_ref="spinpath:prepare",
         available_ref="spinpath:available", supports_ref="spinpath:supports",
     ))
 if "spin-known" not in registry.REGISTRY:  # the same path, with the fallback documented as a known finding
-    registry.register(ExecutionPath(
+    registry.register_path(ExecutionPath(
         name="spin-known", framework="torch", device="cpu", kernel="onednn", precision="fp32",
         description="nn.LSTM on oneDNN plus a fixed spin", prepare_ref="spinpath:prepare",
         available_ref="spinpath:available", supports_ref="spinpath:supports",

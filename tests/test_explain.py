@@ -18,6 +18,7 @@ from pytest_lstmperf.model.case import make_case
 from pytest_lstmperf.model.spec import LayerSpec, SpecError
 from pytest_lstmperf.observation import explain as ex
 from pytest_lstmperf.paths.keras.layer import KerasOptions, KerasOptionsError, unsupported
+from pytest_lstmperf.paths.keras.transport import GraphProbe
 
 GPU = ex.Context(device="cuda", gpu_visible=True, capability=(9, 0), cudnn_version=91900)
 
@@ -138,13 +139,10 @@ keras_configs = st.tuples(
 )
 
 
-def keras_own_verdict(spec: LayerSpec, options: KerasOptions) -> dict:
+def keras_own_verdict(spec: LayerSpec, options: KerasOptions) -> GraphProbe:
     from pytest_lstmperf.paths.keras.pool import get_worker
-    from pytest_lstmperf.paths.keras.runners import case_arrays
 
-    return get_worker("tensorflow").request(
-        "graph_probe", spec=spec.to_dict(), options=options.to_dict(), arrays=case_arrays(make_case(spec))
-    )
+    return get_worker("tensorflow").request("graph_probe", options=options.to_dict(), case=make_case(spec))
 
 
 def disagreement(spec: LayerSpec, options: KerasOptions, rules=None) -> str | None:
@@ -152,17 +150,17 @@ def disagreement(spec: LayerSpec, options: KerasOptions, rules=None) -> str | No
     keras = keras_own_verdict(spec, options)
     config = f"{spec.short()} [{options.short()}]"
     if verdict.raises and verdict.raises.startswith("ValueError"):
-        if not (keras["error"] or "").startswith("ValueError"):
+        if not (keras.error or "").startswith("ValueError"):
             return f"{config}: explainer predicts {verdict.raises!r}, Keras built {keras}"
         return None
-    if keras["error"]:
-        return f"{config}: Keras raised {keras['error']}, explainer predicts {verdict.kernel}"
-    if keras["family"] != verdict.kernel:
-        return f"{config}: explainer predicts {verdict.kernel}, Keras's graph holds {keras['family']}"
+    if keras.error:
+        return f"{config}: Keras raised {keras.error}, explainer predicts {verdict.kernel}"
+    if keras.family != verdict.kernel:
+        return f"{config}: explainer predicts {verdict.kernel}, Keras's graph holds {keras.family}"
     function_rules = {"activation", "recurrent_activation", "unroll", "use_bias", "reset_after"}
     predicted_ok = not function_rules & {r.rule for r in verdict.reasons}
-    if keras["cudnn_ok"] != predicted_ok:
-        return f"{config}: cudnn_ok() is {keras['cudnn_ok']}, explainer's function-level rules say {predicted_ok}"
+    if keras.cudnn_ok != predicted_ok:
+        return f"{config}: cudnn_ok() is {keras.cudnn_ok}, explainer's function-level rules say {predicted_ok}"
     return None
 
 

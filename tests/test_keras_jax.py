@@ -16,6 +16,7 @@ from pytest_lstmperf.numerics.checks import check_against, check_trace
 from pytest_lstmperf.observation.explain import explain
 from pytest_lstmperf.observation.jax_trace import classify_hlo_ops, hlo_ops, hlo_trace
 from pytest_lstmperf.paths.keras.layer import KerasOptions
+from pytest_lstmperf.paths.keras.transport import JaxAttempt
 
 _CUDNN_FWD = (
     "  %custom-call.1 = (f32[4,5,16]{2,1,0}, f32[1,4,16]{2,1,0}, f32[1,4,16]{2,1,0}, f32[96]{0}, f32[512]{0}) "
@@ -209,21 +210,21 @@ CONFIGS = [
 ]
 
 
-def _disagreements(observed: list[dict], rules=None) -> list[str]:
+def _disagreements(observed: list[JaxAttempt], rules=None) -> list[str]:
     found = []
     for (spec, options), seen in zip(CONFIGS, observed, strict=True):
         verdict = explain(spec, "keras-jax", "cuda", options, rules=rules)
         label = f"{spec.short()} [{options.short()}]"
         forced_ok = options.use_cudnn is True and verdict.kernel == "cudnn"  # the recorder's failure would raise
-        if not forced_ok and seen["attempted"] != (verdict.kernel == "cudnn"):
-            found.append(f"{label}: predicted {verdict.kernel}, Keras attempted cuDNN: {seen['attempted']}")
-        if not forced_ok and bool(seen["error"]) != bool(verdict.raises):
-            found.append(f"{label}: predicted raises={verdict.raises!r}, Keras raised {seen['error']!r}")
+        if not forced_ok and seen.attempted != (verdict.kernel == "cudnn"):
+            found.append(f"{label}: predicted {verdict.kernel}, Keras attempted cuDNN: {seen.attempted}")
+        if not forced_ok and bool(seen.error) != bool(verdict.raises):
+            found.append(f"{label}: predicted raises={verdict.raises!r}, Keras raised {seen.error!r}")
     return found
 
 
 @pytest.fixture(scope="module")
-def keras_decisions() -> list[dict]:
+def keras_decisions() -> list[JaxAttempt]:
     from pytest_lstmperf.paths.keras.pool import get_worker
 
     configs = [(spec.to_dict(), options.to_dict()) for spec, options in CONFIGS]
@@ -231,14 +232,14 @@ def keras_decisions() -> list[dict]:
 
 
 @needs_jax
-def test_explainer_agrees_with_keras_jax_cudnn_decision(keras_decisions: list[dict]) -> None:
+def test_explainer_agrees_with_keras_jax_cudnn_decision(keras_decisions: list[JaxAttempt]) -> None:
     """On the CPU, Keras's JAX backend is made to believe a GPU is there (and jax.experimental.rnn.lstm is a
     recorder): whether it attempts cuDNN, and whether use_cudnn=True raises, must match the explainer."""
     assert not _disagreements(keras_decisions), "\n".join(_disagreements(keras_decisions))
-    attempted = [spec.short() for (spec, _), seen in zip(CONFIGS, keras_decisions, strict=True) if seen["attempted"]]
+    attempted = [spec.short() for (spec, _), seen in zip(CONFIGS, keras_decisions, strict=True) if seen.attempted]
     assert attempted and all(s.startswith("lstm") for s in attempted), attempted  # never a GRU
     gru_default = keras_decisions[CONFIGS.index((_BASE.replace(cell="gru"), KerasOptions(backend="jax")))]
-    assert gru_default["loop"] == "backend", gru_default  # the GRU default is the backend's fused scan
+    assert gru_default.loop == "backend", gru_default  # the GRU default is the backend's fused scan
 
 
 @needs_jax
@@ -277,7 +278,7 @@ def test_prestarted_workers_start_side_by_side_and_fail_with_their_reason() -> N
     started = pool._STARTING.get("jax") or pool._WORKERS.get("jax")
     assert started is not None
     worker = pool.get_worker("jax")
-    assert worker is started and worker.info and worker.info["backend"] == "jax"
+    assert worker is started and worker.info and worker.info.backend == "jax"
     with pytest.raises(KerasUnavailable, match="no-such-backend"):
         pool.get_worker("no-such-backend")
     assert "no-such-backend" in pool._FAILED
@@ -324,7 +325,7 @@ def test_workers_started_together_are_all_ready_and_a_failure_is_kept_for_its_pa
     try:
         pool.start_workers(["no-such-backend", "jax"])
         assert pool._STARTING == {} and set(pool._WORKERS) == {"jax"}
-        assert pool._WORKERS["jax"].info["backend"] == "jax"  # answered before start_workers returned
+        assert pool._WORKERS["jax"].info.backend == "jax"  # answered before start_workers returned
         assert "no-such-backend" in pool._FAILED
         with pytest.raises(KerasUnavailable, match="no-such-backend"):
             pool.get_worker("no-such-backend")
@@ -369,12 +370,12 @@ def test_a_released_run_is_freed_and_the_worker_heap_frozen(backend_path: str) -
     released.run()
     released.close()  # sent with the next request
     state = worker.request("gc_state")
-    assert state["runs"] >= 1 and state["released_alive"] == 0, state
+    assert state.runs >= 1 and state.released_alive == 0, state
     result = held.run()  # the run still held works after a release beside it
     assert result.output.shape == (2, 3, 6)
     held.close()
     state = worker.request("gc_state")
-    assert state["released_alive"] == 0 and state["frozen"] > 0, state
+    assert state.released_alive == 0 and state.frozen > 0, state
 
 
 @needs_jax

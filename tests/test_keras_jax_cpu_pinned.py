@@ -36,17 +36,17 @@ rnn._is_gpu_available, jax_rnn.lstm = gpu_here, gpu_primitive
 from pytest_lstmperf.model.case import make_case
 from pytest_lstmperf.model.keras_options import KerasOptions
 from pytest_lstmperf.model.spec import LayerSpec
-from pytest_lstmperf.paths.keras.runners import LocalKerasRun, case_arrays
+from pytest_lstmperf.paths.keras.runners import LocalKerasRun
 
 out = {}
 for cell in ("lstm", "gru"):
     spec = LayerSpec(cell=cell, input_size=3, hidden_size=4, batch=2, seq_len=5)
     attempts.clear()
     try:
-        run = LocalKerasRun(spec, KerasOptions(backend="jax"), case_arrays(make_case(spec)), "cpu")
+        run = LocalKerasRun(KerasOptions(backend="jax"), make_case(spec), "cpu")
         result = run.run()
         run.train_step()
-        families = [result["forward_trace"].family, result["backward_trace"].family]
+        families = [result.forward_trace.family, result.backward_trace.family]
         out[cell] = {"ok": True, "families": families, "attempts": len(attempts)}
     except Exception as exc:
         out[cell] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:400], "attempts": len(attempts)}

@@ -126,24 +126,36 @@ def test_a_case_crosses_the_worker_pipe_narrowed_and_comes_back_bit_for_bit() ->
     (half the bytes), and come back as the same float64 arrays; an array float32 cannot hold goes as it is."""
     import pickle
 
-    from pytest_lstmperf.paths.keras.runners import case_arrays
     from pytest_lstmperf.paths.keras.transport import narrow, widen
 
+    arrays = ("weights", "x", "h0", "c0", "grad_output", "grad_h_n", "grad_c_n")
     for dtype in ("float32", "bfloat16", "float16"):
-        spec = LayerSpec(cell="lstm", input_size=64, hidden_size=128, num_layers=2, batch=4, seq_len=9, dtype=dtype)
-        arrays = case_arrays(make_case(spec, 3))
-        sent = narrow(arrays)
+        spec = LayerSpec(
+            cell="lstm",
+            input_size=64,
+            hidden_size=128,
+            num_layers=2,
+            batch=4,
+            seq_len=9,
+            dtype=dtype,
+            initial_state=True,
+        )
+        case = make_case(spec, 3)
+        sent = narrow(case)
         back = pickle.loads(pickle.dumps(widen(pickle.loads(pickle.dumps(sent)))))
-        assert len(pickle.dumps(sent)) < 0.6 * len(pickle.dumps(arrays))
-        for key, value in arrays.items():
+        assert len(pickle.dumps(sent)) < 0.6 * len(pickle.dumps(case))
+        assert back.spec == case.spec and back.seed == case.seed
+        for key in arrays:
+            value, came = getattr(case, key), getattr(back, key)
             if key == "weights":
-                assert back[key].keys() == value.keys()
+                assert came.keys() == value.keys()
                 for name, weight in value.items():
-                    assert back[key][name].dtype == np.float64 and np.array_equal(back[key][name], weight), name
+                    assert came[name].dtype == np.float64 and np.array_equal(came[name], weight), name
             elif value is None:
-                assert back[key] is None
+                assert came is None, key
             else:
-                assert back[key].dtype == np.float64 and np.array_equal(back[key], value), key
+                assert came.dtype == np.float64 and np.array_equal(came, value), key
+        assert case.h0 is not None and case.c0 is not None  # the initial states travel too
     wide = {"x": np.array([0.1, 1.0 / 3.0]), "n": None}  # float32 cannot hold these: sent unchanged
     assert narrow(wide)["x"] is wide["x"] and widen(narrow(wide))["x"] is wide["x"]
 

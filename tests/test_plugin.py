@@ -161,7 +161,7 @@ def test_unavailable_path_is_skipped_with_its_reason(suite_copy) -> None:
 
         paths.all_paths()
         base = paths.get("torch-cpu-native")
-        paths.register(paths.ExecutionPath(
+        paths.register_path(paths.ExecutionPath(
             name="fake-cpu-widget", framework="torch", device="cpu", kernel="cpu-native", precision="fp32",
             description="a path that is never available", prepare_ref=base.prepare_ref,
             available_ref="conftest:never", supports_ref=base.supports_ref))
@@ -200,7 +200,7 @@ def test_a_path_awaiting_its_worker_is_asked_on_first_use_and_runs_last_in_its_f
 
         paths.all_paths()
         base = paths.get("torch-cpu-native")
-        paths.register(paths.ExecutionPath(
+        paths.register_path(paths.ExecutionPath(
             name="awaiting-cpu-worker", framework="keras", device="cpu", kernel="cpu-native", precision="fp32",
             description="a path whose worker is starting", prepare_ref=base.prepare_ref,
             available_ref="conftest:no_worker", supports_ref=base.supports_ref,

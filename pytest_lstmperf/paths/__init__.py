@@ -1,6 +1,6 @@
 """The registry of execution paths: one entry per (framework, device, kernel family, precision, input form).
 
-Adding a path is one :func:`register` call. Entries name their implementation as ``"module:function"``
+Adding a path is one :func:`register_path` call. Entries name their implementation as ``"module:function"``
 strings so that listing paths (``--help``, the header, option validation) imports no framework.
 
 A path's ``prepare(case, device)`` returns a :class:`PreparedRun`: the layer built and loaded with the
@@ -152,7 +152,7 @@ class ExecutionPath:
 REGISTRY: dict[str, ExecutionPath] = {}
 
 
-def register(path: ExecutionPath) -> ExecutionPath:
+def register_path(path: ExecutionPath) -> ExecutionPath:
     if path.name in REGISTRY:
         raise ValueError(f"execution path {path.name!r} registered twice")
     if path.kernel not in CLAIMABLE:
@@ -175,7 +175,7 @@ def register_from(
         prepare_ref=f"{module}:prepare", available_ref=f"{module}:available", supports_ref=f"{module}:supports",
         expect_ref=f"{module}:{expect}" if expect else "", **fields,
     )  # fmt: skip
-    return register(path)
+    return register_path(path)
 
 
 def _load_builtin() -> None:

@@ -28,30 +28,32 @@ from ...model.case import make_case
 from ...model.keras_options import KerasOptions
 from ...model.spec import LayerSpec
 from ...observation.jax_trace import cudnn_allows_tf32, hlo_trace, tf32_capable
-from .runners import BackendRunner, LocalKerasRun, case_arrays, jax_pinned
+from .. import PathResult
+from .runners import BackendRunner, LocalKerasRun, jax_pinned
+from .transport import JaxAttempt, WorkerInfo
 
 
-def hello() -> dict[str, Any]:
+def hello() -> WorkerInfo:
     """What the worker reports at start: versions, devices, and whether jaxlib's cuDNN RNN is linked."""
     import jax
     import keras
 
     gpus = [d for d in jax.devices() if d.platform == "gpu"] if jax.default_backend() == "gpu" else []
-    info: dict[str, Any] = {
-        "keras": keras.__version__,
-        "backend": keras.backend.backend(),
-        "jax": jax.__version__,
-        "default_backend": jax.default_backend(),
-        "gpus": [getattr(d, "device_kind", str(d)) for d in gpus],
-    }
     try:
         from jax._src.lib import gpu_rnn
 
         # defined only where the CUDA (or ROCm) plugin's RNN library loaded
-        info["cudnn_rnn"] = bool(gpus) and hasattr(gpu_rnn, "compute_rnn_workspace_reserve_space_sizes")
+        cudnn_rnn = bool(gpus) and hasattr(gpu_rnn, "compute_rnn_workspace_reserve_space_sizes")
     except ImportError:
-        info["cudnn_rnn"] = False
-    return info
+        cudnn_rnn = False
+    return WorkerInfo(
+        keras.__version__,
+        keras.backend.backend(),
+        gpus=tuple(getattr(d, "device_kind", str(d)) for d in gpus),
+        jax=jax.__version__,
+        default_backend=jax.default_backend(),
+        cudnn_rnn=cudnn_rnn,
+    )
 
 
 def preload_device_timing() -> None:
@@ -129,7 +131,7 @@ class JaxRunner(BackendRunner):
         return hlo_trace(text, phase, tf32_capable=self.tf32, cudnn_tf32=cudnn_allows_tf32(),
                          program=self.lowered_text[phase], detail="from compiled HLO")  # fmt: skip
 
-    def run(self) -> dict[str, Any]:
+    def run(self) -> PathResult:
         owner, spec = self.owner, self.owner.spec
         fwd_trace = self._trace("forward")
         bwd_trace = self._trace("backward") if spec.training else None
@@ -137,18 +139,18 @@ class JaxRunner(BackendRunner):
             (out, hs, cs), (g_params, g_x, g_states) = self._executable("backward")(*self.args)
         else:
             out, hs, cs = self._executable("forward")(*self.args)
-        result: dict[str, Any] = {
-            "output": owner.canonical_output(_f64(out)),
-            "h_n": np.stack([_f64(h) for h in hs]),
-            "c_n": np.stack([_f64(c) for c in cs]) if cs else None,
-            "grads": {},
-            "forward_trace": fwd_trace,
-            "backward_trace": bwd_trace,
-        }
+        grads: dict[str, np.ndarray] = {}
         if spec.training:
             gstates = [_f64(g) for g in g_states or []]
-            result["grads"] = owner.canonical_grads(_f64(g_x), gstates, [_f64(g) for g in g_params])
-        return result
+            grads = owner.canonical_grads(_f64(g_x), gstates, [_f64(g) for g in g_params])
+        return PathResult(
+            output=owner.canonical_output(_f64(out)),
+            h_n=np.stack([_f64(h) for h in hs]),
+            c_n=np.stack([_f64(c) for c in cs]) if cs else None,
+            grads=grads,
+            forward_trace=fwd_trace,
+            backward_trace=bwd_trace,
+        )
 
     def forward(self) -> None:
         self.last = self._executable("forward")(*self.args)
@@ -179,12 +181,13 @@ def _f64(value: Any) -> np.ndarray:
 
 
 # ------------------------------------------------------------------------------------------- cuDNN decision probe
-def cudnn_attempts(configs: list[tuple[dict, dict]]) -> list[dict[str, Any]]:
+def cudnn_attempts(configs: list[tuple[dict, dict]]) -> list[JaxAttempt]:
     """For each ``(spec dict, options dict)``: would Keras's JAX backend call ``jax.experimental.rnn.lstm``
     (cuDNN) on a GPU? Runs on any machine: ``_is_gpu_available`` is replaced by ``lambda: True`` and
     ``jax.experimental.rnn.lstm`` by a recorder that raises ``RuntimeError`` (which ``lstm()`` turns into its
-    fallback), while the forward call is traced (``jax.jit(...).lower``: nothing runs). Returns ``attempted``,
-    the error the layer raised (``use_cudnn=True``), and whose loop the lowered module holds."""
+    fallback), while the forward call is traced (``jax.jit(...).lower``: nothing runs). Returns, per config,
+    whether it was attempted, the error the layer raised (``use_cudnn=True``), and whose loop the lowered module
+    holds."""
 
     # patched below: the attributes of these modules are not known to the type checker
     backend_rnn: Any = importlib.import_module("keras.src.backend.jax.rnn")
@@ -197,25 +200,20 @@ def cudnn_attempts(configs: list[tuple[dict, dict]]) -> list[dict[str, Any]]:
         raise RuntimeError("cuDNN decision probe: no GPU here")
 
     backend_rnn._is_gpu_available, jax_rnn.lstm = (lambda: True), recorder
-    results = []
+    results: list[JaxAttempt] = []
     try:
         for spec_dict, options_dict in configs:
             calls.clear()
             spec, options = LayerSpec.from_dict(spec_dict), KerasOptions.from_dict(options_dict)
-            row: dict[str, Any] = {"attempted": False, "error": None, "loop": None}
+            error = loop = None
             try:
-                run = LocalKerasRun(spec, options, _probe_arrays(spec), "cpu")
+                run = LocalKerasRun(options, make_case(spec), "cpu")
                 impl: JaxRunner = run._impl  # type: ignore[assignment]
                 text = impl.functions["forward"].lower(*impl.args).as_text(dialect="hlo")
-                row["loop"] = "cell" if ("lstm_cell" in text or "gru_cell" in text) else "backend"
+                loop = "cell" if ("lstm_cell" in text or "gru_cell" in text) else "backend"
             except Exception as exc:  # the layer's own error is the observation
-                row["error"] = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
-            row["attempted"] = bool(calls)
-            results.append(row)
+                error = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+            results.append(JaxAttempt(bool(calls), error, loop))
     finally:
         backend_rnn._is_gpu_available, jax_rnn.lstm = originals
     return results
-
-
-def _probe_arrays(spec: Any) -> dict[str, Any]:
-    return case_arrays(make_case(spec))

@@ -28,7 +28,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, cast
 
 from ...model.keras_options import KerasOptions
-from .. import ExecutionPath, PathResult, register
+from .. import ExecutionPath, PathResult, register_path
 from . import support
 from .support import missing
 
@@ -63,7 +63,7 @@ def _entry(name: str, backend: Backend, device: str, kernel: str, precision: str
     in_gate = kw.pop("in_gate", name in _GATE)
     extended = kw.pop("extended", "")
     options = cast("PathOptions", {"keras": KerasOptions(backend=backend, **kw), **extra})
-    register(ExecutionPath(
+    register_path(ExecutionPath(
         name, f"keras-{backend}", device, kernel, precision, description,
         prepare_ref=f"{_HERE}:prepare", available_ref=f"{_SUPPORT}:available", supports_ref=f"{_SUPPORT}:supports",
         options=options, in_gate=in_gate and "kernel_only" not in extra, extended=extended,
@@ -316,7 +316,6 @@ class KerasRun:
 
     def __init__(self, path: ExecutionPath, case: Case, device: DeviceInfo) -> None:
         from .pool import get_worker
-        from .runners import case_arrays
         from .transport import narrow
 
         self.path = path
@@ -324,9 +323,8 @@ class KerasRun:
         self.worker = get_worker(self.options.backend)
         self.handle = self.worker.request(
             "prepare",
-            spec=case.spec.to_dict(),
             options=self.options.to_dict(),
-            arrays=narrow(case_arrays(case)),
+            case=narrow(case),
             device=device.kind,
         )
 
@@ -335,8 +333,9 @@ class KerasRun:
 
     def run(self) -> PathResult:
         result = self._call("run")
-        notes = result.pop("notes", [])
-        return PathResult(notes=notes, **result)
+        if not isinstance(result, PathResult):
+            raise TypeError(f"the Keras worker's run answered {type(result).__name__}, not a PathResult")
+        return result
 
     def forward(self) -> object:
         return self._call("forward")

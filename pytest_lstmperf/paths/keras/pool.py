@@ -20,7 +20,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from .transport import KerasUnavailable, KerasWorkerError, Request, recv_reply, send
+from .transport import KerasUnavailable, KerasWorkerError, Request, WorkerInfo, recv_reply, send
 
 
 class WorkerClient:
@@ -50,10 +50,10 @@ class WorkerClient:
             stderr=self.log,
             env=env,
         )
-        self.info: dict[str, Any] | None = None
+        self.info: WorkerInfo | None = None
         self.exit_asked = False
 
-    def handshake(self) -> dict[str, Any]:
+    def handshake(self) -> WorkerInfo:
         """Wait for the worker's hello (sent once its imports are done); its info, or KerasUnavailable."""
         if self.info is None:
             try:
@@ -63,6 +63,12 @@ class WorkerClient:
             if not hello.ok:
                 self.close()
                 raise KerasUnavailable(f"Keras on the {self.backend} backend cannot start: {hello.error}")
+            if not isinstance(hello.result, WorkerInfo):
+                self.close()
+                raise KerasUnavailable(
+                    f"Keras worker ({self.backend}) said hello with {type(hello.result).__name__}, not its WorkerInfo "
+                    "(a worker of another version of pytest-lstmperf?)"
+                )
             self.info = hello.result
         return self.info
 

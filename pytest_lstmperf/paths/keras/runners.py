@@ -17,8 +17,9 @@ from typing import Any
 import numpy as np
 
 from ... import host_counters, meters
+from ...model.case import Case
 from ...model.keras_options import KerasOptions, mask_style
-from ...model.spec import LayerSpec
+from .. import PathResult
 from .layer import KerasStack, place, unplace, valid_positions
 from .transport import KerasUnavailable
 from .weights import grads_to_canonical
@@ -29,19 +30,6 @@ BACKEND_RUNNERS = {
     "torch": ".torch_runner:TorchRunner",
     "jax": ".jax_runner:JaxRunner",
 }
-
-
-def case_arrays(case: Any) -> dict[str, Any]:
-    """A case's arrays as a :class:`LocalKerasRun` (and the worker's pipe) takes them."""
-    return {
-        "weights": dict(case.weights),
-        "x": case.x,
-        "h0": case.h0,
-        "c0": case.c0,
-        "grad_output": case.grad_output,
-        "grad_h_n": case.grad_h_n,
-        "grad_c_n": case.grad_c_n,
-    }
 
 
 def _backend_runner(backend: str) -> type[BackendRunner]:
@@ -76,11 +64,11 @@ def jax_pinned(kind: str) -> Iterator[None]:
 class LocalKerasRun:
     """A Keras stack and its inputs in this process (whose Keras backend must be ``options.backend``).
 
-    ``device`` is ``"cpu"`` or ``"cuda"``. ``run()`` returns a dict with the fields of
-    :class:`~pytest_lstmperf.paths.PathResult` (canonical float64 arrays and kernel traces).
+    ``device`` is ``"cpu"`` or ``"cuda"``. ``run()`` returns a :class:`~pytest_lstmperf.paths.PathResult`
+    (canonical float64 arrays and kernel traces).
     """
 
-    def __init__(self, spec: LayerSpec, options: KerasOptions, arrays: dict[str, Any], device: str) -> None:
+    def __init__(self, options: KerasOptions, case: Case, device: str) -> None:
         import keras
 
         backend = keras.backend.backend()
@@ -90,16 +78,16 @@ class LocalKerasRun:
                 f"(set KERAS_BACKEND={options.backend} before keras is imported)"
             )
         self.keras = keras
-        self.spec = spec
+        self.case = case
+        self.spec = spec = case.spec
         self.options = options
         self.device = device
         self.notes: list[str] = []
         self.style = mask_style(spec, options)
         self.positions = valid_positions(spec, self.style)
         self.mask_np = None if self.style == "none" else self.positions
-        self.x_np = place(np.asarray(arrays["x"]), self.positions)
-        self.g_out_np = place(np.asarray(arrays["grad_output"]), self.positions)
-        self.arrays = arrays
+        self.x_np = place(np.asarray(case.x), self.positions)
+        self.g_out_np = place(np.asarray(case.grad_output), self.positions)
         if self.style != "none":
             self.notes.append(
                 f"mask {self.style}-padded; outputs past each length reported as zero (Keras's generic loop "
@@ -111,7 +99,7 @@ class LocalKerasRun:
                 f"dropout={options.dropout}, recurrent_dropout={options.recurrent_dropout}: called in {mode}"
             )
         with self._device_scope():
-            self.stack = KerasStack(spec, options, arrays["weights"])
+            self.stack = KerasStack(spec, options, case.weights)
         self._impl: BackendRunner = _backend_runner(backend)(self)
 
     def _device_scope(self) -> Any:
@@ -127,15 +115,15 @@ class LocalKerasRun:
 
     # -- conversions shared by both backends
     def states_np(self) -> list[np.ndarray] | None:
-        h0, c0 = self.arrays["h0"], self.arrays["c0"]
+        h0, c0 = self.case.h0, self.case.c0
         if h0 is None:
             return None
         return [np.asarray(h0)] + ([np.asarray(c0)] if c0 is not None else [])
 
     def seeds_np(self) -> list[np.ndarray]:
-        seeds = [self.g_out_np if self.options.return_sequences else self.g_out_np[:, -1], self.arrays["grad_h_n"]]
-        if self.arrays["grad_c_n"] is not None:
-            seeds.append(self.arrays["grad_c_n"])
+        seeds = [self.g_out_np if self.options.return_sequences else self.g_out_np[:, -1], self.case.grad_h_n]
+        if self.case.grad_c_n is not None:
+            seeds.append(self.case.grad_c_n)
         return [np.asarray(s) for s in seeds]
 
     def canonical_output(self, out: np.ndarray) -> np.ndarray:
@@ -163,9 +151,9 @@ class LocalKerasRun:
         return grads
 
     # -- the PreparedRun calls
-    def run(self) -> dict[str, Any]:
+    def run(self) -> PathResult:
         result = self._impl.run()
-        result["notes"] = list(self.notes) + result.get("notes", [])
+        result.notes[:0] = self.notes
         return result
 
     def forward(self) -> None:
@@ -228,7 +216,7 @@ class BackendRunner:
     def __init__(self, owner: LocalKerasRun) -> None:
         self.owner = owner
 
-    def run(self) -> dict[str, Any]:
+    def run(self) -> PathResult:
         raise NotImplementedError
 
     def forward(self) -> None: ...

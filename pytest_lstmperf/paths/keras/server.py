@@ -12,12 +12,12 @@ import traceback
 import weakref
 from typing import Any
 
+from ...model.case import Case
 from ...model.keras_options import KerasOptions
-from ...model.spec import LayerSpec
 from ...observation.tf_trace import function_trace
 from . import jax_runner
 from .runners import LocalKerasRun
-from .transport import Reply, recv_request, send, widen
+from .transport import GcState, GraphProbe, JaxAttempt, Reply, WorkerInfo, recv_request, send, widen
 
 
 class Server:
@@ -30,31 +30,36 @@ class Server:
         self.next_handle = 1
         self.released: list[weakref.ref] = []  # the runs released since the last full collection
 
-    def hello(self) -> dict[str, Any]:
+    def hello(self) -> WorkerInfo:
         import keras
 
         if self.backend == "jax":
             return jax_runner.hello()
-        info: dict[str, Any] = {"keras": keras.__version__, "backend": keras.backend.backend(), "gpus": []}
+        keras_version, backend = keras.__version__, keras.backend.backend()
         if self.backend == "tensorflow":
             import tensorflow as tf
 
-            info["tensorflow"] = tf.__version__
-            info["gpus"] = [d.name for d in tf.config.list_logical_devices("GPU")]
-            info["cuda_build"] = bool(tf.test.is_built_with_cuda())
-        else:
-            import torch
+            return WorkerInfo(
+                keras_version,
+                backend,
+                gpus=tuple(d.name for d in tf.config.list_logical_devices("GPU")),
+                tensorflow=tf.__version__,
+                cuda_build=bool(tf.test.is_built_with_cuda()),
+            )
+        import torch
 
-            info["torch"] = torch.__version__
-            if torch.cuda.is_available():
-                info["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-            info["cudnn"] = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
-        return info
+        gpus = (
+            [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+            if torch.cuda.is_available()
+            else []
+        )
+        cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+        return WorkerInfo(keras_version, backend, gpus=tuple(gpus), torch=torch.__version__, cudnn=cudnn)
 
-    def prepare(self, spec: dict, options: dict, arrays: dict, device: str) -> int:
+    def prepare(self, options: dict, case: Case, device: str) -> int:
         if self.backend == "torch" and device == "cuda":
             own_stream()
-        run = LocalKerasRun(LayerSpec.from_dict(spec), KerasOptions.from_dict(options), widen(arrays), device)
+        run = LocalKerasRun(KerasOptions.from_dict(options), widen(case), device)
         handle = self.next_handle
         self.next_handle += 1
         self.runs[handle] = run
@@ -84,22 +89,18 @@ class Server:
             gc.freeze()
         self.released = [ref for ref in self.released if ref() is not None]
 
-    def gc_state(self) -> dict[str, Any]:
+    def gc_state(self) -> GcState:
         """The collector's view: objects frozen, runs held, released runs still alive (none, after a release)."""
-        return {
-            "frozen": gc.get_freeze_count(),
-            "runs": len(self.runs),
-            "released_alive": sum(ref() is not None for ref in self.released),
-        }
+        return GcState(gc.get_freeze_count(), len(self.runs), sum(ref() is not None for ref in self.released))
 
     def call(self, handle: int, method: str, args: tuple = ()) -> Any:
         return getattr(self.runs[handle], method)(*args)
 
-    def jax_probe(self, configs: list) -> list[dict[str, Any]]:
+    def jax_probe(self, configs: list) -> list[JaxAttempt]:
         """JAX only: Keras's cuDNN decision per config (:func:`.jax_runner.cudnn_attempts`)."""
         return jax_runner.cudnn_attempts(configs)
 
-    def graph_probe(self, spec: dict, options: dict, arrays: dict) -> dict[str, Any]:
+    def graph_probe(self, options: dict, case: Case) -> GraphProbe:
         """TF only: the family of the graph Keras builds for this layer when it believes a GPU is present.
 
         ``keras.src.backend.tensorflow.rnn._is_gpu_available`` is replaced by ``lambda: True`` while the
@@ -113,21 +114,19 @@ class Server:
         original = tf_rnn._is_gpu_available
         tf_rnn._is_gpu_available = lambda: True
         try:
-            spec_obj, opts = LayerSpec.from_dict(spec), KerasOptions.from_dict(options)
-            result: dict[str, Any] = {"cudnn_ok": None, "family": None, "error": None}
             try:
-                run = LocalKerasRun(spec_obj, opts, arrays, "cpu")
+                run = LocalKerasRun(KerasOptions.from_dict(options), case, "cpu")
                 cell = run.stack.layers[0]
-                cell = cell.forward_layer if spec_obj.bidirectional else cell
+                cell = cell.forward_layer if case.spec.bidirectional else cell
                 args = (cell.cell.activation, cell.cell.recurrent_activation, cell.unroll, cell.cell.use_bias)
-                if spec_obj.cell == "gru":
-                    result["cudnn_ok"] = bool(tf_rnn.cudnn_ok(*args, reset_after=cell.cell.reset_after))
+                if case.spec.cell == "gru":
+                    cudnn_ok = bool(tf_rnn.cudnn_ok(*args, reset_after=cell.cell.reset_after))
                 else:
-                    result["cudnn_ok"] = bool(tf_rnn.cudnn_ok(*args))
-                result["family"] = function_trace(run._impl.fwd, phase="forward").family  # type: ignore[attr-defined]
+                    cudnn_ok = bool(tf_rnn.cudnn_ok(*args))
+                family = function_trace(run._impl.fwd, phase="forward").family  # type: ignore[attr-defined]
             except Exception as exc:
-                result["error"] = f"{type(exc).__name__}: {exc}".splitlines()[0]
-            return result
+                return GraphProbe(error=f"{type(exc).__name__}: {exc}".splitlines()[0])
+            return GraphProbe(cudnn_ok, family)
         finally:
             tf_rnn._is_gpu_available = original
 
@@ -175,7 +174,7 @@ def serve(backend: str) -> int:
         return 1
     gc.freeze()  # the imports' objects: long-lived, never scanned again by a collection (see Server.release)
     send(channel, Reply(True, info))
-    if backend == "jax" and info.get("gpus"):
+    if backend == "jax" and info.gpus:
         jax_runner.preload_device_timing()  # before the first request is read: the session runs other tests meanwhile
         gc.freeze()
     while True:

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from ...device import DeviceInfo
     from ...model.spec import LayerSpec
     from .. import ExecutionPath
+    from .transport import WorkerInfo
 
 #: upstream bugs a path would hit, keyed by keras version: (path option predicate, spec predicate, description)
 KNOWN_KERAS_BUGS: dict[str, list[tuple[str, str]]] = {
@@ -83,16 +84,16 @@ def missing(backend: str) -> str | None:
     return None
 
 
-def _gpu_missing(backend: str, info: dict) -> str:
+def _gpu_missing(backend: str, info: WorkerInfo) -> str:
     if backend == "tensorflow":
-        built = "a CUDA build" if info.get("cuda_build") else "a CPU-only build"
-        return f"TensorFlow {info.get('tensorflow')} ({built}) sees no GPU, so its cuDNN and GPU paths cannot run"
+        built = "a CUDA build" if info.cuda_build else "a CPU-only build"
+        return f"TensorFlow {info.tensorflow} ({built}) sees no GPU, so its cuDNN and GPU paths cannot run"
     if backend == "jax":
         return (
-            f"JAX {info.get('jax')} has no GPU backend (default backend {info.get('default_backend')!r}; "
+            f"JAX {info.jax} has no GPU backend (default backend {info.default_backend!r}; "
             "pip install 'jax[cuda13]' on an NVIDIA machine)"
         )
-    return f"torch {info.get('torch')} sees no CUDA device in the Keras worker"
+    return f"torch {info.torch} sees no CUDA device in the Keras worker"
 
 
 def available(path: ExecutionPath, device: DeviceInfo) -> str | None:
@@ -109,12 +110,12 @@ def available(path: ExecutionPath, device: DeviceInfo) -> str | None:
         info = get_worker(options.backend).handshake()
     except KerasUnavailable as exc:
         return str(exc)
-    if not info.get("gpus"):
+    if not info.gpus:
         return _gpu_missing(options.backend, info)
-    if path.kernel == "cudnn" and options.backend == "torch" and not info.get("cudnn"):
-        return f"torch {info.get('torch')} has no cuDNN"
-    if path.kernel == "cudnn" and options.backend == "jax" and not info.get("cudnn_rnn"):
-        return f"jaxlib {info.get('jax')} has no cuDNN RNN (jax.experimental.rnn needs the CUDA plugin's gpu_rnn)"
+    if path.kernel == "cudnn" and options.backend == "torch" and not info.cudnn:
+        return f"torch {info.torch} has no cuDNN"
+    if path.kernel == "cudnn" and options.backend == "jax" and not info.cudnn_rnn:
+        return f"jaxlib {info.jax} has no cuDNN RNN (jax.experimental.rnn needs the CUDA plugin's gpu_rnn)"
     need = path.options.get("min_capability")
     capability = (device.fingerprint or {}).get("capability")
     if need and capability:

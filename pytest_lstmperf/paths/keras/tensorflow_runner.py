@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ...observation.tf_trace import function_trace
+from .. import PathResult
 from .runners import BackendRunner, to_f64
 
 if TYPE_CHECKING:
@@ -61,7 +62,7 @@ class TensorFlowRunner(BackendRunner):
     def _scope(self) -> Any:
         return self.owner._device_scope()
 
-    def run(self) -> dict[str, Any]:
+    def run(self) -> PathResult:
         owner, spec = self.owner, self.owner.spec
         with self._scope():
             fwd_trace = function_trace(self.fwd, phase="forward", tf32=self.tf32)
@@ -72,21 +73,21 @@ class TensorFlowRunner(BackendRunner):
                 bwd_trace = None
                 out, hs, cs = self.fwd()
                 grads = None
-        result: dict[str, Any] = {
-            "output": owner.canonical_output(to_f64(out)),
-            "h_n": np.stack([to_f64(h) for h in hs]),
-            "c_n": np.stack([to_f64(c) for c in cs]) if cs else None,
-            "grads": {},
-            "forward_trace": fwd_trace,
-            "backward_trace": bwd_trace,
-        }
+        canonical: dict[str, np.ndarray] = {}
         if grads is not None:
             n_states = len(self.states or [])
             gx = to_f64(grads[0])
             gstates = [to_f64(g) for g in grads[1 : 1 + n_states]]
             gvars = [to_f64(g) for g in grads[1 + n_states :]]
-            result["grads"] = owner.canonical_grads(gx, gstates, gvars)
-        return result
+            canonical = owner.canonical_grads(gx, gstates, gvars)
+        return PathResult(
+            output=owner.canonical_output(to_f64(out)),
+            h_n=np.stack([to_f64(h) for h in hs]),
+            c_n=np.stack([to_f64(c) for c in cs]) if cs else None,
+            grads=canonical,
+            forward_trace=fwd_trace,
+            backward_trace=bwd_trace,
+        )
 
     def forward(self) -> None:
         with self._scope():

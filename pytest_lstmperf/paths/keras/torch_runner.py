@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ...observation.torch_trace import torch_trace
+from .. import PathResult
 from .runners import BackendRunner, to_f64
 
 if TYPE_CHECKING:
@@ -42,7 +43,7 @@ class TorchRunner(BackendRunner):
     def _params(self) -> list[Any]:
         return [v.value for v in self.owner.stack.variables()]
 
-    def run(self) -> dict[str, Any]:
+    def run(self) -> PathResult:
         owner, spec = self.owner, self.owner.spec
         x = self.x.detach().clone().requires_grad_(spec.training)
         states = (
@@ -54,7 +55,7 @@ class TorchRunner(BackendRunner):
         with torch_trace(owner.device, "forward") as fwd:
             out, hs, cs = self._call(x, states)
         bwd_trace = None
-        result: dict[str, Any] = {"grads": {}}
+        grads: dict[str, np.ndarray] = {}
         if spec.training:
             with torch_trace(owner.device, "backward") as bwd:
                 self._backward(out, hs, cs)
@@ -62,15 +63,15 @@ class TorchRunner(BackendRunner):
             gx = to_f64(x.grad)
             gstates = [to_f64(s.grad) for s in states or []]
             gvars = [to_f64(p.grad) if p.grad is not None else np.zeros(tuple(p.shape)) for p in params]
-            result["grads"] = owner.canonical_grads(gx, gstates, gvars)
-        result.update(
+            grads = owner.canonical_grads(gx, gstates, gvars)
+        return PathResult(
             output=owner.canonical_output(to_f64(out)),
             h_n=np.stack([to_f64(h) for h in hs]),
             c_n=np.stack([to_f64(c) for c in cs]) if cs else None,
+            grads=grads,
             forward_trace=fwd[0],
             backward_trace=bwd_trace,
         )
-        return result
 
     def forward(self) -> None:
         with self.torch.no_grad():
