@@ -18,7 +18,7 @@ import pytest
 
 from . import ci_summary, options
 from .speed.gate_table import format_table
-from .speed.policy import BETWEEN_RUNS, COMPARE_PROCESSES, K_SIGMA, MAX_LIMIT
+from .speed.policy import BETWEEN_RUNS, COMPARE_PROCESSES, COMPARED, K_SIGMA, MAX_LIMIT
 from .speed.provenance import record_command
 from .speed.records import BESIDE_OTHER_TESTS
 from .speed.report import by_case, generic_reference, path_cell, peak_notes, timing_cells
@@ -255,10 +255,15 @@ def resolution_lines(gate: GateResult, baseline: Baseline) -> list[str]:
     resolves = sorted(gate.resolutions())
     if resolves:
         median = resolves[len(resolves) // 2]
+        per_call = any(
+            c.metric == "per-call" and c.resolves for d in gate.decisions if d.verdict in COMPARED for c in d.checks
+        )
+        between = BETWEEN_RUNS["per-call"]
+        between_text = f", and for a time per call of how far runs made at different times lie apart ({between:.0%})"
         lines.append(
             f"resolution: median {median:.3f}x, best {resolves[0]:.3f}x, worst {resolves[-1]:.3f}x over "
-            f"{len(resolves)} compared check(s) (the slowdown each one sees: 4 standard errors of this run's figure "
-            "and of how far recording processes lie apart)"
+            f"{len(resolves)} compared check(s) (the slowdown each one sees: {K_SIGMA:g} standard errors of this "
+            f"run's figure and of how far recording processes lie apart{between_text if per_call else ''})"
         )
     references = references_of(baseline)
     if references:

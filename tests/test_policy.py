@@ -751,6 +751,26 @@ def test_the_run_names_the_benchmarks_judged_otherwise_than_the_baseline(monkeyp
     assert lines[1] == "  raw time for 1 of them, whose own processes lie closer together so: gpu", lines
 
 
+def test_the_resolution_line_names_every_term_of_the_limit_it_summarises(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The printed resolution is K_SIGMA standard errors of the run's figure, of the recording's processes and,
+    for a time per call, of how far runs at different times lie apart: the line says so where a time per call
+    was compared, and leaves that term out where only device figures were (the GPU's own time has none)."""
+    from pytest_lstmperf import run_report
+    from pytest_lstmperf.speed.policy import BETWEEN_RUNS, Check, Decision, GateResult
+
+    monkeypatch.setattr(run_report, "references_of", lambda baseline: {})
+
+    def line(metric: str, resolves: float) -> str:
+        check = Check(metric, "unchanged", ratio=1.0, limit=resolves, resolves=resolves)
+        return run_report.resolution_lines(GateResult([Decision("b", "unchanged", (check,))]), None)[0]  # type: ignore[arg-type]
+
+    per_call, device = line("per-call", 1.2), line("device", 1.013)
+    assert per_call.startswith("resolution: median 1.200x") and device.startswith("resolution: median 1.013x")
+    term = f"how far runs made at different times lie apart ({BETWEEN_RUNS['per-call']:.0%})"
+    assert term in per_call and term not in device, (per_call, device)
+    assert f"{policy.K_SIGMA:g} standard errors" in per_call and "recording processes lie apart" in device
+
+
 def test_a_time_per_call_that_follows_the_gpu_is_judged_raw_beside_calls_that_follow_the_host() -> None:
     """Each benchmark's time per call is judged divided by the anchor or raw by its own recording processes: on
     the H200 a GPU-bound compiled training step lay 1.0% apart raw and 18% divided by the host-bound anchor, whose
