@@ -183,3 +183,46 @@ def test_the_workers_pipe_carries_typed_requests_and_replies() -> None:
         recv_request(pipe)
     with pytest.raises(EOFError):
         recv_reply(io.BytesIO(pipe.getvalue()[:-3]))
+
+
+def test_a_worker_answering_with_untyped_records_is_refused_by_name(tmp_path) -> None:
+    """The test process reads the worker's hello as a WorkerInfo and a run's answer as a PathResult: a worker of
+    another version sending the old string-keyed dicts is refused with what it sent, not read by keys that may be
+    missing (a hello of the right type is taken and kept)."""
+    import io
+
+    from pytest_lstmperf.paths.keras.paths import KerasRun
+    from pytest_lstmperf.paths.keras.pool import WorkerClient
+    from pytest_lstmperf.paths.keras.transport import KerasUnavailable, Reply, WorkerInfo, send
+
+    class Exited:
+        def __init__(self, reply: Reply) -> None:
+            self.stdout = io.BytesIO()
+            send(self.stdout, reply)
+            self.stdout.seek(0)
+
+        def poll(self) -> int:
+            return 0
+
+    def client(reply: Reply) -> WorkerClient:
+        worker = object.__new__(WorkerClient)
+        worker.backend, worker.info, worker.exit_asked = "torch", None, False
+        worker.process = Exited(reply)  # type: ignore[assignment]
+        worker.log = open(tmp_path / "worker.log", "w")  # noqa: SIM115 - closed by the client
+        return worker
+
+    old = client(Reply(True, {"keras": "3.15.1", "backend": "torch", "gpus": []}))
+    with pytest.raises(KerasUnavailable, match=r"said hello with dict, not its WorkerInfo"):
+        old.handshake()
+    info = WorkerInfo("3.15.1", "torch", gpus=("NVIDIA H200",), torch="2.11.0", cudnn=91900)
+    new = client(Reply(True, info))
+    assert new.handshake() == info and new.handshake() is new.info  # read once, kept
+
+    class Answers:
+        def request(self, cmd: str, **args: object) -> object:
+            return {"output": np.zeros(1), "notes": []}
+
+    run = object.__new__(KerasRun)
+    run.worker, run.handle = Answers(), None  # type: ignore[assignment]
+    with pytest.raises(TypeError, match="the Keras worker's run answered dict, not a PathResult"):
+        run.run()
