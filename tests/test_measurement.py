@@ -566,6 +566,7 @@ def test_the_keras_on_torch_worker_runs_cuda_work_on_a_stream_of_its_own(monkeyp
     runs and not in others (``server.own_stream``). CPU runs and the other backends leave the streams alone."""
     import torch
 
+    from pytest_lstmperf.model.case import make_case
     from pytest_lstmperf.model.keras_options import KerasOptions
     from pytest_lstmperf.paths.keras import server
     from pytest_lstmperf.speed.shapes import REFERENCE
@@ -578,15 +579,15 @@ def test_the_keras_on_torch_worker_runs_cuda_work_on_a_stream_of_its_own(monkeyp
     prepared: list[object] = []
     monkeypatch.setattr(server, "LocalKerasRun", lambda *args: prepared.append(list(current)) or object())
 
-    spec, options = REFERENCE.to_dict(), KerasOptions(backend="torch").to_dict()
+    case, options = make_case(REFERENCE), KerasOptions(backend="torch").to_dict()
     worker = server.Server("torch")
-    worker.prepare(spec, options, {}, "cpu")
+    worker.prepare(options, case, "cpu")
     assert made == [] and current == [] and prepared == [[]]
-    worker.prepare(spec, options, {}, "cuda")
-    worker.prepare(spec, options, {}, "cuda")
+    worker.prepare(options, case, "cuda")
+    worker.prepare(options, case, "cuda")
     assert len(made) == 1 and current == [made[0], made[0]]
     assert prepared[1] == [made[0]]  # set before the run was built
-    server.Server("tensorflow").prepare(spec, {**options, "backend": "tensorflow"}, {}, "cuda")
+    server.Server("tensorflow").prepare({**options, "backend": "tensorflow"}, case, "cuda")
     assert len(current) == 2
 
 
