@@ -2,7 +2,10 @@
 then clean compares in one process and under pytest-xdist, an update and compares after it, compares with a
 planted 1.5x time-only slowdown of every torch LSTM/GRU call, and clean compares beside a busy process. Every
 run's verdict per benchmark, the resolutions the gate printed and the wall times go into ``OUT/trials.json``;
-the table is printed last.
+the table is printed last. Each compare also writes its benchmarks' JSON (``OUT/runs/NAME.json``, with the anchor's
+times), and its line says how far the machine's state moved from the recording's: the median over its benchmarks
+of the raw time per call and of the anchor's time against the baseline's (a run whose raw times moved 1.5x while
+its figures divided by the anchor did not is a run on a machine in another state).
 
     python scripts/gate_trials.py --device=cpu --out=/tmp/trials [--clean=10] [--xdist=10] [--after-update=5]
         [--slow=5] [--busy=3] [--paths=torch-cpu-onednn,...] [--target=suites/test_benchmarks.py]
@@ -39,6 +42,36 @@ def verdicts(log: str) -> dict[str, str]:
     return out
 
 
+def _medians(records: list[BenchRecord]) -> dict[str, tuple[float, float]]:
+    """fullname -> (seconds per call, the anchor's seconds per repetition), where both were measured."""
+    out = {}
+    for r in records:
+        if r.time_per_call_s and r.anchor.per_call_s:
+            out[r.fullname] = (r.time_per_call_s, r.anchor.per_call_s)
+    return out
+
+
+def state_moves(run_json: Path, baselines: Path) -> dict[str, float] | None:
+    """How far this run's machine state lay from the recording's: the median over the benchmarks both hold of
+    the raw time per call and of the anchor's time, each against the baseline's."""
+    import statistics
+
+    if not run_json.exists():
+        return None
+    now = _medians([BenchRecord.from_json(b) for b in json.loads(run_json.read_text()).get("benchmarks", [])])
+    then: dict[str, tuple[float, float]] = {}
+    for f in baselines.glob("*.json"):
+        then |= _medians([e.as_record() for e in entries_from_benchmark_json(json.loads(f.read_text()))])
+    both = [k for k in now if k in then]
+    if not both:
+        return None
+    return {
+        "raw": round(statistics.median(now[k][0] / then[k][0] for k in both), 3),
+        "anchor": round(statistics.median(now[k][1] / then[k][1] for k in both), 3),
+        "benchmarks": len(both),
+    }
+
+
 def run(name: str, args: list[str], out: Path, env: dict[str, str] | None = None) -> dict:
     started = time.perf_counter()
     log = out / f"{name}.log"
@@ -58,12 +91,15 @@ def run(name: str, args: list[str], out: Path, env: dict[str, str] | None = None
         "last": [ln for ln in text.splitlines() if ln.startswith(("speed gate", "SPEED GATE", "baseline "))][-3:],
         "processes": [ln for ln in text.splitlines() if ln.startswith("lstmperf: process ")],
         "wall_line": [ln for ln in text.splitlines() if ln.startswith("lstmperf: wall time")][-1:],
+        "state": state_moves(out / f"{name}.json", out.parent / "baselines"),
     }
     counts: dict[str, int] = {}
     for v in seen.values():
         counts[v] = counts.get(v, 0) + 1
-    print(f"{name}: exit {rc}, {result['wall_s']} s, {counts}, resolution median {result['resolution_median']}",
-          flush=True)  # fmt: skip
+    state = result["state"]
+    moved = f", raw {state['raw']}x and anchor {state['anchor']}x the recording's" if state else ""
+    print(f"{name}: exit {rc}, {result['wall_s']} s, {counts}, resolution median {result['resolution_median']}"
+          f"{moved}", flush=True)  # fmt: skip
     return result
 
 
@@ -100,6 +136,8 @@ def main() -> int:
         if a.budget and time.perf_counter() - started > a.budget:
             print(f"{name}: not started (budget of {a.budget:.0f} s spent)", flush=True)
             return
+        if name not in ("record", "update"):
+            args = [*args, f"--benchmark-json={runs / (name + '.json')}"]
         results.append(run(name, args, runs))
         (out / "trials.json").write_text(json.dumps({"args": vars(a) | {"out": str(out)}, "runs": results},
                                                     indent=1, default=str) + "\n")  # fmt: skip
