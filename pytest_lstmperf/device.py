@@ -126,9 +126,14 @@ class DeviceInfo:
                 f"torch {fp.get('torch', '?')})" + (f" [{fp['pinned']}]" if "pinned" in fp else "")
             )
         return (
-            f"cpu ({fp.get('cpu', '?')}, {fp.get('threads', '?')} threads, oneDNN {fp.get('onednn', '?')}, "
+            f"cpu ({fp.get('cpu', '?')}, {threads_text(fp.get('threads', '?'))}, oneDNN {fp.get('onednn', '?')}, "
             f"torch {fp.get('torch', '?')})"
         )
+
+
+def threads_text(threads: object) -> str:
+    """``1 thread``, ``16 threads``: a fingerprint's thread count in words."""
+    return f"{threads} thread{'' if str(threads) == '1' else 's'}"
 
 
 def device_setting(raw: str) -> str:

@@ -138,7 +138,7 @@ def test_header_names_device_fingerprint_and_paths(suite_copy) -> None:
     assert result.ret == 0
     result.stdout.fnmatch_lines(
         [
-            "lstmperf: device cpu (*, * threads, oneDNN *, torch *) [[]--device=cpu[]]",
+            "lstmperf: device cpu (*, 1 thread, oneDNN *, torch *) [[]--device=cpu[]]",
             "lstmperf: paths torch-cpu-native, torch-cpu-onednn; hypothesis profile ci *",
         ]
     )

@@ -132,3 +132,13 @@ def test_the_baseline_plot_says_which_figure_decided() -> None:
         baseline_axis_label([("device", "anchored"), ("per-call", "raw")], undecided=True)
         == "now / baseline of: device time / anchor's, time per call (raw), median time per call (raw)"
     )
+
+
+def test_a_cpu_device_reads_one_thread_and_many_threads_in_words() -> None:
+    """The header and the speed section describe the CPU with its fixed thread count: "1 thread" by default (the
+    count the plugin sets), "16 threads" where --lstmperf-threads says so."""
+    from pytest_lstmperf.device import DeviceInfo, threads_text
+
+    assert threads_text("1") == "1 thread" and threads_text(16) == "16 threads" and threads_text("?") == "? threads"
+    one = DeviceInfo("cpu", None, {"cpu": "AMD EPYC", "threads": "1", "onednn": "yes", "torch": "2.13.0"})
+    assert one.describe() == "cpu (AMD EPYC, 1 thread, oneDNN yes, torch 2.13.0)"

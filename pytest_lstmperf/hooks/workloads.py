@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from ..device import threads_text
 from ..session import PropertyCollector, run_session, started_session
 from ..workloads.report import TITLES, notes, sections, table, write_workload_report
 from ..workloads.rows import Row, WorkloadRow, row_from_json, row_to_json
@@ -47,7 +48,7 @@ def _hardware(config: pytest.Config) -> str:
     fp = session.device.fingerprint
     if session.device.kind == "cuda":
         return str(fp.get("gpu", session.device.name))
-    return f"CPU: {fp.get('cpu', '?')}, {fp.get('threads', '?')} threads"
+    return f"CPU: {fp.get('cpu', '?')}, {threads_text(fp.get('threads', '?'))}"
 
 
 def pytest_configure(config: pytest.Config) -> None:
