@@ -5,9 +5,8 @@ run's verdict per benchmark, the resolutions the gate printed and the wall times
 the table is printed last. Each compare also writes its benchmarks' JSON (``OUT/runs/NAME.json``, with the anchor's
 times), and its line says how far the machine's state moved from the recording's: the median over its benchmarks
 of the raw time per call and of the anchor's time against the baseline's (a run whose raw times moved 1.5x while
-its figures divided by the anchor did not is a run on a machine in another state). The JSON holds each test's own
-stretch of rounds, not the sweep that the gate judges (the baseline holds the recording's sweep), so these two
-medians say where the machine stood, not what the gate compared.
+its figures divided by the anchor did not is a run on a machine in another state). Where the sweep times a
+benchmark, the JSON holds the swept samples the gate judges, as the baseline holds the recording's.
 
     python scripts/gate_trials.py --device=cpu --out=/tmp/trials [--clean=10] [--xdist=10] [--after-update=5]
         [--slow=5] [--busy=3] [--paths=torch-cpu-onednn,...] [--target=suites/test_benchmarks.py]

@@ -259,10 +259,16 @@ def test_lifecycle_record_compare_regress_update(gate, gate_recording) -> None:
     assert [b["stats"]["data"] for b in data["benchmarks"]] == [
         b["stats"]["data"] for b in json.loads(before)["benchmarks"]
     ]
-    # 4. a clean rerun passes
-    result = gate("--benchmark-compare")
+    # 4. a clean rerun passes; pytest-benchmark's own results (its table, --benchmark-json) hold the figure the
+    # gate compared, the sweep's, as the baseline's entries hold the recording's: not the stretch its test timed
+    result = gate("--benchmark-compare", f"--benchmark-json={root / 'compare.json'}")
     assert result.ret == 0, result.stdout.str()
     result.stdout.fnmatch_lines(["*speed gate against*3 unchanged*", "*speed gate passed: 3 benchmark(s) compared*"])
+    for bench in json.loads((root / "compare.json").read_text())["benchmarks"]:
+        swept, stats = bench["extra_info"]["swept"], bench["stats"]
+        assert stats["rounds"] == swept["rounds"] != swept["test_rounds"], (swept, stats["rounds"])
+        assert stats["median"] == pytest.approx(bench["extra_info"]["time_per_call_s"], rel=1e-12)
+        assert len(bench["extra_info"]["anchor"]["samples"]) == swept["rounds"]  # paired with the sweep's rounds
     # 5. a planted 3x slowdown fails the session with the table
     result = gate("--benchmark-compare", "-p", "pytest_lstmperf.testing.faults", "--lstmperf-plant=slowdown:3")
     assert result.ret == pytest.ExitCode.TESTS_FAILED, result.stdout.str()

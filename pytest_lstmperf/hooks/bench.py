@@ -57,7 +57,7 @@ from .gate_context import (
     setting,
     sweeps,
 )
-from .gate_finish import check_writable, finish, sweep, take_swept
+from .gate_finish import check_writable, finish, show_swept, sweep, take_swept
 from .recording import keep_benchmarks, process_folder, quiet
 from .terminal import print_speed_section
 
@@ -295,10 +295,20 @@ def pytest_benchmark_update_json(config: pytest.Config, benchmarks: Any, output_
 
 
 # ------------------------------------------------------------------------------------------ session end
+@pytest.hookimpl(wrapper=True, tryfirst=True, specname="pytest_sessionfinish")
+def pytest_sessionfinish_sweep(session: pytest.Session, exitstatus: int) -> Any:
+    """The sweep, before every other plugin's session end: pytest-benchmark's (a wrapper too) groups and writes
+    its results as it starts, and they show the swept figures (:func:`.gate_finish.show_swept`)."""
+    config = session.config
+    sweep(config)
+    if not is_worker(config):
+        show_swept(config)
+    return (yield)
+
+
 @pytest.hookimpl(tryfirst=True)  # before pytest's junitxml writes its file: the gate's properties go in it
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     config = session.config
-    sweep(config)
     if is_worker(config) or not gate_used(config):
         return
     finish(session)

@@ -73,6 +73,30 @@ def sweep(config: pytest.Config) -> None:
         state.swept.update(swept)
 
 
+def show_swept(config: pytest.Config) -> None:
+    """pytest-benchmark's own results given the swept samples where they are a benchmark's figure, before
+    pytest-benchmark groups and writes them (its tables, ``--benchmark-json``, ``--benchmark-compare-fail``): its
+    ``NOW`` rows then hold the figure the gate compares, as a baseline's entries hold the recording's sweep,
+    instead of the stretch its test timed (its rounds counted in ``extra_info.swept.test_rounds``). Under pytest-xdist
+    pytest-benchmark keeps nothing and the merged ``--benchmark-json`` is written from the swept records."""
+    session = getattr(config, "_benchmarksession", None)
+    state = run_session(config).gate
+    if session is None or not state.swept:
+        return
+    applied = {r.fullname: r for r in apply(state.records, state.swept)[0]}
+    for meta in getattr(session, "benchmarks", ()):
+        record = applied.get(getattr(meta, "fullname", ""))
+        swept = record.extra_info.get("swept") if record is not None else None
+        if record is None or not isinstance(swept, dict) or "rounds" not in swept:
+            continue  # not swept (its figure is the device time, or the sweep could not time it)
+        stats = type(meta.stats)()
+        stats.data = list(record.data)
+        meta.stats = stats
+        meta.extra_info.update(
+            {key: record.extra_info[key] for key in ("swept", "anchor", "rounds", "time_per_call_s", "run_medians")}
+        )
+
+
 def take_swept(config: pytest.Config, workeroutput: Any) -> None:
     """On the controller: a finished worker's sweep."""
     raw = (workeroutput or {}).get(SWEPT_KEY) or {}

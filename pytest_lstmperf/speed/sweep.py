@@ -8,12 +8,13 @@ same half second taken in slices spread over 10 s, 2.1%; over 45 s, 1.4%. How fa
 noise that no number of rounds inside the stretch removes, and the anchor beside it does not cancel it either.
 
 So a benchmark whose figure is its time per call (every CPU benchmark; a GPU benchmark without a device figure
-that leaves the host out) is timed twice. In its test, a stretch of rounds (pytest-benchmark's tables hold it, and
-it is the figure wherever the gate neither compares nor records). Then, as the run ends, every such benchmark of
+that leaves the host out) is timed twice. In its test, a stretch of rounds (the figure wherever the gate neither
+compares nor records). Then, as the run ends, every such benchmark of
 the process is timed again in slices, round-robin over the benchmarks, so that each benchmark's samples spread
 over the whole sweep: at least :data:`SPAN_S` seconds where the benchmarks' work allows, each benchmark at least
 :data:`WORK_S` seconds of paired rounds (more, up to :data:`WORK_MAX_S`, where few benchmarks would make the span
-short). The swept samples are the gate's figure, in the recording's processes and in a compare alike. Under
+short). The swept samples are the gate's figure, in the recording's processes and in a compare alike, and
+pytest-benchmark's results hold them too (``hooks.gate_finish.show_swept``). Under
 pytest-xdist each worker sweeps its own benchmarks, each pass holding the machine to itself.
 
 Timing only; the records are changed by :func:`apply`, the session's end calls both.
