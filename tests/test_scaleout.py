@@ -161,6 +161,38 @@ def test_a_failing_rank_is_reported_in_a_few_lines_with_its_own_error(monkeypatc
     assert dict(os.environ) == environment
 
 
+def test_a_failing_ranks_error_file_appears_whole_or_not_at_all(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A failing rank writes its error file beside the path the elastic agent names and renames it there, so the
+    agent never reads it half written: torch's own writer empties the file and then writes it, and an agent that
+    read it in between (the rank stopped as its peer failed) raised JSONDecodeError out of the launch instead of
+    the ranks' failure, as it does on an empty file below."""
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    target = tmp_path / "error.json"
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(target))
+    seen: list[tuple[bool, str]] = []
+    real_replace = os.replace
+
+    def replace_seen(src: str, dst: str) -> None:
+        seen.append((os.path.exists(dst), json.loads(Path(src).read_text())["message"]["message"]))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(rank_entry.os, "replace", replace_seen)
+    try:
+        raise RuntimeError("planted")
+    except RuntimeError as exc:
+        rank_entry._record_error(exc)
+    assert seen == [(False, "RuntimeError: planted")]  # complete before it appears under the agent's name
+    assert sorted(tmp_path.iterdir()) == [target]
+    failure = ProcessFailure(local_rank=0, pid=1, exitcode=1, error_file=str(target))
+    assert failure.error_file_data["message"]["message"] == "RuntimeError: planted" and failure.timestamp > 0
+    target.write_text("")  # what a reader saw between torch's open and its write
+    with pytest.raises(json.JSONDecodeError):
+        ProcessFailure(local_rank=0, pid=1, exitcode=1, error_file=str(target))
+
+
 # a rank of the launcher's tests that starts in milliseconds: it writes its pid to DIR/pid<RANK>, then does ACTION
 FAKE_RANK = """
 import os, signal, sys, time

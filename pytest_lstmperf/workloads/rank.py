@@ -20,6 +20,7 @@ import importlib
 import json
 import os
 import sys
+import time
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import asdict
@@ -95,13 +96,27 @@ def _end_process(status: int) -> None:
 
 def _record_error(exc: BaseException) -> None:
     """Write ``exc`` to the per-rank error file the elastic agent names (``TORCHELASTIC_ERROR_FILE``; nothing
-    where it is unset), as ``torch.distributed.elastic.multiprocessing.errors.record`` does. Not through ``record``
-    itself: it also enables faulthandler, whose dump of every thread on SIGABRT would push a native library's
-    last words out of the tail of the rank's log that the launcher reports."""
-    with contextlib.suppress(Exception):
-        from torch.distributed.elastic.multiprocessing.errors import get_error_handler
-
-        get_error_handler().record_exception(exc)
+    where it is unset), in the format of ``torch.distributed.elastic.multiprocessing.errors.record``, whole or not
+    at all: into a file beside it, then renamed onto it. torch's own writer opens the file (emptying it) and then
+    writes, and a rank stopped by the agent in between, or an agent reading at that moment, left an empty file that
+    the agent failed to parse (``JSONDecodeError``, raised out of the launch instead of the ranks' failure; once in
+    the test suite on a 2-core VM). Not through ``record`` either: it also enables faulthandler, whose dump of every
+    thread on SIGABRT would push a native library's last words out of the tail of the rank's log that the launcher
+    reports."""
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return
+    data = {
+        "message": {
+            "message": f"{type(exc).__name__}: {exc}",
+            "extraInfo": {"py_callstack": traceback.format_exc(), "timestamp": str(int(time.time()))},
+        }
+    }
+    part = f"{path}.{os.getpid()}.part"
+    with contextlib.suppress(OSError):
+        with open(part, "w", encoding="utf-8") as fp:
+            json.dump(data, fp)
+        os.replace(part, path)
 
 
 def write_jobs(path: str, jobs: Sequence[tuple[str, TrainConfig]]) -> None:
