@@ -143,14 +143,7 @@ class JaxRunner(BackendRunner):
         if spec.training:
             gstates = [_f64(g) for g in g_states or []]
             grads = owner.canonical_grads(_f64(g_x), gstates, [_f64(g) for g in g_params])
-        return PathResult(
-            output=owner.canonical_output(_f64(out)),
-            h_n=np.stack([_f64(h) for h in hs]),
-            c_n=np.stack([_f64(c) for c in cs]) if cs else None,
-            grads=grads,
-            forward_trace=fwd_trace,
-            backward_trace=bwd_trace,
-        )
+        return owner.path_result(out, hs, cs, grads, fwd_trace, bwd_trace)
 
     def forward(self) -> None:
         self.last = self._executable("forward")(*self.args)

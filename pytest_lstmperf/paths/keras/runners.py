@@ -126,6 +126,20 @@ class LocalKerasRun:
             seeds.append(self.case.grad_c_n)
         return [np.asarray(s) for s in seeds]
 
+    def path_result(
+        self, out: Any, hs: Any, cs: Any, grads: dict[str, np.ndarray], forward_trace: Any, backward_trace: Any
+    ) -> PathResult:
+        """A run's result in the canonical layouts: any backend's output and final states (tensors, arrays) as
+        float64 numpy, with the canonical gradients and the traces."""
+        return PathResult(
+            output=self.canonical_output(to_f64(out)),
+            h_n=np.stack([to_f64(h) for h in hs]),
+            c_n=np.stack([to_f64(c) for c in cs]) if cs else None,
+            grads=grads,
+            forward_trace=forward_trace,
+            backward_trace=backward_trace,
+        )
+
     def canonical_output(self, out: np.ndarray) -> np.ndarray:
         if out.ndim == 2:  # return_sequences=False: only the last step exists
             full = np.full((self.spec.batch, self.spec.seq_len, out.shape[-1]), np.nan)

@@ -80,14 +80,7 @@ class TensorFlowRunner(BackendRunner):
             gstates = [to_f64(g) for g in grads[1 : 1 + n_states]]
             gvars = [to_f64(g) for g in grads[1 + n_states :]]
             canonical = owner.canonical_grads(gx, gstates, gvars)
-        return PathResult(
-            output=owner.canonical_output(to_f64(out)),
-            h_n=np.stack([to_f64(h) for h in hs]),
-            c_n=np.stack([to_f64(c) for c in cs]) if cs else None,
-            grads=canonical,
-            forward_trace=fwd_trace,
-            backward_trace=bwd_trace,
-        )
+        return owner.path_result(out, hs, cs, canonical, fwd_trace, bwd_trace)
 
     def forward(self) -> None:
         with self._scope():

@@ -64,14 +64,7 @@ class TorchRunner(BackendRunner):
             gstates = [to_f64(s.grad) for s in states or []]
             gvars = [to_f64(p.grad) if p.grad is not None else np.zeros(tuple(p.shape)) for p in params]
             grads = owner.canonical_grads(gx, gstates, gvars)
-        return PathResult(
-            output=owner.canonical_output(to_f64(out)),
-            h_n=np.stack([to_f64(h) for h in hs]),
-            c_n=np.stack([to_f64(c) for c in cs]) if cs else None,
-            grads=grads,
-            forward_trace=fwd[0],
-            backward_trace=bwd_trace,
-        )
+        return owner.path_result(out, hs, cs, grads, fwd[0], bwd_trace)
 
     def forward(self) -> None:
         with self.torch.no_grad():
