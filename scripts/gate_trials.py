@@ -57,9 +57,11 @@ def state_moves(run_json: Path, baselines: Path) -> dict[str, float] | None:
     the raw time per call and of the anchor's time, each against the baseline's."""
     import statistics
 
-    if not run_json.exists():
+    try:
+        document = json.loads(run_json.read_text())
+    except (OSError, ValueError):  # not written, or left empty: the run's log says why
         return None
-    now = _medians([BenchRecord.from_json(b) for b in json.loads(run_json.read_text()).get("benchmarks", [])])
+    now = _medians([BenchRecord.from_json(b) for b in document.get("benchmarks", [])])
     then: dict[str, tuple[float, float]] = {}
     for f in baselines.glob("*.json"):
         then |= _medians([e.as_record() for e in entries_from_benchmark_json(json.loads(f.read_text()))])

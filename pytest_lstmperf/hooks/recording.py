@@ -49,6 +49,14 @@ _QUIET_OPTIONS = {
 }
 
 
+#: options (each with its value) left off a further process's command line: its own temporary folder is given
+#: anew, and the files are the command's own. Setting them aside in the process (:func:`quiet`) is not enough:
+#: pytest-benchmark before 5.0 opens ``--benchmark-json``'s file as it parses the command line, which empties the
+#: command's own file, written before its further processes run
+_DROPPED_OPTIONS = ("--basetemp", "--benchmark-json", "--benchmark-save", "--junitxml", "--junit-xml")
+_DROPPED_FLAGS = ("--benchmark-autosave",)
+
+
 class RecordingError(Exception):
     """A recording process failed: nothing is recorded."""
 
@@ -90,17 +98,18 @@ def write_records(records: Sequence[BenchRecord]) -> None:
 
 def _command(config: pytest.Config, folder: Path) -> list[str]:
     """This run's command for a further process (``python -m pytest``, or :data:`COMMAND_ENV`'s): its own temporary
-    folder (pytest wipes a ``--basetemp`` as it starts) and its own cache folder."""
+    folder (pytest wipes a ``--basetemp`` as it starts) and its own cache folder, and none of the command's own
+    output files (:data:`_DROPPED_OPTIONS`)."""
     args: list[str] = []
     skip = False
     for arg in map(str, config.invocation_params.args):
         if skip:
             skip = False
             continue
-        if arg == "--basetemp":
+        if arg in _DROPPED_OPTIONS:
             skip = True
             continue
-        if arg.startswith("--basetemp="):
+        if arg.split("=", 1)[0] in _DROPPED_OPTIONS or arg in _DROPPED_FLAGS:
             continue
         args.append(arg)
     start = shlex.split(os.environ.get(COMMAND_ENV, "")) or [sys.executable, "-m", "pytest"]
