@@ -201,6 +201,27 @@ def test_a_recording_whose_processes_lie_far_apart_names_its_benchmarks_blind(ga
     )
 
 
+def test_a_further_process_is_not_given_the_commands_own_output_files(tmp_path: Path) -> None:
+    """A further process of a compare or a recording runs after the command's own results were written. Given the
+    command's ``--benchmark-json``, a pytest-benchmark before 5.0 opens (and so empties) that file as it parses the
+    command line: on the GPU machine's 16-core Xeon a compare that timed its benchmarks in a second process left
+    an empty ``--benchmark-json`` file. Its command line holds none of the command's own output files, nor its temporary
+    folder; everything else is passed on as given."""
+    from types import SimpleNamespace
+
+    from pytest_lstmperf.hooks.recording import _command
+
+    given = ("suites/", "--benchmark-json", "out.json", "--benchmark-json=o2.json", "--junitxml=j.xml",
+             "--junit-xml", "k.xml", "--benchmark-save=mine", "--benchmark-autosave", "--basetemp", "/b",
+             "--basetemp=/c", "-k", "lstm", "--benchmark-compare", "--device=cpu")  # fmt: skip
+    config = SimpleNamespace(invocation_params=SimpleNamespace(args=given))
+    command = _command(config, tmp_path)  # type: ignore[arg-type]
+    start = command.index("suites/")
+    given_on = ["suites/", "-k", "lstm", "--benchmark-compare", "--device=cpu"]
+    own = [f"--basetemp={tmp_path / 'basetemp'}", "-o", f"cache_dir={tmp_path / 'cache'}"]
+    assert command[start:] == given_on + own
+
+
 def test_lifecycle_record_compare_regress_update(gate, gate_recording) -> None:
     root = gate.path
     # 1. nothing recorded yet: comparing is a usage error that names the recording command
