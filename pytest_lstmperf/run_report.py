@@ -272,21 +272,16 @@ def resolution_lines(gate: GateResult, baseline: Baseline) -> list[str]:
             a, r = any_ref.spread.get((metric, "anchored")), any_ref.spread.get((metric, "raw"))
             if a is None or r is None:
                 continue
-            chosen = any_ref.variants.get(metric, any_ref.variant(metric))
-            why = ": the anchor adds more noise than it removes here" if chosen == "raw" else ""
             lines.append(
-                f"{metric} figures: {'divided by the anchor' if chosen == 'anchored' else 'raw time'} (recording "
-                f"processes lie {a.sigma:.1%} apart divided by the anchor, {r.sigma:.1%} raw, median over "
-                f"{r.benchmarks} benchmarks{why})"
+                f"{metric} figures: divided by the anchor (recording processes lie {a.sigma:.1%} apart divided by "
+                f"the anchor, {r.sigma:.1%} raw, median over {r.benchmarks} benchmarks)"
             )
-            others = sorted(
-                n for n, ref in references.items() if ref.has_figure(metric) and ref.variant(metric) != chosen
-            )
-            if others:  # a time per call is chosen per benchmark (:meth:`Reference.variant`)
-                other = "raw time" if chosen == "anchored" else "divided by the anchor"
-                named = ", ".join(others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
+            raw = sorted(n for n, ref in references.items() if ref.has_figure(metric) and ref.variant(metric) == "raw")
+            if raw:  # a time per call whose own processes say so (:meth:`Reference.variant`)
+                named = ", ".join(raw[:3]) + (f" and {len(raw) - 3} more" if len(raw) > 3 else "")
                 lines.append(
-                    f"  {other} for {len(others)} of them, whose own processes lie closer together so: {named}"
+                    f"  raw time for {len(raw)} of them, whose own processes say beyond doubt that the anchor adds "
+                    f"more noise than it removes: {named}"
                 )
     return lines
 

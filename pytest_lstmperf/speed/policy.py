@@ -7,9 +7,10 @@ The rule, in five sentences (docs/speed-gate.md states the same):
    the other workers wait) and a fixed number of CPU threads (``--lstmperf-threads``, 1 by default); its figure is
    the median of its device time where it has one that leaves the host out (a GPU), else of its time per call,
    taken where the gate compares or records in slices spread over a sweep of the process's benchmarks as the run
-   ends, divided by the anchor's where the baseline's recording processes lie closer together so, and raw where the
-   anchor adds more noise than it removes (a time per call whose own processes say otherwise beyond doubt, a
-   GPU-bound call beside host-bound ones, is judged as they say, on its own processes' spread).
+   ends, divided by the anchor's: the recording's processes run minutes apart at most, in one state of the
+   machine, and a compare in another, which the anchor is there to cancel (a time per call whose own processes say
+   beyond doubt that the anchor adds more noise than it removes, a GPU-bound call beside host-bound ones, is judged
+   raw, on its own processes' spread).
 2. A recording times every benchmark in independent processes (three, more where they do not yet show their
    spread), and how far they lie apart is its between-run noise: its own, moderated by the baseline's (a median
    over its benchmarks), widened by Student's t for the processes behind it. A figure is slower when it exceeds
@@ -80,8 +81,8 @@ COMPARE_PROCESSES = 4
 #: lent after its recording, whose processes held the lower level alone: such an entry needs recording runs from
 #: the machine it is compared on (--lstmperf-add-baseline-run).
 BETWEEN_RUNS = {"per-call": 0.04, "device": 0.0}
-#: how sure a benchmark's own recording processes must be that its time per call lies closer together in the
-#: other variant than the baseline's choice before it is judged in that one (:meth:`Reference.variant`)
+#: how sure a benchmark's own recording processes must be that its time per call lies closer together raw than
+#: divided by the anchor before it is judged raw (:meth:`Reference.variant`)
 VARIANT_CONFIDENCE = 0.99
 #: the two figures a benchmark can have: per call (host included) and device time (GPU only)
 METRICS = ("per-call", "device")
@@ -356,31 +357,33 @@ class Reference:
     #: how far recording processes lie apart on this machine, per (metric, variant), pooled over the baseline
     #: (:func:`pooled`)
     spread: Mapping[tuple[str, str], Spread] = field(default_factory=dict)
-    #: the variant that decides each metric (:func:`pooled`: the one whose processes lie closer together)
-    variants: Mapping[str, str] = field(default_factory=dict)
 
     def variant(self, metric: str) -> str:
         """The figure that decides this benchmark's ``metric``: divided by the anchor, or raw.
 
-        The baseline's choice (:func:`pooled`: the variant whose processes lie closer together over all its
-        benchmarks), but for a time per call whose own recording processes say otherwise beyond doubt (an F test
-        of their two variances at :data:`VARIANT_CONFIDENCE`): a time per call follows the host or the GPU by the
-        benchmark's own size. On the H200 a GPU-bound compiled training step lay 1.0% apart raw and 18% divided by
-        the host-bound anchor, while the small calls beside it lay closer divided by it. A device figure's two
-        variants are both GPU time (the anchor's is timed on the same GPU): the baseline's choice decides it. With
-        no choice of the baseline's, the anchored figure where there is one."""
-        chosen = self.variants.get(metric) or ("anchored" if self._logs(metric, "anchored") else "raw")
+        Divided by the anchor wherever there is an anchored figure. How far the recording's processes lie apart
+        raw and divided by the anchor does not choose between them for the baseline: those processes ran one after
+        another, in one state of the machine, and a compare runs in another. On one 16-core Xeon the three
+        processes of a recording lay 2.1% apart raw and 2.2% divided by the anchor, so the baseline chose raw
+        time; a clean compare minutes later ran in a slower state (raw times 1.17-1.28x) and 8 of its 11
+        benchmarks were called regressed. The one exception is a time per call whose own recording processes say
+        beyond doubt (an F test of their two variances at :data:`VARIANT_CONFIDENCE`) that the anchor adds more
+        noise than it removes: a time per call follows the host or the GPU by the benchmark's own size, and on the
+        H200 a GPU-bound compiled training step lay 1.0% apart raw and 18% divided by the host-bound anchor. Such a
+        benchmark is judged raw, on its own processes' spread. A device figure's two variants are both GPU time
+        (the anchor's is timed on the same GPU): it is divided by the anchor."""
+        if not self._logs(metric, "anchored"):
+            return "raw"
         if metric != "per-call":
-            return chosen
-        other = "raw" if chosen == "anchored" else "anchored"
-        mine, theirs = self.own_variance(metric, chosen), self.own_variance(metric, other)
-        if mine is None or theirs is None or theirs[0] <= 0:
-            return chosen
+            return "anchored"
+        anchored, raw = self.own_variance(metric, "anchored"), self.own_variance(metric, "raw")
+        if anchored is None or raw is None or raw[0] <= 0:
+            return "anchored"
         from scipy.stats import f
 
-        if mine[0] / theirs[0] > f.ppf(VARIANT_CONFIDENCE, mine[1], theirs[1]):
-            return other
-        return chosen
+        if anchored[0] / raw[0] > f.ppf(VARIANT_CONFIDENCE, anchored[1], raw[1]):
+            return "raw"
+        return "anchored"
 
     def _logs(self, metric: str, variant: str) -> list[float]:
         return [math.log(f.value) for f in (run.get(metric, variant) for run in self.runs) if f is not None]
@@ -402,8 +405,8 @@ class Reference:
         variant = variant or self.variant(metric)
         own = self.own_variance(metric, variant)
         pool = self.spread.get((metric, variant))
-        if own is not None and self.variants.get(metric, variant) != variant:
-            pool = None  # judged otherwise than the baseline's benchmarks (:meth:`variant`): theirs is no prior
+        if own is not None and variant == "raw" and self._logs(metric, "anchored"):
+            pool = None  # judged raw by its own processes (:meth:`variant`): the others' spread is no prior
         pool_dof = min(pool.dof, POOL_DOF_CAP) if pool is not None else 0
         if own is None:
             return (pool.sigma, pool_dof) if pool is not None else None
@@ -445,14 +448,12 @@ class Reference:
 
 def pooled(references: Mapping[str, Reference]) -> dict[str, Reference]:
     """The references with how far their recording processes lie apart pooled over all of them, per metric and
-    variant, and the variant that decides each metric.
+    variant.
 
     The pool is the median of every benchmark's own variance (those recorded in two processes or more), divided
     by the median of chi2(dof)/dof: one benchmark whose processes lie 1.42x apart does not widen the others (a
     root mean square did, to 1.68x on a 16-core host). Each benchmark's own variance is then moderated towards
-    the pool (:meth:`Reference.between`). The anchor decides a metric only where dividing by it leaves the
-    processes closer together than the raw figures, pooled over the baseline: where the anchor adds more noise
-    than it removes, the figure is raw time."""
+    the pool (:meth:`Reference.between`)."""
     spread: dict[tuple[str, str], Spread] = {}
     for metric in METRICS:
         for variant in VARIANTS:
@@ -471,12 +472,7 @@ def pooled(references: Mapping[str, Reference]) -> dict[str, Reference]:
         dof = int(statistics.median(d for _, d in anchors))
         pool = statistics.median(v for v, _ in anchors) / _chi2_median_ratio(max(dof, 1))
         spread[("anchor", "raw")] = Spread(pool, len(anchors), sum(d for _, d in anchors))
-    variants: dict[str, str] = {}
-    for metric in METRICS:
-        anchored, raw = spread.get((metric, "anchored")), spread.get((metric, "raw"))
-        if anchored is not None and raw is not None:
-            variants[metric] = "anchored" if anchored.variance < raw.variance else "raw"
-    return {name: replace(ref, spread=spread, variants=variants) for name, ref in references.items()}
+    return {name: replace(ref, spread=spread) for name, ref in references.items()}
 
 
 # --------------------------------------------------------------------------------------------- decision
