@@ -51,8 +51,8 @@ _QUIET_OPTIONS = {
 
 #: options (each with its value) left off a further process's command line: its own temporary folder is given
 #: anew, and the files are the command's own. Setting them aside in the process (:func:`quiet`) is not enough:
-#: pytest-benchmark before 5.0 opens ``--benchmark-json``'s file as it parses the command line, which empties the
-#: command's own file, written before its further processes run
+#: pytest-benchmark up to 5.2 (5.2.3 on a GPU host) opens ``--benchmark-json``'s file as it parses the command line,
+#: which empties the command's own file, written before its further processes run (5.3 opens it when it writes)
 _DROPPED_OPTIONS = ("--basetemp", "--benchmark-json", "--benchmark-save", "--junitxml", "--junit-xml")
 _DROPPED_FLAGS = ("--benchmark-autosave",)
 
