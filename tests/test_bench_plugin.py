@@ -203,10 +203,10 @@ def test_a_recording_whose_processes_lie_far_apart_names_its_benchmarks_blind(ga
 
 def test_a_further_process_is_not_given_the_commands_own_output_files(tmp_path: Path) -> None:
     """A further process of a compare or a recording runs after the command's own results were written. Given the
-    command's ``--benchmark-json``, a pytest-benchmark before 5.0 opens (and so empties) that file as it parses the
-    command line: on the GPU machine's 16-core Xeon a compare that timed its benchmarks in a second process left
-    an empty ``--benchmark-json`` file. Its command line holds none of the command's own output files, nor its temporary
-    folder; everything else is passed on as given."""
+    command's ``--benchmark-json``, pytest-benchmark up to 5.2 opens (and so empties) that file as it parses the
+    command line: on a GPU host's 16-core Xeon (pytest-benchmark 5.2.3) a compare that timed its benchmarks in a
+    second process left an empty ``--benchmark-json`` file. Its command line holds none of the command's own
+    output files, nor its temporary folder; everything else is passed on as given."""
     from types import SimpleNamespace
 
     from pytest_lstmperf.hooks.recording import _command
