@@ -249,6 +249,11 @@ def _print_gate(tr: _Lines, config: pytest.Config, state: GateState) -> None:
             tr.write_line(f"  {decision.name}: {line}", red=decision.failed, yellow=not decision.failed)
 
 
+#: a run whose anchor took this much longer or shorter than recorded (median over its benchmarks) names the state
+#: beside a slower time per call: the benchmarks that follow the state faster than the anchor read high there
+STATE_NOTE = 1.2
+
+
 def resolution_lines(gate: GateResult, baseline: Baseline) -> list[str]:
     """What the compared benchmarks resolve, and which figures decide (raw or divided by the anchor) and why."""
     lines = []
@@ -265,6 +270,21 @@ def resolution_lines(gate: GateResult, baseline: Baseline) -> list[str]:
             f"{len(resolves)} compared check(s) (the slowdown each one sees: {K_SIGMA:g} standard errors of this "
             f"run's figure and of how far recording processes lie apart{between_text if per_call else ''})"
         )
+    moves = sorted(d.anchor_move for d in gate.decisions if d.anchor_move and d.verdict in COMPARED)
+    if moves:
+        median_move = moves[len(moves) // 2]
+        text = (
+            f"machine state: the anchor took {median_move:.2f}x its recorded time (median over {len(moves)} compared "
+            f"benchmark(s), {moves[0]:.2f}-{moves[-1]:.2f}x)"
+        )
+        slower = any(c.metric == "per-call" and c.verdict == "regressed" for d in gate.decisions for c in d.checks)
+        if slower and abs(math.log(median_move)) > math.log(STATE_NOTE):
+            text += (
+                ": dividing by it cancels a state that moves a benchmark as far as the anchor, and on a 16-core Xeon "
+                "small torch inference calls moved up to 1.5 times as far (docs/gate-evidence.md); a time per call "
+                "just past its limit in such a run may be the state: rerun it on a quieter machine"
+            )
+        lines.append(text)
     references = references_of(baseline)
     if references:
         any_ref = next(iter(references.values()))

@@ -13,7 +13,7 @@ import pytest
 
 from pytest_lstmperf import meters
 from pytest_lstmperf.speed import gate_table, policy
-from pytest_lstmperf.speed.policy import Measurement, Reference, RunFigures, check, decide
+from pytest_lstmperf.speed.policy import Decision, Measurement, Reference, RunFigures, check, decide
 from pytest_lstmperf.speed.records import (
     BaselineDocument,
     BaselineEntry,
@@ -794,6 +794,34 @@ def test_the_resolution_line_names_every_term_of_the_limit_it_summarises(monkeyp
     term = f"how far runs made at different times lie apart ({BETWEEN_RUNS['per-call']:.0%})"
     assert term in per_call and term not in device, (per_call, device)
     assert f"{policy.K_SIGMA:g} standard errors" in per_call and "recording processes lie apart" in device
+
+
+def test_the_run_names_how_far_the_machines_state_moved_from_the_recording(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each decision carries its anchor's time against the recorded one, and the run prints their median: on the
+    eleventh Xeon a clean compare ran with the anchor 1.77x its recorded time, and the small torch inference calls,
+    which follow the machine's state up to 1.5 times as fast as the anchor, read up to 1.35x divided by it. Where
+    a time per call is slower in such a run, the line says so and names the rerun; in a run near the recorded
+    state, or with nothing slower, it gives the figure alone."""
+    from pytest_lstmperf import run_report
+    from pytest_lstmperf.speed.policy import GateResult
+
+    monkeypatch.setattr(run_report, "references_of", lambda baseline: {})
+    base = reference(record(seed=1))
+    moved = decide(as_measured(record(seed=2, machine=1.8)), base)
+    assert moved.verdict == "unchanged" and moved.anchor_move == pytest.approx(1.8, rel=0.1)
+    assert moved.to_dict()["anchor_move"] == moved.anchor_move
+    slower = decide(as_measured(record(seed=2, machine=1.8, call_s=3e-3)), base)
+    assert slower.verdict == "regressed"
+    quiet = decide(as_measured(record(seed=2)), base)
+
+    def state_line(*decisions: Decision) -> str:
+        lines = run_report.resolution_lines(GateResult(list(decisions)), None)  # type: ignore[arg-type]
+        return next(line for line in lines if line.startswith("machine state:"))
+
+    assert state_line(moved).startswith("machine state: the anchor took 1.") and "rerun" not in state_line(moved)
+    assert "small torch inference calls moved up to 1.5 times as far" in state_line(slower, moved)
+    assert "rerun it on a quieter machine" in state_line(slower, moved)
+    assert "rerun" not in state_line(slower, quiet, quiet)  # the state did not move: the slowdown is the call's
 
 
 def test_a_time_per_call_that_follows_the_gpu_is_judged_raw_beside_calls_that_follow_the_host() -> None:

@@ -606,6 +606,8 @@ class Decision:
     device_s: float | None = None
     runs: int = 0  # recording runs behind the reference
     processes: int = 1  # processes of this run behind its figures
+    #: the anchor's time per repetition now against its recorded one: how far the machine's state moved
+    anchor_move: float | None = None
 
     @property
     def failed(self) -> bool:
@@ -629,6 +631,7 @@ class Decision:
             "kernel_now": self.kernel_now,
             "checks": [c.__dict__ for c in self.checks],
             "notes": list(self.notes),
+            "anchor_move": self.anchor_move,
         }
 
 
@@ -648,7 +651,8 @@ def decide(
     then = reference.kernel
     base = Decision(name, "unchanged", kernel_then=then, kernel_now=now, per_call_s=measurement.per_call_s,
                     device_s=measurement.device_s, runs=len(reference.runs))  # fmt: skip
-    base = replace(base, processes=1 + len(more))
+    state = measurement.anchor_s / reference.anchor_s if measurement.anchor_s and reference.anchor_s else None
+    base = replace(base, processes=1 + len(more), anchor_move=state)
     if measurement.failed_kernel:
         return replace(base, verdict="kernel-changed", notes=("the kernel differs from the path's claim: not timed",))
     limit = measurement.threshold or threshold
