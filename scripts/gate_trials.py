@@ -5,8 +5,9 @@ run's verdict per benchmark, the resolutions the gate printed and the wall times
 the table is printed last. Each compare also writes its benchmarks' JSON (``OUT/runs/NAME.json``, with the anchor's
 times), and its line says how far the machine's state moved from the recording's: the median over its benchmarks
 of the raw time per call and of the anchor's time against the baseline's (a run whose raw times moved 1.5x while
-its figures divided by the anchor did not is a run on a machine in another state). Where the sweep times a
-benchmark, the JSON holds the swept samples the gate judges, as the baseline holds the recording's.
+its figures divided by the anchor did not is a run on a machine in another state). ``trials.json`` also holds,
+per run and benchmark, how far its time follows the machine's state within the run (:func:`slopes`). Where the
+sweep times a benchmark, the JSON holds the swept samples the gate judges, as the baseline holds the recording's.
 
     python scripts/gate_trials.py --device=cpu --out=/tmp/trials [--clean=10] [--xdist=10] [--after-update=5]
         [--slow=5] [--busy=3] [--paths=torch-cpu-onednn,...] [--target=suites/test_benchmarks.py]
@@ -75,6 +76,40 @@ def state_moves(run_json: Path, baselines: Path) -> dict[str, float] | None:
     }
 
 
+def slopes(run_json: Path) -> dict[str, dict[str, float]]:
+    """Per benchmark of a run: how far its time per call follows the machine's state, as the slope of its log
+    time on the anchor's over the run's paired samples, with the anchor's own spread there (standard deviation of
+    its log time) and the number of pairs. Dividing by the anchor assumes a slope of 1; on a 16-core Xeon small
+    torch inference calls read 1.2-1.5 where the anchor varied by more than 15% (docs/gate-evidence.md). A slope
+    fitted where the anchor varied little is dragged toward 0 by the anchor's own noise."""
+    import math
+    import statistics
+
+    try:
+        document = json.loads(run_json.read_text())
+    except (OSError, ValueError):
+        return {}
+    out = {}
+    for b in document.get("benchmarks", []):
+        data = (b.get("stats") or {}).get("data") or []
+        anchors = ((b.get("extra_info") or {}).get("anchor") or {}).get("samples") or []
+        pairs = [(math.log(a), math.log(v)) for a, v in zip(anchors, data, strict=False) if a > 0 and v > 0]
+        if len(pairs) < 10 or len(data) != len(anchors):
+            continue
+        la, lb = [a for a, _ in pairs], [v for _, v in pairs]
+        ma, mb = statistics.fmean(la), statistics.fmean(lb)
+        va = statistics.fmean((x - ma) ** 2 for x in la)
+        if va <= 0:
+            continue
+        cov = statistics.fmean((x - ma) * (y - mb) for x, y in pairs)
+        out[b["fullname"]] = {
+            "slope": round(cov / va, 3),
+            "anchor_log_sd": round(math.sqrt(va), 3),
+            "pairs": len(pairs),
+        }
+    return out
+
+
 def run(name: str, args: list[str], out: Path, env: dict[str, str] | None = None) -> dict:
     started = time.perf_counter()
     log = out / f"{name}.log"
@@ -95,6 +130,7 @@ def run(name: str, args: list[str], out: Path, env: dict[str, str] | None = None
         "processes": [ln for ln in text.splitlines() if ln.startswith("lstmperf: process ")],
         "wall_line": [ln for ln in text.splitlines() if ln.startswith("lstmperf: wall time")][-1:],
         "state": state_moves(out / f"{name}.json", out.parent / "baselines"),
+        "slopes": slopes(out / f"{name}.json"),
     }
     counts: dict[str, int] = {}
     for v in seen.values():

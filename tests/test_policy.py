@@ -824,6 +824,39 @@ def test_the_run_names_how_far_the_machines_state_moved_from_the_recording(monke
     assert "rerun" not in state_line(slower, quiet, quiet)  # the state did not move: the slowdown is the call's
 
 
+def test_the_trials_measure_how_far_each_benchmark_follows_the_machines_state(tmp_path) -> None:
+    """``scripts/gate_trials.py`` keeps, per run and benchmark, the slope of its log time on the anchor's over the
+    run's pairs: planted, a benchmark whose time goes as the anchor's to the power 1.5 reads 1.5, one that follows
+    it as the anchor does 1.0, one that ignores it 0; an empty run file (a run that stopped) reads as none."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(
+        "gate_trials", Path(__file__).parents[1] / "scripts" / "gate_trials.py"
+    )
+    assert spec is not None and spec.loader is not None
+    trials = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(trials)
+    rng = random.Random(4)
+    states = [math.exp(rng.gauss(0, 0.2)) for _ in range(400)]
+
+    def bench(name: str, power: float) -> dict:
+        anchors = [2e-4 * m for m in states]
+        data = [1e-3 * m**power * math.exp(rng.gauss(0, 0.01)) for m in states]
+        return {"fullname": name, "stats": {"data": data}, "extra_info": {"anchor": {"samples": anchors}}}
+
+    run = tmp_path / "run.json"
+    run.write_text(json.dumps({"benchmarks": [bench("fast", 1.5), bench("same", 1.0), bench("flat", 0.0)]}))
+    got = trials.slopes(run)
+    assert got["fast"]["slope"] == pytest.approx(1.5, abs=0.02) and got["same"]["slope"] == pytest.approx(1.0, abs=0.02)
+    assert got["flat"]["slope"] == pytest.approx(0.0, abs=0.02) and got["fast"]["anchor_log_sd"] == pytest.approx(
+        0.2, abs=0.03
+    )
+    (tmp_path / "empty.json").write_text("")
+    assert trials.slopes(tmp_path / "empty.json") == {}
+
+
 def test_a_time_per_call_that_follows_the_gpu_is_judged_raw_beside_calls_that_follow_the_host() -> None:
     """Each benchmark's time per call is judged divided by the anchor or raw by its own recording processes: on
     the H200 a GPU-bound compiled training step lay 1.0% apart raw and 18% divided by the host-bound anchor, whose
