@@ -205,6 +205,9 @@ def main() -> int:
         finally:
             busy.kill()
     if a.after_update:
+        # the recording the compares before the update were judged against, kept for replaying them
+        # (scripts/gate_replay.py, scripts/gate_between.py): the update rewrites the file in place
+        shutil.copytree(out / "baselines", out / "baselines-before-update", dirs_exist_ok=True)
         go("update", [*base, "--lstmperf-update-baseline", "-q"])
         for k in range(a.after_update):
             go(f"after-update-clean-{k + 1}", compare)

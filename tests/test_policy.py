@@ -979,3 +979,45 @@ def test_no_per_call_check_resolves_better_than_the_between_runs_floor_the_repor
         assert policy.resolution(sigma_b, m, n, se, "per-call") >= floor
     assert policy.resolution(0.0, 1, 3, 0.001, "device") < 1.01
     assert round(floor, 2) == 1.17
+
+
+def test_the_between_run_sweep_replays_the_rules_own_resolution() -> None:
+    """``scripts/gate_between.py`` replays a compare's rows with the between-run term set to each value: planted, a
+    clean figure 1.15x its recording's (processes 0.5% apart) alarms with no term and passes with the rule's 4%
+    (which alone resolves exp(4 x 4%) = 1.17x); a 1.5x slower one is caught with either; a figure whose processes
+    lie 12% apart is inconclusive, never passed; the rule's own term is left as it was."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    scripts = Path(__file__).parents[1] / "scripts"
+    sys.path.insert(0, str(scripts))
+    try:
+        spec = importlib.util.spec_from_file_location("gate_between", scripts / "gate_between.py")
+        assert spec is not None and spec.loader is not None
+        between = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(between)
+    finally:
+        sys.path.remove(str(scripts))
+    from pytest_lstmperf.speed.policy import BETWEEN_RUNS
+
+    before = dict(BETWEEN_RUNS)
+
+    def row(ratio: float, sigma_b: float, scenario: str = "clean", run: str = "clean-1") -> dict:
+        return {"machine": "m", "run": run, "scenario": scenario, "name": "b", "metric": "per-call",
+                "variant": "anchored", "targeted": scenario != "clean", "ratio": ratio, "se": 0.002,
+                "sigma_b": sigma_b, "recorded": 3, "threshold": 1.05}  # fmt: skip
+
+    drifted, slower, noisy = row(1.15, 0.005), row(1.5, 0.005, "slowdown:1.5", "s-1"), row(1.0, 0.12)
+    assert between.judge(drifted, 0.0) == "regressed" and between.judge(drifted, 0.04) == "passed"
+    assert between.resolves(drifted, 0.04) == pytest.approx(
+        math.exp(4 * math.hypot(0.04, 0.002, 0.005 * math.sqrt(4 / 3)))
+    )
+    assert between.judge(slower, 0.0) == between.judge(slower, 0.04) == "regressed"
+    assert between.judge(noisy, 0.04) == "inconclusive"
+    assert dict(BETWEEN_RUNS) == before
+    table = {t["term"]: t for t in between.sweep([drifted, slower, noisy])}
+    assert table[0.0]["false_alarms"] == 1 and table[0.04]["false_alarms"] == 0 and table[0.04]["inconclusive"] == 1
+    assert table[0.04]["runs_alarmed"] == 1 and table[0.04]["caught"] == table[0.0]["caught"] == 1
+    assert between.scenario_of(Path("fault=slowdown:1.5-2.json")) == "slowdown:1.5"
+    assert between.scenario_of(Path("xdist-clean-3.json")) == "clean"
