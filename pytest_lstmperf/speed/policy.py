@@ -75,11 +75,13 @@ COMPARE_PROCESSES = 4
 #: and share the machine's state of that minute; a compare runs minutes or days later. Measured on the 16-core Xeon
 #: of a GPU host (one thread): the recording's three swept processes lay 0.7% apart divided by the anchor, and 10
 #: clean compares of its 11 benchmarks over the next 8 minutes lay 4.0% from it (3.5% spread around a 2.0% offset)
-#: (docs/gate-evidence.md). A device figure (the GPU's own time) has none: 0 false alarms in 234 benchmark-runs
-#: across H100 hosts and days with the processes' spread alone. One exception is known: on an H200 the graph of
-#: Keras's per-step torch ops at batch 4 read at one of two levels 10% apart from process to process on machines
-#: lent after its recording, whose processes held the lower level alone: such an entry needs recording runs from
-#: the machine it is compared on (--lstmperf-add-baseline-run).
+#: (docs/gate-evidence.md). On the quiet 2-core VM it is the smallest term that raised no false alarm over 21 clean
+#: compares replayed with terms of 0 to 5% (4 of them alarmed at 2%, 1 at 3.5%: scripts/gate_between.py), the
+#: largest clean figure lying at 0.98 of its limit. A device figure (the GPU's own time) has none: 0 false alarms
+#: in 234 benchmark-runs across H100 hosts and days with the processes' spread alone. One exception is known: on
+#: an H200 the graph of Keras's per-step torch ops at batch 4 read at one of two levels 10% apart from process to
+#: process on machines lent after its recording, whose processes held the lower level alone: such an entry needs
+#: recording runs from the machine it is compared on (--lstmperf-add-baseline-run).
 BETWEEN_RUNS = {"per-call": 0.04, "device": 0.0}
 #: how sure a benchmark's own recording processes must be that its time per call lies closer together raw than
 #: divided by the anchor before it is judged raw (:meth:`Reference.variant`)
