@@ -80,7 +80,7 @@ COMPARE_PROCESSES = 4
 #: largest clean figure lying at 0.98 of its limit. A device figure (the GPU's own time) has none: 0 false alarms
 #: in 234 benchmark-runs across H100 hosts and days with the processes' spread alone. One exception is known: on
 #: an H200 the graph of Keras's per-step torch ops at batch 4 read at one of two levels 10% apart from process to
-#: process on machines lent after its recording, whose processes held the lower level alone: such an entry needs
+#: process on other H200 machines after its recording, whose processes held the lower level alone: such an entry needs
 #: recording runs from the machine it is compared on (--lstmperf-add-baseline-run).
 BETWEEN_RUNS = {"per-call": 0.04, "device": 0.0}
 #: how sure a benchmark's own recording processes must be that its time per call lies closer together raw than
