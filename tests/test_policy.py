@@ -1021,3 +1021,25 @@ def test_the_between_run_sweep_replays_the_rules_own_resolution() -> None:
     assert table[0.04]["runs_alarmed"] == 1 and table[0.04]["caught"] == table[0.0]["caught"] == 1
     assert between.scenario_of(Path("fault=slowdown:1.5-2.json")) == "slowdown:1.5"
     assert between.scenario_of(Path("xdist-clean-3.json")) == "clean"
+
+
+def test_a_lone_benchmark_recorded_in_two_processes_far_apart_is_inconclusive_not_a_crash() -> None:
+    """A lone benchmark (a user's own model, or one chosen with -k) whose baseline holds two processes (a third
+    left out as broken, or ``--lstmperf-record-processes=2``) lying 6% or more apart: Student's t on one degree of
+    freedom widens that spread 2,500-fold, and its resolution, exp(1,000) and more, raised OverflowError at the
+    session's end, in the compare and in the recording's outlook alike. It is inconclusive, names what is missing,
+    and prints no figure that its processes cannot bound."""
+    from pytest_lstmperf.speed.policy import Figure, blind, pooled, unresolved
+
+    lone = pooled({"lone": Reference("lone", tuple(RunFigures(Figure(v, 0.005, 30), None) for v in (1.0, 1.3)))})
+    seen = check("per-call", [1.1] * 30, lone["lone"], 1.05)
+    assert seen.verdict == "inconclusive" and seen.resolves == math.inf
+    assert "2 recording process(es) lie 20.4% apart, too few to bound" in seen.note
+    assert "--lstmperf-record-processes" in seen.note and len(seen.note) < 300
+    slower = check("per-call", [1.3] * 30, lone["lone"], 1.05)
+    assert slower.verdict == "inconclusive"  # never a pass: a compare cannot see 1.5x against it
+    recorded = {"lone": [as_measured(r) for r in _scaled(record("lone", seed=1), (1.0, 1.3))]}
+    # the recording names it blind (processes this far apart would leave even eight recorded blind to 1.5x)
+    assert unresolved(recorded) == [] and list(blind(recorded)) == ["lone"]
+    assert decide(recorded["lone"][0], Reference("lone", tuple(run for run in (
+        policy.run_figures(m) for m in recorded["lone"])))).verdict == "inconclusive"  # fmt: skip

@@ -65,6 +65,9 @@ PRIOR_DOF = 4
 #: normal standard errors: how far processes lie apart is estimated, and an estimate from few processes is small
 #: by chance often enough to fail clean runs (1 in 200 planted with 3 processes and no pool)
 POOL_DOF_CAP = 30
+#: a baseline's spread widened for its uncertainty beyond this factor per process is not printed as a figure: its
+#: processes are too few to bound it (two processes, one degree of freedom, widen it 2,500-fold)
+UNBOUNDED = 10.0
 #: a recording times a benchmark in at most this many processes (more than --lstmperf-record-processes only where
 #: :func:`unresolved` says its processes do not yet show how far they lie apart: a user's lone benchmark)
 RECORD_PROCESSES_MAX = 8
@@ -255,7 +258,14 @@ def resolution(sigma_b: float, m: int, n: int, se: float, metric: str) -> float:
     against ``n`` recorded processes whose figures lie ``sigma_b`` apart (widened, :meth:`Reference.figure`):
     exp(:data:`K_SIGMA` x the standard error of the ratio). :func:`check` and a recording's outlook both use it."""
     spread = math.hypot(sigma_b * math.sqrt(1 / m + 1 / n), BETWEEN_RUNS.get(metric, 0.0))
-    return math.exp(K_SIGMA * math.hypot(se, spread))
+    return _exp(K_SIGMA * math.hypot(se, spread))
+
+
+def _exp(x: float) -> float:
+    """exp(x), or infinity where that overflows: a spread estimated from two processes (one degree of freedom) is
+    widened 2,500-fold by Student's t, and a lone benchmark whose two recording processes lay 6% apart resolved
+    exp(1,000), which raised OverflowError instead of an inconclusive verdict."""
+    return math.exp(x) if x < 700 else math.inf
 
 
 def outlook(recorded: Mapping[str, Sequence[Measurement]]) -> list[Outlook]:
@@ -540,7 +550,7 @@ def check(
     ratio = now_value / value
     verdict = "regressed" if ratio > limit else "improved" if ratio < 1 / limit else "unchanged"
     note = f"{m} processes" if m > 1 else ""
-    hopeless = math.exp(K_SIGMA * sigma_b * math.sqrt(1 / recorded)) > MAX_LIMIT
+    hopeless = _exp(K_SIGMA * sigma_b * math.sqrt(1 / recorded)) > MAX_LIMIT
     if resolves > max(MAX_LIMIT, threshold) and verdict != "regressed":  # blind to 1.5x (and to its threshold)
         verdict = "inconclusive"
         if now_se >= sigma_ref:
@@ -548,11 +558,18 @@ def check(
                 f"this run's own noise ({math.exp(now_se) - 1:.1%} per standard error) dominates: rerun on a "
                 "quieter machine"
             )
+        elif sigma_b > math.log(UNBOUNDED):
+            own, dof = reference.between(metric, variant) or (math.nan, 0)
+            why = (
+                f"its {recorded} recording process(es) lie {math.exp(own) - 1:.1%} apart, too few to bound how far "
+                f"processes lie apart here (Student's t on {dof} degree(s) of freedom): record it in more processes "
+                "(--lstmperf-record-processes) with --lstmperf-update-baseline"
+            )
         else:
             why = (
-                f"processes lie {math.exp(sigma_b) - 1:.1%} apart here (the baseline's estimate, widened for its "
+                f"processes lie {_exp(sigma_b) - 1:.1%} apart here (the baseline's estimate, widened for its "
                 f"uncertainty), and {m} process(es) of this run and {recorded} recorded leave "
-                f"{math.exp(sigma_ref) - 1:.1%}: rerun on a quieter machine, or record in more processes "
+                f"{_exp(sigma_ref) - 1:.1%}: rerun on a quieter machine, or record in more processes "
                 "(--lstmperf-record-processes)"
             )
         note = f"cannot see a {MAX_LIMIT}x slowdown here ({why})"
@@ -584,7 +601,7 @@ def comparable(measurement: Measurement, reference: Reference) -> str | None:
     pool = reference.spread.get(("anchor", "raw"))
     if pool is not None:  # where processes' anchors lie far apart (2x on a 16-core Xeon), the bound takes it in
         widened = pool.sigma * tail_factor(min(pool.dof, POOL_DOF_CAP)) * math.sqrt(1 + 1 / max(len(reference.runs), 1))
-        bound = max(bound, math.exp(K_SIGMA * widened))
+        bound = max(bound, _exp(K_SIGMA * widened))
     if 1 / bound <= factor <= bound:
         return None
     return (
