@@ -1043,3 +1043,13 @@ def test_a_lone_benchmark_recorded_in_two_processes_far_apart_is_inconclusive_no
     assert unresolved(recorded) == [] and list(blind(recorded)) == ["lone"]
     assert decide(recorded["lone"][0], Reference("lone", tuple(run for run in (
         policy.run_figures(m) for m in recorded["lone"])))).verdict == "inconclusive"  # fmt: skip
+
+
+def test_a_check_that_resolves_nothing_prints_none_not_a_figure() -> None:
+    """The table's resolution cell of a check whose spread its processes cannot bound reads ``none``, not ``inf``."""
+    from pytest_lstmperf.speed.policy import Figure, pooled
+
+    lone = pooled({"lone": Reference("lone", tuple(RunFigures(Figure(v, 0.005, 30), None) for v in (1.0, 1.3)))})
+    seen = check("per-call", [1.1] * 30, lone["lone"], 1.05)
+    row = gate_table.table_rows([Decision("lone", seen.verdict, (seen,))])[0]
+    assert row[4] == "none" and row[-1] == "inconclusive"

@@ -95,3 +95,17 @@ def test_a_recording_names_each_benchmark_no_compare_will_resolve(tmp_path) -> N
     assert len(blind) == 1, lines
     assert "test_inference[b]" in blind[0] and "resolves 1.54x" in blind[0] and "4 processes" in blind[0]
     assert "inconclusive" in blind[0] and "--lstmperf-update-baseline" in blind[0]
+
+
+def test_a_recording_blind_for_want_of_processes_says_it_resolves_nothing(tmp_path) -> None:
+    """A lone benchmark recorded in two processes far apart resolves no slowdown at all (its spread widened by
+    Student's t on one degree of freedom): the line says so instead of printing ``infx``."""
+    from pytest_lstmperf.run_report import speed_lines
+    from pytest_lstmperf.speed.baseline import SaveReport
+    from pytest_lstmperf.speed.gate import GateState
+
+    state = GateState(save_report=SaveReport(tmp_path / "cpu.json", created=["a"], new_file=True))
+    state.save_report.blind = {"test_mine[a]": float("inf")}
+    lines = [line.text for line in speed_lines(None, state, lambda: "cpu")]  # type: ignore[arg-type]
+    blind = [line for line in lines if "RECORDED BLIND" in line]
+    assert len(blind) == 1 and "resolves no slowdown at all;" in blind[0] and "inf" not in blind[0], lines

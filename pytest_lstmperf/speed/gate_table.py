@@ -7,6 +7,7 @@ resolution, kernels, verdict) and the terminal's aligned text (:func:`format_tab
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from ..meters import format_seconds
@@ -29,7 +30,7 @@ def table_rows(decisions: Sequence[Decision]) -> list[tuple[str, ...]]:
                 format_seconds(d.per_call_s),
                 "-" if per_call is None or per_call.ratio is None else f"{per_call.ratio:.3f}",
                 "-" if device is None or device.ratio is None else f"{device.ratio:.3f}",
-                "/".join(f"{r:.2f}" for r in resolves) or "-",
+                "/".join("none" if math.isinf(r) else f"{r:.2f}" for r in resolves) or "-",
                 d.kernel_then or "-",
                 d.kernel_now or "-",
                 d.verdict,
