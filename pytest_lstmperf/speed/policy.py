@@ -559,9 +559,9 @@ def check(
                 "quieter machine"
             )
         elif sigma_b > math.log(UNBOUNDED):
-            own, dof = reference.between(metric, variant) or (math.nan, 0)
+            sigma, dof = reference.between(metric, variant) or (math.nan, 0)
             why = (
-                f"its {recorded} recording process(es) lie {math.exp(own) - 1:.1%} apart, too few to bound how far "
+                f"its {recorded} recording process(es) lie {math.exp(sigma) - 1:.1%} apart, too few to bound how far "
                 f"processes lie apart here (Student's t on {dof} degree(s) of freedom): record it in more processes "
                 "(--lstmperf-record-processes) with --lstmperf-update-baseline"
             )
