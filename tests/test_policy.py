@@ -1053,3 +1053,30 @@ def test_a_check_that_resolves_nothing_prints_none_not_a_figure() -> None:
     seen = check("per-call", [1.1] * 30, lone["lone"], 1.05)
     row = gate_table.table_rows([Decision("lone", seen.verdict, (seen,))])[0]
     assert row[4] == "none" and row[-1] == "inconclusive"
+
+
+def test_training_steps_are_pooled_with_training_steps_not_with_forward_calls() -> None:
+    """Sentence 2: the baseline's spread is pooled over the benchmarks of one mode. Planted: two training steps
+    whose processes lie 5% apart (recorded in six processes, as a recording takes more where they do not yet show
+    their spread), and a third that happened to record three processes within 0.5%, beside eight
+    forward calls whose processes lie 1% apart. Pooled with the forward calls, the lucky training step took their
+    1% as its spread, and a clean process 1.15x off its recording (with processes 5% apart, about one clean
+    process in two hundred reads that) was called regressed; pooled with the other training steps, it passes, a
+    1.6x slowdown still fails,
+    and the forward calls keep their own narrow limits."""
+    from pytest_lstmperf.speed.policy import Figure, pooled
+
+    def ref(name: str, mode: str, *values: float) -> Reference:
+        return Reference(name, tuple(RunFigures(Figure(v, 0.005, 30), None) for v in values), mode=mode)
+
+    lucky = ref("lucky", "train", 1.0, 1.005, 0.995)
+    steps = {"lucky": lucky, **{f"t{k}": ref(f"t{k}", "train", 1.0, 1.06, 0.94, 1.05, 0.95, 1.0) for k in range(2)}}
+    calls = {f"f{k}": ref(f"f{k}", "forward", 1.0, 1.01, 0.99) for k in range(8)}
+    one_pool = pooled({name: dataclasses.replace(r, mode="") for name, r in {**steps, **calls}.items()})
+    by_mode = pooled({**steps, **calls})
+    assert check("per-call", [1.15] * 30, one_pool["lucky"], 1.05).verdict == "regressed"
+    assert check("per-call", [1.15] * 30, by_mode["lucky"], 1.05).verdict == "unchanged"
+    assert check("per-call", [1.6] * 30, by_mode["lucky"], 1.05).verdict == "regressed"
+    forward = check("per-call", [1.0] * 30, by_mode["f0"], 1.05)
+    assert forward.resolves == pytest.approx(check("per-call", [1.0] * 30, one_pool["f0"], 1.05).resolves, rel=0.05)
+    assert forward.resolves < check("per-call", [1.0] * 30, by_mode["lucky"], 1.05).resolves

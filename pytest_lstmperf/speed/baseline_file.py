@@ -127,7 +127,14 @@ def history_point(entry: BaselineEntry, date: str | None = None) -> HistoryPoint
 def reference_of(entry: BaselineEntry) -> Reference:
     """The :class:`~.policy.Reference` of a baseline entry."""
     part = entry.lstmperf
-    return Reference(name=entry.fullname, runs=part.runs, kernel=part.kernel, versions=dict(part.versions))
+    mode = entry.extra_info.get("mode")
+    return Reference(
+        name=entry.fullname,
+        runs=part.runs,
+        kernel=part.kernel,
+        versions=dict(part.versions),
+        mode=mode if isinstance(mode, str) else "",
+    )
 
 
 def _median(values: Sequence[float]) -> float | None:

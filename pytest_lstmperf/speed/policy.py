@@ -13,11 +13,12 @@ The rule, in five sentences (docs/speed-gate.md states the same):
    raw, on its own processes' spread).
 2. A recording times every benchmark in independent processes (three, more where they do not yet show their
    spread), and how far they lie apart is its between-run noise: its own, moderated by the baseline's (a median
-   over its benchmarks), widened by Student's t for the processes behind it. A figure is slower when it exceeds
+   over its benchmarks of its mode: training steps with training steps), widened by Student's t for the processes
+   behind it. A figure is slower when it exceeds
    the baseline's by more than its limit: the threshold (1.05 unless ``--lstmperf-threshold`` or the
    ``lstmperf_threshold`` marker says otherwise), or the slowdown the benchmark resolves (4 such standard errors
    of this run's figure, of the processes, and for a time per call of how far runs made at different times
-   lie apart, 4% as measured), where that is larger; a resolution above the threshold is printed (with ``-v``,
+   lie apart, 1.5% as measured), where that is larger; a resolution above the threshold is printed (with ``-v``,
    every one).
 3. A benchmark fails when its figure is slower, when it ran another kernel or precision than its baseline, or
    when its exact host counts per call (ATen ops, GPU kernels, synchronisations: the host's work, on a GPU too)
@@ -85,7 +86,7 @@ COMPARE_PROCESSES = 4
 #: an H200 the graph of Keras's per-step torch ops at batch 4 read at one of two levels 10% apart from process to
 #: process on other H200 machines after its recording, whose processes held the lower level alone: such an entry needs
 #: recording runs from the machine it is compared on (--lstmperf-add-baseline-run).
-BETWEEN_RUNS = {"per-call": 0.04, "device": 0.0}
+BETWEEN_RUNS = {"per-call": 0.015, "device": 0.0}
 #: how sure a benchmark's own recording processes must be that its time per call lies closer together raw than
 #: divided by the anchor before it is judged raw (:meth:`Reference.variant`)
 VARIANT_CONFIDENCE = 0.99
@@ -142,6 +143,7 @@ class Measurement:
 
     name: str
     kernel: str = ""  # "cudnn/fp32"; "" where nothing was traced
+    mode: str = ""  # "forward" or "train": what the benchmark times; its baseline's spread is pooled with its kind's
     failed_kernel: bool = False  # the test failed because the kernel was not the path's claim: not timed
     first: Look = Look()
     counters: Mapping[str, float] = field(default_factory=dict)
@@ -273,7 +275,7 @@ def outlook(recorded: Mapping[str, Sequence[Measurement]]) -> list[Outlook]:
     that decides it; a benchmark whose processes' spread is not known at all resolves nothing (infinity)."""
     references = pooled(
         {
-            name: Reference(name, tuple(recording_runs(list(ms))[0]), kernel=ms[0].kernel)
+            name: Reference(name, tuple(recording_runs(list(ms))[0]), kernel=ms[0].kernel, mode=ms[0].mode)
             for name, ms in recorded.items()
             if ms
         }
@@ -366,8 +368,9 @@ class Reference:
     runs: tuple[RunFigures, ...]
     kernel: str = ""
     versions: Mapping[str, str] = field(default_factory=dict)
-    #: how far recording processes lie apart on this machine, per (metric, variant), pooled over the baseline
-    #: (:func:`pooled`)
+    mode: str = ""  # "forward" or "train": the benchmarks its spread is pooled with (:func:`pooled`)
+    #: how far recording processes lie apart on this machine, per (metric, variant), pooled over the baseline's
+    #: benchmarks of its mode (:func:`pooled`)
     spread: Mapping[tuple[str, str], Spread] = field(default_factory=dict)
 
     def variant(self, metric: str) -> str:
@@ -459,24 +462,36 @@ class Reference:
 
 
 def pooled(references: Mapping[str, Reference]) -> dict[str, Reference]:
-    """The references with how far their recording processes lie apart pooled over all of them, per metric and
-    variant.
+    """The references with how far their recording processes lie apart pooled over the benchmarks of their mode
+    (forward calls with forward calls, training steps with training steps), per metric and variant.
 
     The pool is the median of every benchmark's own variance (those recorded in two processes or more), divided
     by the median of chi2(dof)/dof: one benchmark whose processes lie 1.42x apart does not widen the others (a
     root mean square did, to 1.68x on a 16-core host). Each benchmark's own variance is then moderated towards
-    the pool (:meth:`Reference.between`)."""
+    its mode's pool (:meth:`Reference.between`). A training step and a forward call do not lie apart alike: on
+    the quiet 2-core VM a training step's gate processes lay about 5% apart and the forward calls' about 1%, and
+    one pool over both, a median over mostly forward calls, took the training steps' spread as small."""
+    out: dict[str, Reference] = {}
+    for mode in sorted({ref.mode for ref in references.values()}):
+        mine = {name: ref for name, ref in references.items() if ref.mode == mode}
+        spread = _pool(mine.values())
+        out.update({name: replace(ref, spread=spread) for name, ref in mine.items()})
+    return {name: out[name] for name in references}
+
+
+def _pool(references: Iterable[Reference]) -> dict[tuple[str, str], Spread]:
+    references = list(references)
     spread: dict[tuple[str, str], Spread] = {}
     for metric in METRICS:
         for variant in VARIANTS:
-            own = [v for v in (ref.own_variance(metric, variant) for ref in references.values()) if v is not None]
+            own = [v for v in (ref.own_variance(metric, variant) for ref in references) if v is not None]
             if not own:
                 continue
             dof = int(statistics.median(d for _, d in own))
             pool = statistics.median(v for v, _ in own) / _chi2_median_ratio(max(dof, 1))
             spread[(metric, variant)] = Spread(pool, len(own), sum(d for _, d in own))
     anchors = []  # how far the anchor's own time lies apart between processes: the bound of comparable()
-    for ref in references.values():
+    for ref in references:
         logs = [math.log(run.anchor_s) for run in ref.runs if run.anchor_s]
         if len(logs) > 1:
             anchors.append((statistics.variance(logs), len(logs) - 1))
@@ -484,7 +499,7 @@ def pooled(references: Mapping[str, Reference]) -> dict[str, Reference]:
         dof = int(statistics.median(d for _, d in anchors))
         pool = statistics.median(v for v, _ in anchors) / _chi2_median_ratio(max(dof, 1))
         spread[("anchor", "raw")] = Spread(pool, len(anchors), sum(d for _, d in anchors))
-    return {name: replace(ref, spread=spread) for name, ref in references.items()}
+    return spread
 
 
 # --------------------------------------------------------------------------------------------- decision

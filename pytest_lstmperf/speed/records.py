@@ -367,6 +367,7 @@ class BenchRecord:
         return Measurement(
             name=self.fullname,
             kernel=self.kernel_text,
+            mode=_text(self._info("mode")),
             failed_kernel=self.failed == "kernel",
             first=self.look(),
             counters=self.host_counters,
