@@ -131,6 +131,17 @@ class Anchor:
                 h = np.tanh(self._x @ self._w + h @ self._u)
             return
         torch = self._torch
+        if not self._cuda:
+            if not self._w.requires_grad:
+                self._w.requires_grad_(True)
+                self._u.requires_grad_(True)
+            with torch.enable_grad():
+                h = self._x
+                for _ in range(self.STEPS):
+                    h = torch.tanh(torch.addmm(h @ self._u, self._x, self._w))
+                h.sum().backward()
+            self._w.grad = self._u.grad = None
+            return
         with torch.no_grad():
             h = self._x
             for _ in range(self.STEPS):
