@@ -737,10 +737,8 @@ def test_the_fifth_xeons_bimodal_benchmark_is_named_blind_when_recorded() -> Non
     assert list(blind(recorded(count))) == ["onednn-b1"]
     assert 2.0 < blind(recorded(count))["onednn-b1"] < 2.6  # its own 16% between processes, on 7 degrees of freedom
     assert not any(n in blind(recorded(count)) for n in quiet)
-    refs = policy.pooled(
-        {n: Reference(n, tuple(policy.run_figures(m) for m in ms)) for n, ms in recorded(3).items()}
-    )
-    lower = [as_measured(r) for r in _scaled(base, (1.35 * 1.5,))][0].first.samples("per-call")
+    refs = policy.pooled({n: Reference(n, tuple(policy.run_figures(m) for m in ms)) for n, ms in recorded(3).items()})
+    lower = as_measured(_scaled(base, (1.35 * 1.5,))[0]).first.samples("per-call")
     seen = check("per-call", lower, refs["onednn-b1"], 1.05)
     assert seen.verdict == "inconclusive", seen.text()  # not a pass: 1.17x its recording, 1.5x its lower level
     assert "3 recording processes lie 11.6% apart, beyond doubt further than" in seen.note

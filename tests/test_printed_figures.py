@@ -105,7 +105,7 @@ def test_the_baseline_plot_shows_its_longest_row_labels_whole(
 ) -> None:
     from pytest_lstmperf.speed import report_plots
 
-    entries = _h100_entries()  # 78 rows, the longest inference[torch-compile-reduce-overhead-...]
+    entries = _h100_entries()  # 74 rows, the longest inference[torch-compile-reduce-overhead-...]
     records = [e.as_record() for e in entries]
     png = report_plots.plot_baseline(tmp_path, records, entries)
     assert png is not None and _first_ink_column(png) > 5

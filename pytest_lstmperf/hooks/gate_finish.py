@@ -18,7 +18,7 @@ from ..run_report import RunReport, build_report
 from ..session import run_session, started_session
 from ..speed.baseline_file import BaselineError
 from ..speed.gate import GateState
-from ..speed.policy import COMPARE_PROCESSES, RECORD_PROCESSES_MAX, blind, undecided, unresolved
+from ..speed.policy import COMPARE_PROCESSES, RECORD_PROCESSES_MAX, blind, outlook, undecided, unresolved
 from ..speed.provenance import benchmark_header, provenance, record_command, rerun_command
 from ..speed.records import BenchRecord
 from ..speed.report import write_report
@@ -235,10 +235,12 @@ def _record_processes(config: pytest.Config, measured: list[BenchRecord]) -> dic
         if not names:
             break
         total += 1
+        apart = len({o.name for o in outlook(recorded) if o.scatters} & names)
         got = record_in_processes(
             config, [r for r in measured if r.fullname in names], 2, say, index=total, of=RECORD_PROCESSES_MAX,
             why=f"{len(names)} benchmark(s) whose processes do not yet show how far they lie apart well enough to "
-            "see a 1.5x slowdown",
+            "see a 1.5x slowdown" + (f"; {apart} of them lie beyond doubt further apart than their neighbours"
+                                     if apart else ""),
         )  # fmt: skip
         for name, records in got.items():
             siblings.setdefault(name, []).extend(records)

@@ -76,16 +76,21 @@ RECORD_PROCESSES_MAX = 8
 COMPARE_PROCESSES = 4
 #: how far a time-per-call figure lies from its recording made at another time, beyond what the recording's own
 #: processes show (log scale, root mean square): the recording's processes run one after another, within a minute,
-#: and share the machine's state of that minute; a compare runs minutes or days later. Measured on the 16-core Xeon
-#: of a GPU host (one thread): the recording's three swept processes lay 0.7% apart divided by the anchor, and 10
-#: clean compares of its 11 benchmarks over the next 8 minutes lay 4.0% from it (3.5% spread around a 2.0% offset)
-#: (docs/gate-evidence.md). On the quiet 2-core VM it is the smallest term that raised no false alarm over 21 clean
-#: compares replayed with terms of 0 to 5% (4 of them alarmed at 2%, 1 at 3.5%: scripts/gate_between.py), the
-#: largest clean figure lying at 0.98 of its limit. A device figure (the GPU's own time) has none: 0 false alarms
-#: in 234 benchmark-runs across H100 hosts and days with the processes' spread alone. One exception is known: on
-#: an H200 the graph of Keras's per-step torch ops at batch 4 read at one of two levels 10% apart from process to
-#: process on other H200 machines after its recording, whose processes held the lower level alone: such an entry needs
-#: recording runs from the machine it is compared on (--lstmperf-add-baseline-run).
+#: and share the machine's state of that minute; a compare runs minutes or days later. It was 4% when the CPU
+#: anchor ran forward calls alone and the baseline pooled every benchmark's spread in one: on the 16-core Xeon of a
+#: GPU host 10 clean compares lay 4.0% from their recording (3.5% spread around a 2.0% offset), and on the quiet
+#: 2-core VM 4% was the smallest term that raised no false alarm over 21 clean compares replayed (scripts/
+#: gate_between.py). Much of that was the training steps: the forward anchor did not follow them (on the Xeon the
+#: anchor that runs its steps through backward leaves a half to a quarter of their spread between processes), and
+#: pooled with the forward calls their spread read small. With the anchor through backward and pools by mode, 1.5%
+#: raised no false alarm in 286 benchmark-runs of the README's recipe in each of three series on the VM (the
+#: largest clean figure at 0.47-0.65 of its limit, log scale), 0 of 110 on a sixteenth Xeon (0.56) and 0 of 96 on
+#: an H200, and every run caught a 1.5x slowdown on every torch benchmark (docs/gate-evidence.md). A device figure
+#: (the GPU's own time) has none: 0 false alarms in 234 benchmark-runs across H100 hosts and days with the
+#: processes' spread alone. One exception is known: on an H200 the graph of Keras's per-step torch ops at batch 4
+#: read at one of two levels 10% apart from process to process on other H200 machines after its recording, whose
+#: processes held the lower level alone: such an entry needs recording runs from the machine it is compared on
+#: (--lstmperf-add-baseline-run).
 BETWEEN_RUNS = {"per-call": 0.015, "device": 0.0}
 #: how sure a benchmark's own recording processes must be that its time per call lies closer together raw than
 #: divided by the anchor before it is judged raw (:meth:`Reference.variant`)
@@ -320,9 +325,7 @@ def unresolved(recorded: Mapping[str, Sequence[Measurement]]) -> list[str]:
     processes lie beyond doubt further apart than its neighbours' (:meth:`Reference.scatters`) has not shown its
     spread yet whatever its forecast: it is judged on its own processes alone, and more processes tell whether it
     scatters (the fifth Xeon's bimodal benchmark) or whether its first ones lay apart by chance."""
-    return sorted(
-        {o.name for o in outlook(recorded) if o.one > MAX_LIMIT and (o.scatters or o.best <= MAX_LIMIT)}
-    )
+    return sorted({o.name for o in outlook(recorded) if o.one > MAX_LIMIT and (o.scatters or o.best <= MAX_LIMIT)})
 
 
 def blind(recorded: Mapping[str, Sequence[Measurement]]) -> dict[str, float]:

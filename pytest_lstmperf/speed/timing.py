@@ -81,7 +81,9 @@ class Anchor:
     ``repeat`` stay comparable. On a GPU also a device part, one 2048x2048 matmul and a ``tanh``
     (:meth:`device_call`), whose device time is taken the same way as the benchmark's. It touches no LSTM or GRU
     layer: a slower layer does not move it, while a slower machine moves both. torch where it is installed (the
-    benchmark's own threads and device), else numpy.
+    benchmark's own threads and device), else numpy. On a CPU the ten steps run through ``backward``, as a
+    training step does: on a 16-core Xeon that left a half to a quarter of the spread between processes that the
+    forward steps left, for training steps and forward calls alike (docs/speed-gate.md).
     """
 
     STEPS = 10
