@@ -1100,3 +1100,21 @@ def test_training_steps_are_pooled_with_training_steps_not_with_forward_calls() 
     forward = check("per-call", [1.0] * 30, by_mode["f0"], 1.05)
     assert forward.resolves == pytest.approx(check("per-call", [1.0] * 30, one_pool["f0"], 1.05).resolves, rel=0.05)
     assert forward.resolves < check("per-call", [1.0] * 30, by_mode["lucky"], 1.05).resolves
+
+
+def test_a_baseline_recorded_beside_another_anchor_is_not_comparable() -> None:
+    """A CPU baseline recorded beside the forward-only anchor (``torch-cpu``) against a run beside the anchor that
+    runs through backward (``torch-cpu-backward``, here twice as long; about three times on the 2-core VM): every
+    figure divided by it would read about half its recording, improved, and a 1.5x slowdown would pass. Such a run is inconclusive and says to
+    record again; the same anchor on both sides is compared as before."""
+    base = dataclasses.replace(reference(record(seed=1)), anchor_kind="torch-cpu")
+    slower = dataclasses.replace(
+        as_measured(record(seed=2, call_s=1.5e-3, anchor_s=4e-4)), anchor_kind="torch-cpu-backward"
+    )
+    seen = decide(slower, base)
+    assert seen.verdict == "inconclusive", seen
+    assert "anchor workload is another one (torch-cpu-backward now, torch-cpu when recorded" in seen.checks[0].note
+    assert "--lstmperf-update-baseline" in seen.checks[0].note
+    same = dataclasses.replace(slower, anchor_kind="torch-cpu")
+    assert decide(same, base).verdict == "improved"  # what the other anchor would have read: 0.75x, blind
+    assert decide(dataclasses.replace(slower, anchor_kind=""), base).verdict == "improved"  # an old record: no kind

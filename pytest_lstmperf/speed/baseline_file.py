@@ -128,12 +128,15 @@ def reference_of(entry: BaselineEntry) -> Reference:
     """The :class:`~.policy.Reference` of a baseline entry."""
     part = entry.lstmperf
     mode = entry.extra_info.get("mode")
+    anchor = entry.extra_info.get("anchor")
+    kind = anchor.get("kind") if isinstance(anchor, dict) else None
     return Reference(
         name=entry.fullname,
         runs=part.runs,
         kernel=part.kernel,
         versions=dict(part.versions),
         mode=mode if isinstance(mode, str) else "",
+        anchor_kind=kind if isinstance(kind, str) else "",
     )
 
 

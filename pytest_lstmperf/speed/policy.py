@@ -156,6 +156,7 @@ class Measurement:
     per_call_s: float | None = None  # the raw medians, for the table and the report
     device_s: float | None = None
     anchor_s: float | None = None
+    anchor_kind: str = ""  # the anchor workload's kind (timing.Anchor.kind): "torch-cpu-backward", "torch-cuda"
 
 
 def pairs(values: Sequence[float], anchors: Sequence[float]) -> tuple[float, ...]:
@@ -381,6 +382,7 @@ class Reference:
     kernel: str = ""
     versions: Mapping[str, str] = field(default_factory=dict)
     mode: str = ""  # "forward" or "train": the benchmarks its spread is pooled with (:func:`pooled`)
+    anchor_kind: str = ""  # the anchor workload its figures were divided by (timing.Anchor.kind)
     #: how far recording processes lie apart on this machine, per (metric, variant), pooled over the baseline's
     #: benchmarks of its mode (:func:`pooled`)
     spread: Mapping[tuple[str, str], Spread] = field(default_factory=dict)
@@ -660,7 +662,16 @@ def comparable(measurement: Measurement, reference: Reference) -> str | None:
     touches no recurrent layer, took more than :data:`COMPARABLE_FACTOR` times longer or shorter than when it was
     recorded (or more than its own recording processes lie apart allows, 4 standard errors: on a 16-core Xeon a
     clean run's anchor took 3.36x its recorded time), so the machine is not in the state it was recorded in
-    (overloaded, throttled, another machine)."""
+    (overloaded, throttled, another machine); or the anchor is another workload than the one recorded beside
+    (a baseline recorded with the forward-only CPU anchor, ``torch-cpu``: on the 2-core VM its steps through
+    backward took 404 us against 139 us, and every figure would read about a third of its recording, improved
+    and blind)."""
+    if reference.anchor_kind and measurement.anchor_kind and reference.anchor_kind != measurement.anchor_kind:
+        return (
+            f"not comparable: the anchor workload is another one ({measurement.anchor_kind} now, "
+            f"{reference.anchor_kind} when recorded: the CPU anchor now runs its steps through backward), so "
+            "figures divided by it are not comparable; record the baseline again with --lstmperf-update-baseline"
+        )
     then, now = reference.anchor_s, measurement.anchor_s
     if not then or not now:
         return None

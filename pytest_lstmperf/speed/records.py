@@ -375,6 +375,7 @@ class BenchRecord:
             per_call_s=_median(self.data),
             device_s=self.device_time_s,
             anchor_s=anchor.per_call_s or _median(anchor.samples),
+            anchor_kind=anchor.kind,
         )
 
 

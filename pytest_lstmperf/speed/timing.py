@@ -113,7 +113,9 @@ class Anchor:
         else:
             dev = torch.device(torch_device)
             gen = torch.Generator().manual_seed(0)
-            self.kind = f"torch-{dev.type}"
+            # the CPU anchor runs through backward (:meth:`once`): a baseline timed beside the forward-only anchor
+            # ("torch-cpu") is not comparable with it (:func:`policy.comparable`)
+            self.kind = "torch-cuda" if dev.type == "cuda" else f"torch-{dev.type}-backward"
             self._x, self._w, self._u = (
                 (torch.randn(*s, generator=gen) / 8).to(dev) for s in ((16, 64), (64, 64), (64, 64))
             )
