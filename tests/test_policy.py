@@ -1105,8 +1105,8 @@ def test_training_steps_are_pooled_with_training_steps_not_with_forward_calls() 
 def test_a_baseline_recorded_beside_another_anchor_is_not_comparable() -> None:
     """A CPU baseline recorded beside the forward-only anchor (``torch-cpu``) against a run beside the anchor that
     runs through backward (``torch-cpu-backward``, here twice as long; about three times on the 2-core VM): every
-    figure divided by it would read about half its recording, improved, and a 1.5x slowdown would pass. Such a run is inconclusive and says to
-    record again; the same anchor on both sides is compared as before."""
+    figure divided by it would read about half its recording, improved, and a 1.5x slowdown would pass. Such a
+    run is inconclusive and says to record again; the same anchor on both sides is compared as before."""
     base = dataclasses.replace(reference(record(seed=1)), anchor_kind="torch-cpu")
     slower = dataclasses.replace(
         as_measured(record(seed=2, call_s=1.5e-3, anchor_s=4e-4)), anchor_kind="torch-cpu-backward"
