@@ -265,7 +265,7 @@ def resolution_lines(gate: GateResult, baseline: Baseline) -> list[str]:
             c.metric == "per-call" and c.resolves for d in gate.decisions if d.verdict in COMPARED for c in d.checks
         )
         between = BETWEEN_RUNS["per-call"]
-        between_text = f", and for a time per call of how far runs made at different times lie apart ({between:.0%})"
+        between_text = f", and for a time per call of how far runs made at different times lie apart ({between:.1%})"
         lines.append(
             f"resolution: median {median:.3f}x, best {resolves[0]:.3f}x, worst {resolves[-1]:.3f}x over "
             f"{len(resolves)} compared check(s) (the slowdown each one sees: {K_SIGMA:g} standard errors of this "
@@ -287,24 +287,39 @@ def resolution_lines(gate: GateResult, baseline: Baseline) -> list[str]:
             )
         lines.append(text)
     references = references_of(baseline)
-    if references:
-        any_ref = next(iter(references.values()))
+    for mode in sorted({ref.mode for ref in references.values()}):  # the baseline's spread is pooled by mode
+        mine = {n: ref for n, ref in references.items() if ref.mode == mode}
+        any_ref = next(iter(mine.values()))
         for metric in ("per-call", "device"):
             a, r = any_ref.spread.get((metric, "anchored")), any_ref.spread.get((metric, "raw"))
             if a is None or r is None:
                 continue
+            of = f" of {MODE_NAMES.get(mode, mode)}" if mode else ""
             lines.append(
-                f"{metric} figures: divided by the anchor (recording processes lie {a.sigma:.1%} apart divided by "
-                f"the anchor, {r.sigma:.1%} raw, median over {r.benchmarks} benchmarks)"
+                f"{metric} figures{of}: divided by the anchor (recording processes lie {a.sigma:.1%} apart divided "
+                f"by the anchor, {r.sigma:.1%} raw, median over {r.benchmarks} benchmarks)"
             )
-            raw = sorted(n for n, ref in references.items() if ref.has_figure(metric) and ref.variant(metric) == "raw")
+            raw = sorted(n for n, ref in mine.items() if ref.has_figure(metric) and ref.variant(metric) == "raw")
             if raw:  # a time per call whose own processes say so (:meth:`Reference.variant`)
-                named = ", ".join(raw[:3]) + (f" and {len(raw) - 3} more" if len(raw) > 3 else "")
                 lines.append(
                     f"  raw time for {len(raw)} of them, whose own processes say beyond doubt that the anchor adds "
-                    f"more noise than it removes: {named}"
+                    f"more noise than it removes: {_named(raw)}"
+                )
+            alone = sorted(n for n, ref in mine.items() if ref.has_figure(metric) and ref.scatters(metric))
+            if alone:  # :meth:`Reference.scatters`
+                lines.append(
+                    f"  judged on their own processes alone, {len(alone)} of them, whose processes lie beyond doubt "
+                    f"further apart than the others': {_named(alone)}"
                 )
     return lines
+
+
+#: how the resolution lines name a baseline's modes
+MODE_NAMES = {"forward": "forward calls", "train": "training steps"}
+
+
+def _named(names: list[str]) -> str:
+    return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
 
 
 def _check_line(decision: Decision) -> str:
