@@ -18,7 +18,7 @@ import pytest
 
 from . import ci_summary, options
 from .speed.gate_table import format_table
-from .speed.policy import BETWEEN_RUNS, COMPARE_PROCESSES, COMPARED, K_SIGMA, MAX_LIMIT
+from .speed.policy import BETWEEN_RUNS, COMPARE_PROCESSES, COMPARED, K_SIGMA, MAX_LIMIT, POOL_NAMES
 from .speed.provenance import record_command
 from .speed.records import BESIDE_OTHER_TESTS
 from .speed.report import by_case, generic_reference, path_cell, peak_notes, timing_cells
@@ -287,14 +287,14 @@ def resolution_lines(gate: GateResult, baseline: Baseline) -> list[str]:
             )
         lines.append(text)
     references = references_of(baseline)
-    for mode in sorted({ref.mode for ref in references.values()}):  # the baseline's spread is pooled by mode
-        mine = {n: ref for n, ref in references.items() if ref.mode == mode}
+    for pool in sorted({ref.pool for ref in references.values()}):  # the baseline's spread is pooled by mode
+        mine = {n: ref for n, ref in references.items() if ref.pool == pool}
         any_ref = next(iter(mine.values()))
         for metric in ("per-call", "device"):
             a, r = any_ref.spread.get((metric, "anchored")), any_ref.spread.get((metric, "raw"))
             if a is None or r is None:
                 continue
-            of = f" of {MODE_NAMES.get(mode, mode)}" if mode else ""
+            of = f" of {POOL_NAMES[pool]}" if pool else ""
             lines.append(
                 f"{metric} figures{of}: divided by the anchor (recording processes lie {a.sigma:.1%} apart divided "
                 f"by the anchor, {r.sigma:.1%} raw, median over {r.benchmarks} benchmarks)"
@@ -312,10 +312,6 @@ def resolution_lines(gate: GateResult, baseline: Baseline) -> list[str]:
                     f"further apart than the others': {_named(alone)}"
                 )
     return lines
-
-
-#: how the resolution lines name a baseline's modes
-MODE_NAMES = {"forward": "forward calls", "train": "training steps"}
 
 
 def _named(names: list[str]) -> str:

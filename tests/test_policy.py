@@ -1145,3 +1145,25 @@ def test_the_run_prints_each_modes_spread_and_names_the_benchmarks_judged_alone(
     ), lines
     assert lines[2].startswith("per-call figures of training steps: divided by the anchor (recording processes lie 6.0")
     assert len(lines) == 3, lines
+
+
+def test_a_users_own_benchmarks_pool_together_whatever_their_labels() -> None:
+    """A user's benchmark's mode is the label of its marker (``lstmperf_benchmark(label=...)``), free text: the
+    spread is pooled by the suites' two modes only, so a user's ``encoder`` and ``decoder`` pool with the rest of
+    the user's benchmarks instead of each being a pool of one (judged on its own three processes, Student's t on
+    2 degrees of freedom: blind). The suites' forward calls and training steps keep their own pools."""
+    from pytest_lstmperf.speed.policy import Figure, pooled
+
+    def ref(name: str, mode: str, *values: float) -> Reference:
+        return Reference(name, tuple(RunFigures(Figure(v, 0.005, 30), None) for v in values), mode=mode)
+
+    users = {f"{label}{k}": ref(f"{label}{k}", label, 1.0, 1.02, 0.98) for k, label in enumerate(["encoder", "decoder",
+             "call", "call", "step", "beam"])}  # fmt: skip
+    suites = {f"f{k}": ref(f"f{k}", "forward", 1.0, 1.002, 0.998) for k in range(4)}
+    refs = pooled({**users, **suites})
+    assert refs["encoder0"].spread[("per-call", "anchored")].benchmarks == len(users)
+    assert refs["f0"].spread[("per-call", "anchored")].benchmarks == len(suites)
+    seen = check("per-call", [1.0] * 30, refs["encoder0"], 1.05)
+    assert seen.verdict == "unchanged" and seen.resolves < 1.5, seen.text()
+    alone = pooled({"encoder0": users["encoder0"], **suites})["encoder0"]  # no other user benchmark beside it
+    assert alone.spread[("per-call", "anchored")].benchmarks == 1

@@ -40,6 +40,7 @@ from .benchmark_adapter import statistics as benchmark_statistics
 from .policy import Reference, recording_runs
 from .records import (
     FORMAT,
+    Anchor,
     BaselineDocument,
     BaselineEntry,
     BenchRecord,
@@ -128,15 +129,13 @@ def reference_of(entry: BaselineEntry) -> Reference:
     """The :class:`~.policy.Reference` of a baseline entry."""
     part = entry.lstmperf
     mode = entry.extra_info.get("mode")
-    anchor = entry.extra_info.get("anchor")
-    kind = anchor.get("kind") if isinstance(anchor, dict) else None
     return Reference(
         name=entry.fullname,
         runs=part.runs,
         kernel=part.kernel,
         versions=dict(part.versions),
         mode=mode if isinstance(mode, str) else "",
-        anchor_kind=kind if isinstance(kind, str) else "",
+        anchor_kind=Anchor.from_json(entry.extra_info.get("anchor")).kind,
     )
 
 

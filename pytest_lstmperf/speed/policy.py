@@ -95,6 +95,10 @@ BETWEEN_RUNS = {"per-call": 0.015, "device": 0.0}
 #: how sure a benchmark's own recording processes must be that its time per call lies closer together raw than
 #: divided by the anchor before it is judged raw (:meth:`Reference.variant`)
 VARIANT_CONFIDENCE = 0.99
+#: the modes the baseline's spread is pooled by (:attr:`Reference.pool`): a suite's forward calls and training steps
+POOLED_MODES = ("forward", "train")
+#: how the run names a pool of benchmarks (:attr:`Reference.pool`)
+POOL_NAMES = {"forward": "forward calls", "train": "training steps", "": "benchmarks"}
 #: the two figures a benchmark can have: per call (host included) and device time (GPU only)
 METRICS = ("per-call", "device")
 #: each figure divided by the anchor's beside it, or raw; the baseline's recording processes decide which
@@ -381,7 +385,7 @@ class Reference:
     runs: tuple[RunFigures, ...]
     kernel: str = ""
     versions: Mapping[str, str] = field(default_factory=dict)
-    mode: str = ""  # "forward" or "train": the benchmarks its spread is pooled with (:func:`pooled`)
+    mode: str = ""  # "forward" or "train" (a suite's), or a user's own label: what the benchmark times
     anchor_kind: str = ""  # the anchor workload its figures were divided by (timing.Anchor.kind)
     #: how far recording processes lie apart on this machine, per (metric, variant), pooled over the baseline's
     #: benchmarks of its mode (:func:`pooled`)
@@ -426,6 +430,13 @@ class Reference:
     def own_spread(self, metric: str, variant: str | None = None) -> float | None:
         own = self.own_variance(metric, variant)
         return math.sqrt(own[0]) if own else None
+
+    @property
+    def pool(self) -> str:
+        """The benchmarks its spread is pooled with (:func:`pooled`): the suites' forward calls, or their training
+        steps (:data:`POOLED_MODES`); a user's own benchmarks, whose mode is a label of the user's choosing
+        (``lstmperf_benchmark(label=...)``), pool together with whatever else has no such mode."""
+        return self.mode if self.mode in POOLED_MODES else ""
 
     def scatters(self, metric: str, variant: str | None = None) -> bool:
         """Whether this benchmark's own recording processes say beyond doubt (an F test of its variance against
@@ -513,8 +524,8 @@ def pooled(references: Mapping[str, Reference]) -> dict[str, Reference]:
     the quiet 2-core VM a training step's gate processes lay about 5% apart and the forward calls' about 1%, and
     one pool over both, a median over mostly forward calls, took the training steps' spread as small."""
     out: dict[str, Reference] = {}
-    for mode in sorted({ref.mode for ref in references.values()}):
-        mine = {name: ref for name, ref in references.items() if ref.mode == mode}
+    for pool in sorted({ref.pool for ref in references.values()}):
+        mine = {name: ref for name, ref in references.items() if ref.pool == pool}
         spread = _pool(mine.values())
         out.update({name: replace(ref, spread=spread) for name, ref in mine.items()})
     return {name: out[name] for name in references}
@@ -619,7 +630,7 @@ def check(
             pool = reference.spread[(metric, variant)]
             why = (
                 f"its {recorded} recording processes lie {math.exp(sigma) - 1:.1%} apart, beyond doubt further than "
-                f"the baseline's other {reference.mode or 'benchmark'}s' ({math.exp(pool.sigma) - 1:.1%}), and are "
+                f"the baseline's other {POOL_NAMES[reference.pool]}' ({math.exp(pool.sigma) - 1:.1%}), and are "
                 f"judged alone (Student's t on {dof} degree(s) of freedom): "
                 + (
                     "record it in more processes (--lstmperf-record-processes) with --lstmperf-update-baseline"
