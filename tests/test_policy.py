@@ -1115,7 +1115,11 @@ def test_a_baseline_recorded_beside_another_anchor_is_not_comparable() -> None:
     seen = decide(slower, base)
     assert seen.verdict == "inconclusive", seen
     assert "anchor workload is another one (torch-cpu-backward now, torch-cpu when recorded" in seen.checks[0].note
-    assert "--lstmperf-update-baseline" in seen.checks[0].note
+    assert "--lstmperf-update-baseline" in seen.checks[0].note and "through backward" in seen.checks[0].note
+    numpy = decide(
+        dataclasses.replace(slower, anchor_kind="numpy"), dataclasses.replace(base, anchor_kind="torch-cuda")
+    )
+    assert numpy.verdict == "inconclusive" and "through backward" not in numpy.checks[0].note
     same = dataclasses.replace(slower, anchor_kind="torch-cpu")
     assert decide(same, base).verdict == "improved"  # what the other anchor would have read: 0.75x, blind
     assert decide(dataclasses.replace(slower, anchor_kind=""), base).verdict == "improved"  # an old record: no kind

@@ -678,10 +678,11 @@ def comparable(measurement: Measurement, reference: Reference) -> str | None:
     backward took 404 us against 139 us, and every figure would read about a third of its recording, improved
     and blind)."""
     if reference.anchor_kind and measurement.anchor_kind and reference.anchor_kind != measurement.anchor_kind:
+        why = ": the CPU anchor now runs its steps through backward" if reference.anchor_kind == "torch-cpu" else ""
         return (
             f"not comparable: the anchor workload is another one ({measurement.anchor_kind} now, "
-            f"{reference.anchor_kind} when recorded: the CPU anchor now runs its steps through backward), so "
-            "figures divided by it are not comparable; record the baseline again with --lstmperf-update-baseline"
+            f"{reference.anchor_kind} when recorded{why}), so figures divided by it are not comparable; record the "
+            "baseline again with --lstmperf-update-baseline"
         )
     then, now = reference.anchor_s, measurement.anchor_s
     if not then or not now:
