@@ -1,11 +1,12 @@
-"""The speed gate's acceptance trials on one machine, the README's recipe taken literally: one recording command,
-then clean compares in one process and under pytest-xdist, an update and compares after it, compares with a
-planted 1.5x time-only slowdown of every torch LSTM/GRU call, and clean compares beside a busy process. Every
-run's verdict per benchmark, the resolutions the gate printed and the wall times go into ``OUT/trials.json``;
-the table is printed last. Each compare also writes its benchmarks' JSON (``OUT/runs/NAME.json``, with the anchor's
-times), and its line says how far the machine's state moved from the recording's: the median over its benchmarks
-of the raw time per call and of the anchor's time against the baseline's (a run whose raw times moved 1.5x while
-its figures divided by the anchor did not is a run on a machine in another state). ``trials.json`` also holds,
+"""The speed gate's acceptance trials on one machine, the README's recipe taken literally: one recording command, then
+clean compares in one process and under pytest-xdist, an update and compares after it, compares with a planted 1.5x
+time-only slowdown of every torch LSTM/GRU call (compiled ones too) and Keras layer call, and clean compares beside
+a busy process. Every run's verdict per benchmark, the resolutions the gate printed and the wall times go into
+``OUT/trials.json``; the table is printed last. Each compare also writes its benchmarks' JSON
+(``OUT/runs/NAME.json``, with the anchor's times), and its line says how far the machine's state moved from the
+recording's: the median over its benchmarks of the raw time per call and of the anchor's time against the baseline's
+(a run whose raw times moved 1.5x while its figures divided by the anchor did not is a run on a machine in another
+state). ``trials.json`` also holds,
 per run and benchmark, how far its time follows the machine's state within the run (:func:`slopes`). Where the
 sweep times a benchmark, the JSON holds the swept samples the gate judges, as the baseline holds the recording's.
 
@@ -246,6 +247,8 @@ def summarise(results: list[dict], entries: dict[str, BenchRecord]) -> list[dict
                     continue
                 entry = entries.get(name)
                 hit = bool(fault) and entry is not None and entry.framework == "torch"
+                if fault == "slowdown":  # planted in the Keras workers too (testing.slowdowns)
+                    hit = bool(fault) and entry is not None and entry.framework.startswith(("torch", "keras"))
                 if fault in ("cudnn-off", "onednn-off"):  # planted in the test process, on torch's kernels
                     hit = hit and entry is not None and entry.expected_kernel in ("cudnn", "onednn")
                 alarm = verdict not in QUIET

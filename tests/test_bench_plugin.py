@@ -941,6 +941,35 @@ def test_keras_device_time_is_measured_in_its_worker() -> None:
     assert result.method == "none" and "TensorFlow's own CUDA streams" in result.note
 
 
+def test_a_keras_benchmark_on_a_cpu_is_timed_in_its_worker_beside_an_anchor_there() -> None:
+    """Timed from the test process, a Keras call on a CPU held the pipe's round trips and the worker's wake-ups,
+    which moved from process to process (on the 2-core VM a Keras-on-JAX LSTM at batch 1 read 0.66-0.95 of the
+    anchor over six processes) and diluted a slower layer. So on a CPU the run's pairs are taken in the worker,
+    each call beside a run of the same anchor workload there, and the anchor's kind says so; on a GPU the test
+    process's anchor, with its device part, stays."""
+    from pytest_lstmperf import paths as registry
+    from pytest_lstmperf.device import resolve_device
+    from pytest_lstmperf.model.case import make_case
+    from pytest_lstmperf.model.spec import LayerSpec
+    from pytest_lstmperf.speed.timing import Anchor
+
+    path = registry.get("keras-torch-cpu")
+    device = resolve_device("cpu")
+    if path.available(device):
+        pytest.skip(f"keras-torch-cpu: {path.available(device)}")
+    run = path.prepare(make_case(LayerSpec(cell="lstm", input_size=4, hidden_size=5, batch=2, seq_len=3), 0), device)
+    try:
+        assert run.pairs("forward", "cuda") is None
+        pairs = run.pairs("train", device.kind)
+        assert pairs is not None and pairs.kind == Anchor("cpu").kind + "-in-worker"
+        assert pairs.estimate(1) > 0 and pairs.repeat_for(1e-9) == 1
+        pairs.warm()
+        data, anchors = pairs.rounds(1, 5)
+    finally:
+        run.close()
+    assert len(data) == len(anchors) == 5 and min(data) > 0 and min(anchors) > 0
+
+
 # ------------------------------------------------------------------ end to end: outcome, order, bad input
 def _last_lines(result: pytest.RunResult, n: int) -> list[str]:
     return [line for line in result.stdout.lines if line.strip()][-n:]

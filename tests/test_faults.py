@@ -168,6 +168,47 @@ def test_slowdown_measured_on_a_steady_layer(one_thread: None) -> None:
     assert 1.8 < ratio < 2.2, (clean, slow)
 
 
+def test_the_planted_slowdown_reaches_the_keras_workers_calls(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Keras benchmark's call is timed in its worker, which the planted torch layers of the test process do
+    not reach: ``slowdown:F`` hands the factor to the workers the run starts (an environment variable, gone
+    when undone), and there each prepared run's call and training step wait (F - 1) x their own time, after
+    synchronising. Checked on the requested waits, not on wall time."""
+    from pytest_lstmperf.paths.keras.runners import LocalKerasRun
+
+    monkeypatch.delenv(slowdowns.WORKER_SLOWDOWN_ENV, raising=False)
+    with faults.planted("slowdown:1.5", clock="thread"):
+        raw = slowdowns.os.environ[slowdowns.WORKER_SLOWDOWN_ENV]
+    assert raw == "1.5:thread" and slowdowns.WORKER_SLOWDOWN_ENV not in slowdowns.os.environ
+
+    synced: list[str] = []
+
+    class Impl:
+        def forward(self) -> None:  # 4 ms of thread CPU time
+            deadline = time.thread_time() + 0.004
+            while time.thread_time() < deadline:
+                pass
+
+        train_step = forward
+
+        def synchronize(self) -> None:
+            synced.append("sync")
+
+    run = LocalKerasRun.__new__(LocalKerasRun)
+    run._impl = Impl()  # type: ignore[assignment]
+    waits: list[float] = []
+    monkeypatch.setattr(slowdowns, "pause", lambda s, *clock: waits.append(s))
+    undo = slowdowns.plant_worker_slowdown(raw)
+    try:
+        run.forward()
+        run.train_step()
+    finally:
+        undo()
+    assert synced == ["sync", "sync"]  # a JAX call dispatches asynchronously: its time is taken once it is done
+    assert len(waits) == 2 and all(0.0018 <= w <= 0.004 for w in waits), waits  # half of >= 4 ms, thread clock
+    run.forward()
+    assert len(waits) == 2  # undone
+
+
 def test_slowdown_slows_backward_and_keeps_gradients() -> None:
     layer = torch.nn.LSTM(8, 16, batch_first=True)
     x = torch.randn(2, 5, 8)

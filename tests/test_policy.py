@@ -1123,6 +1123,12 @@ def test_a_baseline_recorded_beside_another_anchor_is_not_comparable() -> None:
     same = dataclasses.replace(slower, anchor_kind="torch-cpu")
     assert decide(same, base).verdict == "improved"  # what the other anchor would have read: 0.75x, blind
     assert decide(dataclasses.replace(slower, anchor_kind=""), base).verdict == "improved"  # an old record: no kind
+    # a Keras benchmark on a CPU recorded from the test process (its call held the pipe to the worker), now timed
+    # in the worker beside an anchor there: another figure, and the note says why
+    piped = dataclasses.replace(base, anchor_kind="torch-cpu-backward")
+    in_worker = decide(dataclasses.replace(slower, anchor_kind="torch-cpu-backward-in-worker"), piped)
+    assert in_worker.verdict == "inconclusive", in_worker
+    assert "now timed in its worker, beside an anchor there, without the pipe" in in_worker.checks[0].note
 
 
 def test_the_run_prints_each_modes_spread_and_names_the_benchmarks_judged_alone(

@@ -13,6 +13,7 @@ import pytest
 from pytest_lstmperf.speed import sweep as sweep_mod
 from pytest_lstmperf.speed.records import BenchRecord
 from pytest_lstmperf.speed.sweep import MIN_ROUNDS, Plan, Sweep, Swept, apply
+from pytest_lstmperf.speed.timing import Pairs, paired_rounds
 
 
 class Machine:
@@ -42,6 +43,8 @@ class Machine:
 class FakeAnchor:
     """Stands in for timing.Anchor: a fixed cost per repetition that the machine's state does not move (the
     part of the noise an anchor does not cancel)."""
+
+    kind = "fake"
 
     def __init__(self, machine: Machine, cost: float = 1e-4) -> None:
         self.machine = machine
@@ -78,7 +81,7 @@ def test_slices_alternate_between_benchmarks_and_each_gets_its_rounds(monkeypatc
     log: list[str] = []
     sweep = Sweep()
     for name, cost in (("a", 1e-3), ("b", 2e-3), ("c", 5e-4)):
-        sweep.add(name, _bench(machine, cost, log, name), FakeAnchor(machine), 1, cost + 1e-4, machine.clock)  # type: ignore[arg-type]
+        sweep.add(name, Pairs(_bench(machine, cost, log, name), FakeAnchor(machine), machine.clock), 1, cost + 1e-4)  # type: ignore[arg-type]
     plan = Plan.of(3)
     got = sweep.run()
     assert set(got) == {"a", "b", "c"}
@@ -106,8 +109,8 @@ def test_a_call_that_fails_is_left_out_and_named_and_the_rest_go_on() -> None:
             raise RuntimeError("session closed")
         machine.work(1e-3)
 
-    sweep.add("broken", broken, FakeAnchor(machine), 1, 1.1e-3, machine.clock)  # type: ignore[arg-type]
-    sweep.add("fine", _bench(machine, 1e-3), FakeAnchor(machine), 1, 1.1e-3, machine.clock)  # type: ignore[arg-type]
+    sweep.add("broken", Pairs(broken, FakeAnchor(machine), machine.clock), 1, 1.1e-3)  # type: ignore[arg-type]
+    sweep.add("fine", Pairs(_bench(machine, 1e-3), FakeAnchor(machine), machine.clock), 1, 1.1e-3)  # type: ignore[arg-type]
     got = sweep.run()
     assert "RuntimeError: session closed" in got["broken"].error
     assert not got["fine"].error and len(got["fine"].data) >= MIN_ROUNDS
@@ -148,13 +151,13 @@ def test_a_figure_taken_across_the_run_moves_less_than_one_taken_in_a_stretch() 
         machine = Machine(seed, regime_s=1.0, sd=0.08)
         anchor = FakeAnchor(machine)
         cost = 5e-4
-        block_data, block_anchors = sweep_mod.paired_rounds(
+        block_data, block_anchors = paired_rounds(
             _bench(machine, cost), anchor, 1, int(0.5 / (cost + 1e-4)), machine.clock
         )  # type: ignore[arg-type]
         stretch.append(_figure(block_data, block_anchors))
         sweep = Sweep()
         for i in range(10):
-            sweep.add(f"b{i}", _bench(machine, cost), anchor, 1, cost + 1e-4, machine.clock)  # type: ignore[arg-type]
+            sweep.add(f"b{i}", Pairs(_bench(machine, cost), anchor, machine.clock), 1, cost + 1e-4)  # type: ignore[arg-type]
         got = sweep.run()
         swept.append(_figure(got["b0"].data, got["b0"].anchors))
     spread_stretch, spread_swept = statistics.stdev(stretch), statistics.stdev(swept)

@@ -3,14 +3,14 @@
 The rule, in five sentences (docs/speed-gate.md states the same):
 
 1. Every benchmark is timed in pairs, one call of the benchmark and one run of a fixed anchor workload on the same
-   device in the same process, with the machine to itself where the gate compares or records (under pytest-xdist
-   the other workers wait) and a fixed number of CPU threads (``--lstmperf-threads``, 1 by default); its figure is
-   the median of its device time where it has one that leaves the host out (a GPU), else of its time per call,
-   taken where the gate compares or records in slices spread over a sweep of the process's benchmarks as the run
-   ends, divided by the anchor's: the recording's processes run minutes apart at most, in one state of the
-   machine, and a compare in another, which the anchor is there to cancel (a time per call whose own processes say
-   beyond doubt that the anchor adds more noise than it removes, a GPU-bound call beside host-bound ones, is judged
-   raw, on its own processes' spread).
+   device in the same process (a Keras benchmark's, on a CPU, in its worker, where its call runs), with the machine
+   to itself where the gate compares or records (under pytest-xdist the other workers wait) and a fixed number of CPU
+   threads (``--lstmperf-threads``, 1 by default); its figure is the median of its device time where it has one that
+   leaves the host out (a GPU), else of its time per call, taken where the gate compares or records in slices spread
+   over a sweep of the process's benchmarks as the run ends, divided by the anchor's: the recording's processes run
+   minutes apart at most, in one state of the machine, and a compare in another, which the anchor is there to cancel
+   (a time per call whose own processes say beyond doubt that the anchor adds more noise than it removes, a GPU-bound
+   call beside host-bound ones, is judged raw, on its own processes' spread).
 2. A recording times every benchmark in independent processes (three, more where they do not yet show their
    spread), and how far they lie apart is its between-run noise: its own, moderated by the baseline's (a median
    over its benchmarks of its mode: training steps with training steps) unless it lies beyond doubt further
@@ -678,7 +678,14 @@ def comparable(measurement: Measurement, reference: Reference) -> str | None:
     backward took 404 us against 139 us, and every figure would read about a third of its recording, improved
     and blind)."""
     if reference.anchor_kind and measurement.anchor_kind and reference.anchor_kind != measurement.anchor_kind:
-        why = ": the CPU anchor now runs its steps through backward" if reference.anchor_kind == "torch-cpu" else ""
+        why = (
+            ": the CPU anchor now runs its steps through backward"
+            if reference.anchor_kind == "torch-cpu"
+            else ": a Keras benchmark on a CPU is now timed in its worker, beside an anchor there, without the pipe "
+            "to it"
+            if measurement.anchor_kind.endswith("-in-worker") and not reference.anchor_kind.endswith("-in-worker")
+            else ""
+        )
         return (
             f"not comparable: the anchor workload is another one ({measurement.anchor_kind} now, "
             f"{reference.anchor_kind} when recorded{why}), so figures divided by it are not comparable; record the "

@@ -143,7 +143,8 @@ class BenchRunner:
             run.synchronize()
 
         dev_time, counters = _meters(run, call, case.mode, device)
-        data = self._time(timed, ROUNDS[case.set_name], extra, dev_time, counters)
+        where = run.pairs(case.mode, device.kind) if hasattr(run, "pairs") else None  # a Keras worker's, on a CPU
+        data = self._time(timed, ROUNDS[case.set_name], extra, dev_time, counters, where)
         if data is None:
             return self._attach(extra, [], thresholds)
         flops = spec.flops_forward * (3 if case.mode == "train" else 1)  # backward ~ 2x forward
@@ -291,11 +292,14 @@ class BenchRunner:
         self._attach(extra, [], thresholds, failed="kernel")
         pytest.fail(mismatch + _explanation(path, spec, device, trace), pytrace=False)
 
-    def _time(self, timed: Any, plan: Any, extra: MeasuredInfo, dev_time: Any, counters: Any) -> list[float] | None:
+    def _time(
+        self, timed: Any, plan: Any, extra: MeasuredInfo, dev_time: Any, counters: Any, where: Any = None
+    ) -> list[float] | None:
         """Time ``timed`` (which synchronises) in rounds paired with the anchor, then device time beside the
         anchor's (``dev_time(samples)``) and the host counters (``counters()``, one untimed call), with the machine
-        to itself (under pytest-xdist: :mod:`.machine_lock`). Fills ``extra``; returns the per-call samples, or
-        None under ``--benchmark-disable``."""
+        to itself (under pytest-xdist: :mod:`.machine_lock`). ``where``: the pairs (:class:`.timing.Pairs`) where
+        the call is timed elsewhere than in this process (a Keras worker's on a CPU), each with its own anchor.
+        Fills ``extra``; returns the per-call samples, or None under ``--benchmark-disable``."""
         phases = extra.setdefault("phase_s", {})
         started = time.perf_counter()
         clock = timing.benchmark_timer(self.config)
@@ -312,9 +316,10 @@ class BenchRunner:
             wait_started()  # the run's own Keras workers: no start-up beside a timing
             phases["waited"] = time.perf_counter() - started  # for other workers' tests, the Keras workers' start
             started = time.perf_counter()
-            estimate = timing.estimate_call(timed, plan.warmup, clock)
             anchor = self._anchor()
-            repeat = anchor.repeat_for(estimate, self._baseline_anchor_repeat())
+            pairs = where or timing.Pairs(timed, anchor, clock)
+            estimate = pairs.estimate(plan.warmup)
+            repeat = pairs.repeat_for(estimate, self._baseline_anchor_repeat())
             # the device time first: whether a device figure (the GPU's own time) decides sets the rounds below
             self._device_time(extra, dev_time, plan.device_samples, anchor)
             phases["device_time"], started = time.perf_counter() - started, time.perf_counter()
@@ -330,8 +335,17 @@ class BenchRunner:
             rounds = timing.RoundPlan(plan.warmup, fewest, plan.max_rounds, target_s).rounds_for(
                 2 * estimate  # a round is a call and the anchor
             )
-            if self.benchmark.enabled:
-                anchors: list[float] = []
+            data: list[float]
+            anchors: list[float]
+            if where is not None and self.benchmark.enabled:  # timed where the call runs (the anchor's kind says
+                # so): pytest-benchmark's results are given its samples
+                self.benchmark.pedantic(lambda: None)
+                data, anchors = where.rounds(repeat, rounds)
+                stats = type(self.benchmark.stats.stats)()
+                stats.data = list(data)
+                self.benchmark.stats.stats = stats
+            elif self.benchmark.enabled:
+                anchors = []
                 warm = 0 if (estimate or 0.0) >= meters.WARM_AFTER_ONE_S else 1  # a long call is warm already
 
                 def setup() -> None:
@@ -342,14 +356,14 @@ class BenchRunner:
                 anchors = anchors[-len(data) :]
             else:  # pytest-benchmark disabled itself (pytest-xdist): time the same way ourselves
                 self.benchmark.pedantic(lambda: None)
-                data, anchors = timing.paired_rounds(timed, anchor, repeat, rounds, clock)
+                data, anchors = pairs.rounds(repeat, rounds)
                 extra["timed_by"] = "pytest-lstmperf (pytest-benchmark is disabled under pytest-xdist)" + (
                     "" if self.lock is not None else "; " + BESIDE_OTHER_TESTS
                 )
             extra["rounds"] = len(data)
             extra.setdefault("anchor", {}).update(  # beside its device samples (:meth:`_device_time`)
                 {
-                    "kind": anchor.kind,
+                    "kind": pairs.kind,
                     "repeat": repeat,
                     "samples": anchors,
                     "per_call_s": statistics.median(anchors) if anchors else None,
@@ -368,7 +382,7 @@ class BenchRunner:
                 # the time per call decides: timed again across the run as it ends (:mod:`.sweep`)
                 anchor_s = extra.get("anchor", {}).get("per_call_s") or 0.0
                 per_round = statistics.median(data) + anchor_s * repeat
-                sweep.add(self.request.node.nodeid, timed, anchor, repeat, per_round, clock)
+                sweep.add(self.request.node.nodeid, pairs, repeat, per_round)
             self._counters(extra, counters)
             phases["counters"] = time.perf_counter() - started
             extra["run_medians"] = timing.batch_medians(data)

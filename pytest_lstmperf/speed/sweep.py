@@ -24,12 +24,11 @@ from __future__ import annotations
 
 import contextlib
 import math
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from .timing import Anchor, paired_rounds
+from .timing import Pairs
 
 if TYPE_CHECKING:
     from .records import BenchRecord
@@ -58,11 +57,9 @@ class Slot:
     """One benchmark in the sweep: what its test left to time again."""
 
     nodeid: str
-    timed: Callable[[], object]  # one call, synchronised
-    anchor: Anchor
+    pairs: Pairs  # one synchronised call and the anchor, where the test's rounds were timed
     repeat: int  # the anchor's repetitions, as in the test's own rounds
     per_round_s: float  # one call and one anchor, as estimated in the test
-    clock: Callable[[], float] = time.perf_counter  # the clock the test's rounds were timed with
     data: list[float] = field(default_factory=list)
     anchors: list[float] = field(default_factory=list)
     slices: int = 0
@@ -146,13 +143,11 @@ class Sweep:
     def add(
         self,
         nodeid: str,
-        timed: Callable[[], object],
-        anchor: Anchor,
+        pairs: Pairs,
         repeat: int,
         per_round_s: float,
-        clock: Callable[[], float] = time.perf_counter,
     ) -> None:
-        self.slots[nodeid] = Slot(nodeid, timed, anchor, repeat, per_round_s, clock)
+        self.slots[nodeid] = Slot(nodeid, pairs, repeat, per_round_s)
 
     def plan(self) -> Plan:
         return Plan.of(len(self.slots), self.span_s)
@@ -182,12 +177,12 @@ class Sweep:
 
 
 def _slice(slot: Slot, rounds: int) -> None:
-    clock = slot.clock
+    clock = slot.pairs.clock
     try:
         if slot.per_round_s < WARM_CALL_S:
-            slot.timed()
+            slot.pairs.warm()
         start = clock()
-        data, anchors = paired_rounds(slot.timed, slot.anchor, slot.repeat, rounds, clock)
+        data, anchors = slot.pairs.rounds(slot.repeat, rounds)
     except Exception as exc:  # a benchmark's call that no longer runs (its resources released with its test)
         slot.error = f"{type(exc).__name__}: {exc}"[:300]
         return

@@ -220,6 +220,33 @@ def paired_rounds(
     return data, anchors
 
 
+class Pairs:
+    """Where a benchmark's call is timed and its anchor beside it: here, in this process (a Keras benchmark on
+    a CPU is timed in its worker instead: :class:`pytest_lstmperf.paths.keras.paths.WorkerPairs`, the same
+    methods). The test's rounds and the sweep's slices take their pairs through this."""
+
+    def __init__(self, timed: Callable[[], object], anchor: Anchor, clock: Callable[[], float] = time.perf_counter):
+        self.timed = timed  # one call, synchronised
+        self.anchor = anchor
+        self.clock = clock
+        self.kind = anchor.kind
+
+    def estimate(self, warmup: int) -> float:
+        """Seconds of one call after ``warmup`` calls (:func:`estimate_call`)."""
+        return estimate_call(self.timed, warmup, self.clock)
+
+    def repeat_for(self, call_s: float | None, baseline: int | None = None) -> int:
+        return self.anchor.repeat_for(call_s, baseline)
+
+    def warm(self) -> None:
+        """One untimed call."""
+        self.timed()
+
+    def rounds(self, repeat: int, rounds: int) -> tuple[list[float], list[float]]:
+        """:func:`paired_rounds` of the call and the anchor."""
+        return paired_rounds(self.timed, self.anchor, repeat, rounds, self.clock)
+
+
 def benchmark_timer(config: Any) -> Callable[[], float]:
     """The clock pytest-benchmark times with (``--benchmark-timer``, default ``time.perf_counter``), so that
     rounds timed here (under pytest-xdist) use the same one."""

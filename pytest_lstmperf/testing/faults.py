@@ -36,6 +36,9 @@ session resolves its paths: "behind the suite's back") and undone at ``pytest_un
     ``(F - 1) * t_b``. The sleep is host time, so the per-call time users feel grows by ``F`` while CUDA-graph
     device time does not (the wrapper stands aside while a stream is capturing). The synchronisation it
     adds is the one the benchmarks already do after each call.
+    The Keras workers the run starts (separate processes) are slowed the same way, each prepared run's whole
+    call and training step (:func:`.slowdowns.plant_worker_slowdown`), so the Keras benchmarks, timed there,
+    are targets too.
 ``host-work:N``
     Each ``torch.nn.LSTM``/``GRU`` call allocates one extra scratch tensor on the input's device and runs
     ``N`` extra in-place ATen ops on it (on a GPU, ``N`` extra small kernel launches): a host-side slowdown
@@ -71,7 +74,7 @@ from typing import Any
 import pytest
 
 from .patching import CLOCKS, check_clock, first_tensor, map_outputs, patch_forward
-from .slowdowns import plant_kernel_slowdown, plant_slowdown
+from .slowdowns import plant_kernel_slowdown, plant_slowdown, worker_slowdown_env
 
 ENV = "PYTEST_LSTMPERF_PLANT"
 CLOCK_ENV = "PYTEST_LSTMPERF_PLANT_CLOCK"
@@ -219,6 +222,7 @@ def plant(faults: list[Fault], clock: str = "wall") -> Callable[[], None]:
                 undos.append(_plant_wrong_precision())
             elif fault.kind == "slowdown":
                 undos.append(plant_slowdown(float(fault.value or 1.0), clock))
+                undos.append(worker_slowdown_env(float(fault.value or 1.0), clock))
             elif fault.kind == "kernel-slowdown":
                 undos.append(plant_kernel_slowdown(float(fault.value or 1.0)))
             elif fault.kind == "host-work":

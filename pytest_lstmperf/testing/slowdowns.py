@@ -6,6 +6,7 @@ kernel time. Each returns the undo; :mod:`.faults` plants them (its docstring de
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -91,6 +92,58 @@ def plant_slowdown(factor: float, clock: str = "wall") -> Callable[[], None]:
         return forward
 
     return patch_forward(wrap, state)
+
+
+#: the environment variable through which ``slowdown:F`` reaches the Keras workers the run starts after it is planted:
+#: ``F:CLOCK`` (read by :func:`plant_worker_slowdown`, in the worker)
+WORKER_SLOWDOWN_ENV = "PYTEST_LSTMPERF_WORKER_SLOWDOWN"
+
+
+def worker_slowdown_env(factor: float, clock: str = "wall") -> Callable[[], None]:
+    """``slowdown:F`` for the Keras workers (separate processes, which the torch patch does not reach): set
+    :data:`WORKER_SLOWDOWN_ENV` for the workers this run starts; returns the undo."""
+    before = os.environ.get(WORKER_SLOWDOWN_ENV)
+    os.environ[WORKER_SLOWDOWN_ENV] = f"{factor}:{check_clock(clock)}"
+
+    def undo() -> None:
+        if before is None:
+            os.environ.pop(WORKER_SLOWDOWN_ENV, None)
+        else:
+            os.environ[WORKER_SLOWDOWN_ENV] = before
+
+    return undo
+
+
+def plant_worker_slowdown(raw: str) -> Callable[[], None]:
+    """In a Keras worker: each prepared run's ``forward`` and ``train_step`` (the whole Keras layer stack's call
+    and training step) take ``F`` times as long, ``raw`` being ``F:CLOCK``: the call runs, is synchronised, and
+    its elapsed time ``t`` buys a wait of ``(F - 1) * t`` on the clock (:func:`pause`). The worker's
+    counterpart of ``slowdown:F``: a Keras benchmark's call is timed in its worker, which the planted torch
+    layers of the test process do not reach. Returns the undo."""
+    from ..paths.keras.runners import LocalKerasRun
+
+    factor, _, clock = raw.partition(":")
+    extra, clock = float(factor) - 1.0, check_clock(clock or "wall")
+    now = CLOCKS[clock]
+
+    def wrap(original: Callable[[Any], None]) -> Callable[[Any], None]:
+        def call(self: Any) -> None:
+            start = now()
+            original(self)
+            self.synchronize()
+            pause(extra * (now() - start), clock)
+
+        return call
+
+    originals = {name: LocalKerasRun.__dict__[name] for name in ("forward", "train_step")}
+    for name, original in originals.items():
+        setattr(LocalKerasRun, name, wrap(original))
+
+    def undo() -> None:
+        for name, original in originals.items():
+            setattr(LocalKerasRun, name, original)
+
+    return undo
 
 
 def _kernel_seconds(prof: Any) -> float:

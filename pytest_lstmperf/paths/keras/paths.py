@@ -25,6 +25,7 @@ path can run here and on which specs, the known Keras bugs included, is :mod:`py
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any, cast
 
 from ...model.keras_options import KerasOptions
@@ -349,6 +350,11 @@ class KerasRun:
     def synchronize(self) -> None:
         self._call("synchronize")
 
+    def pairs(self, kind: str, device: str) -> WorkerPairs | None:
+        """On a CPU, the call of ``kind`` timed inside the worker beside an anchor there (:class:`WorkerPairs`);
+        None on a GPU, where the test process's anchor holds the device part the figures are divided by."""
+        return WorkerPairs(self, kind) if device == "cpu" else None
+
     def time(self, kind: str, repeats: int, warmup: int = 1) -> list[float]:
         """Seconds per synchronised call measured inside the worker (no pipe round trip in the figure)."""
         return self._call("time", kind, repeats, warmup)
@@ -371,6 +377,39 @@ class KerasRun:
 
     def __del__(self) -> None:
         self.close()
+
+
+class WorkerPairs:
+    """A Keras benchmark's call timed where it runs, in its worker, each paired with a run of the same anchor
+    workload there (:class:`pytest_lstmperf.speed.timing.Pairs`, whose methods these are, each one request).
+
+    Timed from the test process, a call on a CPU held the pipe's two round trips and the worker's wake-ups: on
+    the 2-core VM a Keras-on-JAX LSTM at batch 1 took 319-448 us so, 0.66-0.95 of the test process's anchor
+    over six fresh processes, a layer 1.5x slower reads about 1.16x, and the recording named it blind; timed
+    in the worker, 124-128 us, 0.279-0.284 of the worker's anchor (docs/gate-evidence.md). The anchor's kind
+    says where it ran (``torch-cpu-backward-in-worker``): a baseline timed from the test process is not
+    comparable."""
+
+    SUFFIX = "-in-worker"
+
+    def __init__(self, run: KerasRun, kind: str) -> None:
+        self.run = run
+        self.mode = kind
+        self.clock = time.perf_counter  # the worker's clock too
+        self.kind = str(run._call("pairs", kind, "kind")) + self.SUFFIX
+
+    def estimate(self, warmup: int) -> float:
+        return float(self.run._call("pairs", self.mode, "estimate", warmup))
+
+    def repeat_for(self, call_s: float | None, baseline: int | None = None) -> int:
+        return int(self.run._call("pairs", self.mode, "repeat_for", call_s, baseline))
+
+    def warm(self) -> None:
+        self.run._call("pairs", self.mode, "warm")
+
+    def rounds(self, repeat: int, rounds: int) -> tuple[list[float], list[float]]:
+        data, anchors = self.run._call("pairs", self.mode, "rounds", repeat, rounds)
+        return [float(x) for x in data], [float(x) for x in anchors]
 
 
 def prepare(path: ExecutionPath, case: Case, device: DeviceInfo) -> KerasRun:

@@ -37,6 +37,10 @@ def _backend_runner(backend: str) -> type[BackendRunner]:
     return getattr(importlib.import_module(module, __package__), name)
 
 
+#: the worker's anchor (:meth:`LocalKerasRun.pairs`), made at its first use
+_ANCHOR: list[Any] = []
+
+
 @contextlib.contextmanager
 def jax_pinned(kind: str) -> Iterator[None]:
     """Inside the block, a CPU run (``kind`` ``"cpu"``) is the CPU's whatever JAX's default backend is: JAX's
@@ -181,6 +185,26 @@ class LocalKerasRun:
 
     def synchronize(self) -> None:
         self._impl.synchronize()
+
+    def _timed(self, kind: str) -> Any:
+        call = self.forward if kind == "forward" else self.train_step
+
+        def timed() -> None:
+            call()
+            self.synchronize()
+
+        return timed
+
+    def pairs(self, kind: str, op: str, *args: Any) -> Any:
+        """What :class:`pytest_lstmperf.speed.timing.Pairs` does for ``forward`` or ``train_step``, here, beside
+        this process's own anchor (made once, on the CPU): ``op`` is ``kind`` (the anchor's kind), ``estimate``,
+        ``repeat_for``, ``warm`` or ``rounds``."""
+        from ...speed import timing
+
+        if not _ANCHOR:
+            _ANCHOR.append(timing.Anchor("cpu"))
+        pairs = timing.Pairs(self._timed(kind), _ANCHOR[0])
+        return pairs.kind if op == "kind" else getattr(pairs, op)(*args)
 
     def time(self, kind: str, repeats: int, warmup: int = 1) -> list[float]:
         """Seconds per call of ``forward`` or ``train_step``, each synchronised, measured in this process."""

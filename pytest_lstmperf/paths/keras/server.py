@@ -172,6 +172,11 @@ def serve(backend: str) -> int:
     except BaseException as exc:
         send(channel, Reply.failed(exc))
         return 1
+    planted = os.environ.get("PYTEST_LSTMPERF_WORKER_SLOWDOWN")  # testing.faults' slowdown:F, planted in the run
+    if planted:
+        from ...testing.slowdowns import plant_worker_slowdown
+
+        plant_worker_slowdown(planted)
     gc.freeze()  # the imports' objects: long-lived, never scanned again by a collection (see Server.release)
     send(channel, Reply(True, info))
     if backend == "jax" and info.gpus:
