@@ -27,7 +27,7 @@ from pathlib import Path
 def one_process(kernel: str, seconds: float) -> dict[str, float]:
     import torch
 
-    from pytest_lstmperf.speed.timing import Anchor
+    from pytest_lstmperf.anchor import Anchor
 
     torch.set_num_threads(1)
     torch.manual_seed(0)

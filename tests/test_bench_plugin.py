@@ -948,10 +948,10 @@ def test_a_keras_benchmark_on_a_cpu_is_timed_in_its_worker_beside_an_anchor_ther
     each call beside a run of the same anchor workload there, and the anchor's kind says so; on a GPU the test
     process's anchor, with its device part, stays."""
     from pytest_lstmperf import paths as registry
+    from pytest_lstmperf.anchor import Anchor
     from pytest_lstmperf.device import resolve_device
     from pytest_lstmperf.model.case import make_case
     from pytest_lstmperf.model.spec import LayerSpec
-    from pytest_lstmperf.speed.timing import Anchor
 
     path = registry.get("keras-torch-cpu")
     device = resolve_device("cpu")

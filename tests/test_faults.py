@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 
@@ -173,12 +174,14 @@ def test_the_planted_slowdown_reaches_the_keras_workers_calls(monkeypatch: pytes
     not reach: ``slowdown:F`` hands the factor to the workers the run starts (an environment variable, gone
     when undone), and there each prepared run's call and training step wait (F - 1) x their own time, after
     synchronising. Checked on the requested waits, not on wall time."""
+    from pytest_lstmperf.paths.keras import server
     from pytest_lstmperf.paths.keras.runners import LocalKerasRun
 
-    monkeypatch.delenv(slowdowns.WORKER_SLOWDOWN_ENV, raising=False)
+    monkeypatch.delenv(server.WORKER_HOOK_ENV, raising=False)
     with faults.planted("slowdown:1.5", clock="thread"):
-        raw = slowdowns.os.environ[slowdowns.WORKER_SLOWDOWN_ENV]
-    assert raw == "1.5:thread" and slowdowns.WORKER_SLOWDOWN_ENV not in slowdowns.os.environ
+        hook = os.environ[server.WORKER_HOOK_ENV]
+    assert hook == "pytest_lstmperf.testing.slowdowns:plant_worker_slowdown:1.5:thread"
+    assert server.WORKER_HOOK_ENV not in os.environ
 
     synced: list[str] = []
 
@@ -197,7 +200,12 @@ def test_the_planted_slowdown_reaches_the_keras_workers_calls(monkeypatch: pytes
     run._impl = Impl()  # type: ignore[assignment]
     waits: list[float] = []
     monkeypatch.setattr(slowdowns, "pause", lambda s, *clock: waits.append(s))
-    undo = slowdowns.plant_worker_slowdown(raw)
+    planted: list[object] = []
+    monkeypatch.setattr(
+        slowdowns, "plant_worker_slowdown", lambda raw, real=slowdowns.plant_worker_slowdown: planted.append(real(raw))
+    )
+    server.run_hook(hook)  # as the worker does when it starts
+    (undo,) = planted
     try:
         run.forward()
         run.train_step()

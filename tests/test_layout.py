@@ -2,7 +2,7 @@
 imports no framework.
 
 Layers, lowest first (a module may import from its own layer and the layers below it, never above):
-``device``/``options``/``ci_summary``/``graph_replay``/``meters``/``ratios``/``progress`` -> ``model`` ->
+``device``/``options``/``ci_summary``/``graph_replay``/``meters``/``anchor``/``ratios``/``progress`` -> ``model`` ->
 ``observation`` -> ``paths`` -> ``numerics`` -> ``speed`` -> ``workloads`` -> ``session``/``run_report`` -> ``hooks``
 -> ``testing`` -> ``plugin``/``cli``. Imports only needed for type annotations (under ``if TYPE_CHECKING:``) count
 too: a reader follows them the same way (a lower layer that needs a higher one's type states what it reads of it as a
@@ -22,7 +22,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "pytest_lstmperf"
 
 LAYERS = (
-    ("device", "options", "ci_summary", "graph_replay", "meters", "host_counters", "ratios", "progress"),
+    ("device", "options", "ci_summary", "graph_replay", "meters", "anchor", "host_counters", "ratios", "progress"),
     ("model",),
     ("observation",),
     ("paths",),

@@ -21,6 +21,7 @@ from pytester_runs import clear_inner_env
 from test_bench_plugin import BASE_ARGS, SPIN_MODULE, SUITE
 
 from pytest_lstmperf import host_counters, meters
+from pytest_lstmperf.anchor import estimate_call
 from pytest_lstmperf.speed import timing
 
 torch = pytest.importorskip("torch")
@@ -236,7 +237,7 @@ def test_warm_up_of_a_long_call_is_one_call_and_short_calls_keep_theirs() -> Non
             count[0] += 1
             clock[0] += seconds
 
-        estimate = timing.estimate_call(call, warmup, lambda: clock[0])
+        estimate = estimate_call(call, warmup, lambda: clock[0])
         return count[0], estimate
 
     assert calls_of(0.2, 3) == (2, pytest.approx(0.2))

@@ -568,7 +568,7 @@ def test_the_anchor_keeps_its_baseline_repetitions_unless_they_outlast_its_cap(m
     same workload; a baseline's repetitions whose anchor would last more than twice ``ANCHOR_MAX_S`` (256 of
     0.6 ms on the H100: 150 ms per round, recorded before the cap) are fitted anew instead of doubling every
     round's time."""
-    from pytest_lstmperf.speed import timing
+    from pytest_lstmperf import anchor as timing
 
     anchor = timing.Anchor("cpu")
     monkeypatch.setattr(anchor, "time", lambda repeat, clock=None: 0.5e-3)  # 0.5 ms per repetition

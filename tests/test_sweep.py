@@ -10,10 +10,10 @@ import statistics
 
 import pytest
 
+from pytest_lstmperf.anchor import Pairs, paired_rounds
 from pytest_lstmperf.speed import sweep as sweep_mod
 from pytest_lstmperf.speed.records import BenchRecord
 from pytest_lstmperf.speed.sweep import MIN_ROUNDS, Plan, Sweep, Swept, apply
-from pytest_lstmperf.speed.timing import Pairs, paired_rounds
 
 
 class Machine:

@@ -10,11 +10,11 @@ from typing import TYPE_CHECKING
 from .policy import GateResult
 
 if TYPE_CHECKING:
+    from ..anchor import Anchor
     from .baseline import SaveReport
     from .baseline_file import Baseline
     from .records import BenchRecord
     from .sweep import Sweep, Swept
-    from .timing import Anchor
     from .verdict import Verdict
 
 

@@ -160,7 +160,7 @@ class Measurement:
     per_call_s: float | None = None  # the raw medians, for the table and the report
     device_s: float | None = None
     anchor_s: float | None = None
-    anchor_kind: str = ""  # the anchor workload's kind (timing.Anchor.kind): "torch-cpu-backward", "torch-cuda"
+    anchor_kind: str = ""  # the anchor workload's kind (anchor.Anchor.kind): "torch-cpu-backward", "torch-cuda"
 
 
 def pairs(values: Sequence[float], anchors: Sequence[float]) -> tuple[float, ...]:
@@ -386,7 +386,7 @@ class Reference:
     kernel: str = ""
     versions: Mapping[str, str] = field(default_factory=dict)
     mode: str = ""  # "forward" or "train" (a suite's), or a user's own label: what the benchmark times
-    anchor_kind: str = ""  # the anchor workload its figures were divided by (timing.Anchor.kind)
+    anchor_kind: str = ""  # the anchor workload its figures were divided by (anchor.Anchor.kind)
     #: how far recording processes lie apart on this machine, per (metric, variant), pooled over the baseline's
     #: benchmarks of its mode (:func:`pooled`)
     spread: Mapping[tuple[str, str], Spread] = field(default_factory=dict)

@@ -23,6 +23,7 @@ import pytest
 
 from .. import meters, options
 from .. import paths as registry
+from ..anchor import Anchor, Pairs
 from ..device import shared_gpu
 from ..host_counters import host_counters
 from ..observation.claims import Finding, kernel_mismatch, known_kernel_finding
@@ -31,7 +32,6 @@ from . import timing
 from .policy import DEVICE_METHODS, K_SIGMA, Figure
 from .records import BESIDE_OTHER_TESTS, RECORD_KEY, BenchRecord, MeasuredInfo
 from .shapes import ROUNDS, bench_set
-from .timing import Anchor
 from .user_call import holds_jax_arrays, jax_kernels, synchronizer, user_device_time
 
 if TYPE_CHECKING:
@@ -297,7 +297,7 @@ class BenchRunner:
     ) -> list[float] | None:
         """Time ``timed`` (which synchronises) in rounds paired with the anchor, then device time beside the
         anchor's (``dev_time(samples)``) and the host counters (``counters()``, one untimed call), with the machine
-        to itself (under pytest-xdist: :mod:`.machine_lock`). ``where``: the pairs (:class:`.timing.Pairs`) where
+        to itself (under pytest-xdist: :mod:`.machine_lock`). ``where``: the pairs (:class:`..anchor.Pairs`) where
         the call is timed elsewhere than in this process (a Keras worker's on a CPU), each with its own anchor.
         Fills ``extra``; returns the per-call samples, or None under ``--benchmark-disable``."""
         phases = extra.setdefault("phase_s", {})
@@ -317,7 +317,7 @@ class BenchRunner:
             phases["waited"] = time.perf_counter() - started  # for other workers' tests, the Keras workers' start
             started = time.perf_counter()
             anchor = self._anchor()
-            pairs = where or timing.Pairs(timed, anchor, clock)
+            pairs = where or Pairs(timed, anchor, clock)
             estimate = pairs.estimate(plan.warmup)
             repeat = pairs.repeat_for(estimate, self._baseline_anchor_repeat())
             # the device time first: whether a device figure (the GPU's own time) decides sets the rounds below

@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from .timing import Pairs
+from ..anchor import Pairs
 
 if TYPE_CHECKING:
     from .records import BenchRecord

@@ -94,22 +94,20 @@ def plant_slowdown(factor: float, clock: str = "wall") -> Callable[[], None]:
     return patch_forward(wrap, state)
 
 
-#: the environment variable through which ``slowdown:F`` reaches the Keras workers the run starts after it is planted:
-#: ``F:CLOCK`` (read by :func:`plant_worker_slowdown`, in the worker)
-WORKER_SLOWDOWN_ENV = "PYTEST_LSTMPERF_WORKER_SLOWDOWN"
-
-
 def worker_slowdown_env(factor: float, clock: str = "wall") -> Callable[[], None]:
-    """``slowdown:F`` for the Keras workers (separate processes, which the torch patch does not reach): set
-    :data:`WORKER_SLOWDOWN_ENV` for the workers this run starts; returns the undo."""
-    before = os.environ.get(WORKER_SLOWDOWN_ENV)
-    os.environ[WORKER_SLOWDOWN_ENV] = f"{factor}:{check_clock(clock)}"
+    """``slowdown:F`` for the Keras workers (separate processes, which the torch patch does not reach): the
+    workers this run starts call :func:`plant_worker_slowdown` as they start (their hook,
+    :data:`~pytest_lstmperf.paths.keras.server.WORKER_HOOK_ENV`); returns the undo."""
+    from ..paths.keras.server import WORKER_HOOK_ENV
+
+    before = os.environ.get(WORKER_HOOK_ENV)
+    os.environ[WORKER_HOOK_ENV] = f"{__name__}:plant_worker_slowdown:{factor}:{check_clock(clock)}"
 
     def undo() -> None:
         if before is None:
-            os.environ.pop(WORKER_SLOWDOWN_ENV, None)
+            os.environ.pop(WORKER_HOOK_ENV, None)
         else:
-            os.environ[WORKER_SLOWDOWN_ENV] = before
+            os.environ[WORKER_HOOK_ENV] = before
 
     return undo
 

@@ -381,7 +381,7 @@ class KerasRun:
 
 class WorkerPairs:
     """A Keras benchmark's call timed where it runs, in its worker, each paired with a run of the same anchor
-    workload there (:class:`pytest_lstmperf.speed.timing.Pairs`, whose methods these are, each one request).
+    workload there (:class:`pytest_lstmperf.anchor.Pairs`, whose methods these are, each one request).
 
     Timed from the test process, a call on a CPU held the pipe's two round trips and the worker's wake-ups: on
     the 2-core VM a Keras-on-JAX LSTM at batch 1 took 319-448 us so, 0.66-0.95 of the test process's anchor

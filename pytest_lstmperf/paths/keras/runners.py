@@ -196,14 +196,14 @@ class LocalKerasRun:
         return timed
 
     def pairs(self, kind: str, op: str, *args: Any) -> Any:
-        """What :class:`pytest_lstmperf.speed.timing.Pairs` does for ``forward`` or ``train_step``, here, beside
+        """What :class:`pytest_lstmperf.anchor.Pairs` does for ``forward`` or ``train_step``, here, beside
         this process's own anchor (made once, on the CPU): ``op`` is ``kind`` (the anchor's kind), ``estimate``,
         ``repeat_for``, ``warm`` or ``rounds``."""
-        from ...speed import timing
+        from ... import anchor
 
         if not _ANCHOR:
-            _ANCHOR.append(timing.Anchor("cpu"))
-        pairs = timing.Pairs(self._timed(kind), _ANCHOR[0])
+            _ANCHOR.append(anchor.Anchor("cpu"))
+        pairs = anchor.Pairs(self._timed(kind), _ANCHOR[0])
         return pairs.kind if op == "kind" else getattr(pairs, op)(*args)
 
     def time(self, kind: str, repeats: int, warmup: int = 1) -> list[float]:

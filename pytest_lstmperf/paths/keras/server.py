@@ -5,6 +5,7 @@ and answers on its stdout (see :mod:`.transport`), keeping the prepared runs by 
 from __future__ import annotations
 
 import gc
+import importlib
 import os
 import pickle
 import sys
@@ -154,6 +155,20 @@ def own_stream() -> Any:
     return _STREAM[0]
 
 
+#: ``module:function:ARGUMENT``: a function the worker calls with ARGUMENT once its imports are done, before its first
+#: request (the planted faults' ``slowdown:F`` reaches the workers' calls so: ``testing.slowdowns``)
+WORKER_HOOK_ENV = "PYTEST_LSTMPERF_WORKER_HOOK"
+
+
+def run_hook(raw: str) -> None:
+    """Call the hook named by ``raw`` (:data:`WORKER_HOOK_ENV`), if any: imported by name, so that no module
+    installed here depends on the one that sets it."""
+    if not raw:
+        return
+    module, function, argument = [*raw.split(":", 2), "", ""][:3]
+    getattr(importlib.import_module(module), function)(argument)
+
+
 def serve(backend: str) -> int:
     """The worker's main loop (run as ``python -m pytest_lstmperf.paths.keras.server BACKEND``)."""
     if backend != "jax":
@@ -172,11 +187,7 @@ def serve(backend: str) -> int:
     except BaseException as exc:
         send(channel, Reply.failed(exc))
         return 1
-    planted = os.environ.get("PYTEST_LSTMPERF_WORKER_SLOWDOWN")  # testing.faults' slowdown:F, planted in the run
-    if planted:
-        from ...testing.slowdowns import plant_worker_slowdown
-
-        plant_worker_slowdown(planted)
+    run_hook(os.environ.get(WORKER_HOOK_ENV, ""))
     gc.freeze()  # the imports' objects: long-lived, never scanned again by a collection (see Server.release)
     send(channel, Reply(True, info))
     if backend == "jax" and info.gpus:
