@@ -169,34 +169,8 @@ def run_hook(raw: str) -> None:
     getattr(importlib.import_module(module), function)(argument)
 
 
-def pin_to_one_cpu() -> int | None:
-    """Where the run fixed the CPU threads at one (:func:`pytest_lstmperf.device.apply_threads`), keep the worker,
-    and every thread it starts later, on the one CPU it runs on now; returns that CPU, or None where it does
-    not pin.
-
-    A one-thread Keras backend still hands each call between threads of its own: TensorFlow's executor runs a
-    ``tf.function``'s kernels on a pool thread while the thread that runs the anchor waits. On the 2-core VM a
-    Keras-on-TensorFlow LSTM at batch 1, timed in the worker beside the anchor there, read 1.54-1.75 of the anchor
-    over three fresh workers, and 1.47-1.50 over six with the worker on one CPU (685-697 us raw against 803-822
-    us): where the two threads ran on two CPUs, each call waited for the other one's wake-up."""
-    from ...device import cpu_threads
-
-    if cpu_threads() != 1 or not hasattr(os, "sched_setaffinity"):
-        return None
-    allowed = os.sched_getaffinity(0)
-    try:
-        with open("/proc/self/stat") as stat:
-            now = int(stat.read().rsplit(")", 1)[1].split()[36])  # field 39: the CPU it last ran on
-    except (OSError, ValueError, IndexError):
-        now = min(allowed)
-    cpu = now if now in allowed else min(allowed)
-    os.sched_setaffinity(0, {cpu})
-    return cpu
-
-
 def serve(backend: str) -> int:
     """The worker's main loop (run as ``python -m pytest_lstmperf.paths.keras.server BACKEND``)."""
-    pin_to_one_cpu()  # before the backend's imports start its threads, which inherit it
     if backend != "jax":
         # Keras imports JAX, when installed, for its Orbax checkpoint callback alone: seconds of start-up in a
         # worker that never uses it
