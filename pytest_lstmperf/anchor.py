@@ -11,7 +11,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from . import graph_replay
 from .meters import WARM_AFTER_ONE_S, DeviceTime
@@ -186,6 +186,22 @@ def paired_rounds(
         call()
         data.append(clock() - start)
     return data, anchors
+
+
+class TimedPairs(Protocol):
+    """Where a benchmark's call is timed beside the anchor: :class:`Pairs` in this process, or a Keras worker's
+    (:class:`.paths.keras.paths.WorkerPairs`). The runner's rounds and the sweep's slices see only this."""
+
+    kind: str  # the anchor's kind, which says where it ran (records, :func:`.speed.policy.comparable`)
+    clock: Callable[[], float]
+
+    def estimate(self, warmup: int) -> float: ...
+
+    def repeat_for(self, call_s: float | None, baseline: int | None = None) -> int: ...
+
+    def warm(self) -> None: ...
+
+    def rounds(self, repeat: int, rounds: int) -> tuple[list[float], list[float]]: ...
 
 
 class Pairs:

@@ -23,7 +23,7 @@ import pytest
 
 from .. import meters, options
 from .. import paths as registry
-from ..anchor import Anchor, Pairs
+from ..anchor import Anchor, Pairs, TimedPairs
 from ..device import shared_gpu
 from ..host_counters import host_counters
 from ..observation.claims import Finding, kernel_mismatch, known_kernel_finding
@@ -293,7 +293,13 @@ class BenchRunner:
         pytest.fail(mismatch + _explanation(path, spec, device, trace), pytrace=False)
 
     def _time(
-        self, timed: Any, plan: Any, extra: MeasuredInfo, dev_time: Any, counters: Any, where: Any = None
+        self,
+        timed: Any,
+        plan: Any,
+        extra: MeasuredInfo,
+        dev_time: Any,
+        counters: Any,
+        where: TimedPairs | None = None,
     ) -> list[float] | None:
         """Time ``timed`` (which synchronises) in rounds paired with the anchor, then device time beside the
         anchor's (``dev_time(samples)``) and the host counters (``counters()``, one untimed call), with the machine
@@ -317,7 +323,7 @@ class BenchRunner:
             phases["waited"] = time.perf_counter() - started  # for other workers' tests, the Keras workers' start
             started = time.perf_counter()
             anchor = self._anchor()
-            pairs = where or Pairs(timed, anchor, clock)
+            pairs: TimedPairs = where or Pairs(timed, anchor, clock)
             estimate = pairs.estimate(plan.warmup)
             repeat = pairs.repeat_for(estimate, self._baseline_anchor_repeat())
             # the device time first: whether a device figure (the GPU's own time) decides sets the rounds below

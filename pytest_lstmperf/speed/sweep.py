@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ..anchor import Pairs
+from ..anchor import TimedPairs
 
 if TYPE_CHECKING:
     from .records import BenchRecord
@@ -57,7 +57,7 @@ class Slot:
     """One benchmark in the sweep: what its test left to time again."""
 
     nodeid: str
-    pairs: Pairs  # one synchronised call and the anchor, where the test's rounds were timed
+    pairs: TimedPairs  # one synchronised call and the anchor, where the test's rounds were timed
     repeat: int  # the anchor's repetitions, as in the test's own rounds
     per_round_s: float  # one call and one anchor, as estimated in the test
     data: list[float] = field(default_factory=list)
@@ -143,7 +143,7 @@ class Sweep:
     def add(
         self,
         nodeid: str,
-        pairs: Pairs,
+        pairs: TimedPairs,
         repeat: int,
         per_round_s: float,
     ) -> None:

@@ -208,15 +208,13 @@ class LocalKerasRun:
 
     def time(self, kind: str, repeats: int, warmup: int = 1) -> list[float]:
         """Seconds per call of ``forward`` or ``train_step``, each synchronised, measured in this process."""
-        call = self.forward if kind == "forward" else self.train_step
+        timed = self._timed(kind)
         for _ in range(warmup):
-            call()
-        self.synchronize()
+            timed()
         samples = []
         for _ in range(repeats):
             start = time.perf_counter()
-            call()
-            self.synchronize()
+            timed()
             samples.append(time.perf_counter() - start)
         return samples
 
