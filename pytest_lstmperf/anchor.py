@@ -130,12 +130,15 @@ class Anchor:
         return repeat
 
     def repeat_for(self, call_s: float | None, baseline: int | None = None) -> int:
-        """The repetitions for a call of ``call_s``: the baseline entry's, so that both figures pair with the same
-        anchor, where that lasts at most twice :data:`ANCHOR_MAX_S` here; else fitted to the call, up to
-        :data:`ANCHOR_MAX_S`, as for a new entry."""
-        one = min(self.time(1) for _ in range(3))
-        if baseline and baseline * one <= 2 * ANCHOR_MAX_S:
+        """The repetitions for a call of ``call_s``: ``baseline``, those its baseline entry (or the run's first
+        process) was timed with, wherever there are any, so that every figure of a benchmark pairs with the same
+        anchor: a call's own time depends on how long the anchor ran just before it (on the 2-core VM
+        Keras-on-TensorFlow's LSTM at batch 1 read 1.57 of the anchor after one repetition, 2.04 after four and
+        2.53 after eight). Else fitted to the call, up to :data:`ANCHOR_MAX_S`, as for a new entry. A machine so
+        slow that the anchor lasts far longer than recorded is not comparable (:func:`.speed.policy.comparable`)."""
+        if baseline:
             return baseline
+        one = min(self.time(1) for _ in range(3))
         return self._fit(min(call_s, ANCHOR_MAX_S) if call_s else call_s, one)
 
     def time(self, repeat: int, clock: Callable[[], float] = time.perf_counter) -> float:

@@ -58,7 +58,7 @@ from .gate_context import (
     sweeps,
 )
 from .gate_finish import check_writable, finish, show_swept, sweep, take_swept
-from .recording import keep_benchmarks, process_folder, quiet
+from .recording import REPEATS_KEY, handed_repeats, keep_benchmarks, process_folder, quiet
 from .terminal import print_speed_section
 
 
@@ -102,6 +102,8 @@ def pytest_configure(config: pytest.Config) -> None:
     if not is_worker(config) and saving(config) is not None:
         check_writable(config)
     run_session(config).judges = judges(config)  # before a worker's --benchmark-compare is cleared below
+    # the anchor repetitions the run's first process decided (pytest-xdist's controller, a recording's first process)
+    gate_state(config).anchor_repeats.update(handed_repeats(config))
     if sweeps(config):
         run_session(config).gate.sweep = Sweep(float(setting(config, "lstmperf_sweep").value))  # not yet "used"
     if compare and is_worker(config):
@@ -252,8 +254,11 @@ def _collect_record(config: pytest.Config, value: object) -> None:
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_configure_node(node: Any) -> None:
-    """pytest-xdist's controller, as it starts a worker: the run's id, whose lock folder it removes at the end."""
+    """pytest-xdist's controller, as it starts a worker: the run's id, whose lock folder it removes at the end, and
+    the anchor repetitions every benchmark is timed with (:meth:`..speed.gate.GateState.anchor_repeat`): the
+    baseline's, which the workers do not load."""
     run_session(node.config).xdist_run = str(node.workerinput["testrunuid"])
+    node.workerinput[REPEATS_KEY] = gate_state(node.config).known_repeats()
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -57,6 +57,11 @@ _DROPPED_OPTIONS = ("--basetemp", "--benchmark-json", "--benchmark-save", "--jun
 _DROPPED_FLAGS = ("--benchmark-autosave",)
 
 
+#: where a run's first process hands the anchor repetitions it timed each benchmark with to the processes after it:
+#: a further process's folder holds them in this file, a pytest-xdist worker's ``workerinput`` under this key
+REPEATS_KEY = "lstmperf_anchor_repeats"
+
+
 class RecordingError(Exception):
     """A recording process failed: nothing is recorded."""
 
@@ -72,6 +77,20 @@ def quiet(config: pytest.Config) -> None:
     for name, value in _QUIET_OPTIONS.items():
         if hasattr(config.option, name):
             setattr(config.option, name, value)
+
+
+def handed_repeats(config: pytest.Config) -> dict[str, int]:
+    """The anchor repetitions this process was handed (nodeid -> repetitions): by the recording or compare command
+    that started it as a further process, or by pytest-xdist's controller; empty in a run's first process. Every
+    process of a run times a benchmark with the same anchor: a call's own time depends on how long the anchor ran
+    just before it."""
+    raw: object = getattr(config, "workerinput", {}).get(REPEATS_KEY)
+    folder = process_folder()
+    if raw is None and folder is not None and (folder / f"{REPEATS_KEY}.json").is_file():
+        raw = json.loads((folder / f"{REPEATS_KEY}.json").read_text())
+    if not isinstance(raw, dict):
+        return {}
+    return {str(k): int(v) for k, v in raw.items() if isinstance(v, int) and v > 0}
 
 
 def keep_benchmarks(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -140,6 +159,8 @@ def record_in_processes(
     env.pop("PYTEST_XDIST_WORKER", None)
     try:
         (folder / "nodeids.json").write_text(json.dumps(names))
+        repeats = {r.fullname: r.anchor.repeat for r in records if r.anchor.repeat}
+        (folder / f"{REPEATS_KEY}.json").write_text(json.dumps(repeats))  # each timed with this process's anchor
         first = index or 2
         total = of or processes
         for index in range(first, first + processes - 1):

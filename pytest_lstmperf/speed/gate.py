@@ -38,3 +38,26 @@ class GateState:
     swept: dict[str, Swept] = field(default_factory=dict)
     #: wall seconds of the gate's own phases after the tests (the recording's and the compare's further processes)
     phase_s: dict[str, float] = field(default_factory=dict)
+    #: the anchor repetitions each benchmark is timed with where this run's first process decided them (its
+    #: baseline's): handed to pytest-xdist's workers and to the run's further processes, which time every benchmark
+    #: with them (:meth:`anchor_repeat`)
+    anchor_repeats: dict[str, int] = field(default_factory=dict)
+
+    def anchor_repeat(self, nodeid: str) -> int | None:
+        """The anchor repetitions ``nodeid`` must be timed with, None where no process of the run decided them yet
+        (a new entry: fitted to its call). A call's own time depends on how long the anchor ran just before it: on
+        the 2-core VM Keras-on-TensorFlow's LSTM at batch 1 read 1.57 of the anchor after one repetition and 2.53
+        after eight, in one worker. Under pytest-xdist, which fitted them anew from a noisy estimate, a compare
+        that doubled them read 1.155x its recording, regressed."""
+        if nodeid in self.anchor_repeats:
+            return self.anchor_repeats[nodeid]
+        entry = self.baseline.benchmarks.get(nodeid) if self.baseline is not None else None
+        return (entry.anchor_repeat or None) if entry is not None else None
+
+    def known_repeats(self) -> dict[str, int]:
+        """Every anchor repetition this process knows before timing: the baseline's, and those handed to it."""
+        out: dict[str, int] = {}
+        if self.baseline is not None:
+            out.update({k: e.anchor_repeat for k, e in self.baseline.benchmarks.items() if e.anchor_repeat})
+        out.update(self.anchor_repeats)
+        return out

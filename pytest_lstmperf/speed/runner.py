@@ -325,7 +325,7 @@ class BenchRunner:
             anchor = self._anchor()
             pairs: TimedPairs = where or Pairs(timed, anchor, clock)
             estimate = pairs.estimate(plan.warmup)
-            repeat = pairs.repeat_for(estimate, self._baseline_anchor_repeat())
+            repeat = pairs.repeat_for(estimate, self.state.anchor_repeat(self.request.node.nodeid))
             # the device time first: whether a device figure (the GPU's own time) decides sets the rounds below
             self._device_time(extra, dev_time, plan.device_samples, anchor)
             phases["device_time"], started = time.perf_counter() - started, time.perf_counter()
@@ -399,12 +399,6 @@ class BenchRunner:
         if self.state.anchor is None:
             self.state.anchor = Anchor(self.session.device.torch_device)
         return self.state.anchor
-
-    def _baseline_anchor_repeat(self) -> int | None:
-        """The anchor repetitions this benchmark's baseline entry was timed with, where it has one."""
-        baseline = self.state.baseline
-        entry = baseline.benchmarks.get(self.request.node.nodeid) if baseline is not None else None
-        return (entry.anchor_repeat or None) if entry is not None else None
 
     @staticmethod
     def _device_time(extra: MeasuredInfo, dev_time: Any, samples: int, anchor: Any) -> None:
