@@ -173,18 +173,26 @@ class Anchor:
         return DeviceTime("cuda-graph", tuple(self.device_sample() for _ in range(samples)))
 
 
+#: what a CPU pair's kind ends with (:class:`Pairs`): its call is timed after an untimed call of its own
+WARM_SUFFIX = "-warm"
+
+
 def paired_rounds(
     call: Callable[[], object],
     anchor: Anchor,
     repeat: int,
     rounds: int,
     clock: Callable[[], float] = time.perf_counter,
+    warm: bool = False,
 ) -> tuple[list[float], list[float]]:
     """``rounds`` pairs of (seconds of one ``call``, which must synchronise; seconds per repetition of the
-    anchor), the anchor first in every pair, as pytest-benchmark's ``setup`` runs it."""
+    anchor), the anchor first in every pair, as pytest-benchmark's ``setup`` runs it; ``warm``: each timed call
+    after an untimed one (:class:`Pairs`)."""
     data, anchors = [], []
     for _ in range(rounds):
         anchors.append(anchor.time(repeat, clock))
+        if warm:
+            call()
         start = clock()
         call()
         data.append(clock() - start)
@@ -197,6 +205,7 @@ class TimedPairs(Protocol):
 
     kind: str  # the anchor's kind, which says where it ran (records, :func:`.speed.policy.comparable`)
     clock: Callable[[], float]
+    calls: int  # calls per round: 2 where each timed call follows an untimed one (a CPU's), else 1
 
     def estimate(self, warmup: int) -> float: ...
 
@@ -210,13 +219,22 @@ class TimedPairs(Protocol):
 class Pairs:
     """Where a benchmark's call is timed and its anchor beside it: here, in this process (a Keras benchmark on
     a CPU is timed in its worker instead: :class:`pytest_lstmperf.paths.keras.paths.WorkerPairs`, the same
-    methods). The test's rounds and the sweep's slices take their pairs through this."""
+    methods). The test's rounds and the sweep's slices take their pairs through this.
+
+    On a CPU each timed call follows an untimed call of its own, after the anchor (kind ``...-warm``): a call
+    timed right after the anchor paid for what the anchor evicted, by how long the anchor ran, and how much
+    moved from process to process. On the 2-core VM ONNX Runtime's LSTM at batch 1 took 57 us after one
+    repetition of the anchor and 78 us after eight, 34-37 us after a call of its own; Keras-on-TensorFlow's
+    679-1,010 us against 630-704 us, and its figure lay 10-15% apart over a recording's processes. On a GPU the
+    device time decides, and a call is timed as before (``torch-cuda``)."""
 
     def __init__(self, timed: Callable[[], object], anchor: Anchor, clock: Callable[[], float] = time.perf_counter):
         self.timed = timed  # one call, synchronised
         self.anchor = anchor
         self.clock = clock
-        self.kind = anchor.kind
+        self.warm_first = anchor.kind != "torch-cuda"
+        self.kind = anchor.kind + (WARM_SUFFIX if self.warm_first else "")
+        self.calls = 2 if self.warm_first else 1
 
     def estimate(self, warmup: int) -> float:
         """Seconds of one call after ``warmup`` calls (:func:`estimate_call`)."""
@@ -231,4 +249,4 @@ class Pairs:
 
     def rounds(self, repeat: int, rounds: int) -> tuple[list[float], list[float]]:
         """:func:`paired_rounds` of the call and the anchor."""
-        return paired_rounds(self.timed, self.anchor, repeat, rounds, self.clock)
+        return paired_rounds(self.timed, self.anchor, repeat, rounds, self.clock, self.warm_first)

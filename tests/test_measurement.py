@@ -282,7 +282,7 @@ def test_every_record_says_how_it_was_measured(spin, tmp_path: Path) -> None:
         assert "CPU" in extra["device_time_note"] and extra["device_run_medians"] == []
         anchor = extra["anchor"]  # one anchor sample per round, of the same repetitions in every run
         assert len(anchor["samples"]) == len(bench["stats"]["data"]) and all(x > 0 for x in anchor["samples"])
-        assert anchor["kind"] == "torch-cpu-backward" and anchor["repeat"] >= 1 and anchor["per_call_s"] > 0
+        assert anchor["kind"] == "torch-cpu-backward-warm" and anchor["repeat"] >= 1 and anchor["per_call_s"] > 0
         planted = faulty[name]["extra_info"]["host_counters"]
         assert planted["aten_ops"] >= counts["aten_ops"] + 20, name
         assert planted["alloc_bytes"] > counts["alloc_bytes"], name

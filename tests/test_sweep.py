@@ -176,3 +176,31 @@ def test_the_sweep_setting_takes_seconds_and_zero_turns_it_off() -> None:
             setting.parse(bad)
     # a short sweep spends less on each benchmark too (tests' inner runs)
     assert Plan.of(3, 0.2).work_s == pytest.approx(0.2)
+
+
+def test_a_call_on_a_cpu_is_timed_after_an_untimed_call_of_its_own() -> None:
+    """Planted: a call that pays for what the anchor evicted, twice its own cost when it runs first after the
+    anchor (on the 2-core VM ONNX Runtime's LSTM at batch 1 took 57-78 us right after the anchor, by how long the
+    anchor ran, and 34-37 us after a call of its own). On a CPU the timed call follows an untimed one, so every
+    sample is the warm call's; on a GPU (``torch-cuda``, whose device time decides) the call is timed as before."""
+    machine = Machine(0, sd=0.0)
+    after_anchor = [True]
+
+    class Evicting(FakeAnchor):
+        def time(self, repeat: int, clock: object = None) -> float:
+            after_anchor[0] = True
+            return super().time(repeat, clock)
+
+    def call() -> None:
+        machine.work(2e-3 if after_anchor[0] else 1e-3)
+        after_anchor[0] = False
+
+    cpu = Pairs(call, Evicting(machine), machine.clock)  # type: ignore[arg-type]
+    assert cpu.kind == "fake-warm" and cpu.calls == 2
+    data, anchors = cpu.rounds(1, 10)
+    assert data == pytest.approx([1e-3] * 10) and len(anchors) == 10
+    gpu_anchor = Evicting(machine)
+    gpu_anchor.kind = "torch-cuda"
+    gpu = Pairs(call, gpu_anchor, machine.clock)  # type: ignore[arg-type]
+    assert gpu.kind == "torch-cuda" and gpu.calls == 1
+    assert gpu.rounds(1, 10)[0] == pytest.approx([2e-3] * 10)

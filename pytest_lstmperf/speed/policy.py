@@ -43,6 +43,7 @@ import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from ..anchor import WARM_SUFFIX
 from ..options import THRESHOLD
 
 # ----------------------------------------------------------------------------------------------- constants
@@ -160,7 +161,7 @@ class Measurement:
     per_call_s: float | None = None  # the raw medians, for the table and the report
     device_s: float | None = None
     anchor_s: float | None = None
-    anchor_kind: str = ""  # the anchor workload's kind (anchor.Anchor.kind): "torch-cpu-backward", "torch-cuda"
+    anchor_kind: str = ""  # where and how it was paired with the anchor (anchor.Pairs.kind): "torch-cpu-backward-warm"
 
 
 def pairs(values: Sequence[float], anchors: Sequence[float]) -> tuple[float, ...]:
@@ -678,14 +679,18 @@ def comparable(measurement: Measurement, reference: Reference) -> str | None:
     backward took 404 us against 139 us, and every figure would read about a third of its recording, improved
     and blind)."""
     if reference.anchor_kind and measurement.anchor_kind and reference.anchor_kind != measurement.anchor_kind:
-        why = (
-            ": the CPU anchor now runs its steps through backward"
-            if reference.anchor_kind == "torch-cpu"
-            else ": a Keras benchmark on a CPU is now timed in its worker, beside an anchor there, without the pipe "
-            "to it"
-            if measurement.anchor_kind.endswith("-in-worker") and not reference.anchor_kind.endswith("-in-worker")
-            else ""
-        )
+        then, now = reference.anchor_kind, measurement.anchor_kind
+        changes = [
+            "the CPU anchor now runs its steps through backward" if then == "torch-cpu" else "",
+            "a Keras benchmark on a CPU is now timed in its worker, beside an anchor there, without the pipe to it"
+            if now.endswith("-in-worker") and not then.endswith("-in-worker")
+            else "",
+            "a call on a CPU is now timed after an untimed call of its own, not right after the anchor, which "
+            "evicted it by as much as the anchor lasted"
+            if WARM_SUFFIX in now and WARM_SUFFIX not in then and then != "torch-cpu"
+            else "",
+        ]
+        why = "".join(f": {c}" for c in changes if c)
         return (
             f"not comparable: the anchor workload is another one ({measurement.anchor_kind} now, "
             f"{reference.anchor_kind} when recorded{why}), so figures divided by it are not comparable; record the "

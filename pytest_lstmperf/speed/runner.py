@@ -339,7 +339,7 @@ class BenchRunner:
             if self.state.sweep is not None and device_decides:
                 fewest = min(fewest, DEVICE_DECIDES_ROUNDS)
             rounds = timing.RoundPlan(plan.warmup, fewest, plan.max_rounds, target_s).rounds_for(
-                2 * estimate  # a round is a call and the anchor
+                (1 + pairs.calls) * estimate  # a round is the anchor and the call (after an untimed one on a CPU)
             )
             data: list[float]
             anchors: list[float]
@@ -356,6 +356,8 @@ class BenchRunner:
 
                 def setup() -> None:
                     anchors.append(anchor.time(repeat, clock))  # untimed by pytest-benchmark, timed here
+                    if pairs.calls > 1:
+                        timed()  # the timed call follows an untimed one (:class:`..anchor.Pairs`)
 
                 self.benchmark.pedantic(timed, setup=setup, rounds=rounds, warmup_rounds=warm, iterations=1)
                 data = list(self.benchmark.stats.stats.data)
@@ -387,7 +389,7 @@ class BenchRunner:
             if sweep is not None and not device_decides:
                 # the time per call decides: timed again across the run as it ends (:mod:`.sweep`)
                 anchor_s = extra.get("anchor", {}).get("per_call_s") or 0.0
-                per_round = statistics.median(data) + anchor_s * repeat
+                per_round = pairs.calls * statistics.median(data) + anchor_s * repeat
                 sweep.add(self.request.node.nodeid, pairs, repeat, per_round)
             self._counters(extra, counters)
             phases["counters"] = time.perf_counter() - started

@@ -387,7 +387,7 @@ class WorkerPairs:
     the 2-core VM a Keras-on-JAX LSTM at batch 1 took 319-448 us so, 0.66-0.95 of the test process's anchor
     over six fresh processes, a layer 1.5x slower reads about 1.16x, and the recording named it blind; timed
     in the worker, 124-128 us, 0.279-0.284 of the worker's anchor (docs/gate-evidence.md). The anchor's kind
-    says where it ran (``torch-cpu-backward-in-worker``): a baseline timed from the test process is not
+    says where it ran (``torch-cpu-backward-warm-in-worker``): a baseline timed from the test process is not
     comparable."""
 
     SUFFIX = "-in-worker"
@@ -397,6 +397,7 @@ class WorkerPairs:
         self.mode = kind
         self.clock = time.perf_counter  # the worker's clock too
         self.kind = str(run._call("pairs", kind, "kind")) + self.SUFFIX
+        self.calls = 2  # a CPU's: each timed call follows an untimed one (:class:`pytest_lstmperf.anchor.Pairs`)
 
     def estimate(self, warmup: int) -> float:
         return float(self.run._call("pairs", self.mode, "estimate", warmup))
