@@ -3,7 +3,9 @@
 The rule, in five sentences (docs/speed-gate.md states the same):
 
 1. Every benchmark is timed in pairs, one call of the benchmark and one run of a fixed anchor workload on the same
-   device in the same process (a Keras benchmark's, on a CPU, in its worker, where its call runs), with the machine
+   device in the same process (a Keras benchmark's, on a CPU, in its worker, where its call runs; on a CPU each
+   timed call after an untimed one of its own), the anchor repeated as often in every process as the benchmark's
+   baseline (or the run's first process) says, with the machine
    to itself where the gate compares or records (under pytest-xdist the other workers wait) and a fixed number of CPU
    threads (``--lstmperf-threads``, 1 by default); its figure is the median of its device time where it has one that
    leaves the host out (a GPU), else of its time per call, taken where the gate compares or records in slices spread
