@@ -681,15 +681,15 @@ def comparable(measurement: Measurement, reference: Reference) -> str | None:
     backward took 404 us against 139 us, and every figure would read about a third of its recording, improved
     and blind)."""
     if reference.anchor_kind and measurement.anchor_kind and reference.anchor_kind != measurement.anchor_kind:
-        then, now = reference.anchor_kind, measurement.anchor_kind
+        was, kind = reference.anchor_kind, measurement.anchor_kind
         changes = [
-            "the CPU anchor now runs its steps through backward" if then == "torch-cpu" else "",
+            "the CPU anchor now runs its steps through backward" if was == "torch-cpu" else "",
             "a Keras benchmark on a CPU is now timed in its worker, beside an anchor there, without the pipe to it"
-            if now.endswith("-in-worker") and not then.endswith("-in-worker")
+            if kind.endswith("-in-worker") and not was.endswith("-in-worker")
             else "",
             "a call on a CPU is now timed after an untimed call of its own, not right after the anchor, which "
             "evicted it by as much as the anchor lasted"
-            if WARM_SUFFIX in now and WARM_SUFFIX not in then and then != "torch-cpu"
+            if WARM_SUFFIX in kind and WARM_SUFFIX not in was and was != "torch-cpu"
             else "",
         ]
         why = "".join(f": {c}" for c in changes if c)
