@@ -1008,7 +1008,7 @@ def test_a_keras_benchmark_on_a_cpu_is_timed_in_its_worker_beside_an_anchor_ther
     try:
         assert run.pairs("forward", "cuda") is None
         pairs = run.pairs("train", device.kind)
-        assert pairs is not None and pairs.kind == Anchor("cpu").kind + "-in-worker"
+        assert pairs is not None and pairs.kind == Anchor("cpu").kind + "-warm-in-worker" and pairs.calls == 2
         assert pairs.estimate(1) > 0 and pairs.repeat_for(1e-9) == 1
         pairs.warm()
         data, anchors = pairs.rounds(1, 5)
