@@ -221,12 +221,12 @@ class Pairs:
     a CPU is timed in its worker instead: :class:`pytest_lstmperf.paths.keras.paths.WorkerPairs`, the same
     methods). The test's rounds and the sweep's slices take their pairs through this.
 
-    On a CPU each timed call follows an untimed call of its own, after the anchor (kind ``...-warm``): a call
-    timed right after the anchor paid for what the anchor evicted, by how long the anchor ran, and how much
-    moved from process to process. On the 2-core VM ONNX Runtime's LSTM at batch 1 took 57 us after one
-    repetition of the anchor and 78 us after eight, 34-37 us after a call of its own; Keras-on-TensorFlow's
-    679-1,010 us against 630-704 us, and its figure lay 9.9-14.9% apart over a recording's processes. On a GPU the
-    device time decides, and a call is timed as before (``torch-cuda``)."""
+    On a CPU each timed call follows an untimed call of its own, after the anchor (kind ``...-warm``): a call timed
+    right after the anchor was slower by as much as the anchor lasted (what the anchor evicted from the caches,
+    likely; not measured apart), and how much moved from process to process. On the 2-core VM ONNX Runtime's LSTM at
+    batch 1 took 57 us after one repetition of the anchor and 78 us after eight, 34-37 us after a call of its own;
+    Keras-on-TensorFlow's 679-1,010 us against 630-704 us, and its figure lay 9.9-14.9% apart over a recording's
+    processes. On a GPU the device time decides, and a call is timed as before (``torch-cuda``)."""
 
     def __init__(self, timed: Callable[[], object], anchor: Anchor, clock: Callable[[], float] = time.perf_counter):
         self.timed = timed  # one call, synchronised

@@ -688,7 +688,7 @@ def comparable(measurement: Measurement, reference: Reference) -> str | None:
             if kind.endswith("-in-worker") and not was.endswith("-in-worker")
             else "",
             "a call on a CPU is now timed after an untimed call of its own, not right after the anchor, which "
-            "evicted it by as much as the anchor lasted"
+            "slowed it by as much as the anchor lasted"
             if WARM_SUFFIX in kind and WARM_SUFFIX not in was and was != "torch-cpu"
             else "",
         ]
