@@ -232,9 +232,8 @@ class Pairs:
         self.timed = timed  # one call, synchronised
         self.anchor = anchor
         self.clock = clock
-        self.warm_first = anchor.kind != "torch-cuda"
-        self.kind = anchor.kind + (WARM_SUFFIX if self.warm_first else "")
-        self.calls = 2 if self.warm_first else 1
+        self.calls = 1 if anchor.kind == "torch-cuda" else 2  # on a CPU the timed call follows an untimed one
+        self.kind = anchor.kind + (WARM_SUFFIX if self.calls > 1 else "")
 
     def estimate(self, warmup: int) -> float:
         """Seconds of one call after ``warmup`` calls (:func:`estimate_call`)."""
@@ -249,4 +248,4 @@ class Pairs:
 
     def rounds(self, repeat: int, rounds: int) -> tuple[list[float], list[float]]:
         """:func:`paired_rounds` of the call and the anchor."""
-        return paired_rounds(self.timed, self.anchor, repeat, rounds, self.clock, self.warm_first)
+        return paired_rounds(self.timed, self.anchor, repeat, rounds, self.clock, warm=self.calls > 1)

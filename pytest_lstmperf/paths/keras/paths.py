@@ -28,6 +28,7 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any, cast
 
+from ...anchor import WARM_SUFFIX
 from ...model.keras_options import KerasOptions
 from .. import ExecutionPath, PathResult, register_path
 from . import support
@@ -397,7 +398,8 @@ class WorkerPairs:
         self.mode = kind
         self.clock = time.perf_counter  # the worker's clock too
         self.kind = str(run._call("pairs", kind, "kind")) + self.SUFFIX
-        self.calls = 2  # a CPU's: each timed call follows an untimed one (:class:`pytest_lstmperf.anchor.Pairs`)
+        # as the worker's pairs time it: each timed call after an untimed one on a CPU (:class:`..anchor.Pairs`)
+        self.calls = 2 if WARM_SUFFIX in self.kind else 1
 
     def estimate(self, warmup: int) -> float:
         return float(self.run._call("pairs", self.mode, "estimate", warmup))
