@@ -208,6 +208,12 @@ def _print_gate(tr: _Lines, config: pytest.Config, state: GateState) -> None:
             yellow=True,
         )
     tr.write_line(f"speed gate against {state.baseline.path}: {gate.summary()}", bold=True)
+    if gate.count("new"):
+        tr.write_line(
+            f"  {gate.count('new')} new: no entry in the baseline, so not judged; measured for the report alone (no "
+            "sweep across the run, the first half of their device samples); record them with "
+            f"{record_command(config, '--lstmperf-update-baseline')}"
+        )
     shown = gate.decisions if verbose else [d for d in gate.decisions if d.verdict not in ("unchanged", "not-run")]
     for line in format_table(shown) if shown else []:
         tr.write_line(line)

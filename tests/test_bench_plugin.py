@@ -258,6 +258,14 @@ def test_a_further_process_times_each_benchmark_with_the_first_processs_anchor(t
     assert recording.handed_repeats(SimpleNamespace()) == {}  # type: ignore[arg-type]  # a run's first process
     worker = SimpleNamespace(workerinput={recording.REPEATS_KEY: {"a": 2}})
     assert recording.handed_repeats(worker) == {"a": 2}  # type: ignore[arg-type]
+    # a worker judges each benchmark its controller's baseline holds, one without a count among them (0: fitted)
+    from pytest_lstmperf.speed.gate import GateState
+
+    worker = SimpleNamespace(workerinput={recording.REPEATS_KEY: {"a": 2, "old": 0}})
+    state = GateState(anchor_repeats=recording.handed_repeats(worker))  # type: ignore[arg-type]
+    assert state.anchor_repeat("a") == 2 and state.anchor_repeat("old") is None
+    assert state.judges("a") and state.judges("old") and not state.judges("new")
+    assert GateState(recording=True).judges("new")  # a recording judges (records) every benchmark it times
 
 
 def test_lifecycle_record_compare_regress_update(gate, gate_recording) -> None:
@@ -568,6 +576,18 @@ def test_xdist_records_every_benchmark(gate, gate_recording) -> None:
     assert "timed beside the other workers' tests" not in result.stdout.str()
     compared = json.loads((gate.path / "compared.json").read_text())["benchmarks"]
     assert len(compared) == 3 and {b["extra_info"]["anchor"]["repeat"] for b in compared} == {3}
+    # a benchmark the baseline has no entry for is not judged: measured for the report alone, no sweep; the workers
+    # know which are judged from the controller's baseline (speed/gate.py, GateState.judges)
+    (train,) = [i for i, b in enumerate(data["benchmarks"]) if "test_training" in b["fullname"]]
+    dropped = data["benchmarks"].pop(train)["fullname"]  # the forward calls keep their pool of two
+    path.write_text(json.dumps(data))
+    result = gate("-n", "2", "--benchmark-compare", "--benchmark-json=partial.json")
+    assert result.ret == 0, result.stdout.str()
+    result.stdout.fnmatch_lines(["*speed gate against*2 unchanged, 1 new*", "*1 new: no entry in the baseline*"])
+    written = json.loads((gate.path / "partial.json").read_text())["benchmarks"]
+    partial = {b["fullname"]: b["extra_info"] for b in written}
+    assert partial[dropped]["not_judged"] and "swept" not in partial[dropped], partial[dropped]
+    assert all(e["swept"]["rounds"] and "not_judged" not in e for k, e in partial.items() if k != dropped)
     # a run that compares and records nothing takes no lock: its figures were timed beside other tests, and it says so
     result = gate("-n", "2", "-k", "B1-", "--benchmark-json=plain.json")
     assert result.ret == 0, result.stdout.str()

@@ -772,5 +772,9 @@ def test_a_device_figure_takes_its_second_half_of_samples_only_where_the_first_i
     dev_time, calls = meter("pipelined", noisy=False, beside=beside)  # not the GPU's own time: every sample
     dev, _ = runner._settled_device_time(dev_time, 12, beside)
     assert calls == [6, 6] and len(dev.samples) == 12
+    beside = []
+    dev_time, calls = meter("cuda-graph", noisy=True, beside=beside)  # a benchmark the run does not judge
+    dev, paired = runner._settled_device_time(dev_time, 12, beside, settle=False)
+    assert calls == [6] and len(dev.samples) == 6 and paired == [1.0] * 6  # the first half alone, noisy or not
     dev, paired = runner._settled_device_time(lambda n: meters.DeviceTime("host"), 12, [])  # the CPU: one call
     assert dev.samples == () and paired == []

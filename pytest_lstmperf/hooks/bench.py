@@ -104,6 +104,7 @@ def pytest_configure(config: pytest.Config) -> None:
     run_session(config).judges = judges(config)  # before a worker's --benchmark-compare is cleared below
     # the anchor repetitions the run's first process decided (pytest-xdist's controller, a recording's first process)
     gate_state(config).anchor_repeats.update(handed_repeats(config))
+    gate_state(config).recording = saving(config) is not None or process_folder() is not None
     if sweeps(config):
         run_session(config).gate.sweep = Sweep(float(setting(config, "lstmperf_sweep").value))  # not yet "used"
     if compare and is_worker(config):

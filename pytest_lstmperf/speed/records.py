@@ -76,6 +76,7 @@ class MeasuredInfo(TypedDict, total=False):
     phase_s: dict[str, float]
     timer: str
     timed_by: str
+    not_judged: str  # why it was measured for the report alone (:data:`.runner.NOT_JUDGED`)
     rounds: int
     anchor: AnchorInfo
     time_per_call_s: float | None

@@ -48,6 +48,9 @@ BENCH_MARKER = "lstmperf"
 DEVICE_DECIDES_ROUNDS = 5
 #: device samples taken before asking whether the device figure has settled, at the least
 DEVICE_FIRST_SAMPLES = 6
+#: why a benchmark was measured for the report alone (``extra_info.not_judged``): the gate compares, and its
+#: baseline has no entry for it, so no figure of it is judged; the gate's precision is spent where it judges
+NOT_JUDGED = "no baseline entry: not judged, measured for the report (no sweep, the first half of its device samples)"
 #: a device figure whose first samples resolve this slowdown takes no more (the issue's goal for a GPU: 1.05x)
 DEVICE_SETTLED = 1.025
 
@@ -326,8 +329,11 @@ class BenchRunner:
             pairs: TimedPairs = where or Pairs(timed, anchor, clock)
             estimate = pairs.estimate(plan.warmup)
             repeat = pairs.repeat_for(estimate, self.state.anchor_repeat(self.request.node.nodeid))
+            # where the gate compares, a benchmark its baseline has no entry for is measured for the report alone
+            # (NOT_JUDGED): its device time from the first half of the samples, and no sweep
+            judged = self.state.sweep is None or self.state.judges(self.request.node.nodeid)
             # the device time first: whether a device figure (the GPU's own time) decides sets the rounds below
-            self._device_time(extra, dev_time, plan.device_samples, anchor)
+            self._device_time(extra, dev_time, plan.device_samples, anchor, settle=judged)
             phases["device_time"], started = time.perf_counter() - started, time.perf_counter()
             device_decides = extra.get("device_time_method") in DEVICE_METHODS
             # where the gate compares or records, a device figure or the sweep (:mod:`.sweep`) decides: the test's
@@ -386,7 +392,9 @@ class BenchRunner:
             )
             phases["rounds"], started = time.perf_counter() - started, time.perf_counter()
             sweep = self.state.sweep
-            if sweep is not None and not device_decides:
+            if sweep is not None and not judged:
+                extra["not_judged"] = NOT_JUDGED
+            elif sweep is not None and not device_decides:
                 # the time per call decides: timed again across the run as it ends (:mod:`.sweep`)
                 anchor_s = extra.get("anchor", {}).get("per_call_s") or 0.0
                 per_round = pairs.calls * statistics.median(data) + anchor_s * repeat
@@ -403,16 +411,17 @@ class BenchRunner:
         return self.state.anchor
 
     @staticmethod
-    def _device_time(extra: MeasuredInfo, dev_time: Any, samples: int, anchor: Any) -> None:
+    def _device_time(extra: MeasuredInfo, dev_time: Any, samples: int, anchor: Any, settle: bool = True) -> None:
         """The benchmark's device samples, each followed by one of the anchor's where they are taken in this process
         (:func:`..meters.paired_with`), else the anchor's taken after them (a Keras worker's device time). The
-        anchor's part of ``extra`` is filled here; its rounds' samples join it after the rounds."""
+        anchor's part of ``extra`` is filled here; its rounds' samples join it after the rounds. ``settle``: False
+        for a benchmark the run does not judge, whose first half of the samples is its device time."""
         part = extra.setdefault("anchor", {})
         if anchor.kind != "torch-cuda":
-            dev, _ = _settled_device_time(dev_time, samples, [])
+            dev, _ = _settled_device_time(dev_time, samples, [], settle)
         else:
             with meters.paired_with(anchor.device_sample) as beside:
-                dev, paired = _settled_device_time(dev_time, samples, beside)
+                dev, paired = _settled_device_time(dev_time, samples, beside, settle)
             n = len(dev.samples)
             if n and len(paired) == n:
                 part["device_samples"] = paired
@@ -501,18 +510,21 @@ class BenchRunner:
         return record
 
 
-def _settled_device_time(dev_time: Any, samples: int, beside: list[float]) -> tuple[meters.DeviceTime, list[float]]:
+def _settled_device_time(
+    dev_time: Any, samples: int, beside: list[float], settle: bool = True
+) -> tuple[meters.DeviceTime, list[float]]:
     """``dev_time(samples)``, stopped at half of them where the GPU's own time (:data:`.policy.DEVICE_METHODS`)
     already resolves :data:`DEVICE_SETTLED` (:func:`_resolves`): device
     figures lie within a few tenths of a percent of each other (on the H200 the default command's median
     resolution was 1.013x with 12), so the second half is spent only where the first is noisy. With the anchor's
     samples taken beside each measurement (``beside``, :func:`..meters.paired_with`), those that pair with the
-    returned samples (empty where they do not all pair)."""
+    returned samples (empty where they do not all pair). ``settle=False``: the first half alone (a benchmark the
+    run does not judge)."""
     first = max(DEVICE_FIRST_SAMPLES, samples // 2)
     dev: meters.DeviceTime = dev_time(first)
     paired = _last(beside, len(dev.samples))
     settled = dev.method in DEVICE_METHODS and _resolves(dev.samples) <= DEVICE_SETTLED
-    if first >= samples or not dev.samples or settled:
+    if first >= samples or not dev.samples or settled or not settle:
         return dev, paired
     mark = len(beside)
     more: meters.DeviceTime = dev_time(samples - first)
