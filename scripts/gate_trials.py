@@ -163,6 +163,8 @@ def main() -> int:
     p.add_argument("--baseline", type=Path, help="a baseline file recorded earlier: compared with, not recorded")
     a = p.parse_args()
     out = a.out
+    if out.exists() and any(out.iterdir()):  # a recording never overwrites a baseline: the trials would compare
+        p.error(f"--out={out} is not empty: its baseline would be compared with, not recorded; name a new folder")
     (out / "runs").mkdir(parents=True, exist_ok=True)
     common = [f"--device={a.device}", f"--lstmperf-baselines={out / 'baselines'}", "-p", "no:cacheprovider",
               *a.extra.split()]  # fmt: skip

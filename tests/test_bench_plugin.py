@@ -258,13 +258,11 @@ def test_a_further_process_times_each_benchmark_with_the_first_processs_anchor(t
     assert recording.handed_repeats(SimpleNamespace()) == {}  # type: ignore[arg-type]  # a run's first process
     worker = SimpleNamespace(workerinput={recording.REPEATS_KEY: {"a": 2}})
     assert recording.handed_repeats(worker) == {"a": 2}  # type: ignore[arg-type]
-    # a worker judges each benchmark its controller's baseline holds, one without a count among them (0: fitted)
+    # which benchmarks a run judges: those its lstmperf baseline has entries for (a worker: its controller's)
     from pytest_lstmperf.speed.gate import GateState
 
-    worker = SimpleNamespace(workerinput={recording.REPEATS_KEY: {"a": 2, "old": 0}})
-    state = GateState(anchor_repeats=recording.handed_repeats(worker))  # type: ignore[arg-type]
-    assert state.anchor_repeat("a") == 2 and state.anchor_repeat("old") is None
-    assert state.judges("a") and state.judges("old") and not state.judges("new")
+    assert GateState(judged=frozenset({"a"})).judges("a") and not GateState(judged=frozenset({"a"})).judges("b")
+    assert GateState().judges("b")  # no lstmperf baseline (pytest-benchmark's own run): pytest-benchmark judges
     assert GateState(recording=True).judges("new")  # a recording judges (records) every benchmark it times
 
 

@@ -61,6 +61,8 @@ from .gate_finish import check_writable, finish, show_swept, sweep, take_swept
 from .recording import REPEATS_KEY, handed_repeats, keep_benchmarks, process_folder, quiet
 from .terminal import print_speed_section
 
+JUDGED_KEY = "lstmperf_judged"  # in a pytest-xdist worker's workerinput: the controller's baseline's entries
+
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     options.add_options(parser, names=[n for n in options.BENCH_SETTINGS if n not in options.BENCH_FLAGS])
@@ -105,6 +107,9 @@ def pytest_configure(config: pytest.Config) -> None:
     # the anchor repetitions the run's first process decided (pytest-xdist's controller, a recording's first process)
     gate_state(config).anchor_repeats.update(handed_repeats(config))
     gate_state(config).recording = saving(config) is not None or process_folder() is not None
+    judged = getattr(config, "workerinput", {}).get(JUDGED_KEY)  # a worker: what its controller's baseline holds
+    if isinstance(judged, list):
+        gate_state(config).judged = frozenset(str(name) for name in judged)
     if sweeps(config):
         run_session(config).gate.sweep = Sweep(float(setting(config, "lstmperf_sweep").value))  # not yet "used"
     if compare and is_worker(config):
@@ -255,11 +260,15 @@ def _collect_record(config: pytest.Config, value: object) -> None:
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_configure_node(node: Any) -> None:
-    """pytest-xdist's controller, as it starts a worker: the run's id, whose lock folder it removes at the end, and
+    """pytest-xdist's controller, as it starts a worker: the run's id, whose lock folder it removes at the end,
     the anchor repetitions every benchmark is timed with (:meth:`..speed.gate.GateState.anchor_repeat`): the
-    baseline's, which the workers do not load."""
+    baseline's, which the workers do not load, and the benchmarks it has entries for
+    (:meth:`..speed.gate.GateState.judges`)."""
     run_session(node.config).xdist_run = str(node.workerinput["testrunuid"])
     node.workerinput[REPEATS_KEY] = gate_state(node.config).known_repeats()
+    baseline = gate_state(node.config).baseline
+    if baseline is not None:  # which benchmarks the gate judges (GateState.judges)
+        node.workerinput[JUDGED_KEY] = sorted(baseline.benchmarks)
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -83,15 +83,14 @@ def handed_repeats(config: pytest.Config) -> dict[str, int]:
     """The anchor repetitions this process was handed (nodeid -> repetitions): by the recording or compare command
     that started it as a further process, or by pytest-xdist's controller; empty in a run's first process. Every
     process of a run times a benchmark with the same anchor: a call's own time depends on how long the anchor ran
-    just before it. 0 for a benchmark the run judges whose baseline entry holds no count (fitted, as for a new
-    entry)."""
+    just before it."""
     raw: object = getattr(config, "workerinput", {}).get(REPEATS_KEY)
     folder = process_folder()
     if raw is None and folder is not None and (folder / f"{REPEATS_KEY}.json").is_file():
         raw = json.loads((folder / f"{REPEATS_KEY}.json").read_text())
     if not isinstance(raw, dict):
         return {}
-    return {str(k): int(v) for k, v in raw.items() if isinstance(v, int) and v >= 0}
+    return {str(k): int(v) for k, v in raw.items() if isinstance(v, int) and v > 0}
 
 
 def keep_benchmarks(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -45,6 +45,9 @@ class GateState:
     #: this process records every benchmark it times: a recording's first process, one of its further processes,
     #: or a further process of a compare (which times only benchmarks it judges)
     recording: bool = False
+    #: under pytest-xdist, a worker's: the benchmarks its controller's baseline has entries for (the workers do not
+    #: load it); None where the controller compares with no lstmperf baseline, or this is no worker
+    judged: frozenset[str] | None = None
 
     def anchor_repeat(self, nodeid: str) -> int | None:
         """The anchor repetitions ``nodeid`` must be timed with, None where no process of the run decided them yet
@@ -53,24 +56,26 @@ class GateState:
         after eight, in one worker. Under pytest-xdist, which fitted them anew from a noisy estimate, a compare
         that doubled them read 1.155x its recording, regressed."""
         if nodeid in self.anchor_repeats:
-            return self.anchor_repeats[nodeid] or None
+            return self.anchor_repeats[nodeid]
         entry = self.baseline.benchmarks.get(nodeid) if self.baseline is not None else None
         return (entry.anchor_repeat or None) if entry is not None else None
 
     def judges(self, nodeid: str) -> bool:
-        """Whether this run judges or records ``nodeid``'s figure: it records, or the baseline it compares with
-        has an entry for it (under pytest-xdist, the controller's baseline: it hands its workers every entry's
-        anchor repetitions, :meth:`known_repeats`). A benchmark it does not judge is measured for the report
-        alone: no sweep, and its device time from the first half of its samples."""
-        if self.recording or nodeid in self.anchor_repeats:
+        """Whether this run judges or records ``nodeid``'s figure: it records, or the lstmperf baseline it compares
+        with has an entry for it (under pytest-xdist, the controller's: :attr:`judged`). A benchmark it does not
+        judge is measured for the report alone: no sweep, and its device time from the first half of its samples.
+        A run that compares with no lstmperf baseline (pytest-benchmark's own saved run) measures every one in
+        full: pytest-benchmark judges them."""
+        if self.recording:
             return True
-        return self.baseline is not None and nodeid in self.baseline.benchmarks
+        if self.baseline is not None:
+            return nodeid in self.baseline.benchmarks
+        return self.judged is None or nodeid in self.judged
 
     def known_repeats(self) -> dict[str, int]:
         """Every anchor repetition this process knows before timing: the baseline's, and those handed to it."""
         out: dict[str, int] = {}
         if self.baseline is not None:
-            # every entry, 0 where it holds no count (fitted, as for a new entry): a worker judges what is listed
-            out.update({k: e.anchor_repeat or 0 for k, e in self.baseline.benchmarks.items()})
+            out.update({k: e.anchor_repeat for k, e in self.baseline.benchmarks.items() if e.anchor_repeat})
         out.update(self.anchor_repeats)
         return out
