@@ -331,7 +331,7 @@ class BenchRunner:
             repeat = pairs.repeat_for(estimate, self.state.anchor_repeat(self.request.node.nodeid))
             # where the gate compares, a benchmark its baseline has no entry for is measured for the report alone
             # (NOT_JUDGED): its device time from the first half of the samples, and no sweep
-            judged = self.state.sweep is None or self.state.judges(self.request.node.nodeid)
+            judged = self.state.judges(self.request.node.nodeid)
             # the device time first: whether a device figure (the GPU's own time) decides sets the rounds below
             self._device_time(extra, dev_time, plan.device_samples, anchor, settle=judged)
             phases["device_time"], started = time.perf_counter() - started, time.perf_counter()
@@ -392,7 +392,7 @@ class BenchRunner:
             )
             phases["rounds"], started = time.perf_counter() - started, time.perf_counter()
             sweep = self.state.sweep
-            if sweep is not None and not judged:
+            if not judged:
                 extra["not_judged"] = NOT_JUDGED
             elif sweep is not None and not device_decides:
                 # the time per call decides: timed again across the run as it ends (:mod:`.sweep`)
