@@ -8,6 +8,7 @@ torch is imported only inside the functions that need it.
 
 from __future__ import annotations
 
+import copy
 import statistics
 import time
 from collections.abc import Callable
@@ -38,6 +39,9 @@ def estimate_call(call: Callable[[], object], warmup: int, clock: Callable[[], f
 
 #: the anchor lasts about as long as the benchmark's call, up to this: a long call's rounds are not doubled
 ANCHOR_MAX_S = 0.005
+#: a CPU benchmark's reduced precision (its observed kernel's) -> the autocast dtype its anchor runs in
+#: (:meth:`Anchor.in_precision`)
+REDUCED_PRECISIONS = {"bf16": "bfloat16", "fp16": "float16"}
 
 
 class Anchor:
@@ -88,6 +92,7 @@ class Anchor:
                 (torch.randn(*s, generator=gen) / 8).to(dev) for s in ((16, 64), (64, 64), (64, 64))
             )
             self._cuda = dev.type == "cuda"
+            self._autocast: str | None = None  # a torch dtype's name: the steps run under autocast (in_precision)
             self._graph: Any = None
             self._timer: Any = None
             if self._cuda:
@@ -107,7 +112,8 @@ class Anchor:
             if not self._w.requires_grad:
                 self._w.requires_grad_(True)
                 self._u.requires_grad_(True)
-            with torch.enable_grad():
+            dtype = getattr(torch, self._autocast) if self._autocast else None
+            with torch.enable_grad(), torch.autocast("cpu", dtype=dtype, enabled=dtype is not None):
                 h = self._x
                 for _ in range(self.STEPS):
                     h = torch.tanh(torch.addmm(h @ self._u, self._x, self._w))
@@ -120,6 +126,21 @@ class Anchor:
                 h = torch.tanh(torch.addmm(h @ self._u, self._x, self._w))
             if self._cuda:
                 torch.cuda.synchronize(self.torch_device)
+
+    def in_precision(self, precision: str) -> Anchor:
+        """This anchor with its steps run under autocast in ``precision`` (:data:`REDUCED_PRECISIONS`) on a CPU,
+        its kind saying so (``torch-cpu-backward-bf16``); itself for any other precision, on a GPU, or without
+        torch. What moves a bf16 call from process to process is not what moves fp32 arithmetic: on the 2-core VM
+        the native LSTM and GRU at batch 16 under bf16 autocast lay 3.3% and 2.3% apart over 42 processes divided
+        by the fp32 anchor, 1.3% and 0.9% divided by this one, while an fp32 LSTM lay 0.9% apart beside the fp32
+        anchor and 2.1% beside this one (scripts/precision_anchor_probe.py)."""
+        dtype = REDUCED_PRECISIONS.get(precision)
+        if dtype is None or self._torch is None or self._cuda:
+            return self
+        other = copy.copy(self)  # the same tensors: one anchor per run, run one call at a time
+        other._autocast = dtype
+        other.kind = f"{self.kind}-{precision}"
+        return other
 
     def _fit(self, call_s: float | None, one: float) -> int:
         """The repetitions that make the anchor last about ``call_s`` at ``one`` per repetition: a power of two up

@@ -778,3 +778,43 @@ def test_a_device_figure_takes_its_second_half_of_samples_only_where_the_first_i
     assert calls == [6] and len(dev.samples) == 6 and paired == [1.0] * 6  # the first half alone, noisy or not
     dev, paired = runner._settled_device_time(lambda n: meters.DeviceTime("host"), 12, [])  # the CPU: one call
     assert dev.samples == () and paired == []
+
+
+def test_a_users_bf16_call_on_a_cpu_is_timed_beside_the_anchor_in_bf16(pytester, monkeypatch, tmp_path) -> None:
+    """The runner pairs a call whose traced kernel ran in bf16 with the anchor under bf16 autocast (its kind ends
+    ``-bf16-warm``), and an fp32 call with the fp32 anchor, in one run."""
+    pytester.makepyfile(
+        test_precisions="""
+        import torch
+
+        def test_bf16(lstmperf_benchmark):
+            torch.set_num_threads(1)
+            lstm, x = torch.nn.LSTM(8, 16, batch_first=True), torch.randn(4, 10, 8)
+
+            def forward():
+                with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+                    return lstm(x)[0]
+
+            assert lstmperf_benchmark(forward).dtype == torch.bfloat16
+
+        def test_fp32(lstmperf_benchmark):
+            torch.set_num_threads(1)
+            lstm, x = torch.nn.LSTM(8, 16, batch_first=True), torch.randn(4, 10, 8)
+
+            def forward():
+                with torch.no_grad():
+                    return lstm(x)[0]
+
+            assert lstmperf_benchmark(forward).dtype == torch.float32
+        """
+    )
+    _env(monkeypatch)
+    target = tmp_path / "out.json"
+    result = runpytest_forked(pytester, *USER_ARGS, f"--benchmark-json={target}", timeout=INNER_TIMEOUT_S)
+    assert result.ret == 0, result.stdout.str()
+    records = _records(target).values()
+    kinds = {b["name"]: (b["extra_info"]["precision"], b["extra_info"]["anchor"]["kind"]) for b in records}
+    assert kinds == {
+        "test_bf16": ("bf16", "torch-cpu-backward-bf16-warm"),
+        "test_fp32": ("fp32", "torch-cpu-backward-warm"),
+    }, kinds

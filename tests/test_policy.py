@@ -579,6 +579,40 @@ def test_the_anchor_keeps_its_baseline_repetitions_whatever_they_last(monkeypatc
     assert anchor.repeat_for(1e-3) == 2 and anchor.repeat_for(1e-3, baseline=4) == 4
 
 
+def test_a_reduced_precision_call_on_a_cpu_is_paired_with_the_anchor_in_its_precision(monkeypatch) -> None:
+    """A bf16 (or fp16) call on a CPU is divided by the anchor run under autocast in its precision: what moves a
+    bf16 call between processes is not what moves fp32 arithmetic (on the 2-core VM the native LSTM at batch 16
+    under bf16 autocast lay 3.3% apart over 42 processes beside the fp32 anchor, 1.3% beside the bf16 one). Its
+    kind says so, and a baseline paired with the fp32 anchor is not comparable, with the reason."""
+    import torch
+
+    from pytest_lstmperf import anchor as timing
+    from pytest_lstmperf.speed.policy import Measurement, comparable
+
+    fp32 = timing.Anchor("cpu")
+    bf16 = fp32.in_precision("bf16")
+    assert fp32.in_precision("fp32") is fp32 and fp32.in_precision("unknown") is fp32
+    assert bf16.kind == "torch-cpu-backward-bf16" and fp32.kind == "torch-cpu-backward"
+    seen: list[tuple[bool, object]] = []
+    tanh = torch.tanh
+
+    def spy(x):
+        seen.append((torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu")))
+        return tanh(x)
+
+    monkeypatch.setattr(torch, "tanh", spy)
+    fp32.once()
+    assert seen and not any(on for on, _ in seen)  # the fp32 anchor: no autocast
+    seen.clear()
+    bf16.once()
+    assert seen and all(on and dtype == torch.bfloat16 for on, dtype in seen)
+    assert timing.Pairs(lambda: None, bf16).kind == "torch-cpu-backward-bf16-warm"
+    recorded = Reference("b", (), anchor_kind="torch-cpu-backward-warm")
+    now = Measurement(name="b", anchor_kind="torch-cpu-backward-bf16-warm")
+    why = comparable(now, recorded)
+    assert why is not None and "in its own precision" in why and "untimed call" not in why
+
+
 def test_how_far_recording_runs_lie_apart_is_pooled_over_the_baseline() -> None:
     """Sentence 2: how far recording processes lie apart is the machine's, pooled over the baseline's
     benchmarks (a median, unbiased for the degrees of freedom) and moderated by each one's own. Planted: a

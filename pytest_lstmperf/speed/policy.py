@@ -45,7 +45,7 @@ import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from ..anchor import WARM_SUFFIX
+from ..anchor import REDUCED_PRECISIONS, WARM_SUFFIX
 from ..options import THRESHOLD
 
 # ----------------------------------------------------------------------------------------------- constants
@@ -691,6 +691,10 @@ def comparable(measurement: Measurement, reference: Reference) -> str | None:
             "slowed it by as much as the anchor lasted"
             if WARM_SUFFIX in kind and WARM_SUFFIX not in was and was != "torch-cpu"
             else "",
+            "a bf16 or fp16 call on a CPU is now timed beside the anchor run in its own precision, which follows "
+            "what moves it between processes"
+            if _reduced(kind) and not _reduced(was)
+            else "",
         ]
         why = "".join(f": {c}" for c in changes if c)
         return (
@@ -714,6 +718,11 @@ def comparable(measurement: Measurement, reference: Reference) -> str | None:
         f"time ({now * 1e6:.4g} us against {then * 1e6:.4g} us): this machine is overloaded, throttled or not the "
         "one recorded; rerun on the machine the baseline was recorded on, quiet"
     )
+
+
+def _reduced(kind: str) -> bool:
+    """Whether an anchor's kind says it ran in a CPU call's reduced precision (:meth:`..anchor.Anchor.in_precision`)."""
+    return any(f"-{precision}" in kind for precision in REDUCED_PRECISIONS)
 
 
 @dataclass(frozen=True)

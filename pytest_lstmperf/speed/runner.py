@@ -326,6 +326,8 @@ class BenchRunner:
             phases["waited"] = time.perf_counter() - started  # for other workers' tests, the Keras workers' start
             started = time.perf_counter()
             anchor = self._anchor()
+            if self.session.device.kind == "cpu":  # a bf16 or fp16 call: the anchor in its precision
+                anchor = anchor.in_precision(str(extra.get("precision", "")))
             pairs: TimedPairs = where or Pairs(timed, anchor, clock)
             estimate = pairs.estimate(plan.warmup)
             repeat = pairs.repeat_for(estimate, self.state.anchor_repeat(self.request.node.nodeid))
