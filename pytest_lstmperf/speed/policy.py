@@ -4,7 +4,8 @@ The rule, in five sentences (docs/speed-gate.md states the same):
 
 1. Every benchmark is timed in pairs, one call of the benchmark and one run of a fixed anchor workload on the same
    device in the same process (a Keras benchmark's, on a CPU, in its worker, where its call runs; on a CPU each
-   timed call after an untimed one of its own), the anchor repeated as often in every process as the benchmark's
+   timed call after an untimed one of its own, and a bf16 or fp16 call beside the anchor run in its precision),
+   the anchor repeated as often in every process as the benchmark's
    baseline (or the run's first process) says, with the machine
    to itself where the gate compares or records (under pytest-xdist the other workers wait) and a fixed number of CPU
    threads (``--lstmperf-threads``, 1 by default); its figure is the median of its device time where it has one that
