@@ -261,9 +261,10 @@ def test_a_further_process_times_each_benchmark_with_the_first_processs_anchor(t
     # which benchmarks a run judges: those its lstmperf baseline has entries for (a worker: its controller's)
     from pytest_lstmperf.speed.gate import GateState
 
-    assert GateState(judged=frozenset({"a"})).judges("a") and not GateState(judged=frozenset({"a"})).judges("b")
-    assert GateState().judges("b")  # no lstmperf baseline (pytest-benchmark's own run): pytest-benchmark judges
-    assert GateState(recording=True).judges("new")  # a recording judges (records) every benchmark it times
+    worker = GateState(judged=frozenset({"a"}))
+    assert worker.judges_benchmark("a") and not worker.judges_benchmark("b")
+    assert GateState().judges_benchmark("b")  # no lstmperf baseline (pytest-benchmark's own run): it judges them
+    assert GateState(recording=True).judges_benchmark("new")  # a recording judges (records) every benchmark it times
 
 
 def test_lifecycle_record_compare_regress_update(gate, gate_recording) -> None:
@@ -575,7 +576,7 @@ def test_xdist_records_every_benchmark(gate, gate_recording) -> None:
     compared = json.loads((gate.path / "compared.json").read_text())["benchmarks"]
     assert len(compared) == 3 and {b["extra_info"]["anchor"]["repeat"] for b in compared} == {3}
     # a benchmark the baseline has no entry for is not judged: measured for the report alone, no sweep; the workers
-    # know which are judged from the controller's baseline (speed/gate.py, GateState.judges)
+    # know which are judged from the controller's baseline (speed/gate.py, GateState.judges_benchmark)
     (train,) = [i for i, b in enumerate(data["benchmarks"]) if "test_training" in b["fullname"]]
     dropped = data["benchmarks"].pop(train)["fullname"]  # the forward calls keep their pool of two
     path.write_text(json.dumps(data))

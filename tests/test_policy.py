@@ -600,9 +600,19 @@ def test_a_reduced_precision_call_on_a_cpu_is_paired_with_the_anchor_in_its_prec
         seen.append((torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu")))
         return tanh(x)
 
+    entered: list[object] = []
+    autocast = torch.autocast
+
+    def counted(*args, **kwargs):
+        entered.append(kwargs.get("dtype"))
+        return autocast(*args, **kwargs)
+
     monkeypatch.setattr(torch, "tanh", spy)
+    monkeypatch.setattr(torch, "autocast", counted)
     fp32.once()
-    assert seen and not any(on for on, _ in seen)  # the fp32 anchor: no autocast
+    # the fp32 anchor: no autocast, not even a disabled context (3 us a repetition, which would move every CPU
+    # figure against a baseline of the same kind recorded before)
+    assert seen and not any(on for on, _ in seen) and entered == []
     seen.clear()
     bf16.once()
     assert seen and all(on and dtype == torch.bfloat16 for on, dtype in seen)

@@ -263,11 +263,11 @@ def pytest_configure_node(node: Any) -> None:
     """pytest-xdist's controller, as it starts a worker: the run's id, whose lock folder it removes at the end,
     the anchor repetitions every benchmark is timed with (:meth:`..speed.gate.GateState.anchor_repeat`): the
     baseline's, which the workers do not load, and the benchmarks it has entries for
-    (:meth:`..speed.gate.GateState.judges`)."""
+    (:meth:`..speed.gate.GateState.judges_benchmark`)."""
     run_session(node.config).xdist_run = str(node.workerinput["testrunuid"])
     node.workerinput[REPEATS_KEY] = gate_state(node.config).known_repeats()
     baseline = gate_state(node.config).baseline
-    if baseline is not None:  # which benchmarks the gate judges (GateState.judges)
+    if baseline is not None:  # which benchmarks the gate judges (GateState.judges_benchmark)
         node.workerinput[JUDGED_KEY] = sorted(baseline.benchmarks)
 
 

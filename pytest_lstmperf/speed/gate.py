@@ -60,7 +60,7 @@ class GateState:
         entry = self.baseline.benchmarks.get(nodeid) if self.baseline is not None else None
         return (entry.anchor_repeat or None) if entry is not None else None
 
-    def judges(self, nodeid: str) -> bool:
+    def judges_benchmark(self, nodeid: str) -> bool:
         """Whether this run judges or records ``nodeid``'s figure: it records, or the lstmperf baseline it compares
         with has an entry for it (under pytest-xdist, the controller's: :attr:`judged`). A benchmark it does not
         judge is measured for the report alone: no sweep, and its device time from the first half of its samples.

@@ -333,7 +333,7 @@ class BenchRunner:
             repeat = pairs.repeat_for(estimate, self.state.anchor_repeat(self.request.node.nodeid))
             # where the gate compares, a benchmark its baseline has no entry for is measured for the report alone
             # (NOT_JUDGED): its device time from the first half of the samples, and no sweep
-            judged = self.state.judges(self.request.node.nodeid)
+            judged = self.state.judges_benchmark(self.request.node.nodeid)
             # the device time first: whether a device figure (the GPU's own time) decides sets the rounds below
             self._device_time(extra, dev_time, plan.device_samples, anchor, settle=judged)
             phases["device_time"], started = time.perf_counter() - started, time.perf_counter()
