@@ -5,9 +5,21 @@
 #   * PLUGIN holds the pytest arguments that load the plugin: "-p pytest_lstmperf.plugin", or nothing when an
 #     installed distribution registers it through its pytest11 entry point (pytest loads it then, and a second
 #     -p would register it twice). Pass it unquoted: `$PYTHON -m pytest $PLUGIN ...`.
+#   * a Python that can neither find nor write torch's bytecode (a read-only environment, or
+#     PYTHONDONTWRITEBYTECODE=1 as container images often set) compiles every module it imports on every run: on an
+#     H200 machine 9 s of the default command's main process, torch._dynamo and sympy most of it, and as long again
+#     in each Keras worker. Bytecode then goes to PYTHONPYCACHEPREFIX (a writable folder), so that a second run
+#     finds it, as on a machine whose packages were compiled when installed.
 # Sets PYTHON (default python3) and PYTHONUNBUFFERED=1 (logs written as they happen).
 PYTHON=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1
+if ! "$PYTHON" -c "import importlib.util as u, os, sys
+d = os.path.dirname(u.find_spec('torch').origin)
+c = os.path.join(d, '__pycache__')
+sys.exit(0 if not sys.dont_write_bytecode and os.access(c if os.path.isdir(c) else d, os.W_OK) else 1)" 2>/dev/null; then
+  unset PYTHONDONTWRITEBYTECODE
+  export PYTHONPYCACHEPREFIX=${PYTHONPYCACHEPREFIX:-${TMPDIR:-/tmp}/lstmperf-pycache}
+fi
 if ls .whl/*.whl >/dev/null 2>&1; then
   "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
