@@ -7,8 +7,8 @@
 #     -p would register it twice). Pass it unquoted: `$PYTHON -m pytest $PLUGIN ...`.
 #   * a Python that can neither find nor write torch's bytecode (a read-only environment, or
 #     PYTHONDONTWRITEBYTECODE=1 as container images often set) compiles every module it imports on every run: on an
-#     H200 machine 9 s of the default command's main process, torch._dynamo and sympy most of it, and as long again
-#     in each Keras worker. Bytecode then goes to PYTHONPYCACHEPREFIX (a writable folder), so that a second run
+#     H200 machine 9 s of the default command's main process, torch._dynamo and sympy most of it; the Keras workers
+#     import their frameworks the same way. Bytecode then goes to PYTHONPYCACHEPREFIX (a writable folder), so that a second run
 #     finds it, as on a machine whose packages were compiled when installed.
 # Sets PYTHON (default python3) and PYTHONUNBUFFERED=1 (logs written as they happen).
 PYTHON=${PYTHON:-python3}
