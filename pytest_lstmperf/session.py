@@ -8,7 +8,9 @@ plugin's hooks and fixtures only read and record through it.
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -279,6 +281,9 @@ class LstmPerfSession:
                     + "; ".join(f"{p.name} ({p.extended})" for p in extended)
                     + " (--lstmperf-paths=all, or naming them, runs them)"
                 )
+        recompiles = recompiled_torch_line()
+        if recompiles:
+            lines.append(recompiles)
         if self.deselected_other_device:
             lines.append(
                 f"lstmperf: {self.deselected_other_device} tests of paths for another device deselected "
@@ -288,6 +293,33 @@ class LstmPerfSession:
 
 
 SESSION_KEY = pytest.StashKey[LstmPerfSession]()
+
+#: a module of torch's that a run imports (torch.compile's), whose bytecode says whether torch has any
+TORCH_PROBE_MODULE = os.path.join("_dynamo", "utils.py")
+
+
+def recompiled_torch_line(dont_write: bool | None = None, torch_dir: str | None = None) -> str | None:
+    """A header line where every process of the run compiles torch's modules from source: Python may not write
+    bytecode (``PYTHONDONTWRITEBYTECODE``, ``-B``) and torch has none to read (installed with ``--no-compile``, as
+    the README's install does, so that Python writes it on first import). On an H200 machine that was 9 s of the
+    default command's main process (docs/gate-evidence.md). It costs time, not accuracy: nothing is timed while
+    modules import. None where bytecode is written or found, or torch is not installed."""
+    dont_write = sys.dont_write_bytecode if dont_write is None else dont_write
+    if not dont_write:
+        return None
+    if torch_dir is None:
+        spec = importlib.util.find_spec("torch")
+        if spec is None or spec.origin is None:
+            return None
+        torch_dir = os.path.dirname(spec.origin)
+    probe = os.path.join(torch_dir, TORCH_PROBE_MODULE)
+    if not os.path.exists(probe) or os.path.exists(importlib.util.cache_from_source(probe)):
+        return None
+    return (
+        "lstmperf: Python writes no bytecode here (PYTHONDONTWRITEBYTECODE or -B) and torch has none: every process "
+        "of the run compiles torch's modules anew (9 s of a run's main process on an H200 machine); unset it, or "
+        "set PYTHONPYCACHEPREFIX to a writable folder kept between runs"
+    )
 
 
 def resolve_setting(config: pytest.Config, name: str) -> options.Resolved:

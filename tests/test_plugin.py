@@ -346,3 +346,36 @@ def test_extended_paths_leave_the_default_selection_and_run_when_asked(monkeypat
     session = LstmPerfSession(None, settings, resolve_device("cpu"), [], {})  # type: ignore[arg-type]
     (line,) = [text for text in session.header_lines() if "extended" in text]
     assert "slow-cpu-path (compiles slowly)" in line and "--lstmperf-paths=all" in line
+
+
+def test_the_header_says_when_every_process_compiles_torch_anew(tmp_path, monkeypatch) -> None:
+    """A Python that may not write bytecode, beside a torch installed without any, compiles torch's modules in every
+    process of the run: the header says so and what to set. Silent where bytecode is written or found."""
+    import importlib.util
+    import py_compile
+
+    from pytest_lstmperf import session as session_module
+    from pytest_lstmperf.device import resolve_device
+
+    torch_dir = tmp_path / "torch"
+    probe = torch_dir / session_module.TORCH_PROBE_MODULE
+    probe.parent.mkdir(parents=True)
+    probe.write_text("x = 1\n")
+    line = session_module.recompiled_torch_line(dont_write=True, torch_dir=str(torch_dir))
+    assert line is not None and "PYTHONDONTWRITEBYTECODE" in line and "PYTHONPYCACHEPREFIX" in line
+    assert session_module.recompiled_torch_line(dont_write=False, torch_dir=str(torch_dir)) is None
+    assert session_module.recompiled_torch_line(dont_write=True, torch_dir=str(tmp_path / "elsewhere")) is None
+    py_compile.compile(str(probe), cfile=importlib.util.cache_from_source(str(probe)), doraise=True)
+    assert session_module.recompiled_torch_line(dont_write=True, torch_dir=str(torch_dir)) is None
+
+    settings = {
+        "lstmperf_device": types.SimpleNamespace(where=lambda: "default"),
+        "lstmperf_paths": types.SimpleNamespace(value=None),
+        "lstmperf_profile": types.SimpleNamespace(value="ci"),
+        "lstmperf_seed": types.SimpleNamespace(value=0),
+    }
+    session = session_module.LstmPerfSession(None, settings, resolve_device("cpu"), [], {})  # type: ignore[arg-type]
+    monkeypatch.setattr(session_module, "recompiled_torch_line", lambda: "lstmperf: Python writes no bytecode")
+    assert "lstmperf: Python writes no bytecode" in session.header_lines()
+    monkeypatch.setattr(session_module, "recompiled_torch_line", lambda: None)
+    assert not [text for text in session.header_lines() if "bytecode" in text]
