@@ -208,6 +208,21 @@ def parse_threshold(raw: str) -> float:
     return value
 
 
+#: the slowdown the gate promises to see on any machine (:data:`pytest_lstmperf.speed.policy.MAX_LIMIT`): the
+#: coarsest resolution ``--lstmperf-resolution`` may ask for, and its default
+PROMISED = 1.5
+
+
+def parse_resolution(raw: str) -> float:
+    value = parse_float()(raw)
+    if not 1.0 < value <= PROMISED:
+        raise ValueError(
+            f"{raw!r} must be a ratio above 1.0 and at most {PROMISED} (the slowdown the gate sees on any machine; "
+            "e.g. 1.10: buy processes until each benchmark resolves a 10% slowdown)"
+        )
+    return value
+
+
 def _parse_dir(raw: str) -> str:
     return raw.strip()
 
@@ -308,6 +323,20 @@ BENCH_SETTINGS = [
             parse_threshold,
             "the speed gate's threshold: a figure more than this ratio above its baseline's is slower, where the "
             "benchmark resolves it (marker lstmperf_threshold overrides per test)",
+            "RATIO",
+        ),
+        Setting(
+            "lstmperf_resolution",
+            "--lstmperf-resolution",
+            "PYTEST_LSTMPERF_RESOLUTION",
+            "lstmperf_resolution",
+            str(PROMISED),
+            parse_resolution,
+            "the slowdown a compare should resolve: a benchmark that resolves a coarser one is timed in further "
+            "processes of the run (8 in all at most) where they would bring it there, and named where they would "
+            "not (its baseline needs more recording processes: --lstmperf-record-processes=8); the verdict's rule is "
+            "the same. Default 1.5, the slowdown the gate promises to see anywhere: further processes only where "
+            "a benchmark cannot see it (4 in all at most)",
             "RATIO",
         ),
         Setting(

@@ -18,7 +18,17 @@ import pytest
 
 from . import ci_summary, options
 from .speed.gate_table import format_table
-from .speed.policy import BETWEEN_RUNS, COMPARE_PROCESSES, COMPARED, K_SIGMA, MAX_LIMIT, POOL_NAMES
+from .speed.policy import (
+    BETWEEN_RUNS,
+    COMPARE_PROCESSES,
+    COMPARED,
+    GOAL_PROCESSES,
+    K_SIGMA,
+    MAX_LIMIT,
+    POOL_NAMES,
+    RECORD_PROCESSES_MAX,
+    short_of,
+)
 from .speed.provenance import record_command
 from .speed.records import BESIDE_OTHER_TESTS
 from .speed.report import by_case, generic_reference, path_cell, peak_notes, timing_cells
@@ -238,6 +248,8 @@ def _print_gate(tr: _Lines, config: pytest.Config, state: GateState) -> None:
         )
         for name, check in coarse:
             tr.write_line(f"  {name}: {check.metric} resolves {check.resolves:.3f}x", yellow=True)
+    for line in goal_lines(gate, options.resolve(config, "lstmperf_resolution").value):
+        tr.write_line(line, yellow=line.startswith(" ") or "short" in line)
     single = gate.one_run()
     if single:
         tr.write_line(
@@ -254,6 +266,45 @@ def _print_gate(tr: _Lines, config: pytest.Config, state: GateState) -> None:
         lines = [c.text() for c in decision.checks if verbose or c.verdict != "unchanged"] + list(decision.notes)
         for line in dict.fromkeys(lines):
             tr.write_line(f"  {decision.name}: {line}", red=decision.failed, yellow=not decision.failed)
+
+
+def goal_lines(gate: GateResult, goal: float) -> list[str]:
+    """Where ``--lstmperf-resolution`` asks for a finer slowdown than the gate's promise: how many compared
+    checks resolve it, with how many processes, and each one short of it with what would bring it there."""
+    if goal >= MAX_LIMIT:
+        return []
+    compared = [c for d in gate.decisions if d.verdict in COMPARED for c in d.checks if c.resolves is not None]
+    if not compared:
+        return []
+    short = short_of(gate.decisions, goal)
+    counts = sorted(d.processes for d in gate.decisions if d.verdict in COMPARED)
+    lines = [
+        f"--lstmperf-resolution={goal:g}: {len(compared) - len(short)} of {len(compared)} compared check(s) resolve "
+        f"it, timed in {counts[0]}-{counts[-1]} process(es) of this run (at most {GOAL_PROCESSES})"
+        + (f"; {len(short)} short of it:" if short else "")
+    ]
+    floor = math.exp(K_SIGMA * BETWEEN_RUNS["per-call"])
+    for decision, check, why in short:
+        if why == "processes" or check.best is None:
+            what = "further processes would bring it there: the run stopped first (an error, or a failing test)"
+        elif check.metric == "per-call" and goal < floor:
+            what = (
+                f"no compare resolves a time per call below {floor:.3f}x, since one made minutes or days after its "
+                f"recording lies about {BETWEEN_RUNS['per-call']:.1%} from it"
+            )
+        elif decision.runs < RECORD_PROCESSES_MAX:
+            what = (
+                f"{GOAL_PROCESSES} processes of a compare would resolve {check.best:.3f}x against the "
+                f"{decision.runs} recorded: record it in more (--lstmperf-record-processes={RECORD_PROCESSES_MAX} "
+                "with --lstmperf-update-baseline)"
+            )
+        else:
+            what = (
+                f"{GOAL_PROCESSES} processes of a compare would resolve {check.best:.3f}x against the "
+                f"{decision.runs} recorded: its processes lie too far apart on this machine for the goal"
+            )
+        lines.append(f"  {decision.name}: {check.metric} resolves {check.resolves:.3f}x: {what}")
+    return lines
 
 
 #: a run whose anchor took this much longer or shorter than recorded (median over its benchmarks) names the state

@@ -424,6 +424,25 @@ def test_known_kernel_finding_needs_every_difference_explained() -> None:
     assert claims.known_kernel_finding(path, trace(family="cudnn", precision="bf16")) is None
 
 
+def test_a_resolution_goal_no_process_can_reach_buys_none_and_says_why(gate, gate_recording) -> None:
+    """``--lstmperf-resolution=1.06`` asks for a finer slowdown than any time per call resolves (exp(4 x 1.5%) =
+    1.062x: a compare made after its recording lies about 1.5% from it): the compare buys no further process for
+    it, passes by the same rule, and names each check short of the goal with why. (Which goals further processes
+    reach, and that they are bought there: tests/test_policy.py.)"""
+    gate_recording.install(gate.path)
+    result = gate("--benchmark-compare", "--lstmperf-resolution=1.06", "-k", "B1-")
+    assert result.ret == 0, result.stdout.str()
+    result.stdout.fnmatch_lines(
+        [
+            "--lstmperf-resolution=1.06: 0 of * compared check(s) resolve it, timed in 1-* process(es) of this run "
+            "(at most 8); * short of it:",
+            "  *test_inference[[]spin-onednn-lstm-*B1*: per-call resolves *x: no compare resolves a time per call "
+            "below 1.062x*",
+        ]
+    )
+    assert not [ln for ln in result.stdout.lines if "short of 1.06x" in ln]  # no process bought for the goal
+
+
 PROBE_COUNTING_CONFTEST = """
 import os
 
@@ -617,6 +636,7 @@ def test_report_and_summary(gate) -> None:
     ("option", "message"),
     [
         (("--lstmperf-threshold=0.9",), "*--lstmperf-threshold=0.9*must be a ratio above 1.0*"),
+        (("--lstmperf-resolution=2",), "*--lstmperf-resolution=2*must be a ratio above 1.0 and at most 1.5*"),
         (("--lstmperf-bench-set=huge",), "*--lstmperf-bench-set=huge*valid: gate, thorough*"),
         (("--lstmperf-plant=melt",), "*unknown fault 'melt' (valid: cudnn-off, onednn-off*"),
         # the options of the rank test, the drift probe and the metric choice are gone: unknown, not ignored

@@ -1232,3 +1232,36 @@ def test_a_users_own_benchmarks_pool_together_whatever_their_labels() -> None:
     assert seen.verdict == "unchanged" and seen.resolves < 1.5, seen.text()
     alone = pooled({"encoder0": users["encoder0"], **suites})["encoder0"]  # no other user benchmark beside it
     assert alone.spread[("per-call", "anchored")].benchmarks == 1
+
+
+def test_a_finer_resolution_goal_buys_processes_only_where_they_reach_it() -> None:
+    """``--lstmperf-resolution``: on a machine whose processes lie 2.5% apart (the 16-core Xeon's 2.8%), one
+    compare process against eight recorded resolves 1.165x. Asked for 1.095x, the benchmark is undecided (one
+    more process, and more, since eight would reach it: :attr:`Check.best`); by default (1.5x) it is decided.
+    Eight processes resolve 1.093x and settle it. Against three recorded processes eight compare processes
+    would resolve 1.099x: none is bought, and :func:`short_of` says the baseline needs more processes. The
+    verdict's rule is the same: a 1.5x slowdown fails either way."""
+    from pytest_lstmperf.speed.policy import GOAL_PROCESSES, short_of, undecided
+
+    goal = 1.095
+
+    def recorded(count: int) -> Reference:
+        return reference(*processes(record(seed=1), spread=0.025, count=count, machine=0.0), spread=0.025)
+
+    eight, three = recorded(8), recorded(3)
+    now = [as_measured(record(seed=s)) for s in range(2, 2 + GOAL_PROCESSES)]
+    one = decide(now[0], eight)
+    check = one.checks[0]
+    assert one.verdict == "unchanged" and goal < check.resolves < 1.25 and check.best is not None
+    assert check.best <= goal < check.resolves
+    assert undecided(one, goal) and not undecided(one) and not undecided(one, 1.3)
+    assert short_of([one], goal) == [(one, check, "processes")]
+    settled = decide(now[0], eight, more=now[1:])
+    assert settled.processes == GOAL_PROCESSES and settled.checks[0].resolves <= goal
+    assert not undecided(settled, goal) and short_of([settled], goal) == []
+    against_three = decide(now[0], three)
+    best = against_three.checks[0].best
+    assert best is not None and best > goal and not undecided(against_three, goal)
+    assert short_of([against_three], goal) == [(against_three, against_three.checks[0], "baseline")]
+    slower = as_measured(record(seed=2, call_s=1.5e-3))
+    assert decide(slower, eight).verdict == "regressed" and decide(slower, three).verdict == "regressed"

@@ -109,3 +109,39 @@ def test_a_recording_blind_for_want_of_processes_says_it_resolves_nothing(tmp_pa
     lines = [line.text for line in speed_lines(None, state, lambda: "cpu")]  # type: ignore[arg-type]
     blind = [line for line in lines if "RECORDED BLIND" in line]
     assert len(blind) == 1 and "resolves no slowdown at all;" in blind[0] and "inf" not in blind[0], lines
+
+
+def test_a_resolution_goal_names_each_check_short_of_it_and_what_would_bring_it_there() -> None:
+    """``--lstmperf-resolution``: nothing is said at the default (1.5x, the promise); asked for a finer goal, the
+    run says how many checks resolve it, and for each one short of it why: further processes the run did not take,
+    a baseline of fewer than 8 processes (record more), one of 8 on a machine too noisy for the goal, or a goal
+    below what any time per call resolves (1.062x). A check that fails none of these is not named."""
+    from pytest_lstmperf.run_report import goal_lines
+    from pytest_lstmperf.speed.policy import Check, Decision, GateResult
+
+    def decision(name: str, resolves: float, best: float, runs: int, metric: str = "per-call") -> Decision:
+        check = Check(metric, "unchanged", 1.0, max(resolves, 1.05), resolves, best=best)
+        return Decision(name, "unchanged", (check,), runs=runs, processes=2)
+
+    gate = GateResult(
+        [
+            decision("fine", 1.08, 1.07, 8),
+            decision("stopped", 1.15, 1.09, 8),
+            decision("few", 1.16, 1.11, 3),
+            decision("noisy", 1.3, 1.2, 8),
+            decision("gpu", 1.04, 1.02, 3, metric="device"),
+        ]
+    )
+    assert goal_lines(gate, 1.5) == []
+    lines = goal_lines(gate, 1.10)
+    assert lines[0] == (
+        "--lstmperf-resolution=1.1: 2 of 5 compared check(s) resolve it, timed in 2-2 process(es) of this run "
+        "(at most 8); 3 short of it:"
+    )
+    assert [line.split(":")[0].strip() for line in lines[1:]] == ["stopped", "few", "noisy"]
+    assert "the run stopped first" in lines[1]
+    assert "1.110x against the 3 recorded: record it in more (--lstmperf-record-processes=8" in lines[2]
+    assert "1.200x against the 8 recorded: its processes lie too far apart on this machine" in lines[3]
+    floor = goal_lines(gate, 1.06)
+    assert "fine: per-call resolves 1.080x: no compare resolves a time per call below 1.062x" in floor[1]
+    assert not any(line.strip().startswith("gpu") for line in floor)  # its device figure resolves 1.04x

@@ -18,7 +18,16 @@ from ..run_report import RunReport, build_report
 from ..session import run_session, started_session
 from ..speed.baseline_file import BaselineError
 from ..speed.gate import GateState
-from ..speed.policy import COMPARE_PROCESSES, RECORD_PROCESSES_MAX, blind, outlook, undecided, unresolved
+from ..speed.policy import (
+    COMPARE_PROCESSES,
+    GOAL_PROCESSES,
+    MAX_LIMIT,
+    RECORD_PROCESSES_MAX,
+    blind,
+    outlook,
+    undecided,
+    unresolved,
+)
 from ..speed.provenance import benchmark_header, provenance, record_command, rerun_command
 from ..speed.records import BenchRecord
 from ..speed.report import write_report
@@ -138,15 +147,18 @@ def finish(session: pytest.Session) -> None:
         versions = gate_device(config).versions()
         state.gate = run_gate(state.baseline, state.records, threshold, versions, unavailable)
         started = time.perf_counter()
+        goal = setting(config, "lstmperf_resolution").value
+        cap = COMPARE_PROCESSES if goal >= MAX_LIMIT else GOAL_PROCESSES
         more: dict[str, list[BenchRecord]] = {}
-        for extra in range(2, COMPARE_PROCESSES + 1):  # adaptive: more processes only where noise needs them
-            names = {d.name for d in state.gate.decisions if undecided(d)}
+        for extra in range(2, cap + 1):  # adaptive: more processes only where noise needs them
+            names = {d.name for d in state.gate.decisions if undecided(d, goal)}
             if not names or state.errors or session.exitstatus not in (0, pytest.ExitCode.OK):
                 break
+            why = "undecided on this run's noise" if goal >= MAX_LIMIT else f"undecided, or short of {goal:g}x"
             try:
                 got = record_in_processes(
                     config, [r for r in measured if r.fullname in names], 2, _say(config), index=extra,
-                    of=COMPARE_PROCESSES, why="undecided on this run's noise",
+                    of=cap, why=why,
                 )  # fmt: skip
             except RecordingError as exc:
                 state.errors.append(str(exc).replace("not recording: recording", "not compared further: compare"))

@@ -26,8 +26,10 @@ The rule, in five sentences (docs/speed-gate.md states the same):
 3. A benchmark fails when its figure is slower, when it ran another kernel or precision than its baseline, or
    when its exact host counts per call (ATen ops, GPU kernels, synchronisations: the host's work, on a GPU too)
    changed. One that cannot see a 1.5x slowdown, or is slower, is timed in further processes of the run (four
-   in all at most); one that still cannot see 1.5x, or whose anchor ran more than 3x off its recorded time, is
-   inconclusive, which fails unless accepted: never passed blind.
+   in all at most; asked for a finer slowdown with ``--lstmperf-resolution``, so is one that resolves a coarser
+   one where eight processes would reach it, eight in all at most); one that still cannot see 1.5x, or whose
+   anchor ran more than 3x off its recorded time, is inconclusive, which fails unless accepted: never passed
+   blind.
 4. A recording process more than 2x off the median of its siblings is left out and named; a recording run
    added later is compared with the entry's processes: one outside their limits is added and named, one more
    than 2x off is refused.
@@ -47,7 +49,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from ..anchor import REDUCED_PRECISIONS, WARM_SUFFIX
-from ..options import THRESHOLD
+from ..options import PROMISED, THRESHOLD
 
 # ----------------------------------------------------------------------------------------------- constants
 #: a recording process whose figure lies more than this factor from the median of its siblings' is left out and
@@ -59,7 +61,7 @@ K_SIGMA = 4.0
 MIN_SAMPLES = 5
 #: the slowdown the gate promises to see on any machine: a check whose limit lies above it cannot see a 1.5x
 #: slower call, and is inconclusive (which fails) instead of passing blind
-MAX_LIMIT = 1.5
+MAX_LIMIT = PROMISED
 #: a run whose anchor workload took more than this factor longer or shorter than when it was recorded ran on a
 #: machine in another state (overloaded, throttled, another machine): its figures are not comparable
 COMPARABLE_FACTOR = 3.0
@@ -78,6 +80,11 @@ UNBOUNDED = 10.0
 RECORD_PROCESSES_MAX = 8
 #: a compare times a benchmark that is undecided (:func:`undecided`) in at most this many processes in all
 COMPARE_PROCESSES = 4
+#: ... and one that resolves a coarser slowdown than ``--lstmperf-resolution`` asks for (finer than
+#: :data:`MAX_LIMIT`) in at most this many: as many as a recording may take. On the 16-core Xeon of a GPU host,
+#: whose processes lay 2.8% apart divided by the anchor, one compare process resolved 1.17x; 1.10x takes five
+#: or six against six to eight recorded, by this rule's arithmetic (:func:`resolution`)
+GOAL_PROCESSES = RECORD_PROCESSES_MAX
 #: how far a time-per-call figure lies from its recording made at another time, beyond what the recording's own
 #: processes show (log scale, root mean square): the recording's processes run one after another, within a minute,
 #: and share the machine's state of that minute; a compare runs minutes or days later. It was 4% when the CPU
@@ -572,6 +579,9 @@ class Check:
     variant: str = "anchored"
     #: no number of processes of this run can settle it: the baseline's own uncertainty is too large
     settled_by_baseline: bool = False
+    #: the slowdown it would resolve with :data:`GOAL_PROCESSES` processes of this run, if their noise and the
+    #: baseline's spread stay as estimated: what further processes can buy (``--lstmperf-resolution``)
+    best: float | None = None
 
     def text(self) -> str:
         if self.ratio is None:
@@ -617,6 +627,8 @@ def check(
     now_se = math.sqrt(sum(f.se**2 for f in nows)) / m
     sigma_ref = math.hypot(sigma_b * math.sqrt(1 / m + 1 / recorded), BETWEEN_RUNS.get(metric, 0.0))
     resolves = resolution(sigma_b, m, recorded, now_se, metric)
+    most = max(m, GOAL_PROCESSES)  # each further process as noisy as this run's so far: se shrinks as 1/sqrt(m)
+    best = resolution(sigma_b, most, recorded, now_se * math.sqrt(m / most), metric)
     limit = max(threshold, resolves)
     ratio = now_value / value
     verdict = "regressed" if ratio > limit else "improved" if ratio < 1 / limit else "unchanged"
@@ -658,7 +670,7 @@ def check(
                 "(--lstmperf-record-processes)"
             )
         note = f"cannot see a {MAX_LIMIT}x slowdown here ({why})"
-    return Check(metric, verdict, ratio, limit, resolves, note, variant, hopeless)
+    return Check(metric, verdict, ratio, limit, resolves, note, variant, hopeless, best)
 
 
 def metrics_of(reference: Reference, look: Look) -> list[str]:
@@ -828,10 +840,13 @@ def decide(
     return replace(base, verdict=verdict, checks=tuple(checks), notes=tuple(notes))
 
 
-def undecided(decision: Decision) -> bool:
+def undecided(decision: Decision, goal: float = MAX_LIMIT) -> bool:
     """Whether one more process of this run could change ``decision``: a timing check that could not see a
     1.5x slowdown (inconclusive on noise), or called a slowdown on one process (confirmed, or not, by one more
-    before it fails the build). A kernel or host-work change, or a run not comparable, is decided already."""
+    before it fails the build). A kernel or host-work change, or a run not comparable, is decided already. With
+    a ``goal`` finer than 1.5x (``--lstmperf-resolution``), also a check that resolves a coarser slowdown than the
+    goal where :data:`GOAL_PROCESSES` processes would bring it there (:attr:`Check.best`): more processes buy
+    nothing where the baseline's own processes are too few (:func:`short_of` names those)."""
     timed = [c for c in decision.checks if c.metric in METRICS and not c.note.startswith("not comparable")]
     if any(c.metric not in METRICS and c.verdict != "unchanged" for c in decision.checks):
         return False
@@ -839,8 +854,30 @@ def undecided(decision: Decision) -> bool:
     return any(
         (c.verdict == "regressed" and confirm)
         or (c.verdict == "inconclusive" and c.ratio is not None and not c.settled_by_baseline)
+        or (goal < MAX_LIMIT and c.verdict in ("unchanged", "improved") and _short(c, goal) == "processes")
         for c in timed
     )
+
+
+def _short(check: Check, goal: float) -> str:
+    """Why ``check`` resolves a coarser slowdown than ``goal``: "" where it does not, "processes" where further
+    processes of this run would bring it there, "baseline" where they would not (the recording's processes are
+    too few, or lie too far apart)."""
+    if check.resolves is None or check.resolves <= goal:
+        return ""
+    return "processes" if check.best is not None and check.best <= goal else "baseline"
+
+
+def short_of(decisions: Iterable[Decision], goal: float) -> list[tuple[Decision, Check, str]]:
+    """The compared checks that resolve a coarser slowdown than ``goal`` (``--lstmperf-resolution``), each with
+    its benchmark's decision and why (:func:`_short`): "processes" or "baseline"."""
+    return [
+        (d, c, why)
+        for d in decisions
+        if d.verdict in COMPARED
+        for c in d.checks
+        if c.metric in METRICS and (why := _short(c, goal))
+    ]
 
 
 def counter_changes(reference: Reference, now: Mapping[str, float]) -> list[str]:
