@@ -248,7 +248,7 @@ def _print_gate(tr: _Lines, config: pytest.Config, state: GateState) -> None:
         )
         for name, check in coarse:
             tr.write_line(f"  {name}: {check.metric} resolves {check.resolves:.3f}x", yellow=True)
-    for line in goal_lines(gate, options.resolve(config, "lstmperf_resolution").value):
+    for line in goal_lines(gate, state.goal):
         tr.write_line(line, yellow=line.startswith(" ") or "short" in line)
     single = gate.one_run()
     if single:

@@ -147,7 +147,7 @@ def finish(session: pytest.Session) -> None:
         versions = gate_device(config).versions()
         state.gate = run_gate(state.baseline, state.records, threshold, versions, unavailable)
         started = time.perf_counter()
-        goal = setting(config, "lstmperf_resolution").value
+        goal = state.goal = setting(config, "lstmperf_resolution").value
         cap = COMPARE_PROCESSES if goal >= MAX_LIMIT else GOAL_PROCESSES
         more: dict[str, list[BenchRecord]] = {}
         for extra in range(2, cap + 1):  # adaptive: more processes only where noise needs them

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .policy import GateResult
+from .policy import MAX_LIMIT, GateResult
 
 if TYPE_CHECKING:
     from ..anchor import Anchor
@@ -48,6 +48,9 @@ class GateState:
     #: under pytest-xdist, a worker's: the benchmarks its controller's baseline has entries for (the workers do not
     #: load it); None where the controller compares with no lstmperf baseline, or this is no worker
     judged: frozenset[str] | None = None
+    #: the slowdown a compare buys further processes to resolve (``--lstmperf-resolution``), read once where the
+    #: compare decides; the run's report names the checks short of it
+    goal: float = MAX_LIMIT
 
     def anchor_repeat(self, nodeid: str) -> int | None:
         """The anchor repetitions ``nodeid`` must be timed with, None where no process of the run decided them yet
