@@ -269,8 +269,9 @@ def _print_gate(tr: _Lines, config: pytest.Config, state: GateState) -> None:
 
 
 def goal_lines(gate: GateResult, goal: float) -> list[str]:
-    """Where ``--lstmperf-resolution`` asks for a finer slowdown than the gate's promise: how many compared
-    checks resolve it, with how many processes, and each one short of it with what would bring it there."""
+    """Where the resolution goal (``--lstmperf-resolution``, 1.10 by default) is finer than the gate's promise:
+    how many compared checks resolve it, with how many processes, and each one short of it with what would bring
+    it there."""
     if goal >= MAX_LIMIT:
         return []
     compared = [c for d in gate.decisions if d.verdict in COMPARED for c in d.checks if c.resolves is not None]
@@ -279,9 +280,9 @@ def goal_lines(gate: GateResult, goal: float) -> list[str]:
     short = short_of(gate.decisions, goal)
     counts = sorted(d.processes for d in gate.decisions if d.verdict in COMPARED)
     lines = [
-        f"--lstmperf-resolution={goal:g}: {len(compared) - len(short)} of {len(compared)} compared check(s) resolve "
-        f"it, timed in {counts[0]}-{counts[-1]} process(es) of this run (at most {GOAL_PROCESSES})"
-        + (f"; {len(short)} short of it:" if short else "")
+        f"resolution goal {goal:g}x (--lstmperf-resolution): {len(compared) - len(short)} of {len(compared)} "
+        f"compared check(s) resolve it, timed in {counts[0]}-{counts[-1]} process(es) of this run (at most "
+        f"{GOAL_PROCESSES})" + (f"; {len(short)} short of it:" if short else "")
     ]
     floor = math.exp(K_SIGMA * BETWEEN_RUNS["per-call"])
     for decision, check, why in short:

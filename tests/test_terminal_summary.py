@@ -112,7 +112,7 @@ def test_a_recording_blind_for_want_of_processes_says_it_resolves_nothing(tmp_pa
 
 
 def test_a_resolution_goal_names_each_check_short_of_it_and_what_would_bring_it_there() -> None:
-    """``--lstmperf-resolution``: nothing is said at the default (1.5x, the promise); asked for a finer goal, the
+    """``--lstmperf-resolution``: nothing is said at 1.5x (the promise); at a finer goal (1.10x, the default), the
     run says how many checks resolve it, and for each one short of it why: further processes the run did not take,
     a baseline of fewer than 8 processes (record more), one of 8 on a machine too noisy for the goal, or a goal
     below what any time per call resolves (1.062x). A check that fails none of these is not named."""
@@ -135,8 +135,8 @@ def test_a_resolution_goal_names_each_check_short_of_it_and_what_would_bring_it_
     assert goal_lines(gate, 1.5) == []
     lines = goal_lines(gate, 1.10)
     assert lines[0] == (
-        "--lstmperf-resolution=1.1: 2 of 5 compared check(s) resolve it, timed in 2-2 process(es) of this run "
-        "(at most 8); 3 short of it:"
+        "resolution goal 1.1x (--lstmperf-resolution): 2 of 5 compared check(s) resolve it, timed in 2-2 "
+        "process(es) of this run (at most 8); 3 short of it:"
     )
     assert [line.split(":")[0].strip() for line in lines[1:]] == ["stopped", "few", "noisy"]
     assert "the run stopped first" in lines[1]

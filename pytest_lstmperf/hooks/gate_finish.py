@@ -234,25 +234,36 @@ def _record_baseline(
 def _record_processes(config: pytest.Config, measured: list[BenchRecord]) -> dict[str, list[BenchRecord]]:
     """The recording's further processes: ``--lstmperf-record-processes`` in all, then one more at a time for the
     benchmarks whose processes do not yet show how far they lie apart well enough to see a 1.5x slowdown (a lone
-    benchmark of a user's: Student's t on few processes), up to :data:`RECORD_PROCESSES_MAX` in all."""
+    benchmark of a user's: Student's t on few processes), and for those a compare would resolve the
+    ``--lstmperf-resolution`` goal against with more recorded (:func:`unresolved`), up to
+    :data:`RECORD_PROCESSES_MAX` in all."""
     say = _say(config)
     processes = setting(config, "lstmperf_record_processes").value
     siblings = record_in_processes(config, measured, processes, say)
     if processes <= 1 or saving(config) == "add-run":  # an added run joins processes the entry already has
         return siblings
+    goal = setting(config, "lstmperf_resolution").value
     total = processes
     while total < RECORD_PROCESSES_MAX:
         recorded = {r.fullname: [x.measurement() for x in (r, *siblings.get(r.fullname, ()))] for r in measured}
-        names = set(unresolved(recorded))
+        names = set(unresolved(recorded, goal))
         if not names:
             break
         total += 1
-        apart = len({o.name for o in outlook(recorded) if o.scatters} & names)
+        blind_now = set(unresolved(recorded))
+        apart = len({o.name for o in outlook(recorded) if o.scatters} & blind_now)
+        whys = []
+        if blind_now:
+            whys.append(
+                f"{len(blind_now)} whose processes do not yet show how far they lie apart well enough to see a "
+                f"{MAX_LIMIT}x slowdown" + (f" ({apart} lie beyond doubt further apart than their neighbours)"
+                                            if apart else "")
+            )  # fmt: skip
+        if names - blind_now:
+            whys.append(f"{len(names - blind_now)} that a compare would resolve {goal:g}x against with more recorded")
         got = record_in_processes(
             config, [r for r in measured if r.fullname in names], 2, say, index=total, of=RECORD_PROCESSES_MAX,
-            why=f"{len(names)} benchmark(s) whose processes do not yet show how far they lie apart well enough to "
-            "see a 1.5x slowdown" + (f"; {apart} of them lie beyond doubt further apart than their neighbours"
-                                     if apart else ""),
+            why=f"{len(names)} benchmark(s): " + "; ".join(whys),
         )  # fmt: skip
         for name, records in got.items():
             siblings.setdefault(name, []).extend(records)
