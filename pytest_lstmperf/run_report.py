@@ -293,16 +293,21 @@ def goal_lines(gate: GateResult, goal: float) -> list[str]:
                 f"no compare resolves a time per call below {floor:.3f}x, since one made minutes or days after its "
                 f"recording lies about {BETWEEN_RUNS['per-call']:.1%} from it"
             )
-        elif decision.runs < RECORD_PROCESSES_MAX:
+        elif decision.runs < RECORD_PROCESSES_MAX and check.reach is not None and check.reach <= goal:
             what = (
                 f"{GOAL_PROCESSES} processes of a compare would resolve {check.best:.3f}x against the "
-                f"{decision.runs} recorded: record it in more (--lstmperf-record-processes={RECORD_PROCESSES_MAX} "
-                "with --lstmperf-update-baseline)"
+                f"{decision.runs} recorded, {check.reach:.3f}x against {RECORD_PROCESSES_MAX}: record it in more "
+                f"(--lstmperf-record-processes={RECORD_PROCESSES_MAX} with --lstmperf-update-baseline)"
             )
         else:
+            against = (
+                f", {check.reach:.3f}x against {RECORD_PROCESSES_MAX}"
+                if check.reach is not None and decision.runs < RECORD_PROCESSES_MAX
+                else ""
+            )
             what = (
                 f"{GOAL_PROCESSES} processes of a compare would resolve {check.best:.3f}x against the "
-                f"{decision.runs} recorded: its processes lie too far apart on this machine for the goal"
+                f"{decision.runs} recorded{against}: its processes lie too far apart on this machine for the goal"
             )
         lines.append(f"  {decision.name}: {check.metric} resolves {check.resolves:.3f}x: {what}")
     return lines

@@ -1293,6 +1293,8 @@ def test_a_finer_resolution_goal_buys_processes_only_where_they_reach_it() -> No
     against_three = decide(now[0], three)
     best = against_three.checks[0].best
     assert best is not None and best > goal and not undecided(against_three, goal)
+    reach = against_three.checks[0].reach  # against eight recorded: what recording more would buy
+    assert reach is not None and reach <= goal < best
     assert short_of([against_three], goal) == [(against_three, against_three.checks[0], "baseline")]
     slower = as_measured(record(seed=2, call_s=1.5e-3))
     assert decide(slower, eight).verdict == "regressed" and decide(slower, three).verdict == "regressed"

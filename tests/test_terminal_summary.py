@@ -119,29 +119,35 @@ def test_a_resolution_goal_names_each_check_short_of_it_and_what_would_bring_it_
     from pytest_lstmperf.run_report import goal_lines
     from pytest_lstmperf.speed.policy import Check, Decision, GateResult
 
-    def decision(name: str, resolves: float, best: float, runs: int, metric: str = "per-call") -> Decision:
-        check = Check(metric, "unchanged", 1.0, max(resolves, 1.05), resolves, best=best)
+    def decision(
+        name: str, resolves: float, best: float, runs: int, metric: str = "per-call", reach: float | None = None
+    ) -> Decision:
+        check = Check(metric, "unchanged", 1.0, max(resolves, 1.05), resolves, best=best, reach=reach or best)
         return Decision(name, "unchanged", (check,), runs=runs, processes=2)
 
     gate = GateResult(
         [
             decision("fine", 1.08, 1.07, 8),
             decision("stopped", 1.15, 1.09, 8),
-            decision("few", 1.16, 1.11, 3),
+            decision("few", 1.16, 1.11, 3, reach=1.095),
             decision("noisy", 1.3, 1.2, 8),
             decision("gpu", 1.04, 1.02, 3, metric="device"),
+            decision("few-and-noisy", 1.45, 1.22, 7, reach=1.21),
         ]
     )
     assert goal_lines(gate, 1.5) == []
     lines = goal_lines(gate, 1.10)
     assert lines[0] == (
-        "resolution goal 1.1x (--lstmperf-resolution): 2 of 5 compared check(s) resolve it, timed in 2-2 "
-        "process(es) of this run (at most 8); 3 short of it:"
+        "resolution goal 1.1x (--lstmperf-resolution): 2 of 6 compared check(s) resolve it, timed in 2-2 "
+        "process(es) of this run (at most 8); 4 short of it:"
     )
-    assert [line.split(":")[0].strip() for line in lines[1:]] == ["stopped", "few", "noisy"]
+    assert [line.split(":")[0].strip() for line in lines[1:]] == ["stopped", "few", "noisy", "few-and-noisy"]
     assert "the run stopped first" in lines[1]
-    assert "1.110x against the 3 recorded: record it in more (--lstmperf-record-processes=8" in lines[2]
+    more = "1.110x against the 3 recorded, 1.095x against 8: record it in more (--lstmperf-record-processes=8"
+    assert more in lines[2]
     assert "1.200x against the 8 recorded: its processes lie too far apart on this machine" in lines[3]
+    # recorded in 7, and 8 recorded would not bring it there either: recording more is not the advice
+    assert "1.220x against the 7 recorded, 1.210x against 8: its processes lie too far apart" in lines[4]
     floor = goal_lines(gate, 1.06)
     assert "fine: per-call resolves 1.080x: no compare resolves a time per call below 1.062x" in floor[1]
     assert not any(line.strip().startswith("gpu") for line in floor)  # its device figure resolves 1.04x

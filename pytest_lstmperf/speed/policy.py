@@ -601,6 +601,8 @@ class Check:
     #: the slowdown it would resolve with :data:`GOAL_PROCESSES` processes of this run, if their noise and the
     #: baseline's spread stay as estimated: what further processes can buy (``--lstmperf-resolution``)
     best: float | None = None
+    #: ... and against :data:`RECORD_PROCESSES_MAX` recorded: what recording it in more processes can buy
+    reach: float | None = None
 
     def text(self) -> str:
         if self.ratio is None:
@@ -648,6 +650,7 @@ def check(
     resolves = resolution(sigma_b, m, recorded, now_se, metric)
     most = max(m, GOAL_PROCESSES)  # each further process as noisy as this run's so far: se shrinks as 1/sqrt(m)
     best = resolution(sigma_b, most, recorded, now_se * math.sqrt(m / most), metric)
+    reach = resolution(sigma_b, most, max(recorded, RECORD_PROCESSES_MAX), now_se * math.sqrt(m / most), metric)
     limit = max(threshold, resolves)
     ratio = now_value / value
     verdict = "regressed" if ratio > limit else "improved" if ratio < 1 / limit else "unchanged"
@@ -689,7 +692,7 @@ def check(
                 "(--lstmperf-record-processes)"
             )
         note = f"cannot see a {MAX_LIMIT}x slowdown here ({why})"
-    return Check(metric, verdict, ratio, limit, resolves, note, variant, hopeless, best)
+    return Check(metric, verdict, ratio, limit, resolves, note, variant, hopeless, best, reach)
 
 
 def metrics_of(reference: Reference, look: Look) -> list[str]:
