@@ -20,7 +20,6 @@ from . import ci_summary, options
 from .speed.gate_table import format_table
 from .speed.policy import (
     BETWEEN_RUNS,
-    COMPARE_PROCESSES,
     COMPARED,
     GOAL_PROCESSES,
     K_SIGMA,
@@ -181,7 +180,7 @@ def speed_lines(config: pytest.Config, state: GateState, device: Callable[[], st
         for name, resolves in sorted(state.save_report.blind.items()):
             tr.write_line(
                 f"RECORDED BLIND to a {MAX_LIMIT}x slowdown: {name}: its recording processes lie so far apart that "
-                f"a compare of {COMPARE_PROCESSES} processes resolves "
+                f"a compare of {state.save_report.compare_processes} processes resolves "
                 f"{'no slowdown at all' if math.isinf(resolves) else f'{resolves:.3g}x'}; every compare will call it "
                 "inconclusive (which fails the run) unless that run is quieter: record it again on a quiet machine "
                 "(--lstmperf-update-baseline), or leave it out of the gated run",

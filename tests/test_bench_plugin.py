@@ -191,7 +191,7 @@ def test_a_recording_whose_processes_lie_far_apart_names_its_benchmarks_blind(ga
     assert "PytestAssertRewriteWarning" not in result.stdout.str()  # the fork server's own imports say nothing
     result.stdout.fnmatch_lines(
         ["RECORDED BLIND to a 1.5x slowdown: *test_inference[[]spin-onednn-lstm-*B1*: its recording processes lie "
-         "so far apart that a compare of 4 processes resolves *x; every compare will call it inconclusive*"]
+         "so far apart that a compare of 8 processes resolves *x; every compare will call it inconclusive*"]
     )  # fmt: skip
     monkeypatch.delenv("SPIN_COUNTER")
     result = gate("--benchmark-compare", *select)

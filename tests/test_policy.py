@@ -745,20 +745,23 @@ def _scaled(one: dict, factors: Sequence[float]) -> list[dict]:
     return [{**one, "data": [x * f for x in one["data"]]} for f in factors]
 
 
-@pytest.mark.parametrize("spread", [0.02, 0.06, 0.1, 0.14, 0.18, 0.25, 0.4])
-def test_a_recording_stops_where_the_compare_judges_as_it_predicted(spread: float) -> None:
+@pytest.mark.parametrize("goal", [1.5, 1.10])
+@pytest.mark.parametrize("spread", [0.02, 0.06, 0.1, 0.12, 0.14, 0.18, 0.25, 0.4])
+def test_a_recording_stops_where_the_compare_judges_as_it_predicted(spread: float, goal: float) -> None:
     """The recording's loop, as `_record_processes` runs it (three processes, then one more while
     :func:`policy.unresolved` names the benchmark, up to RECORD_PROCESSES_MAX), beside eight quiet neighbours, for
-    spreads between processes from 2% to 40%. Where it stops, a compare of COMPARE_PROCESSES processes judges as the
+    spreads between processes from 2% to 40%. Where it stops, a compare of as many processes as it takes for the
+    resolution goal (:func:`policy.compare_processes`: 4 for 1.5x, 8 for 1.10x, the default) judges as the
     recording foresaw: a benchmark not named by :func:`policy.blind` resolves a 1.5x slowdown, and one named is
     inconclusive. Before, the recording judged by the spread before Student's t widened it and the compare after,
     so a recording could stop at 8 processes sure that a compare resolves 1.5x that then never did (the fifth
-    Xeon)."""
+    Xeon); and at the default goal it foresaw a compare of 4 processes where the compare takes 8 (at 12% apart it
+    named the benchmark blind, and a compare of 8 resolves 1.5x)."""
     from pytest_lstmperf.speed.policy import (
-        COMPARE_PROCESSES,
         MAX_LIMIT,
         RECORD_PROCESSES_MAX,
         blind,
+        compare_processes,
         pooled,
         unresolved,
     )
@@ -768,12 +771,12 @@ def test_a_recording_stops_where_the_compare_judges_as_it_predicted(spread: floa
 
     quiet = {f"b{k}": measured(f"b{k}", 0.01, 3) for k in range(8)}
     count = 3
-    while count < RECORD_PROCESSES_MAX and unresolved({**quiet, "wide": measured("wide", spread, count)}):
+    while count < RECORD_PROCESSES_MAX and unresolved({**quiet, "wide": measured("wide", spread, count)}, goal):
         count += 1
     recorded = {**quiet, "wide": measured("wide", spread, count)}
-    named = blind(recorded)
+    named = blind(recorded, goal)
     refs = pooled({n: Reference(n, tuple(policy.run_figures(m) for m in ms)) for n, ms in recorded.items()})
-    now = [as_measured(r) for r in processes(record("wide", seed=5), spread=0.0, count=COMPARE_PROCESSES)]
+    now = [as_measured(r) for r in processes(record("wide", seed=5), spread=0.0, count=compare_processes(goal))]
     got = check("per-call", now[0].first.samples("per-call"), refs["wide"], 1.05,
                 more=[m.first.samples("per-call") for m in now[1:]])  # fmt: skip
     assert (got.resolves > MAX_LIMIT) == ("wide" in named), (spread, count, got.text(), named)

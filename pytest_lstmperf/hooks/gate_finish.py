@@ -19,11 +19,10 @@ from ..session import run_session, started_session
 from ..speed.baseline_file import BaselineError
 from ..speed.gate import GateState
 from ..speed.policy import (
-    COMPARE_PROCESSES,
-    GOAL_PROCESSES,
     MAX_LIMIT,
     RECORD_PROCESSES_MAX,
     blind,
+    compare_processes,
     outlook,
     undecided,
     unresolved,
@@ -148,7 +147,7 @@ def finish(session: pytest.Session) -> None:
         state.gate = run_gate(state.baseline, state.records, threshold, versions, unavailable)
         started = time.perf_counter()
         goal = state.goal = setting(config, "lstmperf_resolution").value
-        cap = COMPARE_PROCESSES if goal >= MAX_LIMIT else GOAL_PROCESSES
+        cap = compare_processes(goal)
         more: dict[str, list[BenchRecord]] = {}
         for extra in range(2, cap + 1):  # adaptive: more processes only where noise needs them
             names = {d.name for d in state.gate.decisions if undecided(d, goal)}
@@ -224,7 +223,9 @@ def _record_baseline(
             siblings=siblings,
         )
         if saving(config) != "add-run" and setting(config, "lstmperf_record_processes").value > 1:
-            state.save_report.blind = blind(recorded)
+            goal = setting(config, "lstmperf_resolution").value
+            state.save_report.blind = blind(recorded, goal)
+            state.save_report.compare_processes = compare_processes(goal)
         if xdist_active(config):
             state.messages.append("recorded under pytest-xdist: workers shared the machine while timing")
     except BaselineError as exc:
@@ -250,8 +251,8 @@ def _record_processes(config: pytest.Config, measured: list[BenchRecord]) -> dic
         if not names:
             break
         total += 1
-        blind_now = set(unresolved(recorded))
-        apart = len({o.name for o in outlook(recorded) if o.scatters} & blind_now)
+        blind_now = set(unresolved(recorded, goal, promise_only=True))
+        apart = len({o.name for o in outlook(recorded, goal) if o.scatters} & blind_now)
         whys = []
         if blind_now:
             whys.append(

@@ -56,6 +56,8 @@ class SaveReport:
     outliers: list[str] = field(default_factory=list)  # recording runs added outside the runs before them
     #: benchmarks no compare will see a 1.5x slowdown on (their processes lie too far apart): name -> resolution
     blind: dict[str, float] = field(default_factory=dict)
+    #: ... with as many processes as a compare takes at the run's resolution goal (policy.compare_processes)
+    compare_processes: int = 4
     added_run: bool = False  # --lstmperf-add-baseline-run: recording runs added, no entry replaced
     entries: dict[str, BaselineEntry] = field(default_factory=dict)  # the file's entries as written
 

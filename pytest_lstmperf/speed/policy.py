@@ -25,10 +25,10 @@ The rule, in five sentences (docs/speed-gate.md states the same):
    printed (with ``-v``, every one).
 3. A benchmark fails when its figure is slower, when it ran another kernel or precision than its baseline, or when
    its exact host counts per call (ATen ops, GPU kernels, synchronisations: the host's work, on a GPU too) changed.
-   One that cannot see a 1.5x slowdown, or is slower, is timed in further processes of the run (four in all at
-   most), and so is one that resolves a coarser slowdown than the goal (``--lstmperf-resolution``, 1.10x by default)
-   where eight processes would reach it (eight in all at most); one that still cannot see 1.5x, or whose anchor ran
-   more than 3x off its recorded time, is inconclusive, which fails unless accepted: never passed blind.
+   One that cannot see a 1.5x slowdown, or is slower, is timed in further processes of the run, and so is one that
+   resolves a coarser slowdown than the goal (``--lstmperf-resolution``, 1.10x by default) where eight processes
+   would reach it: eight in all at most (four where the goal is 1.5x); one that still cannot see 1.5x, or whose
+   anchor ran more than 3x off its recorded time, is inconclusive, which fails unless accepted: never passed blind.
 4. A recording process more than 2x off the median of its siblings is left out and named; a recording run
    added later is compared with the entry's processes: one outside their limits is added and named, one more
    than 2x off is refused.
@@ -77,10 +77,11 @@ UNBOUNDED = 10.0
 #: a recording times a benchmark in at most this many processes (more than --lstmperf-record-processes only where
 #: :func:`unresolved` says its processes do not yet show how far they lie apart: a user's lone benchmark)
 RECORD_PROCESSES_MAX = 8
-#: a compare times a benchmark that is undecided (:func:`undecided`) in at most this many processes in all
+#: a compare times a benchmark that is undecided (:func:`undecided`) in at most this many processes in all, where
+#: the resolution goal is the 1.5x promise alone (``--lstmperf-resolution=1.5``; :func:`compare_processes`)
 COMPARE_PROCESSES = 4
-#: ... and one that resolves a coarser slowdown than ``--lstmperf-resolution`` asks for (finer than
-#: :data:`MAX_LIMIT`) in at most this many: as many as a recording may take. On the 16-core Xeon of a GPU host,
+#: ... and in at most this many where the goal is finer (1.10x by default), whatever the reason, among them one
+#: that resolves a coarser slowdown than the goal: as many as a recording may take. On the 16-core Xeon of a GPU host,
 #: whose processes lay 2.8% apart divided by the anchor, one compare process resolved 1.17x; 1.10x takes five
 #: or six against six to eight recorded, by this rule's arithmetic (:func:`resolution`)
 GOAL_PROCESSES = RECORD_PROCESSES_MAX
@@ -270,8 +271,8 @@ class Outlook:
     name: str
     metric: str
     one: float  # a compare of one process against the processes recorded so far
-    now: float  # a compare of COMPARE_PROCESSES processes against the processes recorded so far
-    best: float  # a compare of COMPARE_PROCESSES processes against RECORD_PROCESSES_MAX recorded
+    now: float  # a compare of compare_processes(goal) processes against the processes recorded so far
+    best: float  # a compare of compare_processes(goal) processes against RECORD_PROCESSES_MAX recorded
     processes: int  # recorded so far
     #: its processes lie beyond doubt further apart than its mode's pool (:meth:`Reference.scatters`): judged on
     #: their spread alone, which more processes show
@@ -296,9 +297,17 @@ def _exp(x: float) -> float:
     return math.exp(x) if x < 700 else math.inf
 
 
-def outlook(recorded: Mapping[str, Sequence[Measurement]]) -> list[Outlook]:
+def compare_processes(goal: float = MAX_LIMIT) -> int:
+    """How many processes a compare times a benchmark in at most, for the resolution goal ``goal``
+    (``--lstmperf-resolution``): :data:`COMPARE_PROCESSES` where the goal is the 1.5x promise alone,
+    :data:`GOAL_PROCESSES` where it is finer (1.10x by default), whatever the reason a benchmark is timed again."""
+    return COMPARE_PROCESSES if goal >= MAX_LIMIT else GOAL_PROCESSES
+
+
+def outlook(recorded: Mapping[str, Sequence[Measurement]], goal: float = MAX_LIMIT) -> list[Outlook]:
     """The outlook of every benchmark of a recording (name -> its measurements, one per process), on each metric
-    that decides it; a benchmark whose processes' spread is not known at all resolves nothing (infinity)."""
+    that decides it, for a compare of at most :func:`compare_processes` processes for ``goal``; a benchmark whose
+    processes' spread is not known at all resolves nothing (infinity)."""
     references = pooled(
         {
             name: Reference(name, tuple(recording_runs(list(ms))[0]), kernel=ms[0].kernel, mode=ms[0].mode)
@@ -307,6 +316,7 @@ def outlook(recorded: Mapping[str, Sequence[Measurement]]) -> list[Outlook]:
         }
     )
     out = []
+    most = compare_processes(goal)
     for name, ref in references.items():
         for metric in metrics_of(ref, recorded[name][0].first):
             variant = ref.variant(metric)
@@ -324,8 +334,8 @@ def outlook(recorded: Mapping[str, Sequence[Measurement]]) -> list[Outlook]:
                     name,
                     metric,
                     one=resolution(widened, 1, n, se, metric),
-                    now=resolution(widened, COMPARE_PROCESSES, n, se, metric),
-                    best=resolution(later, COMPARE_PROCESSES, max(n, RECORD_PROCESSES_MAX), se, metric),
+                    now=resolution(widened, most, n, se, metric),
+                    best=resolution(later, most, max(n, RECORD_PROCESSES_MAX), se, metric),
                     processes=n,
                     scatters=ref.scatters(metric, variant),
                     reach=resolution(
@@ -336,10 +346,12 @@ def outlook(recorded: Mapping[str, Sequence[Measurement]]) -> list[Outlook]:
     return out
 
 
-def unresolved(recorded: Mapping[str, Sequence[Measurement]], goal: float = MAX_LIMIT) -> list[str]:
+def unresolved(
+    recorded: Mapping[str, Sequence[Measurement]], goal: float = MAX_LIMIT, promise_only: bool = False
+) -> list[str]:
     """The benchmarks of a recording (name -> its measurements, one per process) that one process of a compare
     could not see a :data:`MAX_LIMIT` slowdown on, though a compare would see it once both sides have all the
-    processes they may take (:data:`RECORD_PROCESSES_MAX` recorded, :data:`COMPARE_PROCESSES` compared), judged
+    processes they may take (:data:`RECORD_PROCESSES_MAX` recorded, :func:`compare_processes` compared), judged
     as the compare judges (:func:`outlook`): what hides 1.5x is then how little is known yet (few processes and
     few neighbours: Student's t) or too few processes behind the figure. A recording times them in more
     processes; not those that even the most processes would leave blind (:func:`blind` names them). One whose
@@ -352,23 +364,30 @@ def unresolved(recorded: Mapping[str, Sequence[Measurement]], goal: float = MAX_
     reach it (:attr:`Outlook.reach`): a recording is made once and compared against often, and each process
     recorded spares the compares some (by :func:`resolution`, a benchmark whose processes lie 2.8% apart, the
     16-core Xeon's, reaches 1.10x in five or six compare processes against eight recorded, and in none against
-    three)."""
+    three). ``promise_only``: the first kind alone (what the recording says of each)."""
     return sorted(
         {
             o.name
-            for o in outlook(recorded)
+            for o in outlook(recorded, goal)
             if (o.one > MAX_LIMIT and (o.scatters or o.best <= MAX_LIMIT))
-            or (goal < MAX_LIMIT and o.one > goal and o.reach <= goal and o.processes < RECORD_PROCESSES_MAX)
+            or (
+                not promise_only
+                and goal < MAX_LIMIT
+                and o.one > goal
+                and o.reach <= goal
+                and o.processes < RECORD_PROCESSES_MAX
+            )
         }
     )
 
 
-def blind(recorded: Mapping[str, Sequence[Measurement]]) -> dict[str, float]:
+def blind(recorded: Mapping[str, Sequence[Measurement]], goal: float = MAX_LIMIT) -> dict[str, float]:
     """The benchmarks of a finished recording that no compare will see a :data:`MAX_LIMIT` slowdown on, not even
-    with :data:`COMPARE_PROCESSES` processes (name -> the best resolution it reaches): every compare will call
-    them inconclusive, which fails the run, unless that run is quieter than the recording's processes were."""
+    with as many processes as a compare for ``goal`` takes (:func:`compare_processes`; name -> the best resolution
+    it reaches): every compare will call them inconclusive, which fails the run, unless that run is quieter than
+    the recording's processes were."""
     out: dict[str, float] = {}
-    for o in outlook(recorded):
+    for o in outlook(recorded, goal):
         if o.now > MAX_LIMIT:
             out[o.name] = max(out.get(o.name, 0.0), o.now)
     return out
