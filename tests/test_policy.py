@@ -690,7 +690,7 @@ def test_a_recording_takes_more_processes_where_the_most_processes_would_see_1_5
     timed again. Beside quiet neighbours (1%), one whose processes lie 20% or 60% apart, beyond doubt further
     than theirs, is judged on its own processes alone (:meth:`Reference.scatters`): it has not shown its spread
     yet, and is timed in more processes whatever its forecast (its first ones may have lain apart by chance)."""
-    from pytest_lstmperf.speed.policy import outlook, unresolved
+    from pytest_lstmperf.speed.policy import outlook, unresolved, unresolved_why
 
     def measured(name: str, spread: float) -> list[Measurement]:
         return [as_measured(r) for r in processes(record(name, seed=1), spread=spread, count=3)]
@@ -702,9 +702,11 @@ def test_a_recording_takes_more_processes_where_the_most_processes_would_see_1_5
     assert unresolved(wide) == ["wide"]
     assert not any(o.scatters for o in outlook(wide))
     assert unresolved({**around(0.3), "wide": measured("wide", 0.6)}) == []
+    assert unresolved_why(wide) == {"wide": "promise"}
     for spread in (0.2, 0.6):
         alone = {**around(0.01), "wide": measured("wide", spread)}
         assert unresolved(alone) == ["wide"]
+        assert unresolved_why(alone) == {"wide": "apart"}  # the recording names it as lying apart
         assert [o.name for o in outlook(alone) if o.scatters] == ["wide"]
 
 
@@ -715,7 +717,7 @@ def test_a_recording_aims_at_the_resolution_goal_where_more_recorded_processes_b
     eight, where a compare then reaches it. A quiet suite (0.5%) resolves 1.10x in one compare process against
     three: no further recording process. A suite whose processes lie 8% apart (Keras on JAX on that Xeon) would
     not reach 1.10x even against eight: none for the goal (some of its benchmarks for the 1.5x promise)."""
-    from pytest_lstmperf.speed.policy import RECORD_PROCESSES_MAX, outlook, unresolved
+    from pytest_lstmperf.speed.policy import RECORD_PROCESSES_MAX, outlook, unresolved, unresolved_why
 
     def suite(spread: float, count: int) -> dict[str, list[Measurement]]:
         return {
@@ -726,6 +728,7 @@ def test_a_recording_aims_at_the_resolution_goal_where_more_recorded_processes_b
     xeon = suite(0.028, 3)
     assert unresolved(xeon) == []  # 1.5x: seen already
     assert unresolved(xeon, 1.10) == sorted(xeon)
+    assert set(unresolved_why(xeon, 1.10).values()) == {"goal"}  # what the recording says it times them for
     assert all(o.one > 1.10 >= o.reach for o in outlook(xeon))
     count = 3
     while count < RECORD_PROCESSES_MAX and unresolved(suite(0.028, count), 1.10):
@@ -737,6 +740,7 @@ def test_a_recording_aims_at_the_resolution_goal_where_more_recorded_processes_b
     noisy = suite(0.08, 3)
     assert all(o.reach > 1.10 for o in outlook(noisy))
     assert unresolved(noisy, 1.10) == unresolved(noisy)  # those that cannot see 1.5x yet, for the promise alone
+    assert "goal" not in unresolved_why(noisy, 1.10).values()
 
 
 def _scaled(one: dict, factors: Sequence[float]) -> list[dict]:

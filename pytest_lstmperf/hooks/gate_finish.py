@@ -23,9 +23,8 @@ from ..speed.policy import (
     RECORD_PROCESSES_MAX,
     blind,
     compare_processes,
-    outlook,
     undecided,
-    unresolved,
+    unresolved_why,
 )
 from ..speed.provenance import benchmark_header, provenance, record_command, rerun_command
 from ..speed.records import BenchRecord
@@ -128,6 +127,7 @@ def finish(session: pytest.Session) -> None:
     if process_folder() is not None:  # a recording process: its records go to the recording command
         write_records(measured)
         return
+    state.goal = setting(config, "lstmperf_resolution").value  # read once: the recording and the compare aim at it
     if saving(config) is not None:
         started = time.perf_counter()
         _record_baseline(config, state, session, measured)
@@ -146,7 +146,7 @@ def finish(session: pytest.Session) -> None:
         versions = gate_device(config).versions()
         state.gate = run_gate(state.baseline, state.records, threshold, versions, unavailable)
         started = time.perf_counter()
-        goal = state.goal = setting(config, "lstmperf_resolution").value
+        goal = state.goal
         cap = compare_processes(goal)
         more: dict[str, list[BenchRecord]] = {}
         for extra in range(2, cap + 1):  # adaptive: more processes only where noise needs them
@@ -203,7 +203,7 @@ def _record_baseline(
         state.messages.append("no benchmark was measured in this run: nothing recorded")
         return
     try:
-        siblings = _record_processes(config, measured)
+        siblings = _record_processes(config, measured, state.goal)
     except RecordingError as exc:
         state.errors.append(str(exc))
         return
@@ -223,16 +223,15 @@ def _record_baseline(
             siblings=siblings,
         )
         if saving(config) != "add-run" and setting(config, "lstmperf_record_processes").value > 1:
-            goal = setting(config, "lstmperf_resolution").value
-            state.save_report.blind = blind(recorded, goal)
-            state.save_report.compare_processes = compare_processes(goal)
+            state.save_report.blind = blind(recorded, state.goal)
+            state.save_report.compare_processes = compare_processes(state.goal)
         if xdist_active(config):
             state.messages.append("recorded under pytest-xdist: workers shared the machine while timing")
     except BaselineError as exc:
         state.errors.append(str(exc))
 
 
-def _record_processes(config: pytest.Config, measured: list[BenchRecord]) -> dict[str, list[BenchRecord]]:
+def _record_processes(config: pytest.Config, measured: list[BenchRecord], goal: float) -> dict[str, list[BenchRecord]]:
     """The recording's further processes: ``--lstmperf-record-processes`` in all, then one more at a time for the
     benchmarks whose processes do not yet show how far they lie apart well enough to see a 1.5x slowdown (a lone
     benchmark of a user's: Student's t on few processes), and for those a compare would resolve the
@@ -243,25 +242,25 @@ def _record_processes(config: pytest.Config, measured: list[BenchRecord]) -> dic
     siblings = record_in_processes(config, measured, processes, say)
     if processes <= 1 or saving(config) == "add-run":  # an added run joins processes the entry already has
         return siblings
-    goal = setting(config, "lstmperf_resolution").value
     total = processes
     while total < RECORD_PROCESSES_MAX:
         recorded = {r.fullname: [x.measurement() for x in (r, *siblings.get(r.fullname, ()))] for r in measured}
-        names = set(unresolved(recorded, goal))
-        if not names:
+        why = unresolved_why(recorded, goal)
+        if not why:
             break
+        names = set(why)
         total += 1
-        blind_now = set(unresolved(recorded, goal, promise_only=True))
-        apart = len({o.name for o in outlook(recorded, goal) if o.scatters} & blind_now)
+        counts = {kind: sum(w == kind for w in why.values()) for kind in ("apart", "promise", "goal")}
         whys = []
-        if blind_now:
+        if counts["apart"] + counts["promise"]:
             whys.append(
-                f"{len(blind_now)} whose processes do not yet show how far they lie apart well enough to see a "
-                f"{MAX_LIMIT}x slowdown" + (f" ({apart} lie beyond doubt further apart than their neighbours)"
-                                            if apart else "")
+                f"{counts['apart'] + counts['promise']} whose processes do not yet show how far they lie apart well "
+                f"enough to see a {MAX_LIMIT}x slowdown" + (
+                    f" ({counts['apart']} lie beyond doubt further apart than their neighbours)"
+                    if counts["apart"] else "")
             )  # fmt: skip
-        if names - blind_now:
-            whys.append(f"{len(names - blind_now)} that a compare would resolve {goal:g}x against with more recorded")
+        if counts["goal"]:
+            whys.append(f"{counts['goal']} that a compare would resolve {goal:g}x against with more recorded")
         got = record_in_processes(
             config, [r for r in measured if r.fullname in names], 2, say, index=total, of=RECORD_PROCESSES_MAX,
             why=f"{len(names)} benchmark(s): " + "; ".join(whys),

@@ -48,8 +48,8 @@ class GateState:
     #: under pytest-xdist, a worker's: the benchmarks its controller's baseline has entries for (the workers do not
     #: load it); None where the controller compares with no lstmperf baseline, or this is no worker
     judged: frozenset[str] | None = None
-    #: the slowdown a compare buys further processes to resolve (``--lstmperf-resolution``), read once where the
-    #: compare decides; the run's report names the checks short of it
+    #: the slowdown a recording and a compare buy further processes to resolve (``--lstmperf-resolution``), read
+    #: once as the run ends; the run's report names the checks short of it
     goal: float = MAX_LIMIT
 
     def anchor_repeat(self, nodeid: str) -> int | None:

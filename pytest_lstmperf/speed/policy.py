@@ -346,9 +346,7 @@ def outlook(recorded: Mapping[str, Sequence[Measurement]], goal: float = MAX_LIM
     return out
 
 
-def unresolved(
-    recorded: Mapping[str, Sequence[Measurement]], goal: float = MAX_LIMIT, promise_only: bool = False
-) -> list[str]:
+def unresolved_why(recorded: Mapping[str, Sequence[Measurement]], goal: float = MAX_LIMIT) -> dict[str, str]:
     """The benchmarks of a recording (name -> its measurements, one per process) that one process of a compare
     could not see a :data:`MAX_LIMIT` slowdown on, though a compare would see it once both sides have all the
     processes they may take (:data:`RECORD_PROCESSES_MAX` recorded, :func:`compare_processes` compared), judged
@@ -364,21 +362,22 @@ def unresolved(
     reach it (:attr:`Outlook.reach`): a recording is made once and compared against often, and each process
     recorded spares the compares some (by :func:`resolution`, a benchmark whose processes lie 2.8% apart, the
     16-core Xeon's, reaches 1.10x in five or six compare processes against eight recorded, and in none against
-    three). ``promise_only``: the first kind alone (what the recording says of each)."""
-    return sorted(
-        {
-            o.name
-            for o in outlook(recorded, goal)
-            if (o.one > MAX_LIMIT and (o.scatters or o.best <= MAX_LIMIT))
-            or (
-                not promise_only
-                and goal < MAX_LIMIT
-                and o.one > goal
-                and o.reach <= goal
-                and o.processes < RECORD_PROCESSES_MAX
-            )
-        }
-    )
+    three).
+
+    Name -> why: "apart" (the promise, its processes lying beyond doubt further apart than its neighbours'),
+    "promise", or "goal"."""
+    out: dict[str, str] = {}
+    for o in outlook(recorded, goal):
+        if o.one > MAX_LIMIT and (o.scatters or o.best <= MAX_LIMIT):
+            out[o.name] = "apart" if o.scatters else "promise"
+        elif goal < MAX_LIMIT and o.one > goal and o.reach <= goal and o.processes < RECORD_PROCESSES_MAX:
+            out.setdefault(o.name, "goal")
+    return out
+
+
+def unresolved(recorded: Mapping[str, Sequence[Measurement]], goal: float = MAX_LIMIT) -> list[str]:
+    """The names :func:`unresolved_why` gives, sorted: the benchmarks a recording times in one more process."""
+    return sorted(unresolved_why(recorded, goal))
 
 
 def blind(recorded: Mapping[str, Sequence[Measurement]], goal: float = MAX_LIMIT) -> dict[str, float]:
