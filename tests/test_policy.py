@@ -685,7 +685,7 @@ def test_a_recording_takes_more_processes_only_where_they_do_not_yet_show_their_
 def test_a_recording_takes_more_processes_where_the_most_processes_would_see_1_5x() -> None:
     """Beside eight neighbours whose processes lie 6% apart, a benchmark whose three lie 15% apart (not beyond
     doubt further than theirs) cannot see 1.5x in one compare process, and would with 8 recorded and 4
-    compared: a recording times it in more processes. Beside neighbours 30% apart (a machine whose processes
+    compared: a recording times it in more processes. Beside neighbours 40% apart (a machine whose processes
     lie that far apart), even the most processes would leave a compare blind: more would not help, and it is not
     timed again. Beside quiet neighbours (1%), one whose processes lie 20% or 60% apart, beyond doubt further
     than theirs, is judged on its own processes alone (:meth:`Reference.scatters`): it has not shown its spread
@@ -701,7 +701,7 @@ def test_a_recording_takes_more_processes_where_the_most_processes_would_see_1_5
     wide = {**around(0.06), "wide": measured("wide", 0.15)}
     assert unresolved(wide) == ["wide"]
     assert not any(o.scatters for o in outlook(wide))
-    assert unresolved({**around(0.3), "wide": measured("wide", 0.6)}) == []
+    assert unresolved({**around(0.4), "wide": measured("wide", 0.6)}) == []
     assert unresolved_why(wide) == {"wide": "promise"}
     for spread in (0.2, 0.6):
         alone = {**around(0.01), "wide": measured("wide", spread)}
@@ -727,9 +727,11 @@ def test_a_recording_aims_at_the_resolution_goal_where_more_recorded_processes_b
 
     xeon = suite(0.028, 3)
     assert unresolved(xeon) == []  # 1.5x: seen already
-    assert unresolved(xeon, 1.10) == sorted(xeon)
+    reachable = sorted(o.name for o in outlook(xeon, 1.10) if o.one > 1.10 >= o.reach)
+    assert len(reachable) >= 8  # the ninth's own spread, larger by chance, leaves it at 1.1004x with eight
+    assert unresolved(xeon, 1.10) == reachable
     assert set(unresolved_why(xeon, 1.10).values()) == {"goal"}  # what the recording says it times them for
-    assert all(o.one > 1.10 >= o.reach for o in outlook(xeon))
+    assert all(o.one > 1.10 for o in outlook(xeon))
     count = 3
     while count < RECORD_PROCESSES_MAX and unresolved(suite(0.028, count), 1.10):
         count += 1
@@ -780,7 +782,12 @@ def test_a_recording_stops_where_the_compare_judges_as_it_predicted(spread: floa
     recorded = {**quiet, "wide": measured("wide", spread, count)}
     named = blind(recorded, goal)
     refs = pooled({n: Reference(n, tuple(policy.run_figures(m) for m in ms)) for n, ms in recorded.items()})
-    now = [as_measured(r) for r in processes(record("wide", seed=5), spread=0.0, count=compare_processes(goal))]
+    # the compare's processes lie exactly as far apart as the recording's (their sample variance, log scale, is the
+    # recorded one's), which is what the recording foresees: they count towards the spread as the recorded do
+    m = compare_processes(goal)
+    own, _ = refs["wide"].own_variance("per-call")
+    step = math.sqrt(own * (m - 1) / m)
+    now = [as_measured(r) for r in _scaled(record("wide", seed=5), [math.exp(step * (-1) ** k) for k in range(m)])]
     got = check("per-call", now[0].first.samples("per-call"), refs["wide"], 1.05,
                 more=[m.first.samples("per-call") for m in now[1:]])  # fmt: skip
     assert (got.resolves > MAX_LIMIT) == ("wide" in named), (spread, count, got.text(), named)
@@ -819,13 +826,14 @@ def test_the_fifth_xeons_bimodal_benchmark_is_named_blind_when_recorded() -> Non
         count += 1
     assert count == RECORD_PROCESSES_MAX
     assert list(blind(recorded(count))) == ["onednn-b1"]
-    assert 2.0 < blind(recorded(count))["onednn-b1"] < 2.6  # its own 16% between processes, on 7 degrees of freedom
+    # its own 16% between processes, on 7 recorded and 3 compared degrees of freedom
+    assert 1.8 < blind(recorded(count))["onednn-b1"] < 2.2
     assert not any(n in blind(recorded(count)) for n in quiet)
     refs = policy.pooled({n: Reference(n, tuple(policy.run_figures(m) for m in ms)) for n, ms in recorded(3).items()})
     lower = as_measured(_scaled(base, (1.35 * 1.5,))[0]).first.samples("per-call")
     seen = check("per-call", lower, refs["onednn-b1"], 1.05)
     assert seen.verdict == "inconclusive", seen.text()  # not a pass: 1.17x its recording, 1.5x its lower level
-    assert "3 recording processes lie 11.6% apart, beyond doubt further than" in seen.note
+    assert "its 3 recording processes lie 11.6% apart, beyond doubt further than" in seen.note
     assert "record it in more processes" in seen.note
 
 
@@ -1139,7 +1147,7 @@ def test_a_lone_benchmark_recorded_in_two_processes_far_apart_is_inconclusive_no
     lone = pooled({"lone": Reference("lone", tuple(RunFigures(Figure(v, 0.005, 30), None) for v in (1.0, 1.3)))})
     seen = check("per-call", [1.1] * 30, lone["lone"], 1.05)
     assert seen.verdict == "inconclusive" and seen.resolves == math.inf
-    assert "2 recording process(es) lie 20.4% apart, too few to bound" in seen.note
+    assert "its 2 recording processes lie 20.4% apart, too few to bound" in seen.note
     assert "--lstmperf-record-processes" in seen.note and len(seen.note) < 300
     slower = check("per-call", [1.3] * 30, lone["lone"], 1.05)
     assert slower.verdict == "inconclusive"  # never a pass: a compare cannot see 1.5x against it
@@ -1276,12 +1284,13 @@ def test_a_finer_resolution_goal_buys_processes_only_where_they_reach_it() -> No
     """``--lstmperf-resolution``: on a machine whose processes lie 2.5% apart (the 16-core Xeon's 2.8%), one
     compare process against eight recorded resolves 1.165x. Asked for 1.095x, the benchmark is undecided (one
     more process, and more, since eight would reach it: :attr:`Check.best`); by default (1.5x) it is decided.
-    Eight processes resolve 1.093x and settle it. Against three recorded processes eight compare processes
-    would resolve 1.099x: none is bought, and :func:`short_of` says the baseline needs more processes. The
+    Eight processes resolve 1.081x and settle it (their own figures count towards the spread between processes,
+    and lie closer together than the forecast assumed). Against three recorded processes eight compare processes
+    would resolve 1.095x: none is bought, and :func:`short_of` says the baseline needs more processes. The
     verdict's rule is the same: a 1.5x slowdown fails either way."""
     from pytest_lstmperf.speed.policy import GOAL_PROCESSES, short_of, undecided
 
-    goal = 1.095
+    goal = 1.092
 
     def recorded(count: int) -> Reference:
         return reference(*processes(record(seed=1), spread=0.025, count=count, machine=0.0), spread=0.025)
@@ -1305,3 +1314,49 @@ def test_a_finer_resolution_goal_buys_processes_only_where_they_reach_it() -> No
     assert short_of([against_three], goal) == [(against_three, against_three.checks[0], "baseline")]
     slower = as_measured(record(seed=2, call_s=1.5e-3))
     assert decide(slower, eight).verdict == "regressed" and decide(slower, three).verdict == "regressed"
+
+
+def _alone_and_compared(spread: float, compare_spread: float, factor: float = 1.0) -> tuple[Reference, Check]:
+    """A benchmark recorded in 8 processes ``spread`` apart (their sample spread exactly that, log scale) beside
+    quiet neighbours (1%), so judged on its own processes alone, and a compare of 8 processes ``compare_spread``
+    apart around ``factor`` times its recording."""
+    from pytest_lstmperf.speed.policy import GOAL_PROCESSES, RECORD_PROCESSES_MAX, pooled
+
+    def alternating(count: int, sd: float) -> list[float]:
+        step = sd * math.sqrt((count - 1) / count)
+        return [math.exp(step * (-1) ** k) for k in range(count)]
+
+    base = record("jax-train", seed=4, noise=0.003)
+    recorded = {"jax-train": [as_measured(r) for r in _scaled(base, alternating(RECORD_PROCESSES_MAX, spread))]}
+    recorded |= {
+        f"b{k}": [as_measured(r) for r in processes(record(f"b{k}", seed=k), spread=0.01, count=3)] for k in range(8)
+    }
+    refs = pooled({n: Reference(n, tuple(policy.run_figures(m) for m in ms)) for n, ms in recorded.items()})
+    now = [as_measured(r) for r in _scaled(base, [factor * f for f in alternating(GOAL_PROCESSES, compare_spread)])]
+    samples = [m.first.samples("per-call") for m in now]
+    return refs["jax-train"], check("per-call", samples[0], refs["jax-train"], 1.05, more=samples[1:])
+
+
+def test_a_compares_own_processes_measure_how_far_processes_lie_apart_too() -> None:
+    """Keras on JAX's training step on a 16-core Xeon lay 9.7% apart over its 8 recording processes, beyond doubt
+    further than its neighbours: judged on its own processes alone, Student's t on their 7 degrees of freedom
+    widens four standard errors 2.1-fold, and a compare of 8 processes resolved 1.55x on them: blind, and every
+    compare failed inconclusive. The compare's own processes measure the same spread: pooled with the recording's
+    (14 degrees of freedom) they resolve 1.36x, and a 1.5x slowdown of every process is regressed. Planted (the
+    compare's processes ignored, as before): the clean compare is inconclusive and the slowdown too.
+
+    A compare whose processes lie further apart than the recording's (a busier machine: 15% against 2%) is judged
+    on that too: its figure 1.15x its recording, within the noise of 8 processes so far apart, is not called
+    regressed (judged on the recording's 2% alone it was, at a limit of 1.06x), and the compare still sees a 1.5x
+    slowdown. Where they lie as far apart as recorded, nothing moves but the degrees of freedom."""
+    ref, clean = _alone_and_compared(0.097, 0.097)
+    assert ref.scatters("per-call")
+    assert clean.verdict == "unchanged" and 1.3 < clean.resolves < 1.42, clean.text()
+    _, slow = _alone_and_compared(0.097, 0.097, factor=1.5)
+    assert slow.verdict == "regressed", slow.text()
+    _, busy = _alone_and_compared(0.02, 0.15, factor=1.15)
+    assert busy.verdict == "unchanged" and busy.resolves < 1.5, busy.text()
+    _, busy_slow = _alone_and_compared(0.02, 0.15, factor=1.5)
+    assert busy_slow.verdict == "regressed", busy_slow.text()
+    quiet = _alone_and_compared(0.02, 0.02)[1]
+    assert quiet.verdict == "unchanged" and quiet.resolves < 1.1, quiet.text()
