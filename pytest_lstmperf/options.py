@@ -341,8 +341,8 @@ BENCH_SETTINGS = [
             "the slowdown a recording and a compare aim to resolve (default 1.10): a benchmark that resolves a "
             "coarser one is timed in further processes (8 in all at most) where they would bring it there, and "
             "named where they would not; the verdict's rule is the same. 1.5, the slowdown the gate promises to see "
-            "anywhere, buys processes only where a benchmark cannot see it (4 in all at most in a compare): the "
-            "fastest runs",
+            "anywhere, buys processes only where a benchmark cannot see it, or would miss it more than one run in 20 "
+            "(4 in all at most in a compare): the fastest runs",
             "RATIO",
         ),
         Setting(
