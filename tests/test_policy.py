@@ -1384,6 +1384,8 @@ def test_a_check_that_would_miss_1_5x_more_than_one_run_in_20_buys_processes_tha
 
     unsure = decision(1.47, 1.13)
     assert undecided(unsure, 1.10) and undecided(unsure, MAX_LIMIT)
+    # the run says what it times it again for: this run's noise, not the goal, which 8 processes would not reach
+    assert not policy.for_the_goal(unsure, 1.10) and policy.for_the_goal(decision(1.47, 1.09), 1.10)
     assert not undecided(decision(1.47, 1.40), MAX_LIMIT)  # eight would not make it sure: none bought
     assert not undecided(decision(1.30, 1.10), MAX_LIMIT)  # sure already
     assert not undecided(decision(1.30, 1.12), 1.10)  # and the goal out of reach

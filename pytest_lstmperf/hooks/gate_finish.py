@@ -23,6 +23,7 @@ from ..speed.policy import (
     RECORD_PROCESSES_MAX,
     blind,
     compare_processes,
+    for_the_goal,
     undecided,
     unresolved_why,
 )
@@ -150,10 +151,12 @@ def finish(session: pytest.Session) -> None:
         cap = compare_processes(goal)
         more: dict[str, list[BenchRecord]] = {}
         for extra in range(2, cap + 1):  # adaptive: more processes only where noise needs them
-            names = {d.name for d in state.gate.decisions if undecided(d, goal)}
+            again = [d for d in state.gate.decisions if undecided(d, goal)]
+            names = {d.name for d in again}
             if not names or state.errors or session.exitstatus not in (0, pytest.ExitCode.OK):
                 break
-            why = "undecided on this run's noise" if goal >= MAX_LIMIT else f"undecided, or short of {goal:g}x"
+            short = any(for_the_goal(d, goal) for d in again)
+            why = f"undecided, or short of {goal:g}x" if short else "undecided on this run's noise"
             try:
                 got = record_in_processes(
                     config, [r for r in measured if r.fullname in names], 2, _say(config), index=extra,

@@ -960,6 +960,15 @@ def undecided(decision: Decision, goal: float = MAX_LIMIT) -> bool:
     )
 
 
+def for_the_goal(decision: Decision, goal: float) -> bool:
+    """Whether ``decision`` has a check that resolves a coarser slowdown than ``goal`` where further processes of
+    this run would bring it there: what the run says it times a benchmark again for (:func:`undecided`)."""
+    return goal < MAX_LIMIT and any(
+        c.metric in METRICS and c.verdict in ("unchanged", "improved") and _short(c, goal) == "processes"
+        for c in decision.checks
+    )
+
+
 def _unsure(check: Check) -> bool:
     """Whether ``check`` sees a 1.5x slowdown by the rule but would miss it more than one run in 20 (it resolves a
     coarser slowdown than :data:`SURE_LIMIT`), where :data:`GOAL_PROCESSES` processes of this run would bring it
