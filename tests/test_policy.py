@@ -13,7 +13,7 @@ import pytest
 
 from pytest_lstmperf import meters
 from pytest_lstmperf.speed import gate_table, policy
-from pytest_lstmperf.speed.policy import Decision, Measurement, Reference, RunFigures, check, decide
+from pytest_lstmperf.speed.policy import Check, Decision, Measurement, Reference, RunFigures, check, decide
 from pytest_lstmperf.speed.records import (
     BaselineDocument,
     BaselineEntry,
@@ -1369,7 +1369,7 @@ def test_a_check_that_would_miss_1_5x_more_than_one_run_in_20_buys_processes_tha
     would bring it to :data:`policy.SURE_LIMIT` (1.333x), it is undecided at either goal, and they are bought; one
     that 8 processes would not bring there, or that resolves 1.33x already, is not. Planted (the clause removed):
     the first case is decided at 1.47x."""
-    from pytest_lstmperf.speed.policy import MAX_LIMIT, SURE_LIMIT, Check, undecided
+    from pytest_lstmperf.speed.policy import MAX_LIMIT, SURE_LIMIT, undecided
 
     assert 1.332 < SURE_LIMIT < 1.334
     # a one-process figure slowed exactly to the limit passes half the time; 1.5x against 1.333x: 19 in 20 caught
