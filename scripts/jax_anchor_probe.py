@@ -27,6 +27,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from precision_anchor_probe import spreads  # this folder is first on sys.path when run as a script
+
 CALLS = ("keras-jax-lstm-train-B16", "keras-jax-gru-forward-B16", "keras-jax-lstm-forward-B1", "torch-lstm-train-B16")
 ANCHORS = ("torch", "jax-unrolled", "jax-scan")
 
@@ -155,15 +157,6 @@ def _timed(call: Callable[[], None]) -> float:
 def _cpu() -> float:
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
-
-
-def spreads(values: list[float]) -> dict[str, float]:
-    logs = [math.log(v) for v in values]
-    mid = st.median(logs)
-    return {
-        "mad%": round(100 * 1.4826 * st.median([abs(x - mid) for x in logs]), 2),
-        "sd%": round(100 * st.stdev(logs), 2),
-    }
 
 
 def slope(ys: list[float], xs: list[float]) -> float:
