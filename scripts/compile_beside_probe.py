@@ -12,13 +12,14 @@ docs/gate-evidence.md holds what it printed on the 2-core VM.
 from __future__ import annotations
 
 import json
-import os
 import statistics as st
 import subprocess
 import sys
 import time
 from collections.abc import Callable
 from typing import Any
+
+from precision_anchor_probe import report  # this folder is first on sys.path when run as a script
 
 MODES = ("eager", "compile")
 
@@ -97,11 +98,7 @@ def main(n: int) -> None:
     summary = {
         mode: {key: round(st.fmean(r[key] for r in rows if r["mode"] == mode), 4) for key in keys} for mode in MODES
     }
-    for mode, row in summary.items():
-        print(mode, "after / before, mean:", json.dumps(row))
-    path = os.path.join(os.environ.get("OUT", "."), "compile_beside_probe.json")
-    with open(path, "w") as handle:
-        json.dump({"processes": rows, "summary": summary}, handle, indent=1)
+    report("compile_beside_probe", rows, summary, "after / before, mean:")
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from precision_anchor_probe import spreads  # this folder is first on sys.path when run as a script
+from precision_anchor_probe import report, spreads  # this folder is first on sys.path when run as a script
 
 CALLS = ("keras-jax-lstm-train-B16", "keras-jax-gru-forward-B16", "keras-jax-lstm-forward-B1", "torch-lstm-train-B16")
 ANCHORS = ("torch", "jax-unrolled", "jax-scan")
@@ -189,10 +189,7 @@ def main(n: int) -> None:
             "slope": {a: slope([r["raw_s"] for r in rows], [r["anchor_s"][a] for r in rows]) for a in ANCHORS},
             "cpu_per_wall": [min(r["cpu_per_wall"] for r in rows), max(r["cpu_per_wall"] for r in rows)],
         }
-        print(name, json.dumps(summary[name]), flush=True)
-    path = os.path.join(os.environ.get("OUT", "."), "jax_anchor_probe.json")
-    with open(path, "w") as handle:
-        json.dump({"processes": res, "summary": summary}, handle, indent=1)
+    report("jax_anchor_probe", res, summary)
 
 
 if __name__ == "__main__":

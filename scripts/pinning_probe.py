@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from precision_anchor_probe import spreads
+from precision_anchor_probe import report, spreads
 
 CALLS = ("lstm-fwd", "lstm-train")
 
@@ -121,11 +121,7 @@ def main(rounds: int) -> None:
             summary["each-core"][name]["between-core-means sd%"] = (
                 round(100 * st.stdev(means), 2) if len(means) > 2 else None
             )
-    for mode, row in summary.items():
-        print(mode, json.dumps(row))
-    path = os.path.join(os.environ.get("OUT", "."), "pinning_probe.json")
-    with open(path, "w") as handle:
-        json.dump({"processes": res, "summary": summary}, handle, indent=1)
+    report("pinning_probe", res, summary)
 
 
 if __name__ == "__main__":

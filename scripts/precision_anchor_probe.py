@@ -77,6 +77,16 @@ def spreads(values: list[float]) -> dict[str, float]:
     }
 
 
+def report(stem: str, processes: list[dict[str, Any]], summary: dict[str, Any], label: str = "") -> None:
+    """A probe's last lines: each summary row printed (after ``label``), then the processes and the summary written
+    to ``$OUT/<stem>.json`` (the current folder without OUT). The probes in this folder share it."""
+    for name, row in summary.items():
+        print(name, *([label] if label else []), json.dumps(row), flush=True)
+    path = os.path.join(os.environ.get("OUT", "."), f"{stem}.json")
+    with open(path, "w") as handle:
+        json.dump({"processes": processes, "summary": summary}, handle, indent=1)
+
+
 def main(n: int) -> None:
     res: list[dict[str, Any]] = []
     t0 = time.time()
@@ -91,11 +101,7 @@ def main(n: int) -> None:
         name: {key: spreads([r[name][key] for r in res]) for key in ("fp32_anchor", "bf16_anchor", "raw_s")}
         for name in CALLS
     }
-    for name, row in summary.items():
-        print(name, json.dumps(row))
-    path = os.path.join(os.environ.get("OUT", "."), "precision_anchor_probe.json")
-    with open(path, "w") as handle:
-        json.dump({"processes": res, "summary": summary}, handle, indent=1)
+    report("precision_anchor_probe", res, summary)
 
 
 if __name__ == "__main__":
