@@ -244,16 +244,32 @@ def test_a_further_process_times_each_benchmark_with_the_first_processs_anchor(t
         monkeypatch.setenv(recording.PROCESS_ENV, env[recording.PROCESS_ENV])
         handed.append(recording.handed_repeats(SimpleNamespace()))  # type: ignore[arg-type]
         folder = Path(env[recording.PROCESS_ENV])
-        names = json.loads((folder / "nodeids.json").read_text())
-        (folder / "records.json").write_text(dump_records([record(n, 1) for n in names]))
+        ran.append(json.loads((folder / "nodeids.json").read_text()))  # the tests the process runs
+        swept.append(recording.swept_only())  # the benchmarks it times across its end
+        recording.write_records([record(n, 1) for n in ran[-1]])  # as the process's own finish writes them
         return SimpleNamespace(returncode=0)
 
-    from pytest_lstmperf.speed.records import dump_records
-
+    ran: list[list[str]] = []
+    swept: list[frozenset[str] | None] = []
+    said: list[str] = []
     monkeypatch.setattr(subprocess, "run", further)
     config = SimpleNamespace(invocation_params=SimpleNamespace(args=(), dir=tmp_path))
     got = recording.record_in_processes(config, [record("a", 4), record("b", 16)], 3, lambda line: None)  # type: ignore[arg-type]
     assert handed == [{"a": 4, "b": 16}] * 2 and sorted(got) == ["a", "b"]
+    assert ran == [["a", "b"]] * 2 and swept == [frozenset({"a", "b"})] * 2
+    # a further process for some benchmarks of a run runs the run's other benchmarks' tests too (what the first
+    # process loaded, torch.compile included, moves the anchor), hands their anchors over, and times only its own
+    handed.clear(), ran.clear(), swept.clear()
+    got = recording.record_in_processes(
+        config,
+        [record("a", 4)],
+        2,
+        said.append,
+        beside=[record("a", 4), record("b", 16)],  # type: ignore[arg-type]
+    )
+    assert ran == [["a", "b"]] and swept == [frozenset({"a"})] and handed == [{"a": 4, "b": 16}]
+    assert sorted(got) == ["a"] and len(got["a"]) == 1  # b's record, not timed across the run, is not written
+    assert "timing 1 benchmark(s) again in a fresh pytest process that runs all 2 of the run" in said[0]
     monkeypatch.delenv(recording.PROCESS_ENV)
     assert recording.handed_repeats(SimpleNamespace()) == {}  # type: ignore[arg-type]  # a run's first process
     worker = SimpleNamespace(workerinput={recording.REPEATS_KEY: {"a": 2}})

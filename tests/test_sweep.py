@@ -98,6 +98,15 @@ def test_slices_alternate_between_benchmarks_and_each_gets_its_rounds(monkeypatc
     assert len(sweep) == 0  # the models are released
 
 
+def test_a_further_process_times_across_the_run_only_the_benchmarks_it_was_started_for() -> None:
+    machine = Machine(2)
+    sweep = Sweep(only=frozenset({"a"}))
+    for name in ("a", "b"):
+        sweep.add(name, Pairs(_bench(machine, 1e-3), FakeAnchor(machine), machine.clock), 1, 1.1e-3)  # type: ignore[arg-type]
+    assert len(sweep) == 1 and sweep.plan() == Plan.of(1, sweep.span_s)
+    assert set(sweep.run()) == {"a"}  # b ran its test in this process, and keeps its test's rounds
+
+
 def test_a_call_that_fails_is_left_out_and_named_and_the_rest_go_on() -> None:
     machine = Machine(1)
     sweep = Sweep()

@@ -58,7 +58,7 @@ from .gate_context import (
     sweeps,
 )
 from .gate_finish import check_writable, finish, show_swept, sweep, take_swept
-from .recording import REPEATS_KEY, handed_repeats, keep_benchmarks, process_folder, quiet
+from .recording import REPEATS_KEY, handed_repeats, keep_benchmarks, process_folder, quiet, swept_only
 from .terminal import print_speed_section
 
 JUDGED_KEY = "lstmperf_judged"  # in a pytest-xdist worker's workerinput: the controller's baseline's entries
@@ -111,7 +111,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if isinstance(judged, list):
         gate_state(config).judged = frozenset(str(name) for name in judged)
     if sweeps(config):
-        run_session(config).gate.sweep = Sweep(float(setting(config, "lstmperf_sweep").value))  # not yet "used"
+        run_session(config).gate.sweep = Sweep(float(setting(config, "lstmperf_sweep").value), only=swept_only())
     if compare and is_worker(config):
         set_compare(config, [])  # the controller compares; workers only measure
     elif compare and explicit_lstmperf(config):

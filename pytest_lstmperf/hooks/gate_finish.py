@@ -160,7 +160,7 @@ def finish(session: pytest.Session) -> None:
             try:
                 got = record_in_processes(
                     config, [r for r in measured if r.fullname in names], 2, _say(config), index=extra,
-                    of=cap, why=why,
+                    of=cap, why=why, beside=measured,
                 )  # fmt: skip
             except RecordingError as exc:
                 state.errors.append(str(exc).replace("not recording: recording", "not compared further: compare"))
@@ -266,7 +266,7 @@ def _record_processes(config: pytest.Config, measured: list[BenchRecord], goal: 
             whys.append(f"{counts['goal']} that a compare would resolve {goal:g}x against with more recorded")
         got = record_in_processes(
             config, [r for r in measured if r.fullname in names], 2, say, index=total, of=RECORD_PROCESSES_MAX,
-            why=f"{len(names)} benchmark(s): " + "; ".join(whys),
+            why=f"{len(names)} benchmark(s): " + "; ".join(whys), beside=measured,
         )  # fmt: skip
         for name, records in got.items():
             siblings.setdefault(name, []).extend(records)

@@ -106,10 +106,22 @@ def keep_benchmarks(config: pytest.Config, items: list[pytest.Item]) -> None:
         items[:] = keep
 
 
+def swept_only() -> frozenset[str] | None:
+    """The benchmarks this process times again across the run, None for all: in a further process, those it was
+    started for; the others of the run's selection run their tests beside them, so that every process of a run
+    holds what the whole selection loads (a process that ran torch.compile times the anchor slower)."""
+    folder = process_folder()
+    if folder is None or not (folder / "sweep.json").is_file():
+        return None
+    return frozenset(json.loads((folder / "sweep.json").read_text()))
+
+
 def write_records(records: Sequence[BenchRecord]) -> None:
     """In a recording process: its records, for the recording command that started it."""
     folder = process_folder()
     if folder is not None:
+        only = swept_only()
+        records = [r for r in records if only is None or r.fullname in only]
         tmp = folder / f"records.{os.getpid()}.tmp"
         tmp.write_text(dump_records(records))
         os.replace(tmp, folder / "records.json")
@@ -144,13 +156,19 @@ def record_in_processes(
     index: int | None = None,
     of: int | None = None,
     why: str = "how far processes lie apart is each benchmark's between-run noise",
+    beside: Sequence[BenchRecord] = (),
 ) -> dict[str, list[BenchRecord]]:
     """Time the benchmarks of ``records`` again in ``processes`` - 1 fresh pytest processes; per benchmark, its
-    records from them. ``say(line)`` reports progress (``index`` of ``of``: how a lone further process is named).
+    records from them. Each process runs the tests of ``beside`` too (the run's other benchmarks), and times only
+    those of ``records`` across its end: every process of a run then holds what the run's first process held (on a
+    16-core Xeon, processes that ran a subset without torch.compile's benchmarks read torch's and ONNX Runtime's
+    calls 4.5-8.3% slower divided by the anchor). ``say(line)`` reports progress (``index`` of ``of``: how a lone
+    further process is named).
     Raises :class:`RecordingError` when a process fails or measures fewer benchmarks than this one did."""
     if processes <= 1 or not records:
         return {}
     names = sorted({r.fullname for r in records})
+    every = sorted({*names, *(r.fullname for r in beside)})
     siblings: dict[str, list[BenchRecord]] = {}
     folder = Path(tempfile.mkdtemp(prefix="lstmperf-recording-"))
     # the same options as this run (PYTEST_ADDOPTS included), no CI summary of its own
@@ -158,15 +176,16 @@ def record_in_processes(
     env[PROCESS_ENV] = str(folder)
     env.pop("PYTEST_XDIST_WORKER", None)
     try:
-        (folder / "nodeids.json").write_text(json.dumps(names))
-        repeats = {r.fullname: r.anchor.repeat for r in records if r.anchor.repeat}
+        (folder / "nodeids.json").write_text(json.dumps(every))
+        (folder / "sweep.json").write_text(json.dumps(names))
+        repeats = {r.fullname: r.anchor.repeat for r in (*beside, *records) if r.anchor.repeat}
         (folder / f"{REPEATS_KEY}.json").write_text(json.dumps(repeats))  # each timed with this process's anchor
         first = index or 2
         total = of or processes
         for index in range(first, first + processes - 1):
             say(
                 f"lstmperf: process {index} of {total} at most: timing {len(names)} benchmark(s) again in a fresh "
-                f"pytest process ({why})"
+                f"pytest process{f' that runs all {len(every)} of the run' if len(every) > len(names) else ''} ({why})"
             )
             started = time.perf_counter()
             log = folder / f"process-{index}.log"

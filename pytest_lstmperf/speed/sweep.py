@@ -136,9 +136,10 @@ class Sweep:
     """The benchmarks of this process to time again as the run ends (:func:`run`), the sweep spanning at least
     ``span_s`` where their work allows."""
 
-    def __init__(self, span_s: float = SPAN_S) -> None:
+    def __init__(self, span_s: float = SPAN_S, only: frozenset[str] | None = None) -> None:
         self.span_s = span_s
         self.slots: dict[str, Slot] = {}
+        self.only = only  # the benchmarks to time again, None for every one added
 
     def add(
         self,
@@ -147,7 +148,8 @@ class Sweep:
         repeat: int,
         per_round_s: float,
     ) -> None:
-        self.slots[nodeid] = Slot(nodeid, pairs, repeat, per_round_s)
+        if self.only is None or nodeid in self.only:
+            self.slots[nodeid] = Slot(nodeid, pairs, repeat, per_round_s)
 
     def plan(self) -> Plan:
         return Plan.of(len(self.slots), self.span_s)
