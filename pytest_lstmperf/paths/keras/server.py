@@ -13,6 +13,7 @@ import traceback
 import weakref
 from typing import Any
 
+from ...device import cpu_threads
 from ...model.case import Case
 from ...model.keras_options import KerasOptions
 from ...observation.tf_trace import function_trace
@@ -169,6 +170,17 @@ def run_hook(raw: str) -> None:
     getattr(importlib.import_module(module), function)(argument)
 
 
+def one_thread_dispatch() -> None:
+    """A CPU run fixes every framework's threads (``device.apply_threads``); JAX's CPU client would still hand each
+    call to a thread of its own and wait for it (asynchronous dispatch). That thread competes with whatever else
+    runs on the machine, and the anchor beside the call does not: on the 2-core VM, beside a busy process, Keras
+    on JAX's LSTM at batch 16 read 4-5% slower while the anchor in this worker read 7-9% faster. Run inline,
+    call and anchor moved together (scripts/busy_neighbour_probe.py). Before JAX's CPU client exists."""
+    import jax
+
+    jax.config.update("jax_cpu_enable_async_dispatch", False)
+
+
 def serve(backend: str) -> int:
     """The worker's main loop (run as ``python -m pytest_lstmperf.paths.keras.server BACKEND``)."""
     if backend != "jax":
@@ -178,6 +190,8 @@ def serve(backend: str) -> int:
     # and scikit-learn, when installed, for its scikit-learn wrappers (1.5 s of the torch worker's start on
     # the H100); Keras takes the ImportError as "not installed"
     sys.modules.setdefault("sklearn", None)  # type: ignore[arg-type]
+    if backend == "jax" and cpu_threads() is not None:
+        one_thread_dispatch()
     channel = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # stray prints from the libraries go to the log, never into the protocol
     inbox = sys.stdin.buffer
