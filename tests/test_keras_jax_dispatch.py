@@ -11,27 +11,35 @@ from pathlib import Path
 
 import pytest
 
+from pytest_lstmperf.paths.keras import server
+
 ROOT = Path(__file__).resolve().parents[1]
 
-SCRIPT = """
-import sys
-from pytest_lstmperf.paths.keras import server
-sys.modules.setdefault("sklearn", None)
-if server.cpu_threads() is not None:  # as serve() decides before the worker's imports
-    server.one_thread_dispatch()
-import jax
-from jax._src import xla_bridge
-print(xla_bridge._CPU_ENABLE_ASYNC_DISPATCH.value, len(jax.devices("cpu")))
-"""
+
+def report_dispatch(_: str) -> None:
+    """The worker hook of the test below (``server.WORKER_HOOK_ENV``): how JAX's CPU client, made by then, was
+    set up. The worker's stdout carries its protocol; a print reaches its stderr."""
+    from jax._src import xla_bridge
+
+    print(f"async dispatch: {xla_bridge._CPU_ENABLE_ASYNC_DISPATCH.value}", file=sys.stderr, flush=True)
 
 
 @pytest.mark.parametrize(("threads", "expected"), [("1", "False"), ("", "True")])
-def test_a_cpu_run_dispatches_jax_calls_inline(threads: str, expected: str) -> None:
+def test_a_cpu_runs_keras_on_jax_worker_dispatches_jax_calls_inline(threads: str, expected: str) -> None:
+    """The worker itself, started as the plugin starts it: ``OMP_NUM_THREADS`` is what a CPU run's
+    ``device.apply_threads`` sets (``device.cpu_threads``). Planted: without the call in ``server.serve``, or
+    with ``one_thread_dispatch`` setting nothing, the CPU case reads ``True``."""
     pytest.importorskip("jax")
+    pytest.importorskip("keras")
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
     if threads:
         env["OMP_NUM_THREADS"] = threads
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    done = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.split()[-2] == expected, done.stdout
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "tests"), env.get("PYTHONPATH", "")])
+    env["KERAS_BACKEND"] = "jax"
+    env["JAX_PLATFORMS"] = "cpu"
+    env[server.WORKER_HOOK_ENV] = f"{Path(__file__).stem}:report_dispatch"
+    done = subprocess.run([sys.executable, "-m", "pytest_lstmperf.paths.keras.server", "jax"],
+                          stdin=subprocess.DEVNULL, env=env, capture_output=True, timeout=300)  # fmt: skip
+    log = done.stderr.decode(errors="replace")
+    assert done.returncode == 0, log[-2000:]
+    assert f"async dispatch: {expected}" in log, log[-2000:]
