@@ -246,6 +246,7 @@ class LstmPerfSession:
 
     def header_lines(self) -> list[str]:
         run = [p.name for p in self.available_paths]
+        jax = any("keras" in p.options and p.options["keras"].backend == "jax" for p in self.available_paths)
         lines = [
             f"lstmperf: device {self.device.describe()} [{self.settings['lstmperf_device'].where()}]",
             f"lstmperf: paths {', '.join(run) or 'none'}; hypothesis profile {self.profile} "
@@ -253,9 +254,11 @@ class LstmPerfSession:
         ]
         if self.device.kind == "cpu" and "lstmperf_threads" in self.settings:
             threads = self.settings["lstmperf_threads"]
+            # the Keras-on-JAX worker runs JAX's CPU calls on the calling thread (server.one_thread_dispatch)
             lines.append(
                 f"lstmperf: CPU threads fixed at {threads.value} for every framework [{threads.where()}] "
                 "(--lstmperf-threads; part of a CPU baseline's key)"
+                + ("; Keras on JAX runs each CPU call inline, without a dispatch thread of its own" if jax else "")
             )
         for name, reason in self.unavailable.items():
             lines.append(f"lstmperf: path {name} unavailable: {reason}")
@@ -266,7 +269,7 @@ class LstmPerfSession:
                 f"lstmperf: Keras workers ({', '.join(backends)}) starting beside the first tests: their paths' tests "
                 "run last in each file, and a path whose worker cannot start is skipped with the reason"
             )
-        if any("keras" in p.options and p.options["keras"].backend == "jax" for p in self.available_paths):
+        if jax:
             from .paths.keras.pool import xla_cache_description  # numpy, an exit hook: not at pytest's start-up
 
             where = self.settings["lstmperf_xla_cache"].where()

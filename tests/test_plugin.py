@@ -379,3 +379,29 @@ def test_the_header_says_when_every_process_compiles_torch_anew(tmp_path, monkey
     assert "lstmperf: Python writes no bytecode" in session.header_lines()
     monkeypatch.setattr(session_module, "recompiled_torch_line", lambda: None)
     assert not [text for text in session.header_lines() if "bytecode" in text]
+
+
+def test_the_header_says_keras_on_jax_runs_its_cpu_calls_inline_where_it_runs() -> None:
+    """A CPU run fixes threads, and its Keras-on-JAX worker runs JAX's CPU calls inline (server.one_thread_dispatch):
+    the threads line says the second where a Keras-on-JAX path runs, and only there."""
+    from pytest_lstmperf import paths as registry
+    from pytest_lstmperf.device import resolve_device
+    from pytest_lstmperf.session import LstmPerfSession
+
+    settings = {
+        "lstmperf_device": types.SimpleNamespace(where=lambda: "default"),
+        "lstmperf_paths": types.SimpleNamespace(value=None),
+        "lstmperf_profile": types.SimpleNamespace(value="ci"),
+        "lstmperf_seed": types.SimpleNamespace(value=0),
+        "lstmperf_threads": types.SimpleNamespace(value=1, where=lambda: "default"),
+        "lstmperf_xla_cache": types.SimpleNamespace(where=lambda: "default"),
+    }
+
+    def threads_line(*names: str) -> str:
+        paths = [registry.get(name) for name in names]
+        session = LstmPerfSession(None, settings, resolve_device("cpu"), paths, {})  # type: ignore[arg-type]
+        (line,) = [text for text in session.header_lines() if "CPU threads fixed at 1" in text]
+        return line
+
+    assert "Keras on JAX runs each CPU call inline" in threads_line("torch-cpu-native", "keras-jax-cpu")
+    assert "inline" not in threads_line("torch-cpu-native", "keras-torch-cpu")
