@@ -278,10 +278,11 @@ def goal_lines(gate: GateResult, goal: float) -> list[str]:
         return []
     short = short_of(gate.decisions, goal)
     counts = sorted(d.processes for d in gate.decisions if d.verdict in COMPARED)
+    span = f"{counts[0]}" if counts[0] == counts[-1] else f"{counts[0]}-{counts[-1]}"
     lines = [
         f"resolution goal {goal:g}x (--lstmperf-resolution): {len(compared) - len(short)} of {len(compared)} "
-        f"compared check(s) resolve it, timed in {counts[0]}-{counts[-1]} process(es) of this run (at most "
-        f"{GOAL_PROCESSES})" + (f"; {len(short)} short of it:" if short else "")
+        f"compared check(s) resolve it, timed in {span} process{'es' if counts[-1] > 1 else ''} of this run (at "
+        f"most {GOAL_PROCESSES})" + (f"; {len(short)} short of it:" if short else "")
     ]
     floor = math.exp(K_SIGMA * BETWEEN_RUNS["per-call"])
     for decision, check, why in short:

@@ -3,6 +3,7 @@ time after pytest-benchmark's tables (not between the summary and them)."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import pytest
@@ -138,8 +139,8 @@ def test_a_resolution_goal_names_each_check_short_of_it_and_what_would_bring_it_
     assert goal_lines(gate, 1.5) == []
     lines = goal_lines(gate, 1.10)
     assert lines[0] == (
-        "resolution goal 1.1x (--lstmperf-resolution): 2 of 6 compared check(s) resolve it, timed in 2-2 "
-        "process(es) of this run (at most 8); 4 short of it:"
+        "resolution goal 1.1x (--lstmperf-resolution): 2 of 6 compared check(s) resolve it, timed in 2 "
+        "processes of this run (at most 8); 4 short of it:"
     )
     assert [line.split(":")[0].strip() for line in lines[1:]] == ["stopped", "few", "noisy", "few-and-noisy"]
     assert "the run stopped first" in lines[1]
@@ -151,3 +152,10 @@ def test_a_resolution_goal_names_each_check_short_of_it_and_what_would_bring_it_
     floor = goal_lines(gate, 1.06)
     assert "fine: per-call resolves 1.080x: no compare resolves a time per call below 1.062x" in floor[1]
     assert not any(line.strip().startswith("gpu") for line in floor)  # its device figure resolves 1.04x
+    # every check timed in one process (a GPU's compare): the count is said once, in the singular
+    one = GateResult([dataclasses.replace(decision("gpu", 1.04, 1.02, 3, metric="device"), processes=1)])
+    assert "resolve it, timed in 1 process of this run (at most 8)" in goal_lines(one, 1.10)[0]
+    spread = GateResult(
+        [decision("fine", 1.08, 1.07, 8), dataclasses.replace(decision("x", 1.08, 1.07, 8), processes=5)]
+    )
+    assert "resolve it, timed in 2-5 processes of this run (at most 8)" in goal_lines(spread, 1.10)[0]
