@@ -1,0 +1,110 @@
+"""Beside a process that streams memory, do torch's CPU training steps move further than the anchor? Fresh
+processes, one thread as the plugin sets them, taken in turn in three modes: ``quiet``; ``spin``, beside
+``python -c "while True: pass"`` (a busy core, the gate's planted busy neighbour); ``stream``, beside a process
+that copies a 256 MiB array into another without end (a neighbour that takes the memory bandwidth and the shared
+cache, as another tenant of a shared host may). Each process times the suite's shapes (I32, H64, one layer,
+batch 16, 20 steps) on ``torch-cpu-native`` and ``torch-cpu-onednn``, forward calls and training steps, each call
+paired with the plugin's CPU anchor as the plugin pairs them, and prints per call its time, the anchor's and their
+ratio. Then, per mode and call, the means over processes, and each mode's ratios against quiet's.
+
+    python scripts/memory_neighbour_probe.py 3      # 3 processes per mode; writes $OUT/memory_neighbour_probe.json
+
+docs/gate-evidence.md holds what it printed on the 2-core VM.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics as st
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from jax_anchor_probe import _timed, fit_repeat  # this folder is first on sys.path when run as a script
+from precision_anchor_probe import report
+
+MODES = ("quiet", "spin", "stream")
+NEIGHBOURS = {
+    "spin": "while True: pass",
+    "stream": "import numpy as np\na = np.ones(32 << 20)\nb = np.empty_like(a)\nwhile True: np.copyto(b, a)",
+}
+CALLS = tuple(f"{path}-{mode}" for path in ("torch-cpu-native", "torch-cpu-onednn") for mode in ("forward", "train"))
+
+
+def child() -> None:
+    from pytest_lstmperf import paths as registry
+    from pytest_lstmperf.anchor import Anchor
+    from pytest_lstmperf.device import apply_threads, resolve_device
+    from pytest_lstmperf.model.case import make_case
+    from pytest_lstmperf.model.spec import LayerSpec
+    from pytest_lstmperf.paths.torch_paths import prepare
+
+    apply_threads(1)
+    device = resolve_device("cpu")
+    spec = LayerSpec(cell="lstm", input_size=32, hidden_size=64, num_layers=1, batch=16, seq_len=20,
+                     batch_first=True, training=True)  # fmt: skip
+    calls: dict[str, Callable[[], object]] = {}
+    for name in CALLS:
+        path, _, mode = name.rpartition("-")
+        run = prepare(registry.get(path), make_case(spec), device)
+        calls[name] = run.forward if mode == "forward" else run.train_step
+    anchor = Anchor("cpu")
+    out: dict[str, Any] = {}
+    for name, call in calls.items():
+        for _ in range(20):
+            call()
+        repeat = fit_repeat(min(anchor.time(1) for _ in range(3)), min(_timed(call) for _ in range(5)))
+        raw: list[float] = []
+        anchors: list[float] = []
+        end = time.perf_counter() + float(os.environ.get("SECS", "1.0"))
+        while time.perf_counter() < end:
+            anchors.append(anchor.time(repeat))
+            call()  # the timed call follows an untimed one, as the plugin pairs a CPU's
+            raw.append(_timed(call))
+        out[name] = {
+            "call_us": round(st.median(raw) * 1e6, 2),
+            "anchor_us": round(st.median(anchors) * 1e6, 2),
+            "ratio": round(st.median([r / a for r, a in zip(raw, anchors, strict=True)]), 5),
+        }
+    print(json.dumps(out))
+
+
+def main(n: int) -> None:
+    rows: list[dict[str, Any]] = []
+    t0 = time.time()
+    for _ in range(n):
+        for mode in MODES:
+            neighbour = subprocess.Popen([sys.executable, "-c", NEIGHBOURS[mode]]) if mode in NEIGHBOURS else None
+            try:
+                time.sleep(1.0 if neighbour else 0.0)  # the neighbour's arrays allocated and touched
+                p = subprocess.run([sys.executable, __file__, "child"], capture_output=True, text=True)
+            finally:
+                if neighbour is not None:
+                    neighbour.kill()
+                    neighbour.wait()
+            if p.returncode:
+                print(p.stderr[-3000:], flush=True)
+                raise SystemExit(p.returncode)
+            row = {"mode": mode, "t_s": round(time.time() - t0), **json.loads(p.stdout.strip().splitlines()[-1])}
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    keys = ("call_us", "anchor_us", "ratio")
+    summary: dict[str, Any] = {}
+    for mode in MODES:
+        mine = [r for r in rows if r["mode"] == mode]
+        summary[mode] = {name: {k: round(st.mean(r[name][k] for r in mine), 4) for k in keys} for name in CALLS}
+    for mode in MODES[1:]:  # how far each figure moved against quiet's: the call, the anchor, and their ratio
+        summary[f"{mode}/quiet"] = {
+            name: {k: round(summary[mode][name][k] / summary["quiet"][name][k], 4) for k in keys} for name in CALLS
+        }
+    report("memory_neighbour_probe", rows, summary)
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["child"]:
+        child()
+    else:
+        main(int(sys.argv[1]))
