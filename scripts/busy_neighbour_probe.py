@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from jax_anchor_probe import _cpu, _timed, fit_repeat  # this folder is first on sys.path when run as a script
+from jax_anchor_probe import _cpu, paired  # this folder is first on sys.path when run as a script
 from precision_anchor_probe import report
 
 MODES = [f"{where}-{dispatch}" for where, dispatch in itertools.product(("quiet", "busy"), ("async", "sync"))]
@@ -57,21 +57,9 @@ def child(mode: str) -> None:
     for name, call in calls.items():
         for _ in range(5):
             call()
-        repeat = fit_repeat(min(anchor.time(1) for _ in range(3)), min(_timed(call) for _ in range(5)))
-        raw: list[float] = []
-        anchors: list[float] = []
-        end = time.perf_counter() + float(os.environ.get("SECS", "1.0"))
         cpu0, wall0 = _cpu(), time.perf_counter()
-        while time.perf_counter() < end:
-            anchors.append(anchor.time(repeat))
-            call()  # the timed call follows an untimed one, as the plugin pairs a CPU's
-            raw.append(_timed(call))
-        out[name] = {
-            "call_us": round(st.median(raw) * 1e6, 2),
-            "anchor_us": round(st.median(anchors) * 1e6, 2),
-            "ratio": round(st.median([r / a for r, a in zip(raw, anchors, strict=True)]), 5),
-            "cpu_per_wall": round((_cpu() - cpu0) / (time.perf_counter() - wall0), 3),
-        }
+        out[name] = paired(call, anchor, float(os.environ.get("SECS", "1.0")))
+        out[name]["cpu_per_wall"] = round((_cpu() - cpu0) / (time.perf_counter() - wall0), 3)
     print(json.dumps(out))
 
 

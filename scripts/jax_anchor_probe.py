@@ -81,6 +81,26 @@ def fit_repeat(one: float, call_s: float) -> int:
     return repeat
 
 
+def paired(call: Callable[[], object], anchor: Any, secs: float) -> dict[str, float]:
+    """Time ``call`` beside ``anchor`` (anything with ``time(repeat)``) for ``secs`` seconds as the plugin pairs a
+    CPU's: the anchor, an untimed call, the timed call. The medians of the call's time, the anchor's and their
+    ratio, and the number of pairs. The probes in this folder share it."""
+    repeat = fit_repeat(min(anchor.time(1) for _ in range(3)), min(_timed(call) for _ in range(5)))
+    raw: list[float] = []
+    anchors: list[float] = []
+    end = time.perf_counter() + secs
+    while time.perf_counter() < end:
+        anchors.append(anchor.time(repeat))
+        call()  # the timed call follows an untimed one, as the plugin pairs a CPU's
+        raw.append(_timed(call))
+    return {
+        "call_us": round(st.median(raw) * 1e6, 2),
+        "anchor_us": round(st.median(anchors) * 1e6, 2),
+        "ratio": round(st.median([r / a for r, a in zip(raw, anchors, strict=True)]), 5),
+        "pairs": len(raw),
+    }
+
+
 def child() -> None:
     from pytest_lstmperf.device import apply_threads
 

@@ -20,10 +20,10 @@ import statistics as st
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from typing import Any
 
-from jax_anchor_probe import _timed, fit_repeat  # this folder is first on sys.path when run as a script
+from jax_anchor_probe import paired  # this folder is first on sys.path when run as a script
+from page_fault_probe import CALLS, torch_calls
 from precision_anchor_probe import report
 
 MODES = ("quiet", "spin", "stream")
@@ -31,44 +31,18 @@ NEIGHBOURS = {
     "spin": "while True: pass",
     "stream": "import numpy as np\na = np.ones(32 << 20)\nb = np.empty_like(a)\nwhile True: np.copyto(b, a)",
 }
-CALLS = tuple(f"{path}-{mode}" for path in ("torch-cpu-native", "torch-cpu-onednn") for mode in ("forward", "train"))
 
 
 def child() -> None:
-    from pytest_lstmperf import paths as registry
     from pytest_lstmperf.anchor import Anchor
-    from pytest_lstmperf.device import apply_threads, resolve_device
-    from pytest_lstmperf.model.case import make_case
-    from pytest_lstmperf.model.spec import LayerSpec
-    from pytest_lstmperf.paths.torch_paths import prepare
 
-    apply_threads(1)
-    device = resolve_device("cpu")
-    spec = LayerSpec(cell="lstm", input_size=32, hidden_size=64, num_layers=1, batch=16, seq_len=20,
-                     batch_first=True, training=True)  # fmt: skip
-    calls: dict[str, Callable[[], object]] = {}
-    for name in CALLS:
-        path, _, mode = name.rpartition("-")
-        run = prepare(registry.get(path), make_case(spec), device)
-        calls[name] = run.forward if mode == "forward" else run.train_step
+    calls = torch_calls()
     anchor = Anchor("cpu")
     out: dict[str, Any] = {}
     for name, call in calls.items():
         for _ in range(20):
             call()
-        repeat = fit_repeat(min(anchor.time(1) for _ in range(3)), min(_timed(call) for _ in range(5)))
-        raw: list[float] = []
-        anchors: list[float] = []
-        end = time.perf_counter() + float(os.environ.get("SECS", "1.0"))
-        while time.perf_counter() < end:
-            anchors.append(anchor.time(repeat))
-            call()  # the timed call follows an untimed one, as the plugin pairs a CPU's
-            raw.append(_timed(call))
-        out[name] = {
-            "call_us": round(st.median(raw) * 1e6, 2),
-            "anchor_us": round(st.median(anchors) * 1e6, 2),
-            "ratio": round(st.median([r / a for r, a in zip(raw, anchors, strict=True)]), 5),
-        }
+        out[name] = paired(call, anchor, float(os.environ.get("SECS", "1.0")))
     print(json.dumps(out))
 
 

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from jax_anchor_probe import _timed, fit_repeat  # this folder is first on sys.path when run as a script
+from jax_anchor_probe import paired  # this folder is first on sys.path when run as a script
 from precision_anchor_probe import report
 
 MODES = ("default", "kept")
@@ -36,9 +36,10 @@ def _faults() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
-def child() -> None:
+def torch_calls() -> dict[str, Callable[[], object]]:
+    """The suite's shapes (I32, H64, one layer, batch 16, 20 steps) on ``torch-cpu-native`` and
+    ``torch-cpu-onednn``, forward calls and training steps, prepared as the plugin prepares them, one thread."""
     from pytest_lstmperf import paths as registry
-    from pytest_lstmperf.anchor import Anchor
     from pytest_lstmperf.device import apply_threads, resolve_device
     from pytest_lstmperf.model.case import make_case
     from pytest_lstmperf.model.spec import LayerSpec
@@ -53,27 +54,22 @@ def child() -> None:
         path, _, mode = name.rpartition("-")
         run = prepare(registry.get(path), make_case(spec), device)
         calls[name] = run.forward if mode == "forward" else run.train_step
+    return calls
+
+
+def child() -> None:
+    from pytest_lstmperf.anchor import Anchor
+
+    calls = torch_calls()
     anchor = Anchor("cpu")
     out: dict[str, Any] = {"mode": os.environ.get("PROBE_MODE", "default")}
     for name, call in calls.items():
         for _ in range(20):
             call()
-        repeat = fit_repeat(min(anchor.time(1) for _ in range(3)), min(_timed(call) for _ in range(5)))
-        raw: list[float] = []
-        anchors: list[float] = []
-        end = time.perf_counter() + float(os.environ.get("SECS", "1.0"))
-        faults0, calls_made = _faults(), 0
-        while time.perf_counter() < end:
-            anchors.append(anchor.time(repeat))
-            call()  # the timed call follows an untimed one, as the plugin pairs a CPU's
-            raw.append(_timed(call))
-            calls_made += 2
-        out[name] = {
-            "call_us": round(st.median(raw) * 1e6, 2),
-            "anchor_us": round(st.median(anchors) * 1e6, 2),
-            "ratio": round(st.median([r / a for r, a in zip(raw, anchors, strict=True)]), 5),
-            "faults_per_call": round((_faults() - faults0) / calls_made, 2),  # the anchor's included: it faults none
-        }
+        faults0 = _faults()
+        out[name] = paired(call, anchor, float(os.environ.get("SECS", "1.0")))
+        # two calls a pair and the five that fit the anchor's repetitions; the anchor faults none
+        out[name]["faults_per_call"] = round((_faults() - faults0) / (2 * out[name]["pairs"] + 5), 2)
     print(json.dumps(out))
 
 
