@@ -11,11 +11,16 @@ per run and benchmark, how far its time follows the machine's state within the r
 sweep times a benchmark, the JSON holds the swept samples the gate judges, as the baseline holds the recording's.
 
     python scripts/gate_trials.py --device=cpu --out=/tmp/trials [--clean=10] [--xdist=10] [--after-update=5]
-        [--slow=5] [--busy=3] [--paths=torch-cpu-onednn,...] [--target=suites/test_benchmarks.py]
+        [--slow=5] [--busy=3] [--stream=0] [--paths=torch-cpu-onednn,...] [--target=suites/test_benchmarks.py]
 
 A benchmark's verdict is read from the gate's table (``-v`` prints every row). A clean run's alarm is any
 verdict that fails (regressed, kernel-changed, host-work-changed, path-lost) or inconclusive; a slowdown run's
 targets are the torch framework's benchmarks (the fault is planted in torch's LSTM/GRU).
+
+``--stream=N``: clean compares beside a process that streams memory (:data:`STREAM`, another tenant of a shared host
+that takes the memory bandwidth and the shared cache). ``--record-stream``: after the recording, one recording
+process more (``--lstmperf-add-baseline-run --lstmperf-record-processes=1``) timed beside that neighbour, so that
+the baseline's processes take a second state of the machine in.
 """
 
 from __future__ import annotations
@@ -32,6 +37,8 @@ from pathlib import Path
 
 from pytest_lstmperf.speed.records import BenchRecord, entries_from_benchmark_json
 
+#: the planted memory-streaming neighbour of ``--stream`` (scripts/memory_neighbour_probe.py plants the same)
+STREAM = "import numpy as np\na = np.ones(32 << 20)\nb = np.empty_like(a)\nwhile True: np.copyto(b, a)"
 QUIET = {"unchanged", "improved", "new", "not-run"}
 VERDICT_WORDS = QUIET | {"regressed", "kernel-changed", "host-work-changed", "path-lost", "inconclusive"}
 
@@ -155,6 +162,12 @@ def main() -> int:
     p.add_argument("--slow", type=int, default=5)
     p.add_argument("--slow-factor", default="1.5")
     p.add_argument("--busy", type=int, default=3)
+    p.add_argument(
+        "--record-stream",
+        action="store_true",
+        help="after recording, add one recording process timed beside the memory-streaming neighbour",
+    )
+    p.add_argument("--stream", type=int, default=0, help="clean compares beside a process that streams memory")
     p.add_argument("--extra", default="", help="more pytest arguments for every run, space-separated")
     p.add_argument("--record-target", default="", help="what the recording command runs (default: --target)")
     p.add_argument("--default-runs", type=int, default=0, help="compares of the whole default command (suites/)")
@@ -178,7 +191,7 @@ def main() -> int:
         if a.budget and time.perf_counter() - started > a.budget:
             print(f"{name}: not started (budget of {a.budget:.0f} s spent)", flush=True)
             return
-        if name not in ("record", "update"):
+        if name not in ("record", "record-stream", "update"):
             args = [*args, f"--benchmark-json={runs / (name + '.json')}"]
         results.append(run(name, args, runs))
         (out / "trials.json").write_text(json.dumps({"args": vars(a) | {"out": str(out)}, "runs": results},
@@ -190,6 +203,12 @@ def main() -> int:
         shutil.copy(a.baseline, out / "baselines" / a.baseline.name)
     else:
         go("record", [*record_args, "--lstmperf-save-baseline", "-q"])
+    if a.record_stream:
+        stream = subprocess.Popen([sys.executable, "-c", STREAM])
+        try:
+            go("record-stream", [*record_args, "--lstmperf-add-baseline-run", "--lstmperf-record-processes=1", "-q"])
+        finally:
+            stream.kill()
     for k in range(a.default_runs):
         go(f"default-command-{k + 1}", ["suites/", *common, "--benchmark-compare", "-v"])
     for k in range(a.clean):
@@ -207,6 +226,13 @@ def main() -> int:
                 go(f"busy-clean-{k + 1}", compare)
         finally:
             busy.kill()
+    if a.stream:  # another tenant of a shared host that takes the memory bandwidth and the shared cache
+        stream = subprocess.Popen([sys.executable, "-c", STREAM])
+        try:
+            for k in range(a.stream):
+                go(f"stream-clean-{k + 1}", compare)
+        finally:
+            stream.kill()
     if a.after_update:
         # the recording the compares before the update were judged against, kept for replaying them
         # (scripts/gate_replay.py, scripts/gate_between.py): the update rewrites the file in place
@@ -236,7 +262,7 @@ def summarise(results: list[dict], entries: dict[str, BenchRecord]) -> list[dict
 
     groups: dict[str, list[dict]] = {}
     for r in results:
-        if r["name"] in ("record", "update"):
+        if r["name"] in ("record", "record-stream", "update"):
             continue
         groups.setdefault(re.sub(r"-\d+$", "", r["name"]), []).append(r)
     table = []
