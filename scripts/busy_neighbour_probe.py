@@ -1,6 +1,6 @@
 """Beside a busy process, does Keras on JAX's LSTM call move with the anchor, and does JAX's asynchronous dispatch
 on the CPU decide it? Fresh processes, one thread as the plugin sets them, taken in turn in four modes: quiet or
-beside ``python -c "while True: pass"``, with JAX's CPU dispatch asynchronous (its default) or not
+beside a spinning process (``gate_trials.SPIN``), with JAX's CPU dispatch asynchronous (its default) or not
 (``jax_cpu_enable_async_dispatch``). Each times Keras on JAX's LSTM forward call at batch 16 and at batch 1, each
 call paired with the plugin's CPU anchor as ``jax_anchor_probe`` pairs them, and prints the call's time, the
 anchor's, their ratio and the process's CPU time per wall second; then, per mode, the means over processes.
@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from gate_trials import SPIN  # this folder is first on sys.path when run as a script
 from jax_anchor_probe import _cpu, paired  # this folder is first on sys.path when run as a script
 from precision_anchor_probe import report
 
@@ -68,7 +69,7 @@ def main(n: int) -> None:
     t0 = time.time()
     for _ in range(n):
         for mode in MODES:
-            busy = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if mode.startswith("busy") else None
+            busy = subprocess.Popen([sys.executable, "-c", SPIN]) if mode.startswith("busy") else None
             try:
                 p = subprocess.run([sys.executable, __file__, "child", mode], capture_output=True, text=True)
             finally:

@@ -37,8 +37,16 @@ from pathlib import Path
 
 from pytest_lstmperf.speed.records import BenchRecord, entries_from_benchmark_json
 
-#: the planted memory-streaming neighbour of ``--stream`` (scripts/memory_neighbour_probe.py plants the same)
-STREAM = "import numpy as np\na = np.ones(32 << 20)\nb = np.empty_like(a)\nwhile True: np.copyto(b, a)"
+#: the planted neighbour of ``--stream`` and ``--record-stream``: a process that copies a 256 MiB array into another
+#: without end, taking the memory bandwidth and the shared cache as another tenant of a shared host may. Like
+#: :data:`SPIN`, it stops once the process that started it is gone (its parent changes): a neighbour left behind by
+#: a killed script would sit beside every later run on the machine
+STREAM = (
+    "import os\nimport numpy as np\nparent = os.getppid()\na = np.ones(32 << 20)\nb = np.empty_like(a)\n"
+    "while os.getppid() == parent: np.copyto(b, a)"
+)
+#: the busy neighbour of ``--busy``: a spinning process
+SPIN = "import os\nparent = os.getppid()\nwhile os.getppid() == parent: pass"
 QUIET = {"unchanged", "improved", "new", "not-run"}
 VERDICT_WORDS = QUIET | {"regressed", "kernel-changed", "host-work-changed", "path-lost", "inconclusive"}
 
@@ -220,7 +228,7 @@ def main() -> int:
             fault = ["-p", "pytest_lstmperf.testing.faults", f"--lstmperf-plant={fault_name}"]
             go(f"fault={fault_name}-{k + 1}", [*compare, *fault])
     if a.busy:
-        busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        busy = subprocess.Popen([sys.executable, "-c", SPIN])
         try:
             for k in range(a.busy):
                 go(f"busy-clean-{k + 1}", compare)

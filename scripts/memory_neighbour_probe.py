@@ -1,6 +1,6 @@
 """Beside a process that streams memory, do torch's CPU training steps move further than the anchor? Fresh
 processes, one thread as the plugin sets them, taken in turn in three modes: ``quiet``; ``spin``, beside
-``python -c "while True: pass"`` (a busy core, the gate's planted busy neighbour); ``stream``, beside a process
+a spinning process (``gate_trials.SPIN``: a busy core, the planted busy neighbour); ``stream``, beside a process
 that copies a 256 MiB array into another without end (a neighbour that takes the memory bandwidth and the shared
 cache, as another tenant of a shared host may). Each process times the suite's shapes (I32, H64, one layer,
 batch 16, 20 steps) on ``torch-cpu-native`` and ``torch-cpu-onednn``, forward calls and training steps, each call
@@ -22,15 +22,13 @@ import sys
 import time
 from typing import Any
 
+from gate_trials import SPIN, STREAM
 from jax_anchor_probe import paired  # this folder is first on sys.path when run as a script
 from page_fault_probe import CALLS, torch_calls
 from precision_anchor_probe import report
 
 MODES = ("quiet", "spin", "stream")
-NEIGHBOURS = {
-    "spin": "while True: pass",
-    "stream": "import numpy as np\na = np.ones(32 << 20)\nb = np.empty_like(a)\nwhile True: np.copyto(b, a)",
-}
+NEIGHBOURS = {"spin": SPIN, "stream": STREAM}  # each stops once the probe is gone
 
 
 def child() -> None:

@@ -92,7 +92,11 @@ def main(n: int) -> None:
     t0 = time.time()
     for i in range(n):
         if i == n - int(os.environ.get("BUSY_LAST", "0")):
-            loop = [sys.executable, "-c", "while True: sum(range(10**6))"]
+            loop = [
+                sys.executable,
+                "-c",
+                "import os\nparent = os.getppid()\nwhile os.getppid() == parent: sum(range(10**6))",
+            ]
             busy = [subprocess.Popen(loop) for _ in range(int(os.environ.get("BUSY_N", "12")))]
         p = subprocess.run([sys.executable, __file__, "child", json.dumps(repeats)], capture_output=True, text=True)
         row = json.loads(p.stdout.strip().splitlines()[-1])

@@ -937,6 +937,53 @@ def test_the_run_names_how_far_the_machines_state_moved_from_the_recording(monke
     assert "rerun" not in state_line(slower, quiet, quiet)  # the state did not move: the slowdown is the call's
 
 
+@pytest.mark.parametrize("neighbour", ["STREAM", "SPIN"])
+def test_the_trials_planted_neighbours_stop_once_the_script_that_started_them_is_gone(neighbour: str) -> None:
+    """The trials' planted neighbours (``scripts/gate_trials.py``: ``--stream``, ``--record-stream``, ``--busy``;
+    the probes plant the same) must not outlive a script killed outright: one left streaming memory sat beside
+    every run on the machine for an hour and a half, unseen, until a probe of its own found it. Planted: a parent
+    that starts the neighbour and exits without stopping it; the neighbour is gone within seconds."""
+    import importlib.util
+    import os
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(
+        "gate_trials", Path(__file__).parents[1] / "scripts" / "gate_trials.py"
+    )
+    assert spec is not None and spec.loader is not None
+    trials = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(trials)
+    code = getattr(trials, neighbour)
+    parent = (
+        "import os, subprocess, sys, time\n"
+        "from subprocess import DEVNULL\n"  # the neighbour holds no pipe of the parent's open
+        f"p = subprocess.Popen([sys.executable, '-c', {code!r}], stdout=DEVNULL, stderr=DEVNULL)\n"
+        "print(p.pid, flush=True)\n"
+        "time.sleep(1.0)\n"  # the neighbour running
+        "os._exit(0)\n"  # gone, without stopping it
+    )
+    done = subprocess.run([sys.executable, "-c", parent], capture_output=True, text=True, timeout=60, check=True)
+    pid = int(done.stdout.split()[0])
+
+    def alive() -> bool:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0]
+        except FileNotFoundError:
+            return False
+        return state not in ("Z", "X")
+
+    deadline = time.monotonic() + 20
+    while alive() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    still = alive()
+    if still:
+        os.kill(pid, 9)
+    assert not still, f"gate_trials.{neighbour} kept running after the script that started it was gone"
+
+
 def test_the_trials_measure_how_far_each_benchmark_follows_the_machines_state(tmp_path) -> None:
     """``scripts/gate_trials.py`` keeps, per run and benchmark, the slope of its log time on the anchor's over the
     run's pairs: planted, a benchmark whose time goes as the anchor's to the power 1.5 reads 1.5, one that follows
