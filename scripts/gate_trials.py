@@ -26,6 +26,7 @@ the baseline's processes take a second state of the machine in.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -33,6 +34,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from pytest_lstmperf.speed.records import BenchRecord, entries_from_benchmark_json
@@ -158,6 +160,17 @@ def run(name: str, args: list[str], out: Path, env: dict[str, str] | None = None
     return result
 
 
+@contextlib.contextmanager
+def beside(code: str) -> Iterator[None]:
+    """What the block runs, beside a neighbour process running ``code`` (:data:`SPIN`, :data:`STREAM`)."""
+    neighbour = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        yield
+    finally:
+        neighbour.kill()
+        neighbour.wait()
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--device", default="cpu")
@@ -212,11 +225,8 @@ def main() -> int:
     else:
         go("record", [*record_args, "--lstmperf-save-baseline", "-q"])
     if a.record_stream:
-        stream = subprocess.Popen([sys.executable, "-c", STREAM])
-        try:
+        with beside(STREAM):
             go("record-stream", [*record_args, "--lstmperf-add-baseline-run", "--lstmperf-record-processes=1", "-q"])
-        finally:
-            stream.kill()
     for k in range(a.default_runs):
         go(f"default-command-{k + 1}", ["suites/", *common, "--benchmark-compare", "-v"])
     for k in range(a.clean):
@@ -227,20 +237,11 @@ def main() -> int:
         for k in range(a.slow):
             fault = ["-p", "pytest_lstmperf.testing.faults", f"--lstmperf-plant={fault_name}"]
             go(f"fault={fault_name}-{k + 1}", [*compare, *fault])
-    if a.busy:
-        busy = subprocess.Popen([sys.executable, "-c", SPIN])
-        try:
-            for k in range(a.busy):
-                go(f"busy-clean-{k + 1}", compare)
-        finally:
-            busy.kill()
-    if a.stream:  # another tenant of a shared host that takes the memory bandwidth and the shared cache
-        stream = subprocess.Popen([sys.executable, "-c", STREAM])
-        try:
-            for k in range(a.stream):
-                go(f"stream-clean-{k + 1}", compare)
-        finally:
-            stream.kill()
+    for name, code, count in (("busy", SPIN, a.busy), ("stream", STREAM, a.stream)):
+        if count:  # a busy core; another tenant of a shared host that takes the memory bandwidth and shared cache
+            with beside(code):
+                for k in range(count):
+                    go(f"{name}-clean-{k + 1}", compare)
     if a.after_update:
         # the recording the compares before the update were judged against, kept for replaying them
         # (scripts/gate_replay.py, scripts/gate_between.py): the update rewrites the file in place

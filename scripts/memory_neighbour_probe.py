@@ -20,6 +20,7 @@ import statistics as st
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from gate_trials import SPIN, STREAM
@@ -44,15 +45,30 @@ def child() -> None:
     print(json.dumps(out))
 
 
-def main(n: int) -> None:
+def paired_each(calls: Mapping[str, Callable[[], object]], anchors: Mapping[str, Any], warm: int) -> dict[str, Any]:
+    """Each call, after ``warm`` untimed ones, paired in turn with each anchor (:func:`jax_anchor_probe.paired`,
+    ``SECS`` seconds each): ``call/anchor`` -> its medians."""
+    out: dict[str, Any] = {}
+    for name, call in calls.items():
+        for _ in range(warm):
+            call()
+        for a, anchor in anchors.items():
+            out[f"{name}/{a}"] = paired(call, anchor, float(os.environ.get("SECS", "1.0")))
+    return out
+
+
+def rounds(script: str, n: int, modes: tuple[str, ...]) -> list[dict[str, Any]]:
+    """``n`` rounds of fresh ``script child`` processes, one per mode in turn, each beside the neighbour its mode
+    names (none for ``quiet``); per process, its mode, its start and what it printed last (JSON). The neighbour
+    probes in this folder share it."""
     rows: list[dict[str, Any]] = []
     t0 = time.time()
     for _ in range(n):
-        for mode in MODES:
+        for mode in modes:
             neighbour = subprocess.Popen([sys.executable, "-c", NEIGHBOURS[mode]]) if mode in NEIGHBOURS else None
             try:
                 time.sleep(1.0 if neighbour else 0.0)  # the neighbour's arrays allocated and touched
-                p = subprocess.run([sys.executable, __file__, "child"], capture_output=True, text=True)
+                p = subprocess.run([sys.executable, script, "child"], capture_output=True, text=True)
             finally:
                 if neighbour is not None:
                     neighbour.kill()
@@ -63,16 +79,27 @@ def main(n: int) -> None:
             row = {"mode": mode, "t_s": round(time.time() - t0), **json.loads(p.stdout.strip().splitlines()[-1])}
             rows.append(row)
             print(json.dumps(row), flush=True)
+    return rows
+
+
+def summarise(rows: list[dict[str, Any]], names: Sequence[str], modes: tuple[str, ...]) -> dict[str, Any]:
+    """Per mode and name, the means over processes of the call's time, the anchor's and their ratio; then how far
+    each moved in every other mode against the first's (``quiet``)."""
     keys = ("call_us", "anchor_us", "ratio")
     summary: dict[str, Any] = {}
-    for mode in MODES:
+    for mode in modes:
         mine = [r for r in rows if r["mode"] == mode]
-        summary[mode] = {name: {k: round(st.mean(r[name][k] for r in mine), 4) for k in keys} for name in CALLS}
-    for mode in MODES[1:]:  # how far each figure moved against quiet's: the call, the anchor, and their ratio
-        summary[f"{mode}/quiet"] = {
-            name: {k: round(summary[mode][name][k] / summary["quiet"][name][k], 4) for k in keys} for name in CALLS
+        summary[mode] = {name: {k: round(st.mean(r[name][k] for r in mine), 4) for k in keys} for name in names}
+    for mode in modes[1:]:
+        summary[f"{mode}/{modes[0]}"] = {
+            name: {k: round(summary[mode][name][k] / summary[modes[0]][name][k], 4) for k in keys} for name in names
         }
-    report("memory_neighbour_probe", rows, summary)
+    return summary
+
+
+def main(n: int) -> None:
+    rows = rounds(__file__, n, MODES)
+    report("memory_neighbour_probe", rows, summarise(rows, CALLS, MODES))
 
 
 if __name__ == "__main__":

@@ -13,15 +13,12 @@ from __future__ import annotations
 
 import json
 import os
-import statistics as st
-import subprocess
 import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
-from jax_anchor_probe import paired  # this folder is first on sys.path when run as a script
-from memory_neighbour_probe import NEIGHBOURS
+from memory_neighbour_probe import paired_each, rounds, summarise
 from precision_anchor_probe import report
 
 MODES = ("quiet", "stream")
@@ -93,44 +90,12 @@ def child() -> None:
         "lstm-train-B16": keras_call(small, "train_step"),
     }
     anchors = {"torch": Anchor("cpu"), "tf-backward": TfAnchor(True), "tf-forward": TfAnchor(False)}
-    out: dict[str, Any] = {}
-    for name, call in calls.items():
-        for _ in range(10):
-            call()
-        for a, anchor in anchors.items():
-            out[f"{name}/{a}"] = paired(call, anchor, float(os.environ.get("SECS", "1.0")))
-    print(json.dumps(out))
+    print(json.dumps(paired_each(calls, anchors, 10)))
 
 
 def main(n: int) -> None:
-    rows: list[dict[str, Any]] = []
-    t0 = time.time()
-    for _ in range(n):
-        for mode in MODES:
-            neighbour = subprocess.Popen([sys.executable, "-c", NEIGHBOURS[mode]]) if mode in NEIGHBOURS else None
-            try:
-                time.sleep(1.0 if neighbour else 0.0)
-                p = subprocess.run([sys.executable, __file__, "child"], capture_output=True, text=True)
-            finally:
-                if neighbour is not None:
-                    neighbour.kill()
-                    neighbour.wait()
-            if p.returncode:
-                print(p.stderr[-3000:], flush=True)
-                raise SystemExit(p.returncode)
-            row = {"mode": mode, "t_s": round(time.time() - t0), **json.loads(p.stdout.strip().splitlines()[-1])}
-            rows.append(row)
-            print(json.dumps(row), flush=True)
-    names = [f"{c}/{a}" for c in CALLS for a in ANCHORS]
-    keys = ("call_us", "anchor_us", "ratio")
-    summary: dict[str, Any] = {}
-    for mode in MODES:
-        mine = [r for r in rows if r["mode"] == mode]
-        summary[mode] = {k: {x: round(st.mean(r[k][x] for r in mine), 4) for x in keys} for k in names}
-    summary["stream/quiet"] = {
-        k: {x: round(summary["stream"][k][x] / summary["quiet"][k][x], 4) for x in keys} for k in names
-    }
-    report("tf_anchor_probe", rows, summary)
+    rows = rounds(__file__, n, MODES)
+    report("tf_anchor_probe", rows, summarise(rows, [f"{c}/{a}" for c in CALLS for a in ANCHORS], MODES))
 
 
 if __name__ == "__main__":
