@@ -1436,3 +1436,64 @@ def test_a_check_that_would_miss_1_5x_more_than_one_run_in_20_buys_processes_tha
     assert not undecided(decision(1.47, 1.40), MAX_LIMIT)  # eight would not make it sure: none bought
     assert not undecided(decision(1.30, 1.10), MAX_LIMIT)  # sure already
     assert not undecided(decision(1.30, 1.12), 1.10)  # and the goal out of reach
+
+
+def test_the_sitting_compare_sees_a_planted_shift_between_two_recordings_in_its_pool_alone() -> None:
+    """``scripts/sitting_compare.py`` says how far two recordings made at different times lie apart per pool,
+    beyond their processes. Planted: a second recording whose training steps read 1.10x, 0.92x, 1.05x and 0.97x of
+    the first's, its forward calls unmoved (processes 0.5% apart): the training steps' T reads about 4.4%, the
+    forward calls' 0. An entry recorded with another anchor repetition count is not compared. A third recording
+    whose last process ran beside a neighbour that moved each benchmark as the second recording's shift did
+    correlates with it; one that moved only the forward calls, by 5% either way, does not."""
+    import importlib.util
+    import statistics
+    import sys
+    from pathlib import Path
+
+    scripts = Path(__file__).parents[1] / "scripts"
+    sys.path.insert(0, str(scripts))
+    try:
+        spec = importlib.util.spec_from_file_location("sitting_compare", scripts / "sitting_compare.py")
+        assert spec is not None and spec.loader is not None
+        sitting = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sitting)
+    finally:
+        sys.path.remove(str(scripts))
+    from pytest_lstmperf.speed.policy import Figure, pooled
+
+    rng = random.Random(7)
+
+    def entry(name: str, mode: str, level: float, processes: int = 4) -> Reference:
+        runs = tuple(RunFigures(Figure(level * (1 + rng.gauss(0, 0.005)), 0.002, 30), None) for _ in range(processes))
+        return Reference(name, runs, mode=mode)
+
+    shifts = {f"train-{i}": s for i, s in enumerate((1.10, 0.92, 1.05, 0.97))}
+    forward = [f"forward-{i}" for i in range(6)]
+    first = pooled({**{n: entry(n, "train", 1.0) for n in shifts}, **{n: entry(n, "forward", 1.0) for n in forward}})
+    second = pooled({**{n: entry(n, "train", s) for n, s in shifts.items()},
+                     **{n: entry(n, "forward", 1.0) for n in forward}})  # fmt: skip
+    repeats = {n: 4 for n in first}
+    pools = sitting.differences(first, second, (repeats, repeats))
+    train, fwd = sitting.summary(pools["train"]), sitting.summary(pools["forward"])
+    expected = math.sqrt(statistics.fmean([math.log(s) ** 2 for s in shifts.values()]) / 2)
+    assert train["T_rms"] == pytest.approx(expected, abs=0.005) and train["T_rms"] > 0.04
+    assert fwd["T_rms"] < 0.004 and train["largest"][0] == "train-0"
+    assert train["largest"][1] == pytest.approx(1.1, abs=0.01)
+    other = {**repeats, "train-0": 2}
+    assert len(sitting.differences(first, second, (repeats, other))["train"]) == 3
+
+    def beside(moves: dict[str, float]) -> dict[str, Reference]:
+        out = {}
+        for n in first:
+            runs = list(entry(n, "train" if n in shifts else "forward", 1.0, 3).runs)
+            runs.append(RunFigures(Figure(moves.get(n, 1.0), 0.002, 30), None))
+            out[n] = Reference(n, tuple(runs), mode="train" if n in shifts else "forward")
+        return out
+
+    like = sitting.beside_effect(beside({**shifts, **{n: 1.0 + rng.gauss(0, 0.003) for n in forward}}))
+    scattered = sitting.beside_effect(beside({n: 1.05 if i % 2 else 0.95 for i, n in enumerate(forward)}))
+    from scipy.stats import pearsonr
+
+    d = {n: x for rows in pools.values() for n, x, _ in rows}
+    assert pearsonr([d[n] for n in d], [like[n] for n in d]).statistic > 0.9
+    assert abs(pearsonr([d[n] for n in d], [scattered[n] for n in d]).statistic) < 0.3

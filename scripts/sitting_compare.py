@@ -1,0 +1,125 @@
+"""How far recordings made at different times (sittings) lie apart, per pool of the rule (forward calls, training
+steps), beyond what each recording's own processes say.
+
+    python scripts/sitting_compare.py LABEL=BASELINE.json[.gz] LABEL=BASELINE.json[.gz] [...] [--beside=LABEL]
+
+Each ``BASELINE`` is a baseline file of one machine, recorded at its own time by the same gate. For every pair,
+and every benchmark the two share with the same anchor repetition count (a different count moves the figure:
+docs/speed-gate.md, "What runs just before a call moves it"), the difference of the two recordings' mean log
+figures is taken. Per pool the script prints the median ratio, the root mean square difference, the typical
+standard error the two recordings' processes give it, and ``T``: the spread one sitting adds beyond them,
+sqrt((rms^2 - se^2) / 2), and the same from the median absolute deviation; then the pair's largest ratio.
+
+``--beside=LABEL``: that baseline's last recording process was timed beside a planted neighbour
+(``--lstmperf-record-neighbour=stream``); its figure divided by the mean of the others' is correlated, benchmark by
+benchmark, with each pair's differences: whether what moved between two sittings looks like that neighbour.
+"""
+
+from __future__ import annotations
+
+import gzip
+import itertools
+import json
+import math
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+from pytest_lstmperf.speed import policy
+from pytest_lstmperf.speed.baseline_file import reference_of
+from pytest_lstmperf.speed.records import BaselineEntry
+
+
+def _entries(path: Path) -> list[dict[str, Any]]:
+    raw = path.read_bytes()
+    return list(json.loads(gzip.decompress(raw) if path.suffix == ".gz" else raw)["benchmarks"])
+
+
+def load(path: Path) -> tuple[dict[str, policy.Reference], dict[str, object]]:
+    """The baseline's references, pooled as the rule pools them, and each entry's anchor repetition count."""
+    entries = _entries(path)
+    refs = policy.pooled({e["fullname"]: reference_of(BaselineEntry.from_json(e)) for e in entries})
+    return refs, {e["fullname"]: (e.get("extra_info", {}).get("anchor") or {}).get("repeat") for e in entries}
+
+
+def differences(
+    a: dict[str, policy.Reference], b: dict[str, policy.Reference], repeats: tuple[dict[str, object], ...]
+) -> dict[str, list[tuple[str, float, float]]]:
+    """Per pool: (benchmark, log difference b - a, its variance from the two recordings' processes)."""
+    out: dict[str, list[tuple[str, float, float]]] = {}
+    for name in sorted(set(a) & set(b)):
+        if repeats[0].get(name) != repeats[1].get(name):
+            continue
+        ra, rb = a[name], b[name]
+        variant = ra.variant("per-call")
+        la, lb = ra._logs("per-call", variant), rb._logs("per-call", variant)
+        between_a, between_b = ra.between("per-call", variant), rb.between("per-call", variant)
+        if not la or not lb or between_a is None or between_b is None:
+            continue
+        variance = between_a[0] ** 2 / len(la) + between_b[0] ** 2 / len(lb)
+        out.setdefault(ra.pool, []).append((name, statistics.fmean(lb) - statistics.fmean(la), variance))
+    return out
+
+
+def summary(rows: list[tuple[str, float, float]]) -> dict[str, Any]:
+    ds = [d for _, d, _ in rows]
+    middle = statistics.median(ds)
+    mad = 1.4826 * statistics.median([abs(d - middle) for d in ds])
+    rms = math.sqrt(statistics.fmean([d * d for d in ds]))
+    se = math.sqrt(statistics.median([v for _, _, v in rows]))
+    worst = max(rows, key=lambda r: abs(r[1]))
+    return {
+        "benchmarks": len(rows),
+        "median_ratio": round(math.exp(middle), 3),
+        "rms": round(rms, 4),
+        "se": round(se, 4),
+        "T_rms": round(math.sqrt(max(rms * rms - se * se, 0) / 2), 4),
+        "T_mad": round(math.sqrt(max(mad * mad - se * se, 0) / 2), 4),
+        "largest": [worst[0].split("::")[-1], round(math.exp(worst[1]), 3)],
+    }
+
+
+def beside_effect(refs: dict[str, policy.Reference]) -> dict[str, float]:
+    """Each benchmark's last recording process against the mean of its others (log scale)."""
+    out = {}
+    for name, ref in refs.items():
+        logs = ref._logs("per-call", "anchored")
+        if len(logs) >= 3:
+            out[name] = logs[-1] - statistics.fmean(logs[:-1])
+    return out
+
+
+def main(argv: list[str]) -> int:
+    beside = next((a.split("=", 1)[1] for a in argv if a.startswith("--beside=")), "")
+    specs = [a.split("=", 1) for a in argv if not a.startswith("--")]
+    if len(specs) < 2:
+        print(__doc__)
+        return 2
+    loaded = {label: load(Path(path)) for label, path in specs}
+    effect = beside_effect(loaded[beside][0]) if beside else {}
+    result: dict[str, Any] = {}
+    for x, y in itertools.combinations([label for label, _ in specs], 2):
+        if beside in (x, y):
+            continue
+        pools = differences(loaded[x][0], loaded[y][0], (loaded[x][1], loaded[y][1]))
+        row: dict[str, Any] = {pool: summary(rows) for pool, rows in sorted(pools.items())}
+        if effect:
+            from scipy.stats import pearsonr
+
+            pairs = [(d, effect[n]) for rows in pools.values() for n, d, _ in rows if n in effect]
+            if len(pairs) > 2:
+                r = pearsonr([p[0] for p in pairs], [p[1] for p in pairs])
+                row["beside"] = {"benchmarks": len(pairs), "pearson": round(float(r.statistic), 3),
+                                 "p": float(f"{r.pvalue:.2g}")}  # fmt: skip
+        result[f"{x} vs {y}"] = row
+        print(f"{x} vs {y}:")
+        for key, value in row.items():
+            print(f"    {key}: {value}")
+    if "--json" in argv:
+        print(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
