@@ -8,6 +8,7 @@ import math
 import random
 import zlib
 from collections.abc import Sequence
+from types import ModuleType
 
 import pytest
 
@@ -23,6 +24,25 @@ from pytest_lstmperf.speed.records import (
     run_to_json,
 )
 from pytest_lstmperf.speed.report_plots import plot_baseline
+
+
+def _script(name: str) -> ModuleType:
+    """``scripts/<name>.py`` as a module, with scripts/ on the path while it loads (its own imports of its
+    neighbours)."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    scripts = Path(__file__).parents[1] / "scripts"
+    sys.path.insert(0, str(scripts))
+    try:
+        spec = importlib.util.spec_from_file_location(name, scripts / f"{name}.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(scripts))
+    return module
 
 
 def as_measured(record: dict) -> Measurement:
@@ -943,19 +963,13 @@ def test_the_trials_planted_neighbours_stop_once_the_script_that_started_them_is
     the probes plant the same) must not outlive a script killed outright: one left streaming memory sat beside
     every run on the machine for an hour and a half, unseen, until a probe of its own found it. Planted: a parent
     that starts the neighbour and exits without stopping it; the neighbour is gone within seconds."""
-    import importlib.util
     import os
     import subprocess
     import sys
     import time
     from pathlib import Path
 
-    spec = importlib.util.spec_from_file_location(
-        "gate_trials", Path(__file__).parents[1] / "scripts" / "gate_trials.py"
-    )
-    assert spec is not None and spec.loader is not None
-    trials = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(trials)
+    trials = _script("gate_trials")
     code = getattr(trials, neighbour)
     parent = (
         "import os, subprocess, sys, time\n"
@@ -988,16 +1002,9 @@ def test_the_trials_measure_how_far_each_benchmark_follows_the_machines_state(tm
     """``scripts/gate_trials.py`` keeps, per run and benchmark, the slope of its log time on the anchor's over the
     run's pairs: planted, a benchmark whose time goes as the anchor's to the power 1.5 reads 1.5, one that follows
     it as the anchor does 1.0, one that ignores it 0; an empty run file (a run that stopped) reads as none."""
-    import importlib.util
     import json
-    from pathlib import Path
 
-    spec = importlib.util.spec_from_file_location(
-        "gate_trials", Path(__file__).parents[1] / "scripts" / "gate_trials.py"
-    )
-    assert spec is not None and spec.loader is not None
-    trials = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(trials)
+    trials = _script("gate_trials")
     rng = random.Random(4)
     states = [math.exp(rng.gauss(0, 0.2)) for _ in range(400)]
 
@@ -1146,19 +1153,9 @@ def test_the_between_run_sweep_replays_the_rules_own_resolution() -> None:
     clean figure 1.15x its recording's (processes 0.5% apart) alarms with no term and passes with the rule's 4%
     (which alone resolves exp(4 x 4%) = 1.17x); a 1.5x slower one is caught with either; a figure whose processes
     lie 12% apart is inconclusive, never passed; the rule's own term is left as it was."""
-    import importlib.util
-    import sys
     from pathlib import Path
 
-    scripts = Path(__file__).parents[1] / "scripts"
-    sys.path.insert(0, str(scripts))
-    try:
-        spec = importlib.util.spec_from_file_location("gate_between", scripts / "gate_between.py")
-        assert spec is not None and spec.loader is not None
-        between = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(between)
-    finally:
-        sys.path.remove(str(scripts))
+    between = _script("gate_between")
     from pytest_lstmperf.speed.policy import BETWEEN_RUNS
 
     before = dict(BETWEEN_RUNS)
@@ -1445,20 +1442,9 @@ def test_the_sitting_compare_sees_a_planted_shift_between_two_recordings_in_its_
     forward calls' 0. An entry recorded with another anchor repetition count is not compared. A third recording
     whose last process ran beside a neighbour that moved each benchmark as the second recording's shift did
     correlates with it; one that moved only the forward calls, by 5% either way, does not."""
-    import importlib.util
     import statistics
-    import sys
-    from pathlib import Path
 
-    scripts = Path(__file__).parents[1] / "scripts"
-    sys.path.insert(0, str(scripts))
-    try:
-        spec = importlib.util.spec_from_file_location("sitting_compare", scripts / "sitting_compare.py")
-        assert spec is not None and spec.loader is not None
-        sitting = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(sitting)
-    finally:
-        sys.path.remove(str(scripts))
+    sitting = _script("sitting_compare")
     from pytest_lstmperf.speed.policy import Figure, pooled
 
     rng = random.Random(7)
