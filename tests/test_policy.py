@@ -1438,8 +1438,8 @@ def test_a_check_that_would_miss_1_5x_more_than_one_run_in_20_buys_processes_tha
 def test_the_sitting_compare_sees_a_planted_shift_between_two_recordings_in_its_pool_alone() -> None:
     """``scripts/sitting_compare.py`` says how far two recordings made at different times lie apart per pool,
     beyond their processes. Planted: a second recording whose training steps read 1.10x, 0.92x, 1.05x and 0.97x of
-    the first's, its forward calls unmoved (processes 0.5% apart): the training steps' T reads about 4.4%, the
-    forward calls' 0. An entry recorded with another anchor repetition count is not compared. A third recording
+    the first's, its forward calls unmoved (processes 0.5% apart): the training steps' T reads about 4.9%, the
+    forward calls' under 0.4%. An entry recorded with another anchor repetition count is not compared. A third recording
     whose last process ran beside a neighbour that moved each benchmark as the second recording's shift did
     correlates with it; one that moved only the forward calls, by 5% either way, does not."""
     import statistics
