@@ -539,3 +539,42 @@ def test_a_record_travels_under_one_key_and_reads_back_as_it_was_written() -> No
     assert typed.threshold == 1.2 and typed.kernel_text == "cudnn/fp32" and typed.anchor.repeat == 8
     assert BenchRecord.from_json(json.loads(json.dumps(typed.to_json()))) == typed
     assert records.load_records(records.dump_records([typed, typed])) == [typed, typed]
+
+
+def test_an_update_keeps_an_unchanged_entrys_earlier_sitting_and_replaces_a_changed_one(tmp_path: Path) -> None:
+    """``--lstmperf-update-baseline`` at another time: an entry the rule finds unchanged (same versions and kernel,
+    every figure within its limits) keeps its earlier recording as a sitting of its own beside the update's, so
+    that how far recordings made at different times lie apart is measured; one that changed (2x slower here: an
+    intended change) is replaced, its earlier sitting dropped. Each process carries its sitting in the file, and a
+    recording run added later is a sitting of its own. At most three sittings are kept."""
+    store = bl.BaselineStore(tmp_path)
+
+    def at(date: str, medians: dict[str, float], update: bool = False, add_run: bool = False) -> bl.SaveReport:
+        made = {n: [record(n, m * f) for f in (1.0, 1.004, 0.996)] for n, m in medians.items()}
+        return store.save(
+            [BenchRecord.from_json(r[0]) for r in made.values()],
+            fields=fields(),
+            fingerprint=H100,
+            versions=VERSIONS,
+            provenance={**PROV, "date": date},
+            header=Header.from_json(HEADER),
+            update=update,
+            add_run=add_run,
+            threshold=1.10,
+            siblings={record(n)["fullname"]: [BenchRecord.from_json(r) for r in rs[1:]] for n, rs in made.items()},
+        )
+
+    names = {n: record(n)["fullname"] for n in ("a", "b")}
+    at("2026-11-22T10:00:00+00:00", {"a": 1e-3, "b": 1e-3})
+    report = at("2026-11-23T10:00:00+00:00", {"a": 1.003e-3, "b": 2e-3}, update=True)
+    assert report.sittings == [names["a"]] and sorted(report.updated) == sorted(names.values())
+    assert "1 of them unchanged by the rule, which keep their earlier recording beside this one" in report.describe()
+    entries = store.find(fields()).benchmarks
+    sittings = {n: sorted({r.sitting for r in entries[names[n]].lstmperf.runs}) for n in names}
+    assert sittings["a"] == ["2026-11-22T10:00:00+00:00", "2026-11-23T10:00:00+00:00"]
+    assert sittings["b"] == ["2026-11-23T10:00:00+00:00"] and len(entries[names["a"]].lstmperf.runs) == 6
+    assert bl_file.reference_of(entries[names["a"]]).own_variance("per-call")[1] == 4  # within sittings
+    at("2026-11-24T10:00:00+00:00", {"a": 1e-3}, add_run=True)
+    at("2026-11-25T10:00:00+00:00", {"a": 1e-3, "b": 2e-3}, update=True)
+    kept = sorted({r.sitting for r in store.find(fields()).benchmarks[names["a"]].lstmperf.runs})
+    assert kept == ["2026-11-23T10:00:00+00:00", "2026-11-24T10:00:00+00:00", "2026-11-25T10:00:00+00:00"]

@@ -1483,3 +1483,50 @@ def test_the_sitting_compare_sees_a_planted_shift_between_two_recordings_in_its_
     d = {n: x for rows in pools.values() for n, x, _ in rows}
     assert pearsonr([d[n] for n in d], [like[n] for n in d]).statistic > 0.9
     assert abs(pearsonr([d[n] for n in d], [scattered[n] for n in d]).statistic) < 0.3
+
+
+def test_a_baseline_of_one_sitting_is_judged_as_before_and_two_sittings_measure_how_far_they_lie_apart() -> None:
+    """Recording processes tagged with their sitting (the recording command that timed them). One sitting, tagged
+    or not: the between-run term is :data:`~.policy.BETWEEN_RUNS`, and every check reads as before. Planted: two
+    sittings of a pool of training steps whose second lies 3-8% above or below the first, benchmark by benchmark,
+    beside forward calls that did not move. The training steps' term is measured from them (at least 5%), the
+    forward calls' stays at the floor the prior implies (1.5% for one sitting against one, 1.5% x sqrt(3/4)
+    against the mean of two); a compare at either sitting's level passes against both
+    sittings, where against the second sitting alone one at the first's level is called regressed (the VM's false
+    alarm of a host in another state); a 1.5x slower call is still regressed."""
+    from pytest_lstmperf.speed.policy import BETWEEN_RUNS, Figure, pooled
+
+    rng = random.Random(11)
+
+    def runs(level: float, sitting: str, processes: int = 3) -> list[RunFigures]:
+        return [
+            RunFigures(Figure(level * math.exp(rng.gauss(0, 0.006)), 0.002, 30), None, sitting=sitting)
+            for _ in range(processes)
+        ]
+
+    shifts = {f"train-{i}": s for i, s in enumerate((1.06, 0.95, 1.03, 0.92, 1.08, 0.97))}
+    forward = [f"forward-{i}" for i in range(6)]
+
+    def baseline(sittings: tuple[str, ...]) -> dict[str, Reference]:
+        refs = {}
+        for n in (*shifts, *forward):
+            mode = "train" if n in shifts else "forward"
+            made = [r for s in sittings for r in runs(shifts.get(n, 1.0) if s == "2" else 1.0, s)]
+            refs[n] = Reference(n, tuple(made), mode=mode)
+        return pooled(refs)
+
+    both, second, untagged = baseline(("1", "2")), baseline(("2",)), baseline(("",))
+    for refs in (second, untagged):
+        assert all(r.between_runs("per-call") == BETWEEN_RUNS["per-call"] for r in refs.values())
+    train, fwd = both["train-1"], both["forward-1"]
+    assert train.between_runs("per-call") > 0.05
+    assert fwd.between_runs("per-call") == pytest.approx(BETWEEN_RUNS["per-call"] * math.sqrt(1.5 / 2))
+    assert train.own_variance("per-call")[1] == 4  # within sittings: 2 x (3 - 1) degrees of freedom
+
+    def seen(refs: dict[str, Reference], name: str, level: float) -> str:
+        return check("per-call", [level * math.exp(rng.gauss(0, 0.01)) for _ in range(30)], refs[name], 1.05).verdict
+
+    assert seen(second, "train-3", 1.0) == "regressed" and seen(second, "train-4", 1.0) == "improved"
+    for name in shifts:
+        assert seen(both, name, 1.0) == seen(both, name, shifts[name]) == "unchanged"
+        assert seen(both, name, 1.5 * max(1.0, shifts[name])) == "regressed"

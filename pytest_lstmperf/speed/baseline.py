@@ -28,7 +28,7 @@ from .baseline_file import (
     old_format,
     reference_of,
 )
-from .policy import OUTLIER_FACTOR, RunFigures, check, metrics_of, pooled, recording_runs
+from .policy import OUTLIER_FACTOR, Reference, RunFigures, check, decide, metrics_of, pooled, recording_runs
 from .records import (
     BaselineDocument,
     BaselineEntry,
@@ -46,6 +46,8 @@ class SaveReport:
     path: Path
     created: list[str] = field(default_factory=list)  # entries new to the file
     updated: list[str] = field(default_factory=list)  # entries replaced (update mode)
+    #: entries an update found unchanged, which keep their earlier sittings beside this one (update mode)
+    sittings: list[str] = field(default_factory=list)
     kept: list[str] = field(default_factory=list)  # entries present and left alone (save mode)
     untouched: int = 0  # entries of the file this run did not measure
     new_file: bool = False
@@ -67,6 +69,11 @@ class SaveReport:
             parts.append(f"{len(self.created)} recorded")
         if self.updated:
             parts.append(f"{len(self.updated)} updated")
+        if self.sittings:
+            parts.append(
+                f"{len(self.sittings)} of them unchanged by the rule, which keep their earlier recording beside this "
+                "one (how far recordings made at different times lie apart is measured from them)"
+            )
         if self.kept:
             parts.append(f"{len(self.kept)} kept (already in the baseline; --lstmperf-update-baseline replaces them)")
         if self.untouched:
@@ -218,7 +225,8 @@ class BaselineStore:
                 existing, report = self._existing(path, fields, update)
                 siblings = siblings or {}
                 if add_run:
-                    self._add_run(existing, path, list(records), versions, threshold, report, siblings)
+                    sitting = date_of(provenance) or ""
+                    self._add_run(existing, path, list(records), versions, threshold, report, siblings, sitting)
                 else:
                     self._save(existing, list(records), versions, provenance, update, report, siblings)
                 if not report.created and not report.updated:
@@ -285,6 +293,7 @@ class BaselineStore:
     ) -> None:
         recorded = recorded_of(provenance)
         entries = report.entries
+        references = pooled({name: reference_of(entry) for name, entry in entries.items()}) if update else {}
         for record in records:
             name = record.fullname
             old = entries.get(name)
@@ -300,6 +309,9 @@ class BaselineStore:
                 if not empty and dict(old.lstmperf.versions) != dict(versions):
                     history.append(history_point(old))
                 entry = replace(entry, part=replace(entry.lstmperf, history=tuple(history)))
+                if not empty and _unchanged(old, entry, references.get(name), record, siblings.get(name, ())):
+                    entry = replace(entry, part=replace(entry.lstmperf, runs=_kept_sittings(old, entry)))
+                    report.sittings.append(name)
             entries[name] = entry
         report.untouched = len(set(entries) - {r.fullname for r in records})
 
@@ -312,6 +324,7 @@ class BaselineStore:
         threshold: float | None,
         report: SaveReport,
         siblings: Mapping[str, list[BenchRecord]],
+        sitting: str = "",
     ) -> None:
 
         if existing is None:
@@ -335,6 +348,7 @@ class BaselineStore:
             reference = references[name]
             limit = measured.threshold or threshold or THRESHOLD
             runs, left_out = recording_runs([measured, *(r.measurement() for r in siblings.get(name, ()))])
+            runs = [replace(run, sitting=sitting) for run in runs]  # a sitting of its own
             report.left_out += [f"{name}: {why}" for why in left_out]
             added: list[RunFigures] = []
             refused: list[str] = []
@@ -371,3 +385,36 @@ class BaselineStore:
                 report.entries[name] = replace(entry, part=replace(part, runs=(*part.runs, *added)))
                 report.updated.append(name)
         report.untouched = len(set(report.entries) - set(report.updated))
+
+
+#: the sittings (recording commands at different times) an entry keeps at most: an update that finds an entry
+#: unchanged keeps its earlier ones beside its own, the oldest dropped first
+SITTINGS_KEPT = 3
+
+
+def _unchanged(
+    old: BaselineEntry,
+    new: BaselineEntry,
+    reference: Reference | None,
+    record: BenchRecord,
+    siblings: Iterable[BenchRecord],
+) -> bool:
+    """Whether an update's recording of a benchmark is the same benchmark as its entry's, timed at another time:
+    the same software versions and kernel, and every figure judged unchanged by the rule against the entry
+    (:func:`~.policy.decide`, this recording's processes as a compare's). Only then are the entry's earlier
+    sittings kept: an intended change, or an upgrade, replaces them."""
+    if reference is None or dict(old.lstmperf.versions) != dict(new.lstmperf.versions):
+        return False
+    if old.lstmperf.kernel != new.lstmperf.kernel:
+        return False
+    decision = decide(record.measurement(), reference, more=[r.measurement() for r in siblings])
+    return decision.verdict == "unchanged" and all(c.verdict == "unchanged" for c in decision.checks)
+
+
+def _kept_sittings(old: BaselineEntry, new: BaselineEntry) -> tuple[RunFigures, ...]:
+    """The entry's processes with the update's: its earlier sittings (an untagged process keeps the entry's
+    recording date as its sitting) and the update's own, at most :data:`SITTINGS_KEPT` sittings, newest kept."""
+    earlier = tuple(replace(r, sitting=r.sitting or old.recorded_date or "") for r in old.lstmperf.runs)
+    runs = (*earlier, *new.lstmperf.runs)
+    keep = sorted({r.sitting for r in runs})[-SITTINGS_KEPT:]
+    return tuple(r for r in runs if r.sitting in keep)

@@ -33,7 +33,7 @@ import stat
 import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .benchmark_adapter import statistics as benchmark_statistics
@@ -95,6 +95,8 @@ def bench_entry(
     if versions is not None:
         measured = record.measurement()
         runs, left_out = recording_runs([measured, *(r.measurement() for r in siblings)])
+        sitting = str((recorded or {}).get("date") or "")  # when the recording command started: its sitting
+        runs = [replace(run, sitting=sitting) for run in runs]
         part = EntryPart(dict(versions), measured.kernel, tuple(runs), (), tuple(left_out))
     return BaselineEntry(
         fullname=record.fullname,

@@ -213,7 +213,8 @@ class Figure:
 @dataclass(frozen=True)
 class RunFigures:
     """One recording process of a benchmark, as the baseline keeps it: its figures divided by the anchor and raw,
-    the anchor's own time per repetition, and its host counts."""
+    the anchor's own time per repetition, its host counts, and its sitting: when the recording command that timed
+    it started (ISO 8601; "" where the file does not say: one sitting with every other such process)."""
 
     per_call: Figure | None
     device: Figure | None
@@ -221,6 +222,7 @@ class RunFigures:
     per_call_raw: Figure | None = None
     device_raw: Figure | None = None
     anchor_s: float | None = None
+    sitting: str = ""
 
     def get(self, metric: str, variant: str = "anchored") -> Figure | None:
         if variant == "raw":
@@ -290,11 +292,14 @@ class Outlook:
     reach: float = math.inf
 
 
-def resolution(sigma_b: float, m: int, n: int, se: float, metric: str) -> float:
+def resolution(sigma_b: float, m: int, n: int, se: float, metric: str, between: float | None = None) -> float:
     """The smallest slowdown a compare of ``m`` processes (``se``: its own standard error, log scale) resolves
     against ``n`` recorded processes whose figures lie ``sigma_b`` apart (widened, :meth:`Reference.figure`):
-    exp(:data:`K_SIGMA` x the standard error of the ratio). :func:`check` and a recording's outlook both use it."""
-    spread = math.hypot(sigma_b * math.sqrt(1 / m + 1 / n), BETWEEN_RUNS.get(metric, 0.0))
+    exp(:data:`K_SIGMA` x the standard error of the ratio). :func:`check` and a recording's outlook both use it.
+    ``between``: how far runs made at different times lie apart (:meth:`Reference.between_runs`), by default
+    :data:`BETWEEN_RUNS`."""
+    term = BETWEEN_RUNS.get(metric, 0.0) if between is None else between
+    spread = math.hypot(sigma_b * math.sqrt(1 / m + 1 / n), term)
     return _exp(K_SIGMA * math.hypot(se, spread))
 
 
@@ -463,6 +468,10 @@ class Reference:
     #: how far recording processes lie apart on this machine, per (metric, variant), pooled over the baseline's
     #: benchmarks of its mode (:func:`pooled`)
     spread: Mapping[tuple[str, str], Spread] = field(default_factory=dict)
+    #: how far the means of recordings made at different times (sittings) lie apart beyond their processes, per
+    #: (metric, variant), pooled over the baseline's benchmarks of its mode that hold two sittings or more
+    #: (:func:`pooled`); absent where none does
+    sittings: Mapping[tuple[str, str], Spread] = field(default_factory=dict)
 
     def variant(self, metric: str) -> str:
         """The figure that decides this benchmark's ``metric``: divided by the anchor, or raw.
@@ -494,11 +503,60 @@ class Reference:
     def _logs(self, metric: str, variant: str) -> list[float]:
         return [math.log(f.value) for f in (run.get(metric, variant) for run in self.runs) if f is not None]
 
+    def _sittings(self, metric: str, variant: str) -> list[list[float]]:
+        """The processes' log figures, grouped by the sitting that timed them, oldest first."""
+        groups: dict[str, list[float]] = {}
+        for run in self.runs:
+            f = run.get(metric, variant)
+            if f is not None:
+                groups.setdefault(run.sitting, []).append(math.log(f.value))
+        return [groups[k] for k in sorted(groups)]
+
+    def _centre(self, metric: str, variant: str) -> float | None:
+        """The mean over its sittings of each sitting's mean log figure (every sitting weighs alike)."""
+        groups = self._sittings(metric, variant)
+        return statistics.fmean(statistics.fmean(g) for g in groups) if groups else None
+
     def own_variance(self, metric: str, variant: str | None = None) -> tuple[float, int] | None:
-        """(variance, degrees of freedom) of this benchmark's recording processes' figures (log scale); None
-        under two processes."""
-        logs = self._logs(metric, variant or self.variant(metric))
-        return (statistics.variance(logs), len(logs) - 1) if len(logs) > 1 else None
+        """(variance, degrees of freedom) of this benchmark's recording processes' figures (log scale) about the
+        mean of their own sitting, pooled over its sittings: how far processes of one recording lie apart; None
+        where no sitting holds two processes."""
+        groups = self._sittings(metric, variant or self.variant(metric))
+        dof = sum(len(g) - 1 for g in groups)
+        if dof < 1:
+            return None
+        squares = sum(sum((x - statistics.fmean(g)) ** 2 for x in g) for g in groups)
+        return squares / dof, dof
+
+    def sitting_variance(self, metric: str, variant: str | None = None) -> tuple[float, int] | None:
+        """(variance, degrees of freedom) of its sittings' means beyond what their processes explain (log scale):
+        how far a recording made at one time lies from one made at another; None under two sittings."""
+        variant = variant or self.variant(metric)
+        groups = self._sittings(metric, variant)
+        own = self.own_variance(metric, variant)
+        if len(groups) < 2 or own is None:
+            return None
+        means = [statistics.fmean(g) for g in groups]
+        within = statistics.fmean(own[0] / len(g) for g in groups)
+        return max(statistics.variance(means) - within, 0.0), len(groups) - 1
+
+    def between_runs(self, metric: str, variant: str | None = None) -> float:
+        """How far a compare's figure lies from this baseline's for runs made at different times, beyond the
+        processes (log scale): :data:`BETWEEN_RUNS` where no entry of its pool holds two sittings; where some do,
+        what they measured (a sitting's own spread: the pool's, moderated towards this entry's own sittings where it
+        has two or more, as :meth:`between` moderates processes; at least the one :data:`BETWEEN_RUNS` implies) for
+        a compare's sitting against the mean of this entry's sittings."""
+        variant = variant or self.variant(metric)
+        prior = BETWEEN_RUNS.get(metric, 0.0)
+        pool, own = self.sittings.get((metric, variant)), self.sitting_variance(metric, variant)
+        if pool is None:
+            return prior
+        variance = pool.variance
+        if own is not None and pool.benchmarks > 1:  # its own sittings, moderated by its pool's (as between())
+            weight = min(PRIOR_DOF, pool.benchmarks - 1)
+            variance = (own[1] * own[0] + weight * pool.variance) / (own[1] + weight)
+        count = max(len(self._sittings(metric, variant)), 1)
+        return math.sqrt(max(prior**2 / 2, variance) * (1 + 1 / count))
 
     def own_spread(self, metric: str, variant: str | None = None) -> float | None:
         own = self.own_variance(metric, variant)
@@ -582,18 +640,19 @@ class Reference:
         apart is not known."""
         variant = variant or self.variant(metric)
         logs = self._logs(metric, variant)
-        if not logs:
+        centre = self._centre(metric, variant)
+        if not logs or centre is None:
             return None
         between = self.between(metric, variant, compared)
         if between is None:
             return None
         sigma_b, dof = between
-        return math.exp(statistics.fmean(logs)), sigma_b * tail_factor(dof), len(logs)
+        return math.exp(centre), sigma_b * tail_factor(dof), len(logs)
 
     def value(self, metric: str, variant: str | None = None) -> float | None:
-        """The geometric mean of the processes' figures, noise or none."""
-        logs = self._logs(metric, variant or self.variant(metric))
-        return math.exp(statistics.fmean(logs)) if logs else None
+        """The geometric mean of the processes' figures (of each sitting's, where it has several), noise or none."""
+        centre = self._centre(metric, variant or self.variant(metric))
+        return math.exp(centre) if centre is not None else None
 
     def has_figure(self, metric: str) -> bool:
         return bool(self._logs(metric, self.variant(metric)))
@@ -617,9 +676,35 @@ def pooled(references: Mapping[str, Reference]) -> dict[str, Reference]:
     out: dict[str, Reference] = {}
     for pool in sorted({ref.pool for ref in references.values()}):
         mine = {name: ref for name, ref in references.items() if ref.pool == pool}
-        spread = _pool(mine.values())
-        out.update({name: replace(ref, spread=spread) for name, ref in mine.items()})
+        spread, sittings = _pool(mine.values()), _pool_sittings(mine.values())
+        out.update({name: replace(ref, spread=spread, sittings=sittings) for name, ref in mine.items()})
     return {name: out[name] for name in references}
+
+
+def _pool_sittings(references: Iterable[Reference]) -> dict[tuple[str, str], Spread]:
+    """How far sittings lie apart beyond their processes, per metric and variant, over the benchmarks that hold
+    two sittings or more: the median of their sittings' means' variances (divided by the median of
+    chi2(dof)/dof, as :func:`_pool` does) less the median of what their processes explain of it."""
+    references = list(references)
+    out: dict[tuple[str, str], Spread] = {}
+    for metric in METRICS:
+        for variant in VARIANTS:
+            rows = []
+            for ref in references:
+                groups = ref._sittings(metric, variant)
+                own = ref.own_variance(metric, variant)
+                if len(groups) < 2 or own is None:
+                    continue
+                means = [statistics.fmean(g) for g in groups]
+                rows.append((statistics.variance(means), statistics.fmean(own[0] / len(g) for g in groups),
+                             len(groups) - 1))  # fmt: skip
+            if not rows:
+                continue
+            dof = int(statistics.median(d for *_, d in rows))
+            between = statistics.median(v for v, _, _ in rows) / _chi2_median_ratio(max(dof, 1))
+            within = statistics.median(w for _, w, _ in rows)
+            out[(metric, variant)] = Spread(max(between - within, 0.0), len(rows), sum(d for *_, d in rows))
+    return out
 
 
 def _pool(references: Iterable[Reference]) -> dict[tuple[str, str], Spread]:
@@ -709,20 +794,22 @@ def check(
     m = len(nows)
     now_value = math.exp(statistics.fmean(math.log(f.value) for f in nows))
     now_se = math.sqrt(sum(f.se**2 for f in nows)) / m
-    sigma_ref = math.hypot(sigma_b * math.sqrt(1 / m + 1 / recorded), BETWEEN_RUNS.get(metric, 0.0))
-    resolves = resolution(sigma_b, m, recorded, now_se, metric)
+    term = reference.between_runs(metric, variant)
+    sigma_ref = math.hypot(sigma_b * math.sqrt(1 / m + 1 / recorded), term)
+    resolves = resolution(sigma_b, m, recorded, now_se, metric, term)
     # each further process as noisy as this run's so far (se shrinks as 1/sqrt(m)), and its figure one more
     # degree of freedom of the spread between processes, which stays as estimated
     most = max(m, GOAL_PROCESSES)
     sigma, dof = reference.between(metric, variant, compared) or (math.nan, 0)
     more_recorded = max(RECORD_PROCESSES_MAX - recorded, 0)
-    best = resolution(sigma * tail_factor(dof + most - m), most, recorded, now_se * math.sqrt(m / most), metric)
+    best = resolution(sigma * tail_factor(dof + most - m), most, recorded, now_se * math.sqrt(m / most), metric, term)
     reach = resolution(
         sigma * tail_factor(dof + most - m + more_recorded),
         most,
         recorded + more_recorded,
         now_se * math.sqrt(m / most),
         metric,
+        term,
     )
     limit = max(threshold, resolves)
     ratio = now_value / value

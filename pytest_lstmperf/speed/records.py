@@ -413,6 +413,8 @@ def run_to_json(run: RunFigures) -> dict[str, object]:
         out.update(per_call_raw=one(run.per_call_raw), device_raw=one(run.device_raw))
     if run.anchor_s is not None:
         out["anchor_s"] = run.anchor_s
+    if run.sitting:
+        out["sitting"] = run.sitting
     return out
 
 
@@ -432,6 +434,7 @@ def run_from_json(raw: object) -> RunFigures:
         one(part.get("per_call_raw")),
         one(part.get("device_raw")),
         anchor if anchor else None,
+        _text(part.get("sitting")),
     )
 
 
