@@ -14,15 +14,16 @@ The rule, in five sentences (docs/speed-gate.md states the same):
    minutes apart at most, in one state of the machine, and a compare in another, which the anchor is there to cancel
    (a time per call whose own processes say beyond doubt that the anchor adds more noise than it removes, a GPU-bound
    call beside host-bound ones, is judged raw, on its own processes' spread).
-2. A recording times every benchmark in independent processes (three, more where they do not yet show their spread
-   or where more would let a compare resolve the goal of sentence 3), and how far they lie apart is its between-run
-   noise: its own, and a compare's processes' too, moderated by the baseline's (a median over its benchmarks of its
-   mode: training steps with training steps) unless it lies beyond doubt further apart than theirs, widened by
-   Student's t for the processes behind it. A figure is slower when it exceeds the baseline's by more than its
-   limit: the threshold (1.05 unless ``--lstmperf-threshold`` or the ``lstmperf_threshold`` marker says otherwise),
-   or the slowdown the benchmark resolves (4 such standard errors of this run's figure, of the processes, and for a
-   time per call of how far runs made at different times lie apart, 1.5% as measured), where that is larger; a
-   resolution above the threshold is printed (with ``-v``, every one).
+2. A recording times every benchmark in independent processes (three, more where they do not yet show their spread or
+   where more would let a compare resolve the goal of sentence 3), and how far one recording's lie apart is its
+   between-run noise: its own, and a compare's processes' too, moderated by the baseline's (a median over its
+   benchmarks of its mode: training steps with training steps) unless it lies beyond doubt further apart than theirs,
+   widened by Student's t for the processes behind it. A figure is slower when it exceeds the baseline's by more than
+   its limit: the threshold (1.05 unless ``--lstmperf-threshold`` or the ``lstmperf_threshold`` marker says
+   otherwise), or the slowdown the benchmark resolves (4 such standard errors of this run's figure, of the processes,
+   and for a time per call of how far runs made at different times lie apart: what the baseline's recordings made at
+   different times measured for its mode, moderated towards its own, where its entries hold two such sittings, else
+   1.5% as measured), where that is larger; a resolution above the threshold is printed (with ``-v``, every one).
 3. A benchmark fails when its figure is slower, when it ran another kernel or precision than its baseline, or when
    its exact host counts per call (ATen ops, GPU kernels, synchronisations: the host's work, on a GPU too) changed.
    One that cannot see a 1.5x slowdown, or is slower, is timed in further processes of the run, and so is one that
@@ -31,11 +32,12 @@ The rule, in five sentences (docs/speed-gate.md states the same):
    1.5x); one that still cannot see 1.5x, or whose anchor ran more than 3x off its recorded time, is inconclusive,
    which fails unless accepted: never passed blind.
 4. A recording process more than 2x off the median of its siblings is left out and named; a recording run
-   added later is compared with the entry's processes: one outside their limits is added and named, one more
-   than 2x off is refused.
+   added later, a sitting of its own, is compared with the entry's processes: one outside their limits is added
+   and named, one more than 2x off is refused.
 5. Baselines are keyed by the hardware alone (a GPU model; a CPU's model name, family, model and stepping, and
    its threads): a run on other software versions is compared by the same rule and reported as an upgrade, and
-   ``--lstmperf-update-baseline`` accepts what it changed.
+   ``--lstmperf-update-baseline`` accepts what it changed and keeps, beside its own, the earlier sitting of an entry
+   the rule finds unchanged (three sittings at most).
 
 Everything here is pure: records and baseline entries in, verdicts out, no timing and no files. The end-of-run
 verdict (:func:`decide`) and a recording run's outlier check call the same :func:`check`.
