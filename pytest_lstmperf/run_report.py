@@ -26,6 +26,7 @@ from .speed.policy import (
     MAX_LIMIT,
     POOL_NAMES,
     RECORD_PROCESSES_MAX,
+    between_text,
     short_of,
 )
 from .speed.provenance import record_command
@@ -229,7 +230,8 @@ def _print_gate(tr: _Lines, config: pytest.Config, state: GateState) -> None:
     threshold = state.verdict.threshold if state.verdict is not None else options.THRESHOLD
     coarse = state.verdict.coarse if state.verdict is not None else ()
     if coarse:
-        between = BETWEEN_RUNS["per-call"]
+        terms = [c.between for _, c in coarse if c.metric == "per-call" and c.between is not None]
+        between = min(terms) if terms else BETWEEN_RUNS["per-call"]
         floor = math.exp(K_SIGMA * between)
         per_call = any(check.metric == "per-call" for _, check in coarse)
         tr.write_line(
@@ -238,7 +240,7 @@ def _print_gate(tr: _Lines, config: pytest.Config, state: GateState) -> None:
             "apart; "
             + (
                 f"a time per call resolves no better than {floor:.2f}x, since a compare made minutes or days "
-                f"after its recording lies about {100 * between:.0f}% from it on a quiet machine; "
+                f"after its recording lies about {between_text(c for _, c in coarse)} from it; "
                 if per_call
                 else ""
             )
@@ -284,14 +286,15 @@ def goal_lines(gate: GateResult, goal: float) -> list[str]:
         f"compared check(s) resolve it, timed in {span} process{'es' if counts[-1] > 1 else ''} of this run (at "
         f"most {GOAL_PROCESSES})" + (f"; {len(short)} short of it:" if short else "")
     ]
-    floor = math.exp(K_SIGMA * BETWEEN_RUNS["per-call"])
     for decision, check, why in short:
+        term = check.between if check.between is not None else BETWEEN_RUNS["per-call"]
+        floor = math.exp(K_SIGMA * term)
         if why == "processes" or check.best is None:
             what = "further processes would bring it there: the run stopped first (an error, or a failing test)"
         elif check.metric == "per-call" and goal < floor:
             what = (
                 f"no compare resolves a time per call below {floor:.3f}x, since one made minutes or days after its "
-                f"recording lies about {BETWEEN_RUNS['per-call']:.1%} from it"
+                f"recording lies about {term:.1%} from it"
             )
         elif decision.runs < RECORD_PROCESSES_MAX and check.reach is not None and check.reach <= goal:
             what = (
@@ -327,12 +330,12 @@ def resolution_lines(gate: GateResult, baseline: Baseline) -> list[str]:
         per_call = any(
             c.metric == "per-call" and c.resolves for d in gate.decisions if d.verdict in COMPARED for c in d.checks
         )
-        between = BETWEEN_RUNS["per-call"]
-        between_text = f", and for a time per call of how far runs made at different times lie apart ({between:.1%})"
+        checks = [c for d in gate.decisions if d.verdict in COMPARED for c in d.checks]
+        apart = f", and for a time per call of how far runs made at different times lie apart ({between_text(checks)})"
         lines.append(
             f"resolution: median {median:.3f}x, best {resolves[0]:.3f}x, worst {resolves[-1]:.3f}x over "
             f"{len(resolves)} compared check(s) (the slowdown each one sees: {K_SIGMA:g} standard errors of this "
-            f"run's figure and of how far recording processes lie apart{between_text if per_call else ''})"
+            f"run's figure and of how far recording processes lie apart{apart if per_call else ''})"
         )
     moves = sorted(d.anchor_move for d in gate.decisions if d.anchor_move and d.verdict in COMPARED)
     if moves:

@@ -751,6 +751,8 @@ class Check:
     best: float | None = None
     #: ... and against :data:`RECORD_PROCESSES_MAX` recorded: what recording it in more processes can buy
     reach: float | None = None
+    #: how far runs made at different times lie apart in its limit (:meth:`Reference.between_runs`, log scale)
+    between: float | None = None
 
     def text(self) -> str:
         if self.ratio is None:
@@ -856,7 +858,7 @@ def check(
                 "(--lstmperf-record-processes)"
             )
         note = f"cannot see a {MAX_LIMIT}x slowdown here ({why})"
-    return Check(metric, verdict, ratio, limit, resolves, note, variant, hopeless, best, reach)
+    return Check(metric, verdict, ratio, limit, resolves, note, variant, hopeless, best, reach, term)
 
 
 def metrics_of(reference: Reference, look: Look) -> list[str]:
@@ -1206,3 +1208,12 @@ class GateResult:
 def _median(values: Sequence[float]) -> float | None:
     vals = [float(v) for v in values if v]
     return statistics.median(vals) if vals else None
+
+
+def between_text(checks: Iterable[Check]) -> str:
+    """How far runs made at different times lie apart in these time-per-call checks' limits, as a run prints it:
+    one figure where they share it, the range where a baseline's sittings measured it per pool ("1.3-3.9%")."""
+    terms = sorted({round(c.between, 3) for c in checks if c.metric == "per-call" and c.between is not None})
+    if not terms:
+        terms = [round(BETWEEN_RUNS["per-call"], 3)]
+    return f"{terms[0]:.1%}" if len(terms) == 1 else f"{terms[0]:.1%}-{terms[-1]:.1%}"
