@@ -1530,3 +1530,15 @@ def test_a_baseline_of_one_sitting_is_judged_as_before_and_two_sittings_measure_
     for name in shifts:
         assert seen(both, name, 1.0) == seen(both, name, shifts[name]) == "unchanged"
         assert seen(both, name, 1.5 * max(1.0, shifts[name])) == "regressed"
+
+
+def test_the_printed_term_is_the_checks_own() -> None:
+    """What a run prints as how far runs made at different times lie apart is what its time-per-call checks used:
+    the prior (1.5%) where no baseline sittings measured it, the range where they did; device checks do not
+    count."""
+    from pytest_lstmperf.speed.policy import between_text
+
+    assert between_text([]) == "1.5%"
+    assert between_text([Check("per-call", "unchanged", between=0.015)]) == "1.5%"
+    checks = [Check("per-call", "unchanged", between=b) for b in (0.013, 0.039, 0.021)]
+    assert between_text([*checks, Check("device", "unchanged", between=0.2)]) == "1.3%-3.9%"
