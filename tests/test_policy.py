@@ -1522,6 +1522,7 @@ def test_a_baseline_of_one_sitting_is_judged_as_before_and_two_sittings_measure_
     assert train.between_runs("per-call") > 0.05
     assert fwd.between_runs("per-call") == pytest.approx(BETWEEN_RUNS["per-call"] * math.sqrt(1.5 / 2))
     assert train.own_variance("per-call")[1] == 4  # within sittings: 2 x (3 - 1) degrees of freedom
+    assert both["train-3"].value("per-call") == pytest.approx(math.sqrt(0.92), rel=0.01)  # the sittings' mean
 
     def seen(refs: dict[str, Reference], name: str, level: float) -> str:
         return check("per-call", [level * math.exp(rng.gauss(0, 0.01)) for _ in range(30)], refs[name], 1.05).verdict
