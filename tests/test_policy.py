@@ -923,8 +923,8 @@ def test_the_resolution_line_names_every_term_of_the_limit_it_summarises(monkeyp
 
     per_call, device = line("per-call", 1.2), line("device", 1.013)
     assert per_call.startswith("resolution: median 1.200x") and device.startswith("resolution: median 1.013x")
-    term = f"how far runs made at different times lie apart ({BETWEEN_RUNS['per-call']:.1%})"
-    assert "lie apart (1.5%)" in per_call  # the term as it is: at .0% it printed 2%
+    term = f"how far runs made at different times lie apart ({BETWEEN_RUNS['per-call']:.1%}, assumed"
+    assert "lie apart (1.5%, assumed" in per_call  # the term as it is: at .0% it printed 2%
     assert term in per_call and term not in device, (per_call, device)
     assert f"{policy.K_SIGMA:g} standard errors" in per_call and "recording processes lie apart" in device
 
@@ -1528,6 +1528,9 @@ def test_a_baseline_of_one_sitting_is_judged_as_before_and_two_sittings_measure_
         return check("per-call", [level * math.exp(rng.gauss(0, 0.01)) for _ in range(30)], refs[name], 1.05).verdict
 
     assert seen(second, "train-3", 1.0) == "regressed" and seen(second, "train-4", 1.0) == "improved"
+    # the check says whether its term was measured (printed as such) or assumed (one sitting: the prior)
+    assert all(check("per-call", [1.0] * 30, both[n], 1.05).between_measured for n in ("train-1", "forward-1"))
+    assert not any(check("per-call", [1.0] * 30, r["train-1"], 1.05).between_measured for r in (second, untagged))
     for name in shifts:
         assert seen(both, name, 1.0) == seen(both, name, shifts[name]) == "unchanged"
         assert seen(both, name, 1.5 * max(1.0, shifts[name])) == "regressed"
@@ -1535,11 +1538,16 @@ def test_a_baseline_of_one_sitting_is_judged_as_before_and_two_sittings_measure_
 
 def test_the_printed_term_is_the_checks_own() -> None:
     """What a run prints as how far runs made at different times lie apart is what its time-per-call checks used:
-    the prior (1.5%) where no baseline sittings measured it, the range where they did; device checks do not
-    count."""
+    the prior (1.5%), said to be assumed, where no baseline sittings measured it; the range, said to be measured,
+    where they did; device checks do not count."""
     from pytest_lstmperf.speed.policy import between_text
 
-    assert between_text([]) == "1.5%"
-    assert between_text([Check("per-call", "unchanged", between=0.015)]) == "1.5%"
-    checks = [Check("per-call", "unchanged", between=b) for b in (0.013, 0.039, 0.021)]
-    assert between_text([*checks, Check("device", "unchanged", between=0.2)]) == "1.3%-3.9%"
+    assert between_text([]).startswith("1.5%, assumed: ")
+    assert between_text([Check("per-call", "unchanged", between=0.015)]).startswith("1.5%, assumed: ")
+    checks = [Check("per-call", "unchanged", between=b, between_measured=True) for b in (0.013, 0.039, 0.021)]
+    device = Check("device", "unchanged", between=0.2)
+    assert (
+        between_text([*checks, device]) == "1.3%-3.9%, measured from the baseline's recordings made at different times"
+    )
+    mixed = between_text([*checks, Check("per-call", "unchanged", between=0.015)])
+    assert mixed.startswith("1.3%-3.9%, measured where the baseline's entries hold recordings made at two times, else")

@@ -753,6 +753,8 @@ class Check:
     reach: float | None = None
     #: how far runs made at different times lie apart in its limit (:meth:`Reference.between_runs`, log scale)
     between: float | None = None
+    #: whether ``between`` was measured from the baseline's sittings (else it is :data:`BETWEEN_RUNS`, assumed)
+    between_measured: bool = False
 
     def text(self) -> str:
         if self.ratio is None:
@@ -858,7 +860,8 @@ def check(
                 "(--lstmperf-record-processes)"
             )
         note = f"cannot see a {MAX_LIMIT}x slowdown here ({why})"
-    return Check(metric, verdict, ratio, limit, resolves, note, variant, hopeless, best, reach, term)
+    measured = (metric, variant) in reference.sittings
+    return Check(metric, verdict, ratio, limit, resolves, note, variant, hopeless, best, reach, term, measured)
 
 
 def metrics_of(reference: Reference, look: Look) -> list[str]:
@@ -1212,8 +1215,22 @@ def _median(values: Sequence[float]) -> float | None:
 
 def between_text(checks: Iterable[Check]) -> str:
     """How far runs made at different times lie apart in these time-per-call checks' limits, as a run prints it:
-    one figure where they share it, the range where a baseline's sittings measured it per pool ("1.3-3.9%")."""
-    terms = sorted({round(c.between, 3) for c in checks if c.metric == "per-call" and c.between is not None})
+    one figure where they share it, the range where a baseline's sittings measured it per pool ("1.3%-3.9%"), and
+    whether it was measured or assumed (:data:`BETWEEN_RUNS`: no entry of the pool holds two sittings)."""
+    per_call = [c for c in checks if c.metric == "per-call" and c.between is not None]
+    terms = sorted({round(c.between, 3) for c in per_call if c.between is not None})
     if not terms:
         terms = [round(BETWEEN_RUNS["per-call"], 3)]
-    return f"{terms[0]:.1%}" if len(terms) == 1 else f"{terms[0]:.1%}-{terms[-1]:.1%}"
+    figure = f"{terms[0]:.1%}" if len(terms) == 1 else f"{terms[0]:.1%}-{terms[-1]:.1%}"
+    measured = sum(c.between_measured for c in per_call)
+    if measured and measured == len(per_call):
+        return f"{figure}, measured from the baseline's recordings made at different times"
+    how = (
+        "assumed"
+        if not measured
+        else "measured where the baseline's entries hold recordings made at two times, else assumed"
+    )
+    return (
+        f"{figure}, {how}: an --lstmperf-update-baseline run at another time, judged unchanged, keeps both "
+        "recordings and measures it"
+    )
