@@ -43,6 +43,11 @@ def load(path: Path) -> tuple[dict[str, policy.Reference], dict[str, object]]:
     return refs, {e["fullname"]: (e.get("extra_info", {}).get("anchor") or {}).get("repeat") for e in entries}
 
 
+def _logs(ref: policy.Reference, variant: str) -> list[float]:
+    """A benchmark's recording processes' log time-per-call figures of ``variant`` (anchored or raw), in order."""
+    return [math.log(f.value) for f in (run.get("per-call", variant) for run in ref.runs) if f is not None]
+
+
 def differences(
     a: dict[str, policy.Reference], b: dict[str, policy.Reference], repeats: tuple[dict[str, object], ...]
 ) -> dict[str, list[tuple[str, float, float]]]:
@@ -53,7 +58,7 @@ def differences(
             continue
         ra, rb = a[name], b[name]
         variant = ra.variant("per-call")
-        la, lb = ra._logs("per-call", variant), rb._logs("per-call", variant)
+        la, lb = _logs(ra, variant), _logs(rb, variant)
         between_a, between_b = ra.between("per-call", variant), rb.between("per-call", variant)
         if not la or not lb or between_a is None or between_b is None:
             continue
@@ -84,7 +89,7 @@ def beside_effect(refs: dict[str, policy.Reference]) -> dict[str, float]:
     """Each benchmark's last recording process against the mean of its others (log scale)."""
     out = {}
     for name, ref in refs.items():
-        logs = ref._logs("per-call", "anchored")
+        logs = _logs(ref, "anchored")
         if len(logs) >= 3:
             out[name] = logs[-1] - statistics.fmean(logs[:-1])
     return out
