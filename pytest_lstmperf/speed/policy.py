@@ -530,17 +530,24 @@ class Reference:
         squares = sum(sum((x - statistics.fmean(g)) ** 2 for x in g) for g in groups)
         return squares / dof, dof
 
-    def sitting_variance(self, metric: str, variant: str | None = None) -> tuple[float, int] | None:
-        """(variance, degrees of freedom) of its sittings' means beyond what their processes explain (log scale):
-        how far a recording made at one time lies from one made at another; None under two sittings."""
-        variant = variant or self.variant(metric)
+    def _sitting_spread(self, metric: str, variant: str) -> tuple[float, float, int] | None:
+        """(variance of its sittings' mean log figures, the part of it their processes explain, degrees of
+        freedom); None under two sittings or where no sitting holds two processes."""
         groups = self._sittings(metric, variant)
         own = self.own_variance(metric, variant)
         if len(groups) < 2 or own is None:
             return None
         means = [statistics.fmean(g) for g in groups]
-        within = statistics.fmean(own[0] / len(g) for g in groups)
-        return max(statistics.variance(means) - within, 0.0), len(groups) - 1
+        return statistics.variance(means), statistics.fmean(own[0] / len(g) for g in groups), len(groups) - 1
+
+    def sitting_variance(self, metric: str, variant: str | None = None) -> tuple[float, int] | None:
+        """(variance, degrees of freedom) of its sittings' means beyond what their processes explain (log scale):
+        how far a recording made at one time lies from one made at another; None under two sittings."""
+        spread = self._sitting_spread(metric, variant or self.variant(metric))
+        if spread is None:
+            return None
+        between, within, dof = spread
+        return max(between - within, 0.0), dof
 
     def between_runs(self, metric: str, variant: str | None = None) -> float:
         """How far a compare's figure lies from this baseline's for runs made at different times, beyond the
@@ -691,15 +698,7 @@ def _pool_sittings(references: Iterable[Reference]) -> dict[tuple[str, str], Spr
     out: dict[tuple[str, str], Spread] = {}
     for metric in METRICS:
         for variant in VARIANTS:
-            rows = []
-            for ref in references:
-                groups = ref._sittings(metric, variant)
-                own = ref.own_variance(metric, variant)
-                if len(groups) < 2 or own is None:
-                    continue
-                means = [statistics.fmean(g) for g in groups]
-                rows.append((statistics.variance(means), statistics.fmean(own[0] / len(g) for g in groups),
-                             len(groups) - 1))  # fmt: skip
+            rows = [row for ref in references if (row := ref._sitting_spread(metric, variant)) is not None]
             if not rows:
                 continue
             dof = int(statistics.median(d for *_, d in rows))
