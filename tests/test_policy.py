@@ -1101,6 +1101,13 @@ def test_verdict_is_decided_in_one_place() -> None:
     assert v.failed and v.unsettled == ("1 benchmark(s) inconclusive",)
     assert v.lines[0].startswith("SPEED GATE NOT PASSED: 1 benchmark(s) inconclusive") and "RERUN" in v.lines[0]
     assert "Rerun on a quiet machine: RERUN" in v.lines[0]  # noise: a quiet machine cures it
+    # a check no number of processes settles against this baseline (its sittings lie too far apart): no rerun cures it
+    stuck = Decision("f", "inconclusive", (Check("per-call", "inconclusive", 1.0, 1.7, 1.7, settled_by_baseline=True),))
+    v = judge(_gate(unchanged, stuck), [], accept_inconclusive=False, **kw)
+    assert v.failed and "A rerun will not settle it against this baseline" in v.lines[0], v.lines
+    assert "quiet machine" not in v.lines[0] and "--lstmperf-accept-inconclusive" in v.lines[0]
+    v = judge(_gate(unchanged, stuck, unsure), [], accept_inconclusive=False, **kw)  # one a rerun may settle
+    assert "Rerun on a quiet machine: RERUN" in v.lines[0]
     v = judge(
         _gate(unchanged, unsure), [], accept_inconclusive=True, accept_where="--lstmperf-accept-inconclusive", **kw
     )
@@ -1534,6 +1541,43 @@ def test_a_baseline_of_one_sitting_is_judged_as_before_and_two_sittings_measure_
     for name in shifts:
         assert seen(both, name, 1.0) == seen(both, name, shifts[name]) == "unchanged"
         assert seen(both, name, 1.5 * max(1.0, shifts[name])) == "regressed"
+
+
+def test_a_benchmark_whose_sittings_lie_too_far_apart_is_inconclusive_at_once_and_says_so() -> None:
+    """A benchmark whose recordings made at different times lie so far apart that the between-run term alone hides
+    a 1.5x slowdown (the Xeon's Keras-on-JAX training step: two sittings 30% apart, a term of 12%) is inconclusive
+    from its first process, settled by the baseline: no further process of the run is spent on it (before, the
+    Xeon's compares timed it in 8, to the same verdict), and its note names the sittings, not the processes, with
+    what to do. Its neighbours, whose sittings lie 0-5% apart, are unchanged and see 1.5x surely. Planted faults,
+    each failing this test: ``hopeless`` without the term (the old rule: not settled, timed again), or the note's
+    old cause (processes lying apart)."""
+    from pytest_lstmperf.speed.policy import Figure, pooled, undecided
+
+    rng = random.Random(5)
+
+    def runs(level: float, sitting: str, processes: int = 4) -> list[RunFigures]:
+        return [
+            RunFigures(Figure(level * math.exp(rng.gauss(0, 0.01)), 0.002, 30), None, sitting=sitting)
+            for _ in range(processes)
+        ]
+
+    shifts = {"moved": 0.70, **{f"train-{i}": 1.0 + (-1) ** i * 0.01 * i for i in range(6)}}
+    refs = pooled(
+        {n: Reference(n, tuple(runs(1.0, "1") + runs(shift, "2")), mode="train") for n, shift in shifts.items()}
+    )
+    level = math.sqrt(0.70)  # at the sittings' mean: nothing moved
+    look = policy.Look(per_call=tuple(level * math.exp(rng.gauss(0, 0.01)) for _ in range(30)))
+    moved = decide(Measurement("moved", mode="train", first=look), refs["moved"], 1.05)
+    got = moved.checks[0]
+    assert moved.verdict == "inconclusive" and got.settled_by_baseline and not undecided(moved, 1.10), got.text()
+    assert "recordings made at different times lie" in got.note and "no number of processes settles it" in got.note
+    assert "processes lie" not in got.note and "--lstmperf-accept-inconclusive" in got.note
+    assert got.between is not None and math.exp(policy.K_SIGMA * got.between) > policy.MAX_LIMIT
+    for name in (n for n in shifts if n != "moved"):
+        calm = check("per-call", [math.exp(rng.gauss(0, 0.01)) for _ in range(30)], refs[name], 1.05)
+        assert calm.verdict == "unchanged" and not calm.settled_by_baseline and calm.resolves < policy.SURE_LIMIT, (
+            calm.text()
+        )
 
 
 def test_the_printed_term_is_the_checks_own() -> None:

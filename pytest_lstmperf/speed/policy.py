@@ -26,10 +26,11 @@ The rule, in five sentences (docs/speed-gate.md states the same):
    1.5% as measured), where that is larger; a resolution above the threshold is printed (with ``-v``, every one).
 3. A benchmark fails when its figure is slower, when it ran another kernel or precision than its baseline, or when
    its exact host counts per call (ATen ops, GPU kernels, synchronisations: the host's work, on a GPU too) changed.
-   One that cannot see a 1.5x slowdown, or is slower, is timed in further processes of the run, and so is one that
-   resolves a coarser slowdown than the goal (``--lstmperf-resolution``, 1.10x by default) or than 1.33x (finer, it
-   catches 1.5x 19 runs in 20) where eight processes would reach it: eight in all at most (four where the goal is
-   1.5x); one that still cannot see 1.5x, or whose anchor ran more than 3x off its recorded time, is inconclusive,
+   One that cannot see a 1.5x slowdown, where further processes could let it, or is slower, is timed in further
+   processes of the run, and so is one that resolves a coarser slowdown than the goal (``--lstmperf-resolution``,
+   1.10x by default) or than 1.33x (finer, it catches 1.5x 19 runs in 20) where eight processes would reach it: eight
+   in all at most (four where the goal is 1.5x); one that still cannot see 1.5x, or that its baseline's processes and
+   sittings alone leave blind (at once), or whose anchor ran more than 3x off its recorded time, is inconclusive,
    which fails unless accepted: never passed blind.
 4. A recording process more than 2x off the median of its siblings is left out and named; a recording run
    added later, a sitting of its own, is compared with the entry's processes: one outside their limits is added
@@ -820,7 +821,10 @@ def check(
     ratio = now_value / value
     verdict = "regressed" if ratio > limit else "improved" if ratio < 1 / limit else "unchanged"
     note = f"{m} processes" if m > 1 else ""
-    hopeless = _exp(K_SIGMA * sigma * tail_factor(dof + most - m) * math.sqrt(1 / recorded)) > MAX_LIMIT
+    # what no number of this run's processes removes: the recorded processes' share of the spread, and how far runs
+    # made at different times lie apart (a benchmark whose sittings lie 30% apart stays blind however long it runs)
+    settled = sigma * tail_factor(dof + most - m) * math.sqrt(1 / recorded)
+    hopeless = _exp(K_SIGMA * math.hypot(settled, term)) > MAX_LIMIT
     behind = f"its {recorded} recording process{'es' if recorded > 1 else ''}" + (
         f" and this run's {m}" if m > 1 else ""
     )
@@ -830,6 +834,24 @@ def check(
             why = (
                 f"this run's own noise ({math.exp(now_se) - 1:.1%} per standard error) dominates: rerun on a "
                 "quieter machine"
+            )
+        elif (metric, variant) in reference.sittings and term >= (settled if hopeless else sigma_b * math.sqrt(
+            1 / m + 1 / recorded
+        )):  # fmt: skip
+            own = reference.sitting_variance(metric, variant)
+            others = reference.sittings[(metric, variant)].sigma
+            apart = f"{math.exp(math.sqrt(own[0])) - 1:.1%} apart for it, " if own else ""
+            why = (
+                f"its baseline's recordings made at different times lie {apart}"
+                f"{math.exp(others) - 1:.1%} for the baseline's {POOL_NAMES[reference.pool]}, so a compare made at "
+                f"another time lies {math.exp(term) - 1:.1%} from their mean by chance, more than its processes do: "
+                + (
+                    "no number of processes settles it; find what moves it from one run to the next on this "
+                    "machine, or accept it (--lstmperf-accept-inconclusive)"
+                    if hopeless
+                    else "rerun on a quieter machine, or record it again at another time (--lstmperf-update-baseline "
+                    "keeps both recordings where it judges the entry unchanged)"
+                )
             )
         elif reference.scatters(metric, variant):
             pool = reference.spread[(metric, variant)]

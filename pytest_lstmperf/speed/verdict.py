@@ -118,8 +118,13 @@ def judge(
         else:
             # noise is what a quiet machine cures; a run in which nothing was timed (every benchmark skipped or
             # deselected, each with its reason) would fail the same way again there
+            settled = [
+                c.settled_by_baseline for d in gate.inconclusive for c in d.checks if c.verdict == "inconclusive"
+            ]
             rerun = (
-                f"Rerun on a quiet machine: {rerun_command}"
+                "A rerun will not settle it against this baseline (each line says what would)"
+                if settled and all(settled)
+                else f"Rerun on a quiet machine: {rerun_command}"
                 if gate.inconclusive
                 else f"Rerun once the benchmarks listed above run here (each line says why it did not): {rerun_command}"
             )
