@@ -178,16 +178,25 @@ def speed_lines(config: pytest.Config, state: GateState, device: Callable[[], st
             tr.write_line(f"RECORDING RUN REFUSED for {flag}", yellow=True, bold=True)
         for flag in state.save_report.left_out:
             tr.write_line(f"RECORDING PROCESS LEFT OUT of {flag}", yellow=True, bold=True)
-        for name, resolves in sorted(state.save_report.blind.items()):
-            tr.write_line(
-                f"RECORDED BLIND to a {MAX_LIMIT}x slowdown: {name}: its recording processes lie so far apart that "
-                f"a compare of {state.save_report.compare_processes} processes resolves "
-                f"{'no slowdown at all' if math.isinf(resolves) else f'{resolves:.3g}x'}; every compare will call it "
-                "inconclusive (which fails the run) unless that run is quieter: record it again on a quiet machine "
-                "(--lstmperf-update-baseline), or leave it out of the gated run",
-                yellow=True,
-                bold=True,
-            )
+        for name, blind in sorted(state.save_report.blind.items()):
+            resolves = "no slowdown at all" if math.isinf(blind.resolves) else f"{blind.resolves:.3g}x"
+            processes = state.save_report.compare_processes
+            if blind.sittings is not None:
+                why = (
+                    f"its recordings made at different times (the earlier one this update kept, and this one) lie so "
+                    f"far apart that a compare made at another time lies {math.exp(blind.sittings) - 1:.1%} from "
+                    f"their mean by chance, and a compare of {processes} processes resolves {resolves}; every compare "
+                    "will call it inconclusive (which fails the run), however quiet: find what moves it from one run "
+                    "to the next on this machine, or leave it out of the gated run"
+                )
+            else:
+                why = (
+                    f"its recording processes lie so far apart that a compare of {processes} processes resolves "
+                    f"{resolves}; every compare will call it inconclusive (which fails the run) unless that run is "
+                    "quieter: record it again on a quiet machine (--lstmperf-update-baseline), or leave it out of the "
+                    "gated run"
+                )
+            tr.write_line(f"RECORDED BLIND to a {MAX_LIMIT}x slowdown: {name}: {why}", yellow=True, bold=True)
     if state.report_path is not None:
         tr.write_line(f"speed report written to {state.report_path}")
     if state.gate is not None:

@@ -201,6 +201,48 @@ def test_a_recording_whose_processes_lie_far_apart_names_its_benchmarks_blind(ga
     )
 
 
+def test_an_update_that_keeps_sittings_far_apart_names_the_benchmark_blind_and_the_compare_says_no_rerun_helps(
+    gate,
+) -> None:
+    """Planted, as on the Xeon (Keras on JAX's training step, whose earlier recording's processes lay 7.4% apart and
+    whose update read 30% off it): the benchmark's entry holds an earlier recording at 0.9x of what it times now,
+    its three processes 10% apart. The update judges this recording unchanged against it (limit about 1.3x) and
+    keeps the earlier sitting beside its own; the two sittings then hide a 1.5x slowdown however many processes
+    time it, so the update names the benchmark blind for its sittings as it ends, and the compare after it calls
+    it inconclusive from its first process, names the sittings and says a rerun will not settle it."""
+    select = ("-k", "test_inference and B1-")
+    result = gate("--lstmperf-save-baseline", *select)
+    assert result.ret == 0, result.stdout.str()
+    (path,) = _baseline_files(gate.path)
+    data = json.loads(path.read_text())
+    (entry,) = data["benchmarks"]
+    part = entry["extra_info"]["lstmperf"] if "lstmperf" in entry["extra_info"] else entry["lstmperf"]
+    earlier = []
+    for run, factor in zip(part["runs"], (0.9 * 0.9, 0.9, 0.9 * 1.1), strict=False):
+        run = dict(run, sitting="2000-01-01T00:00:00+00:00")
+        for key in ("per_call", "per_call_raw"):
+            if run.get(key):
+                run[key] = dict(run[key], value=run[key]["value"] * factor)
+        earlier.append(run)
+    part["runs"] = earlier
+    path.write_text(json.dumps(data))
+    moved = entry["fullname"].split("::")[-1].replace("[", "[[]")
+    result = gate("--lstmperf-update-baseline", *select)
+    assert result.ret == 0, result.stdout.str()
+    result.stdout.fnmatch_lines(
+        ["*1 of them unchanged by the rule, which keep their earlier recording*",
+         f"RECORDED BLIND to a 1.5x slowdown: *{moved}: its recordings made at different times (the earlier one this "
+         "update kept, and this one) lie so far apart*however quiet*"]
+    )  # fmt: skip
+    result = gate("--benchmark-compare", *select)
+    assert result.ret == pytest.ExitCode.TESTS_FAILED, result.stdout.str()
+    result.stdout.fnmatch_lines(
+        [f"*{moved}*inconclusive*recordings made at different times lie*no number of processes settles it*",
+         "SPEED GATE NOT PASSED: 1 benchmark(s) inconclusive*A rerun will not settle it against this baseline*"]
+    )  # fmt: skip
+    assert "process 2 of" not in result.stdout.str()  # no further process spent on it
+
+
 def test_a_further_process_is_not_given_the_commands_own_output_files(tmp_path: Path) -> None:
     """A further process of a compare or a recording runs after the command's own results were written. Given the
     command's ``--benchmark-json``, pytest-benchmark up to 5.2 opens (and so empties) that file as it parses the

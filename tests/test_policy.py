@@ -813,7 +813,7 @@ def test_a_recording_stops_where_the_compare_judges_as_it_predicted(spread: floa
     assert (got.resolves > MAX_LIMIT) == ("wide" in named), (spread, count, got.text(), named)
     assert (got.verdict == "inconclusive") == ("wide" in named), (spread, count, got.text())
     if "wide" in named:
-        assert named["wide"] == pytest.approx(got.resolves, rel=1e-3)  # the recording's own standard error
+        assert named["wide"].resolves == pytest.approx(got.resolves, rel=1e-3)  # the recording's own standard error
     assert not any(n in named for n in quiet)
 
 
@@ -847,7 +847,8 @@ def test_the_fifth_xeons_bimodal_benchmark_is_named_blind_when_recorded() -> Non
     assert count == RECORD_PROCESSES_MAX
     assert list(blind(recorded(count))) == ["onednn-b1"]
     # its own 16% between processes, on 7 recorded and 3 compared degrees of freedom
-    assert 1.8 < blind(recorded(count))["onednn-b1"] < 2.2
+    assert 1.8 < blind(recorded(count))["onednn-b1"].resolves < 2.2
+    assert blind(recorded(count))["onednn-b1"].sittings is None  # its processes blind it
     assert not any(n in blind(recorded(count)) for n in quiet)
     refs = policy.pooled({n: Reference(n, tuple(policy.run_figures(m) for m in ms)) for n, ms in recorded(3).items()})
     lower = as_measured(_scaled(base, (1.35 * 1.5,))[0]).first.samples("per-call")
@@ -1573,6 +1574,14 @@ def test_a_benchmark_whose_sittings_lie_too_far_apart_is_inconclusive_at_once_an
     assert "recordings made at different times lie" in got.note and "no number of processes settles it" in got.note
     assert "processes lie" not in got.note and "--lstmperf-accept-inconclusive" in got.note
     assert got.between is not None and math.exp(policy.K_SIGMA * got.between) > policy.MAX_LIMIT
+    # the update that kept the earlier sitting names it blind when it ends, for its sittings: the same forecast
+    # made on this recording's processes alone (one sitting, the term assumed) sees 1.5x
+    recorded = {n: [Measurement(n, mode="train", first=look)] for n in shifts}
+    assert set(policy.blind(recorded, 1.10, refs)) == {"moved"}
+    named = policy.blind(recorded, 1.10, refs)["moved"]
+    assert named.resolves > policy.MAX_LIMIT and named.sittings == pytest.approx(got.between)
+    alone = pooled({n: Reference(n, refs[n].runs[4:], mode="train") for n in shifts})
+    assert policy.blind(recorded, 1.10, alone) == {}
     for name in (n for n in shifts if n != "moved"):
         calm = check("per-call", [math.exp(rng.gauss(0, 0.01)) for _ in range(30)], refs[name], 1.05)
         assert calm.verdict == "unchanged" and not calm.settled_by_baseline and calm.resolves < policy.SURE_LIMIT, (

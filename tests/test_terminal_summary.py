@@ -86,16 +86,23 @@ def test_a_recording_names_each_benchmark_no_compare_will_resolve(tmp_path) -> N
     from pytest_lstmperf.run_report import speed_lines
     from pytest_lstmperf.speed.baseline import SaveReport
     from pytest_lstmperf.speed.gate import GateState
+    from pytest_lstmperf.speed.policy import Blind
 
     state = GateState(save_report=SaveReport(tmp_path / "cpu.json", created=["a", "b"], new_file=True))
     quiet = [line.text for line in speed_lines(None, state, lambda: "cpu")]  # type: ignore[arg-type]
     assert not any("BLIND" in line for line in quiet), quiet
-    state.save_report.blind = {"test_inference[b]": 1.537}
+    state.save_report.blind = {"test_inference[b]": Blind(1.537)}
     lines = [line.text for line in speed_lines(None, state, lambda: "cpu")]  # type: ignore[arg-type]
     blind = [line for line in lines if "RECORDED BLIND" in line]
     assert len(blind) == 1, lines
     assert "test_inference[b]" in blind[0] and "resolves 1.54x" in blind[0] and "4 processes" in blind[0]
     assert "inconclusive" in blind[0] and "--lstmperf-update-baseline" in blind[0]
+    # blinded by its sittings (an update kept an earlier recording far from this one): no quiet machine cures it
+    state.save_report.blind = {"test_training[c]": Blind(1.66, sittings=0.1216)}
+    lines = [line.text for line in speed_lines(None, state, lambda: "cpu")]  # type: ignore[arg-type]
+    blind = [line for line in lines if "RECORDED BLIND" in line]
+    assert len(blind) == 1 and "recordings made at different times" in blind[0] and "12.9%" in blind[0], lines
+    assert "resolves 1.66x" in blind[0] and "however quiet" in blind[0] and "quiet machine" not in blind[0]
 
 
 def test_a_recording_blind_for_want_of_processes_says_it_resolves_nothing(tmp_path) -> None:
@@ -104,9 +111,10 @@ def test_a_recording_blind_for_want_of_processes_says_it_resolves_nothing(tmp_pa
     from pytest_lstmperf.run_report import speed_lines
     from pytest_lstmperf.speed.baseline import SaveReport
     from pytest_lstmperf.speed.gate import GateState
+    from pytest_lstmperf.speed.policy import Blind
 
     state = GateState(save_report=SaveReport(tmp_path / "cpu.json", created=["a"], new_file=True))
-    state.save_report.blind = {"test_mine[a]": float("inf")}
+    state.save_report.blind = {"test_mine[a]": Blind(float("inf"))}
     lines = [line.text for line in speed_lines(None, state, lambda: "cpu")]  # type: ignore[arg-type]
     blind = [line for line in lines if "RECORDED BLIND" in line]
     assert len(blind) == 1 and "resolves no slowdown at all;" in blind[0] and "inf" not in blind[0], lines

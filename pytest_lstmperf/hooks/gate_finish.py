@@ -16,7 +16,7 @@ import pytest
 from .. import ci_summary
 from ..run_report import RunReport, build_report
 from ..session import run_session, started_session
-from ..speed.baseline_file import BaselineError
+from ..speed.baseline_file import BaselineError, reference_of
 from ..speed.gate import GateState
 from ..speed.policy import (
     MAX_LIMIT,
@@ -24,6 +24,7 @@ from ..speed.policy import (
     blind,
     compare_processes,
     for_the_goal,
+    pooled,
     undecided,
     unresolved_why,
 )
@@ -226,7 +227,8 @@ def _record_baseline(
             siblings=siblings,
         )
         if saving(config) != "add-run" and setting(config, "lstmperf_record_processes").value > 1:
-            state.save_report.blind = blind(recorded, state.goal)
+            written = pooled({name: reference_of(entry) for name, entry in state.save_report.entries.items()})
+            state.save_report.blind = blind(recorded, state.goal, written)
             state.save_report.compare_processes = compare_processes(state.goal)
         if xdist_active(config):
             state.messages.append("recorded under pytest-xdist: workers shared the machine while timing")

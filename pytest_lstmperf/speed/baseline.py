@@ -28,7 +28,7 @@ from .baseline_file import (
     old_format,
     reference_of,
 )
-from .policy import OUTLIER_FACTOR, Reference, RunFigures, check, decide, metrics_of, pooled, recording_runs
+from .policy import OUTLIER_FACTOR, Blind, Reference, RunFigures, check, decide, metrics_of, pooled, recording_runs
 from .records import (
     BaselineDocument,
     BaselineEntry,
@@ -56,8 +56,8 @@ class SaveReport:
     refused: list[str] = field(default_factory=list)  # recording runs not added (another version, a broken run)
     left_out: list[str] = field(default_factory=list)  # recording processes left out of an entry (broke)
     outliers: list[str] = field(default_factory=list)  # recording runs added outside the runs before them
-    #: benchmarks no compare will see a 1.5x slowdown on (their processes lie too far apart): name -> resolution
-    blind: dict[str, float] = field(default_factory=dict)
+    #: benchmarks no compare will see a 1.5x slowdown on (their processes, or their sittings, lie too far apart)
+    blind: dict[str, Blind] = field(default_factory=dict)
     #: ... with as many processes as a compare takes at the run's resolution goal (policy.compare_processes)
     compare_processes: int = 4
     added_run: bool = False  # --lstmperf-add-baseline-run: recording runs added, no entry replaced

@@ -293,6 +293,13 @@ class Outlook:
     #: a compare of :data:`GOAL_PROCESSES` processes against :data:`RECORD_PROCESSES_MAX` recorded: the finest
     #: slowdown ``--lstmperf-resolution`` can buy for it (:func:`unresolved`)
     reach: float = math.inf
+    #: how far runs made at different times lie apart in its limit (:meth:`Reference.between_runs`, log scale), and
+    #: whether its baseline's sittings measured it (else it is :data:`BETWEEN_RUNS`, assumed)
+    between: float = 0.0
+    between_measured: bool = False
+    #: ``now`` with the between-run term assumed (:data:`BETWEEN_RUNS`): where ``now`` is blind and this is not,
+    #: the sittings are what blind it
+    assumed: float = math.inf
 
 
 def resolution(sigma_b: float, m: int, n: int, se: float, metric: str, between: float | None = None) -> float:
@@ -320,22 +327,37 @@ def compare_processes(goal: float = MAX_LIMIT) -> int:
     return COMPARE_PROCESSES if goal >= MAX_LIMIT else GOAL_PROCESSES
 
 
-def outlook(recorded: Mapping[str, Sequence[Measurement]], goal: float = MAX_LIMIT) -> list[Outlook]:
+def outlook(
+    recorded: Mapping[str, Sequence[Measurement]],
+    goal: float = MAX_LIMIT,
+    written: Mapping[str, Reference] | None = None,
+) -> list[Outlook]:
     """The outlook of every benchmark of a recording (name -> its measurements, one per process), on each metric
     that decides it, for a compare of at most :func:`compare_processes` processes for ``goal``; a benchmark whose
-    processes' spread is not known at all resolves nothing (infinity)."""
-    references = pooled(
-        {
-            name: Reference(name, tuple(recording_runs(list(ms))[0]), kernel=ms[0].kernel, mode=ms[0].mode)
-            for name, ms in recorded.items()
-            if ms
-        }
+    processes' spread is not known at all resolves nothing (infinity). ``written``: the baseline's entries as
+    written, pooled (:func:`pooled`), which a compare will judge against: an update keeps an unchanged entry's
+    earlier sitting beside this recording's processes, and how far the sittings lie apart joins its limit, as
+    :func:`check` takes it (the Xeon's Keras-on-JAX training step, two sittings 30% apart, resolves 1.66x at
+    best); by default this recording's processes alone, one sitting."""
+    references = (
+        {name: written[name] for name in recorded if name in written}
+        if written is not None
+        else pooled(
+            {
+                name: Reference(name, tuple(recording_runs(list(ms))[0]), kernel=ms[0].kernel, mode=ms[0].mode)
+                for name, ms in recorded.items()
+                if ms
+            }
+        )
     )
     out = []
     most = compare_processes(goal)
     for name, ref in references.items():
+        if not recorded.get(name):
+            continue
         for metric in metrics_of(ref, recorded[name][0].first):
             variant = ref.variant(metric)
+            term = ref.between_runs(metric, variant)
             figure, between = ref.figure(metric, variant), ref.between(metric, variant)
             if figure is None or between is None:
                 out.append(Outlook(name, metric, math.inf, math.inf, math.inf, 0))
@@ -349,9 +371,9 @@ def outlook(recorded: Mapping[str, Sequence[Measurement]], goal: float = MAX_LIM
                 Outlook(
                     name,
                     metric,
-                    one=resolution(widened, 1, n, se, metric),
-                    now=resolution(spread(most - 1), most, n, se, metric),
-                    best=resolution(spread(more + most - 1), most, n + more, se, metric),
+                    one=resolution(widened, 1, n, se, metric, term),
+                    now=resolution(spread(most - 1), most, n, se, metric, term),
+                    best=resolution(spread(more + most - 1), most, n + more, se, metric, term),
                     processes=n,
                     scatters=ref.scatters(metric, variant),
                     reach=resolution(
@@ -360,7 +382,11 @@ def outlook(recorded: Mapping[str, Sequence[Measurement]], goal: float = MAX_LIM
                         n + more,
                         se / math.sqrt(GOAL_PROCESSES),
                         metric,
+                        term,
                     ),
+                    between=term,
+                    between_measured=(metric, variant) in ref.sittings,
+                    assumed=resolution(spread(most - 1), most, n, se, metric),
                 )
             )
     return out
@@ -413,15 +439,31 @@ def unresolved(recorded: Mapping[str, Sequence[Measurement]], goal: float = MAX_
     return sorted(unresolved_why(recorded, goal))
 
 
-def blind(recorded: Mapping[str, Sequence[Measurement]], goal: float = MAX_LIMIT) -> dict[str, float]:
+@dataclass(frozen=True)
+class Blind:
+    """A benchmark of a finished recording that no compare will see a :data:`MAX_LIMIT` slowdown on (:func:`blind`)."""
+
+    #: the best resolution a compare reaches, with as many processes as it takes
+    resolves: float
+    #: how far a compare made at another time lies from the baseline's recordings by chance (log scale), where the
+    #: baseline's sittings measured it and it, not the processes, is what blinds the benchmark; else None
+    sittings: float | None = None
+
+
+def blind(
+    recorded: Mapping[str, Sequence[Measurement]],
+    goal: float = MAX_LIMIT,
+    written: Mapping[str, Reference] | None = None,
+) -> dict[str, Blind]:
     """The benchmarks of a finished recording that no compare will see a :data:`MAX_LIMIT` slowdown on, not even
-    with as many processes as a compare for ``goal`` takes (:func:`compare_processes`; name -> the best resolution
-    it reaches): every compare will call them inconclusive, which fails the run, unless that run is quieter than
-    the recording's processes were."""
-    out: dict[str, float] = {}
-    for o in outlook(recorded, goal):
-        if o.now > MAX_LIMIT:
-            out[o.name] = max(out.get(o.name, 0.0), o.now)
+    with as many processes as a compare for ``goal`` takes (:func:`compare_processes`): every compare will call
+    them inconclusive, which fails the run, unless that run is quieter than the recording's processes were, or,
+    where the baseline's sittings blind it (``written``, :func:`outlook`), never."""
+    out: dict[str, Blind] = {}
+    for o in outlook(recorded, goal, written):
+        if o.now > MAX_LIMIT and o.now > (out[o.name].resolves if o.name in out else 0.0):
+            by_sittings = o.between_measured and o.assumed <= MAX_LIMIT
+            out[o.name] = Blind(o.now, o.between if by_sittings else None)
     return out
 
 
