@@ -2,6 +2,7 @@
 steps), beyond what each recording's own processes say.
 
     python scripts/sitting_compare.py LABEL=BASELINE.json[.gz] LABEL=BASELINE.json[.gz] [...] [--beside=LABEL]
+        [--sittings] [--by-path]
 
 Each ``BASELINE`` is a baseline file of one machine, recorded at its own time by the same gate. For every pair,
 and every benchmark the two share with the same anchor repetition count (a different count moves the figure:
@@ -10,6 +11,14 @@ figures is taken. Per pool the script prints the median ratio, the root mean squ
 standard error the two recordings' processes give it, and ``T``: the spread one sitting adds beyond them,
 sqrt((rms^2 - se^2) / 2), and the same from the median absolute deviation; then the pair's largest ratio.
 
+``--sittings``: a baseline whose entries hold several sittings (an update kept an earlier recording) is split into
+one baseline per sitting, labelled ``LABEL@SITTING``, each pooled alone (a baseline of one sitting stays one).
+
+``--by-path``: per pool, also how much of the differences a benchmark shares with the others of its path (the
+forward calls of ``torch-compile-cpu``, of ``keras-jax-cpu``, ...): each path's mean difference, and the root mean
+square left within paths once it is taken away (``within_paths``). A move that a path's benchmarks share is one
+an anchor timed in that path could follow; one within paths is not.
+
 ``--beside=LABEL``: that baseline's last recording process was timed beside a planted neighbour
 (``--lstmperf-record-neighbour=stream``); its figure divided by the mean of the others' is correlated, benchmark by
 benchmark, with each pair's differences: whether what moved between two sittings looks like that neighbour.
@@ -17,10 +26,12 @@ benchmark, with each pair's differences: whether what moved between two sittings
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import itertools
 import json
 import math
+import re
 import statistics
 import sys
 from pathlib import Path
@@ -41,6 +52,36 @@ def load(path: Path) -> tuple[dict[str, policy.Reference], dict[str, object]]:
     entries = _entries(path)
     refs = policy.pooled({e["fullname"]: reference_of(BaselineEntry.from_json(e)) for e in entries})
     return refs, {e["fullname"]: (e.get("extra_info", {}).get("anchor") or {}).get("repeat") for e in entries}
+
+
+def by_sitting(refs: dict[str, policy.Reference]) -> dict[str, dict[str, policy.Reference]]:
+    """The baseline split by the sitting that timed each process (sitting -> its references, pooled alone)."""
+    groups: dict[str, dict[str, policy.Reference]] = {}
+    for name, ref in refs.items():
+        for sitting in sorted({run.sitting for run in ref.runs}):
+            runs = tuple(run for run in ref.runs if run.sitting == sitting)
+            groups.setdefault(sitting, {})[name] = dataclasses.replace(ref, runs=runs, spread={}, sittings={})
+    return {sitting: policy.pooled(group) for sitting, group in groups.items()}
+
+
+def path_of(name: str) -> str:
+    """The path a suite benchmark times: ``test_inference[keras-jax-cpu-lstm-I32-...]`` -> ``keras-jax-cpu``."""
+    match = re.search(r"\[(.+?)-(?:lstm|gru)-", name)
+    return match.group(1) if match else name
+
+
+def by_path(rows: list[tuple[str, float, float]]) -> dict[str, Any]:
+    """Each path's mean difference (as a ratio, about the pool's median) and the root mean square within paths."""
+    middle = statistics.median(d for _, d, _ in rows)
+    paths: dict[str, list[float]] = {}
+    for name, d, _ in rows:
+        paths.setdefault(path_of(name), []).append(d - middle)
+    means = {path: statistics.fmean(ds) for path, ds in paths.items()}
+    within = [d - middle - means[path_of(name)] for name, d, _ in rows]
+    return {
+        "within_paths": round(math.sqrt(statistics.fmean(x * x for x in within)), 4),
+        "paths": {path: round(math.exp(mean), 3) for path, mean in sorted(means.items())},
+    }
 
 
 def _logs(ref: policy.Reference, variant: str) -> list[float]:
@@ -102,6 +143,17 @@ def main(argv: list[str]) -> int:
         print(__doc__)
         return 2
     loaded = {label: load(Path(path)) for label, path in specs}
+    if "--sittings" in argv:
+        split: dict[str, tuple[dict[str, policy.Reference], dict[str, object]]] = {}
+        for label, (refs, repeats) in loaded.items():
+            sittings = by_sitting(refs)
+            if len(sittings) < 2:
+                split[label] = (refs, repeats)
+                continue
+            for sitting, group in sittings.items():
+                split[f"{label}@{sitting}"] = (group, repeats)
+        loaded = split
+        specs = [[label, ""] for label in loaded]
     effect = beside_effect(loaded[beside][0]) if beside else {}
     result: dict[str, Any] = {}
     for x, y in itertools.combinations([label for label, _ in specs], 2):
@@ -109,6 +161,8 @@ def main(argv: list[str]) -> int:
             continue
         pools = differences(loaded[x][0], loaded[y][0], (loaded[x][1], loaded[y][1]))
         row: dict[str, Any] = {pool: summary(rows) for pool, rows in sorted(pools.items())}
+        if "--by-path" in argv:
+            row.update({f"{pool} by path": by_path(rows) for pool, rows in sorted(pools.items())})
         if effect:
             from scipy.stats import pearsonr
 

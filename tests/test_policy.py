@@ -1493,6 +1493,39 @@ def test_the_sitting_compare_sees_a_planted_shift_between_two_recordings_in_its_
     assert abs(pearsonr([d[n] for n in d], [scattered[n] for n in d]).statistic) < 0.3
 
 
+def test_the_sitting_compare_splits_a_baseline_by_sitting_and_says_what_a_path_shares() -> None:
+    """``--sittings``: a baseline whose entries hold two sittings is split into one per sitting, each pooled alone;
+    ``--by-path``: planted, the second sitting's forward calls of one path read 1.06x the first's, every one of
+    them, the other path's unmoved: each path's mean difference is its move, and what is left within paths is the
+    processes' noise alone (under 0.5%). A path that moved benchmark by benchmark, 1.06x and 0.94x in turn, leaves
+    its move within the path."""
+    sitting = _script("sitting_compare")
+    from pytest_lstmperf.speed.policy import Figure, pooled
+
+    rng = random.Random(3)
+    names = [f"test_inference[{p}-lstm-I32-B{b}]" for p in ("keras-jax-cpu", "torch-cpu-native") for b in (1, 4, 16)]
+
+    def runs(level: float, when: str) -> tuple[RunFigures, ...]:
+        return tuple(RunFigures(Figure(level * math.exp(rng.gauss(0, 0.003)), 0.002, 30), None, sitting=when)
+                     for _ in range(3))  # fmt: skip
+
+    def baseline(moves: dict[str, float]) -> dict[str, Reference]:
+        return pooled({n: Reference(n, runs(1.0, "a") + runs(moves.get(n, 1.0), "b"), mode="forward") for n in names})
+
+    shared = sitting.by_sitting(baseline({n: 1.06 for n in names if "keras-jax" in n}))
+    assert sorted(shared) == ["a", "b"] and all(len(r.runs) == 3 for r in shared["a"].values())
+    repeats = {n: 4 for n in names}
+    rows = sitting.differences(shared["a"], shared["b"], (repeats, repeats))["forward"]
+    got = sitting.by_path(rows)
+    assert got["within_paths"] < 0.005, got
+    ratio = got["paths"]["keras-jax-cpu"] / got["paths"]["torch-cpu-native"]
+    assert ratio == pytest.approx(1.06, abs=0.01), got
+    jax = [n for n in names if "keras-jax" in n]
+    split = sitting.by_sitting(baseline({n: 1.06 if i % 2 else 0.94 for i, n in enumerate(jax)}))
+    rows = sitting.differences(split["a"], split["b"], (repeats, repeats))["forward"]
+    assert sitting.by_path(rows)["within_paths"] > 0.03
+
+
 def test_a_baseline_of_one_sitting_is_judged_as_before_and_two_sittings_measure_how_far_they_lie_apart() -> None:
     """Recording processes tagged with their sitting (the recording command that timed them). One sitting, tagged
     or not: the between-run term is :data:`~.policy.BETWEEN_RUNS`, and every check reads as before. Planted: two
