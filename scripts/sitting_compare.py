@@ -139,7 +139,7 @@ def beside_effect(refs: dict[str, policy.Reference]) -> dict[str, float]:
 def main(argv: list[str]) -> int:
     beside = next((a.split("=", 1)[1] for a in argv if a.startswith("--beside=")), "")
     specs = [a.split("=", 1) for a in argv if not a.startswith("--")]
-    if len(specs) < 2:
+    if len(specs) < (1 if "--sittings" in argv else 2):
         print(__doc__)
         return 2
     loaded = {label: load(Path(path)) for label, path in specs}
@@ -154,6 +154,9 @@ def main(argv: list[str]) -> int:
                 split[f"{label}@{sitting}"] = (group, repeats)
         loaded = split
         specs = [[label, ""] for label in loaded]
+        if len(specs) < 2:
+            print(__doc__)
+            return 2
     effect = beside_effect(loaded[beside][0]) if beside else {}
     result: dict[str, Any] = {}
     for x, y in itertools.combinations([label for label, _ in specs], 2):
