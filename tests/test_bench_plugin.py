@@ -209,7 +209,9 @@ def test_an_update_that_keeps_sittings_far_apart_names_the_benchmark_blind_and_t
     its three processes 10% apart. The update judges this recording unchanged against it (limit about 1.3x) and
     keeps the earlier sitting beside its own; the two sittings then hide a 1.5x slowdown however many processes
     time it, so the update names the benchmark blind for its sittings as it ends, and the compare after it calls
-    it inconclusive from its first process, names the sittings and says a rerun will not settle it."""
+    it inconclusive from its first process, names the sittings and says a rerun will not settle it. A later update
+    keeps the sittings (nothing says the benchmark changed), where replacing them would leave one recording that
+    assumes 1.5% for a benchmark that moved 10%: planted, an update that replaces it fails this test."""
     select = ("-k", "test_inference and B1-")
     result = gate("--lstmperf-save-baseline", *select)
     assert result.ret == 0, result.stdout.str()
@@ -241,6 +243,16 @@ def test_an_update_that_keeps_sittings_far_apart_names_the_benchmark_blind_and_t
          "SPEED GATE NOT PASSED: 1 benchmark(s) inconclusive*A rerun will not settle it against this baseline*"]
     )  # fmt: skip
     assert "process 2 of" not in result.stdout.str()  # no further process spent on it
+    # a later update finds nothing changed (inconclusive only for its sittings, within its limit): it keeps what
+    # the sittings measured, rather than a fresh recording that would assume 1.5% for a benchmark that moves 10%
+    result = gate("--lstmperf-update-baseline", *select)
+    assert result.ret == 0, result.stdout.str()
+    result.stdout.fnmatch_lines(
+        ["*1 of them unchanged by the rule*", f"RECORDED BLIND to a 1.5x slowdown: *{moved}: *"]
+    )
+    (entry,) = json.loads(path.read_text())["benchmarks"]
+    part = entry["extra_info"]["lstmperf"] if "lstmperf" in entry["extra_info"] else entry["lstmperf"]
+    assert len({run.get("sitting") for run in part["runs"]}) == 3, part["runs"]  # the planted one and two updates
 
 
 def test_a_further_process_is_not_given_the_commands_own_output_files(tmp_path: Path) -> None:

@@ -28,7 +28,18 @@ from .baseline_file import (
     old_format,
     reference_of,
 )
-from .policy import OUTLIER_FACTOR, Blind, Reference, RunFigures, check, decide, metrics_of, pooled, recording_runs
+from .policy import (
+    OUTLIER_FACTOR,
+    Blind,
+    Check,
+    Reference,
+    RunFigures,
+    check,
+    decide,
+    metrics_of,
+    pooled,
+    recording_runs,
+)
 from .records import (
     BaselineDocument,
     BaselineEntry,
@@ -401,14 +412,24 @@ def _unchanged(
 ) -> bool:
     """Whether an update's recording of a benchmark is the same benchmark as its entry's, timed at another time:
     the same software versions and kernel, and every figure judged unchanged by the rule against the entry
-    (:func:`~.policy.decide`, this recording's processes as a compare's). Only then are the entry's earlier
-    sittings kept: an intended change, or an upgrade, replaces them."""
+    (:func:`~.policy.decide`, this recording's processes as a compare's), or inconclusive only because the
+    entry's own processes and sittings blind it (:attr:`~.policy.Check.settled_by_baseline`), within its limit:
+    nothing says it changed, and the sittings that measured how far it moves stay (replaced, the next compares
+    would assume 1.5% for a benchmark whose recordings lay 30% apart). Only then are the entry's earlier sittings
+    kept: an intended change, or an upgrade, replaces them."""
     if reference is None or dict(old.lstmperf.versions) != dict(new.lstmperf.versions):
         return False
     if old.lstmperf.kernel != new.lstmperf.kernel:
         return False
     decision = decide(record.measurement(), reference, more=[r.measurement() for r in siblings])
-    return decision.verdict == "unchanged" and all(c.verdict == "unchanged" for c in decision.checks)
+
+    def same(c: Check) -> bool:
+        if c.verdict == "unchanged":
+            return True
+        blinded = c.verdict == "inconclusive" and c.settled_by_baseline
+        return blinded and c.ratio is not None and c.limit is not None and 1 / c.limit <= c.ratio <= c.limit
+
+    return decision.verdict in ("unchanged", "inconclusive") and all(same(c) for c in decision.checks)
 
 
 def _kept_sittings(old: BaselineEntry, new: BaselineEntry) -> tuple[RunFigures, ...]:

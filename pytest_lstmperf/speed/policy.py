@@ -37,8 +37,8 @@ The rule, in five sentences (docs/speed-gate.md states the same):
    and named, one more than 2x off is refused.
 5. Baselines are keyed by the hardware alone (a GPU model; a CPU's model name, family, model and stepping, and
    its threads): a run on other software versions is compared by the same rule and reported as an upgrade, and
-   ``--lstmperf-update-baseline`` accepts what it changed and keeps, beside its own, the earlier sitting of an entry
-   the rule finds unchanged (three sittings at most).
+   ``--lstmperf-update-baseline`` accepts what it changed and keeps, beside its own, the earlier sittings of an entry
+   the rule finds unchanged, or blind only for its own processes and sittings (three sittings at most).
 
 Everything here is pure: records and baseline entries in, verdicts out, no timing and no files. The end-of-run
 verdict (:func:`decide`) and a recording run's outlier check call the same :func:`check`.
