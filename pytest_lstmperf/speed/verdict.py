@@ -116,7 +116,8 @@ def judge(
         if accept_inconclusive:
             lines.append(f"speed gate: {problem}, accepted ({accept_where})")
         else:
-            # noise is what a quiet machine cures; a run in which nothing was timed (every benchmark skipped or
+            # noise is what a quiet machine cures, unless the baseline's own processes and sittings blind every
+            # inconclusive check (each check says so); a run in which nothing was timed (every benchmark skipped or
             # deselected, each with its reason) would fail the same way again there
             settled = [
                 c.settled_by_baseline for d in gate.inconclusive for c in d.checks if c.verdict == "inconclusive"
