@@ -31,7 +31,6 @@ import gzip
 import itertools
 import json
 import math
-import re
 import statistics
 import sys
 from pathlib import Path
@@ -64,20 +63,20 @@ def by_sitting(refs: dict[str, policy.Reference]) -> dict[str, dict[str, policy.
     return {sitting: policy.pooled(group) for sitting, group in groups.items()}
 
 
-def path_of(name: str) -> str:
-    """The path a suite benchmark times: ``test_inference[keras-jax-cpu-lstm-I32-...]`` -> ``keras-jax-cpu``."""
-    match = re.search(r"\[(.+?)-(?:lstm|gru)-", name)
-    return match.group(1) if match else name
+def paths_of(path: Path) -> dict[str, str]:
+    """Each entry's path, as its record holds it (``extra_info.path``: ``keras-jax-cpu``); its name where none."""
+    return {e["fullname"]: str(e.get("extra_info", {}).get("path") or e["fullname"]) for e in _entries(path)}
 
 
-def by_path(rows: list[tuple[str, float, float]]) -> dict[str, Any]:
-    """Each path's mean difference (as a ratio, about the pool's median) and the root mean square within paths."""
+def by_path(rows: list[tuple[str, float, float]], paths: dict[str, str]) -> dict[str, Any]:
+    """Each path's mean difference (as a ratio, about the pool's median) and the root mean square within paths;
+    ``paths``: benchmark -> its path (:func:`paths_of`)."""
     middle = statistics.median(d for _, d, _ in rows)
-    paths: dict[str, list[float]] = {}
+    moved: dict[str, list[float]] = {}
     for name, d, _ in rows:
-        paths.setdefault(path_of(name), []).append(d - middle)
-    means = {path: statistics.fmean(ds) for path, ds in paths.items()}
-    within = [d - middle - means[path_of(name)] for name, d, _ in rows]
+        moved.setdefault(paths.get(name, name), []).append(d - middle)
+    means = {path: statistics.fmean(ds) for path, ds in moved.items()}
+    within = [d - middle - means[paths.get(name, name)] for name, d, _ in rows]
     return {
         "within_paths": round(math.sqrt(statistics.fmean(x * x for x in within)), 4),
         "paths": {path: round(math.exp(mean), 3) for path, mean in sorted(means.items())},
@@ -143,6 +142,7 @@ def main(argv: list[str]) -> int:
         print(__doc__)
         return 2
     loaded = {label: load(Path(path)) for label, path in specs}
+    paths = {name: path for _, file in specs for name, path in paths_of(Path(file)).items()}
     if "--sittings" in argv:
         split: dict[str, tuple[dict[str, policy.Reference], dict[str, object]]] = {}
         for label, (refs, repeats) in loaded.items():
@@ -165,7 +165,7 @@ def main(argv: list[str]) -> int:
         pools = differences(loaded[x][0], loaded[y][0], (loaded[x][1], loaded[y][1]))
         row: dict[str, Any] = {pool: summary(rows) for pool, rows in sorted(pools.items())}
         if "--by-path" in argv:
-            row.update({f"{pool} by path": by_path(rows) for pool, rows in sorted(pools.items())})
+            row.update({f"{pool} by path": by_path(rows, paths) for pool, rows in sorted(pools.items())})
         if effect:
             from scipy.stats import pearsonr
 

@@ -1504,6 +1504,7 @@ def test_the_sitting_compare_splits_a_baseline_by_sitting_and_says_what_a_path_s
 
     rng = random.Random(3)
     names = [f"test_inference[{p}-lstm-I32-B{b}]" for p in ("keras-jax-cpu", "torch-cpu-native") for b in (1, 4, 16)]
+    paths = {n: n.split("[")[1].split("-lstm")[0] for n in names}  # as each record's extra_info.path holds it
 
     def runs(level: float, when: str) -> tuple[RunFigures, ...]:
         return tuple(RunFigures(Figure(level * math.exp(rng.gauss(0, 0.003)), 0.002, 30), None, sitting=when)
@@ -1516,14 +1517,14 @@ def test_the_sitting_compare_splits_a_baseline_by_sitting_and_says_what_a_path_s
     assert sorted(shared) == ["a", "b"] and all(len(r.runs) == 3 for r in shared["a"].values())
     repeats = {n: 4 for n in names}
     rows = sitting.differences(shared["a"], shared["b"], (repeats, repeats))["forward"]
-    got = sitting.by_path(rows)
+    got = sitting.by_path(rows, paths)
     assert got["within_paths"] < 0.005, got
     ratio = got["paths"]["keras-jax-cpu"] / got["paths"]["torch-cpu-native"]
     assert ratio == pytest.approx(1.06, abs=0.01), got
     jax = [n for n in names if "keras-jax" in n]
     split = sitting.by_sitting(baseline({n: 1.06 if i % 2 else 0.94 for i, n in enumerate(jax)}))
     rows = sitting.differences(split["a"], split["b"], (repeats, repeats))["forward"]
-    assert sitting.by_path(rows)["within_paths"] > 0.03
+    assert sitting.by_path(rows, paths)["within_paths"] > 0.03
 
 
 def test_a_baseline_of_one_sitting_is_judged_as_before_and_two_sittings_measure_how_far_they_lie_apart() -> None:
