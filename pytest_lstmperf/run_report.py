@@ -183,11 +183,12 @@ def speed_lines(config: pytest.Config, state: GateState, device: Callable[[], st
             processes = state.save_report.compare_processes
             if blind.sittings is not None:
                 why = (
-                    f"its recordings made at different times (the earlier one this update kept, and this one) lie so "
-                    f"far apart that a compare made at another time lies {math.exp(blind.sittings) - 1:.1%} from "
-                    f"their mean by chance, and a compare of {processes} processes resolves {resolves}; every compare "
-                    "will call it inconclusive (which fails the run), however quiet: find what moves it from one run "
-                    "to the next on this machine, or leave it out of the gated run"
+                    "its recordings made at different times (this one, and the earlier recording(s) this update "
+                    "kept) lie so far apart that a compare made at another time lies "
+                    f"{math.exp(blind.sittings) - 1:.1%} from their mean by chance, and a compare of {processes} "
+                    f"processes resolves {resolves}; every compare will call it inconclusive (which fails the run), "
+                    "however quiet: find what moves it from one run to the next on this machine, or leave it out of "
+                    "the gated run"
                 )
             else:
                 why = (
