@@ -216,8 +216,8 @@ def test_an_update_that_keeps_sittings_far_apart_names_the_benchmark_blind_and_t
     its own. The sittings then hide a 1.5x slowdown however many processes time it, so the update names the
     benchmark blind for its sittings as it ends, and the compare after it calls it inconclusive from its first
     process, names the sittings and says a rerun will not settle it. A later update keeps the sittings again,
-    where replacing them would leave one recording that assumes 1.5% for a benchmark that moved 18%: planted, an
-    update that replaces it fails this test.
+    where replacing them would leave one recording that assumes 1.5% for a benchmark whose recordings lay 38%
+    apart: planted, an update that replaces it fails this test.
 
     The planted sittings straddle what this machine times, rather than sitting on one side of it: an entry of one
     earlier sitting 10% off, judged unchanged by the update only while its recording stays within the limit its
@@ -262,7 +262,7 @@ def test_an_update_that_keeps_sittings_far_apart_names_the_benchmark_blind_and_t
     )  # fmt: skip
     assert "process 2 of" not in result.stdout.str()  # no further process spent on it
     # a later update finds nothing changed (inconclusive only for its sittings, within its limit): it keeps what
-    # the sittings measured, rather than a fresh recording that would assume 1.5% for a benchmark that moves 18%
+    # the sittings measured, rather than a fresh recording that would assume 1.5% for recordings that lay 38% apart
     result = gate("--lstmperf-update-baseline", *select)
     assert result.ret == 0, result.stdout.str()
     result.stdout.fnmatch_lines(
